@@ -1,0 +1,21 @@
+"""blocksparse: block-sparse matrix multiplication and friends for TensorFlow and PyTorch.
+
+The public API follows the original OpenAI package: ``blocksparse.matmul.BlocksparseMatMul`` (and
+the rest of ``blocksparse.matmul``) for TensorFlow, ``blocksparse.torch`` for PyTorch.  Importing
+``blocksparse`` itself imports no framework.
+"""
+from ._version import PATCH as _PATCH  # noqa: F401
+from .layout import BLOCK_SIZES, Layout
+
+__all__ = ["BLOCK_SIZES", "Layout", "__version__"]
+
+
+def _installed_version():
+    from importlib import metadata
+    try:
+        return metadata.version("blocksparse")
+    except metadata.PackageNotFoundError:  # a source tree that was never installed
+        return "0+unknown"
+
+
+__version__ = _installed_version()

@@ -1,0 +1,315 @@
+"""The layout core: a validated block layout and the lookup tables every kernel reads.
+
+Numpy only -- no framework is imported here.  Both frontends (TensorFlow, PyTorch), the
+reference paths and every GPU kernel consume what this module builds, so the formats below
+are a contract: change them only together with every consumer.
+
+Terms
+-----
+A block-sparse weight ``W`` of shape ``(C, K)`` is cut into square blocks of ``bs x bs``
+(``bs = block_size``).  The 0/1 ``layout`` of shape ``(CB, KB) = (C // bs, K // bs)`` marks the
+blocks that exist.  Nonzero blocks are numbered ``0 .. blocks-1``; block ``b`` sits at layout
+coordinate ``(c, k) = coords[b]`` and covers ``W[c*bs:(c+1)*bs, k*bs:(k+1)*bs]``.  Weights are
+stored packed, shape ``(blocks, bs, bs)``: ``w[b]`` is that sub-matrix, rows indexed by ``C``.
+
+Block order
+-----------
+``z_order=False`` (default): row-major, sorted by ``(c, k)``.
+``z_order=True``: Morton (z-) order of ``(c, k)``: bit ``i`` of ``c`` goes to bit ``2i``, bit ``i``
+of ``k`` to bit ``2i+1`` of the key -- the order of the original package's ``z_order=True``.
+
+The three products of ``y = x @ W`` and their tables
+---------------------------------------------------
+* fprop  ``y[:, k] = sum_c x[:, c] @ w[b(c, k)]``  -- one *output column* ``k`` per table row.
+* bprop  ``dx[:, c] = sum_k dy[:, k] @ w[b(c, k)].T`` -- one *input row* ``c`` per table row.
+* updat  ``dw[b] = x[:, c].T @ dy[:, k]``          -- one table row per block.
+
+fprop and bprop tables (:class:`XpropLut`), all ``int32``, C-contiguous:
+
+``headers``  shape ``(S, 4)``, one row per *segment*::
+
+    headers[s] = (out, start, count, part)
+
+  ``out``   output block index (``k`` for fprop, ``c`` for bprop);
+  ``start`` first row of ``entries`` belonging to this segment;
+  ``count`` number of entries in it (``0`` only for an empty output, see below);
+  ``part``  index of this segment within its output, ``0 .. parts(out)-1``.
+
+  Rows are sorted by ``(out, part)``.  Every output owns at least one row: an output with no
+  nonzero block (an empty layout column for fprop, an empty row for bprop) owns exactly one row
+  with ``count == 0`` -- a kernel must still write zeros there.  An output whose entry list is
+  longer than ``max_segment`` is split into ``ceil(n / max_segment)`` segments of near-equal
+  length, so that several programs share its reduction; their partial sums must be added.
+
+``entries``  shape ``(blocks, 2)``::
+
+    entries[e] = (inp, block)
+
+  ``inp``   the block index along the reduced axis (``c`` for fprop, ``k`` for bprop);
+  ``block`` the block id, i.e. the weight block ``w[block]``.
+
+  The entries of one output are contiguous and sorted by ``inp``; segments of one output are
+  consecutive slices of that run.
+
+``offsets``  shape ``(num_out + 1,)``: the headers of output ``o`` are rows
+  ``offsets[o] : offsets[o + 1]`` (CSR over ``headers``).
+
+updat table ``Layout.updat``: shape ``(blocks, 2)``, ``updat[b] = (c, k)`` (identical to
+``coords``) -- one program (or group of programs) per block.
+"""
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+__all__ = ["BLOCK_SIZES", "Layout", "XpropLut", "check_block_size", "check_layout", "morton_key"]
+
+#: Block sizes every frontend accepts (square blocks).
+BLOCK_SIZES = (8, 16, 32, 64, 128)
+
+
+def check_block_size(block_size, name="block_size"):
+    """Return ``block_size`` as an ``int`` after checking it is one of :data:`BLOCK_SIZES`.
+
+    >>> check_block_size(32)
+    32
+    """
+    if isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral):
+        raise TypeError(f"{name} must be an int, one of {BLOCK_SIZES}; got {block_size!r} "
+                        f"of type {type(block_size).__name__}")
+    if int(block_size) not in BLOCK_SIZES:
+        raise ValueError(f"{name} must be one of {BLOCK_SIZES}; got {int(block_size)}")
+    return int(block_size)
+
+
+def check_layout(layout, name="layout"):
+    """Return ``layout`` as a read-only 2-D boolean array after checking it.
+
+    Accepts any 2-D array-like of ``0``/``1`` (ints or floats) or booleans with at least one
+    nonzero entry.
+
+    >>> check_layout([[1, 0], [0, 1]]).tolist()
+    [[True, False], [False, True]]
+    """
+    try:
+        arr = np.asarray(layout)
+    except Exception as exc:  # ragged nested lists and the like
+        raise ValueError(f"{name} must be a 2-D array of 0/1 values; could not convert it: {exc}") from exc
+    if arr.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D array of 0/1 values; got {arr.ndim} dimension(s) "
+                         f"with shape {arr.shape}")
+    if arr.shape[0] == 0 or arr.shape[1] == 0:
+        raise ValueError(f"{name} must have at least one row and one column; got shape {arr.shape}")
+    if arr.dtype != np.bool_:
+        if not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
+            raise TypeError(f"{name} must hold 0/1 numbers or booleans; got dtype {arr.dtype}")
+        bad = ~np.isin(arr, (0, 1))
+        if bad.any():
+            values = np.unique(arr[bad])[:5].tolist()
+            raise ValueError(f"{name} must hold only 0 and 1; got {int(bad.sum())} other value(s), "
+                             f"e.g. {values}")
+        arr = arr != 0
+    if not arr.any():
+        raise ValueError(f"{name} must have at least one nonzero block; got all zeros "
+                         f"with shape {arr.shape}")
+    out = np.array(arr, dtype=np.bool_, copy=True)
+    out.setflags(write=False)
+    return out
+
+
+def morton_key(c, k):
+    """Morton (z-order) key interleaving the bits of ``c`` (even bits) and ``k`` (odd bits).
+
+    >>> morton_key(np.array([0, 1, 0, 1]), np.array([0, 0, 1, 1])).tolist()
+    [0, 1, 2, 3]
+    """
+    c = np.asarray(c, dtype=np.uint64)
+    k = np.asarray(k, dtype=np.uint64)
+    key = np.zeros(np.broadcast(c, k).shape, dtype=np.uint64)
+    for bit in range(32):
+        one = np.uint64(1 << bit)
+        key |= ((c & one) << np.uint64(bit)) | ((k & one) << np.uint64(bit + 1))
+    return key
+
+
+@dataclass(frozen=True)
+class XpropLut:
+    """Lookup table of the fprop or bprop product; the format is in the module docstring."""
+
+    headers: np.ndarray
+    entries: np.ndarray
+    offsets: np.ndarray
+    max_segment: int | None
+
+    @property
+    def num_segments(self):
+        return int(self.headers.shape[0])
+
+    @property
+    def num_out(self):
+        return int(self.offsets.shape[0] - 1)
+
+    @property
+    def max_count(self):
+        """Longest segment (entries), the trip count bound of a kernel's inner loop."""
+        return int(self.headers[:, 2].max())
+
+    @property
+    def parts(self):
+        """Number of segments of each output, shape ``(num_out,)``."""
+        return np.diff(self.offsets)
+
+
+def _readonly(a):
+    a = np.ascontiguousarray(a, dtype=np.int32)
+    a.setflags(write=False)
+    return a
+
+
+def _build_xprop(out_idx, inp_idx, num_out, max_segment):
+    """Group blocks by ``out_idx`` (sorted by ``inp_idx``) and split long groups into segments."""
+    order = np.lexsort((inp_idx, out_idx))
+    entries = np.stack([inp_idx[order], order], axis=1)
+    counts = np.bincount(out_idx, minlength=num_out)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    headers = []
+    for out in range(num_out):
+        n, start = int(counts[out]), int(starts[out])
+        parts = 1 if (max_segment is None or n <= max_segment) else -(-n // max_segment)
+        # near-equal split: the first (n % parts) segments get one entry more
+        sizes = [n // parts + (1 if p < n % parts else 0) for p in range(parts)]
+        for part, size in enumerate(sizes):
+            headers.append((out, start, size, part))
+            start += size
+    headers = np.array(headers, dtype=np.int32).reshape(-1, 4)
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(headers[:, 0], minlength=num_out))])
+    return headers, entries, offsets
+
+
+class Layout:
+    """A validated block layout with its block order and lookup tables.
+
+    Parameters
+    ----------
+    layout : array_like, shape (CB, KB)
+        0/1 (or boolean) block mask: ``layout[c, k] == 1`` where block ``(c, k)`` of the weight
+        exists.  At least one block must be set.
+    block_size : int
+        Block edge, one of :data:`BLOCK_SIZES`.
+    z_order : bool
+        Number the blocks in Morton order instead of row-major order.
+
+    Examples
+    --------
+    >>> lay = Layout([[1, 0], [1, 1]], block_size=8)
+    >>> lay.blocks, lay.C, lay.K, lay.block_coord(2)
+    (3, 16, 16, (1, 1))
+    >>> lay.fprop().headers.tolist()   # (out, start, count, part) per output column
+    [[0, 0, 2, 0], [1, 2, 1, 0]]
+    """
+
+    def __init__(self, layout, block_size=32, *, z_order=False):
+        self.mask = check_layout(layout)
+        self.block_size = check_block_size(block_size)
+        self.z_order = bool(z_order)
+        self.CB, self.KB = self.mask.shape
+        self.C, self.K = self.CB * self.block_size, self.KB * self.block_size
+        c, k = np.nonzero(self.mask)  # row-major
+        if self.z_order:
+            order = np.argsort(morton_key(c, k), kind="stable")
+            c, k = c[order], k[order]
+        self.coords = _readonly(np.stack([c, k], axis=1))
+        self.blocks = int(self.coords.shape[0])
+        self._xprop = {}
+
+    def __repr__(self):
+        return (f"Layout(CB={self.CB}, KB={self.KB}, block_size={self.block_size}, "
+                f"blocks={self.blocks}, density={self.density:.3f}, z_order={self.z_order})")
+
+    def __eq__(self, other):
+        return (isinstance(other, Layout) and self.block_size == other.block_size
+                and self.z_order == other.z_order and np.array_equal(self.mask, other.mask))
+
+    def __hash__(self):
+        return hash((self.block_size, self.z_order, self.mask.shape, self.mask.tobytes()))
+
+    @property
+    def density(self):
+        """Fraction of blocks present."""
+        return self.blocks / (self.CB * self.KB)
+
+    @property
+    def w_shape(self):
+        """Shape of the packed weight: ``(blocks, block_size, block_size)``."""
+        return (self.blocks, self.block_size, self.block_size)
+
+    def block_coord(self, block):
+        """Layout coordinate ``(c, k)`` of block id ``block``."""
+        if isinstance(block, bool) or not isinstance(block, numbers.Integral):
+            raise TypeError(f"block must be an int; got {type(block).__name__}")
+        if not 0 <= block < self.blocks:
+            raise ValueError(f"block must be in [0, {self.blocks}); got {block}")
+        c, k = self.coords[block]
+        return int(c), int(k)
+
+    @cached_property
+    def block_ids(self):
+        """Dense ``(CB, KB)`` int32 map from coordinate to block id, ``-1`` where no block."""
+        ids = np.full((self.CB, self.KB), -1, dtype=np.int32)
+        ids[self.coords[:, 0], self.coords[:, 1]] = np.arange(self.blocks, dtype=np.int32)
+        ids.setflags(write=False)
+        return ids
+
+    @property
+    def updat(self):
+        """updat table: ``(blocks, 2)`` int32, row ``b`` = ``(c, k)`` of block ``b``."""
+        return self.coords
+
+    def fprop(self, max_segment=None):
+        """fprop table (one output per layout column ``k``); see the module docstring."""
+        return self._lut("fprop", max_segment)
+
+    def bprop(self, max_segment=None):
+        """bprop table (one output per layout row ``c``); see the module docstring."""
+        return self._lut("bprop", max_segment)
+
+    def _lut(self, kind, max_segment):
+        if max_segment is not None:
+            if isinstance(max_segment, bool) or not isinstance(max_segment, numbers.Integral):
+                raise TypeError(f"max_segment must be an int or None; got {type(max_segment).__name__}")
+            if max_segment < 1:
+                raise ValueError(f"max_segment must be >= 1; got {max_segment}")
+            max_segment = int(max_segment)
+        key = (kind, max_segment)
+        if key not in self._xprop:
+            c, k = self.coords[:, 0], self.coords[:, 1]
+            out, inp, num_out = (k, c, self.KB) if kind == "fprop" else (c, k, self.CB)
+            headers, entries, offsets = _build_xprop(out, inp, num_out, max_segment)
+            self._xprop[key] = XpropLut(_readonly(headers), _readonly(entries),
+                                        _readonly(offsets), max_segment)
+        return self._xprop[key]
+
+    def dense(self, w):
+        """Scatter packed blocks ``w`` (``(blocks, bs, bs)`` array) into the dense ``(C, K)`` matrix.
+
+        A numpy helper for tests, initialisers and debugging; kernels never densify.
+        """
+        w = np.asarray(w)
+        if w.shape != self.w_shape:
+            raise ValueError(f"w must have shape {self.w_shape}; got {w.shape}")
+        bs = self.block_size
+        out = np.zeros((self.CB, bs, self.KB, bs), dtype=w.dtype)
+        out[self.coords[:, 0], :, self.coords[:, 1], :] = w
+        return out.reshape(self.C, self.K)
+
+    def pack(self, dense):
+        """Gather the blocks of a dense ``(C, K)`` matrix into packed ``(blocks, bs, bs)`` form."""
+        dense = np.asarray(dense)
+        if dense.shape != (self.C, self.K):
+            raise ValueError(f"dense must have shape {(self.C, self.K)}; got {dense.shape}")
+        bs = self.block_size
+        tiles = dense.reshape(self.CB, bs, self.KB, bs)
+        return np.ascontiguousarray(tiles[self.coords[:, 0], :, self.coords[:, 1], :])
