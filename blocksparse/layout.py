@@ -24,38 +24,47 @@ The three products of ``y = x @ W`` and their tables
 * bprop  ``dx[:, c] = sum_k dy[:, k] @ w[b(c, k)].T`` -- one *input row* ``c`` per table row.
 * updat  ``dw[b] = x[:, c].T @ dy[:, k]``          -- one table row per block.
 
-fprop and bprop tables (:class:`XpropLut`), all ``int32``, C-contiguous:
+fprop and bprop tables (:class:`XpropLut`), all ``int32``, C-contiguous.  ``group`` (``G``, default 1)
+lets one kernel program own ``G`` adjacent outputs, so that an input tile it loads serves up to ``G``
+blocks (small blocks need this reuse to be fast); output *group* ``g`` holds outputs ``g*G .. g*G+G-1``
+(those below ``num_out``).  ``num_groups = ceil(num_out / G)``.
 
 ``headers``  shape ``(S, 4)``, one row per *segment*::
 
-    headers[s] = (out, start, count, part)
+    headers[s] = (group, start, count, part)
 
-  ``out``   output block index (``k`` for fprop, ``c`` for bprop);
+  ``group`` output group index (``k // G`` for fprop, ``c // G`` for bprop);
   ``start`` first row of ``entries`` belonging to this segment;
-  ``count`` number of entries in it (``0`` only for an empty output, see below);
-  ``part``  index of this segment within its output, ``0 .. parts(out)-1``.
+  ``count`` number of entries in it (``0`` only for an empty group, see below);
+  ``part``  index of this segment within its group, ``0 .. parts(group)-1``.
 
-  Rows are sorted by ``(out, part)``.  Every output owns at least one row: an output with no
-  nonzero block (an empty layout column for fprop, an empty row for bprop) owns exactly one row
-  with ``count == 0`` -- a kernel must still write zeros there.  An output whose entry list is
+  Rows are sorted by ``(group, part)``.  Every group owns at least one row: a group with no
+  nonzero block (empty layout columns for fprop, empty rows for bprop) owns exactly one row
+  with ``count == 0`` -- a kernel must still write zeros there.  A group whose entry list is
   longer than ``max_segment`` is split into ``ceil(n / max_segment)`` segments of near-equal
   length, so that several programs share its reduction; their partial sums must be added.
 
-``entries``  shape ``(blocks, 2)``::
+``entries``  shape ``(E, 1 + G)``, one row per (group, input block) pair with any block::
 
-    entries[e] = (inp, block)
+    entries[e] = (inp, block_0, ..., block_{G-1})
 
-  ``inp``   the block index along the reduced axis (``c`` for fprop, ``k`` for bprop);
-  ``block`` the block id, i.e. the weight block ``w[block]``.
+  ``inp``      the block index along the reduced axis (``c`` for fprop, ``k`` for bprop);
+  ``block_j``  the id of the weight block joining ``inp`` to output ``group*G + j``, or ``-1``
+               where there is none (a kernel multiplies by zero there).
 
-  The entries of one output are contiguous and sorted by ``inp``; segments of one output are
-  consecutive slices of that run.
+  With ``G == 1`` every ``block_0`` is valid and ``E == blocks``.  The entries of one group are
+  contiguous and sorted by ``inp``; segments of one group are consecutive slices of that run.
 
-``offsets``  shape ``(num_out + 1,)``: the headers of output ``o`` are rows
-  ``offsets[o] : offsets[o + 1]`` (CSR over ``headers``).
+``offsets``  shape ``(num_groups + 1,)``: the headers of group ``g`` are rows
+  ``offsets[g] : offsets[g + 1]`` (CSR over ``headers``).
 
-updat table ``Layout.updat``: shape ``(blocks, 2)``, ``updat[b] = (c, k)`` (identical to
-``coords``) -- one program (or group of programs) per block.
+updat tables.  ``Layout.updat``: shape ``(blocks, 2)``, ``updat[b] = (c, k)`` (identical to
+``coords``).  ``Layout.updat_groups(G)``: the blocks of each layout row ``c`` in order of ``k``,
+cut into runs of at most ``G`` -- one kernel program per run, sharing the input tile of ``c``::
+
+    updat_groups(G)[r] = (c, k_0, ..., k_{G-1}, block_0, ..., block_{G-1})      shape (R, 1 + 2G)
+
+  with ``k_j = block_j = -1`` padding a short run.
 """
 from __future__ import annotations
 
@@ -143,13 +152,14 @@ class XpropLut:
     entries: np.ndarray
     offsets: np.ndarray
     max_segment: int | None
+    group: int = 1
 
     @property
     def num_segments(self):
         return int(self.headers.shape[0])
 
     @property
-    def num_out(self):
+    def num_groups(self):
         return int(self.offsets.shape[0] - 1)
 
     @property
@@ -159,7 +169,7 @@ class XpropLut:
 
     @property
     def parts(self):
-        """Number of segments of each output, shape ``(num_out,)``."""
+        """Number of segments of each output group, shape ``(num_groups,)``."""
         return np.diff(self.offsets)
 
 
@@ -169,23 +179,42 @@ def _readonly(a):
     return a
 
 
-def _build_xprop(out_idx, inp_idx, num_out, max_segment):
-    """Group blocks by ``out_idx`` (sorted by ``inp_idx``) and split long groups into segments."""
-    order = np.lexsort((inp_idx, out_idx))
-    entries = np.stack([inp_idx[order], order], axis=1)
-    counts = np.bincount(out_idx, minlength=num_out)
+def _check_positive_int(value, name, allow_none=False):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int{' or None' if allow_none else ''}; "
+                        f"got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1; got {value}")
+    return int(value)
+
+
+def _build_xprop(out_idx, inp_idx, num_out, max_segment, group):
+    """Group blocks by output group (sorted by ``inp_idx``), split long groups into segments."""
+    num_groups = -(-num_out // group)
+    grp, lane = out_idx // group, out_idx % group
+    # one entry per distinct (group, inp) pair, sorted by (group, inp)
+    pair = grp.astype(np.int64) * (int(inp_idx.max(initial=0)) + 1) + inp_idx
+    uniq, row = np.unique(pair, return_inverse=True)
+    entries = np.full((uniq.shape[0], 1 + group), -1, dtype=np.int64)
+    entries[row, 0] = inp_idx
+    entries[row, 1 + lane] = np.arange(out_idx.shape[0])
+    entry_grp = np.zeros(uniq.shape[0], dtype=np.int64)
+    entry_grp[row] = grp
+    counts = np.bincount(entry_grp, minlength=num_groups)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
     headers = []
-    for out in range(num_out):
-        n, start = int(counts[out]), int(starts[out])
+    for g in range(num_groups):
+        n, start = int(counts[g]), int(starts[g])
         parts = 1 if (max_segment is None or n <= max_segment) else -(-n // max_segment)
         # near-equal split: the first (n % parts) segments get one entry more
         sizes = [n // parts + (1 if p < n % parts else 0) for p in range(parts)]
         for part, size in enumerate(sizes):
-            headers.append((out, start, size, part))
+            headers.append((g, start, size, part))
             start += size
     headers = np.array(headers, dtype=np.int32).reshape(-1, 4)
-    offsets = np.concatenate([[0], np.cumsum(np.bincount(headers[:, 0], minlength=num_out))])
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(headers[:, 0], minlength=num_groups))])
     return headers, entries, offsets
 
 
@@ -223,7 +252,7 @@ class Layout:
             c, k = c[order], k[order]
         self.coords = _readonly(np.stack([c, k], axis=1))
         self.blocks = int(self.coords.shape[0])
-        self._xprop = {}
+        self._tables = {}
 
     def __repr__(self):
         return (f"Layout(CB={self.CB}, KB={self.KB}, block_size={self.block_size}, "
@@ -268,29 +297,41 @@ class Layout:
         """updat table: ``(blocks, 2)`` int32, row ``b`` = ``(c, k)`` of block ``b``."""
         return self.coords
 
-    def fprop(self, max_segment=None):
-        """fprop table (one output per layout column ``k``); see the module docstring."""
-        return self._lut("fprop", max_segment)
+    def fprop(self, max_segment=None, group=1):
+        """fprop table (outputs are layout columns ``k``); see the module docstring."""
+        return self._lut("fprop", max_segment, group)
 
-    def bprop(self, max_segment=None):
-        """bprop table (one output per layout row ``c``); see the module docstring."""
-        return self._lut("bprop", max_segment)
+    def bprop(self, max_segment=None, group=1):
+        """bprop table (outputs are layout rows ``c``); see the module docstring."""
+        return self._lut("bprop", max_segment, group)
 
-    def _lut(self, kind, max_segment):
-        if max_segment is not None:
-            if isinstance(max_segment, bool) or not isinstance(max_segment, numbers.Integral):
-                raise TypeError(f"max_segment must be an int or None; got {type(max_segment).__name__}")
-            if max_segment < 1:
-                raise ValueError(f"max_segment must be >= 1; got {max_segment}")
-            max_segment = int(max_segment)
-        key = (kind, max_segment)
-        if key not in self._xprop:
+    def _lut(self, kind, max_segment, group):
+        max_segment = _check_positive_int(max_segment, "max_segment", allow_none=True)
+        group = _check_positive_int(group, "group")
+        key = (kind, max_segment, group)
+        if key not in self._tables:
             c, k = self.coords[:, 0], self.coords[:, 1]
             out, inp, num_out = (k, c, self.KB) if kind == "fprop" else (c, k, self.CB)
-            headers, entries, offsets = _build_xprop(out, inp, num_out, max_segment)
-            self._xprop[key] = XpropLut(_readonly(headers), _readonly(entries),
-                                        _readonly(offsets), max_segment)
-        return self._xprop[key]
+            headers, entries, offsets = _build_xprop(out, inp, num_out, max_segment, group)
+            self._tables[key] = XpropLut(_readonly(headers), _readonly(entries),
+                                         _readonly(offsets), max_segment, group)
+        return self._tables[key]
+
+    def updat_groups(self, group):
+        """Runs of at most ``group`` blocks sharing a layout row; see the module docstring."""
+        group = _check_positive_int(group, "group")
+        key = ("updat", group)
+        if key not in self._tables:
+            order = np.lexsort((self.coords[:, 1], self.coords[:, 0]))  # by (c, k)
+            rows = []
+            for c in np.unique(self.coords[:, 0]):
+                run = order[self.coords[order, 0] == c]
+                for i in range(0, len(run), group):
+                    blk = run[i:i + group]
+                    pad = [-1] * (group - len(blk))
+                    rows.append([c, *self.coords[blk, 1], *pad, *blk, *pad])
+            self._tables[key] = _readonly(np.array(rows, dtype=np.int64).reshape(-1, 1 + 2 * group))
+        return self._tables[key]
 
     def dense(self, w):
         """Scatter packed blocks ``w`` (``(blocks, bs, bs)`` array) into the dense ``(C, K)`` matrix.

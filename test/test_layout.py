@@ -123,45 +123,77 @@ def test_dense_pack_roundtrip(rng):
 
 # ---------------------------------------------------------------- lookup tables
 
-def _walk(lut, mask_t):
-    """Check one xprop table against the (out, inp) mask it describes; return entries per out."""
-    num_out = mask_t.shape[0]
+def _expand(lut, num_out):
+    """Walk an xprop table, checking its structure; return {output: [(inp, block), ...]}."""
+    G = lut.group
     assert lut.headers.dtype == lut.entries.dtype == lut.offsets.dtype == np.int32
-    assert lut.num_out == num_out and lut.offsets[0] == 0 and lut.offsets[-1] == lut.num_segments
-    seen = {}
-    for o in range(num_out):
-        rows = lut.headers[lut.offsets[o]:lut.offsets[o + 1]]
+    assert lut.entries.shape[1] == 1 + G
+    assert lut.num_groups == -(-num_out // G)
+    assert lut.offsets[0] == 0 and lut.offsets[-1] == lut.num_segments
+    seen = {o: [] for o in range(num_out)}
+    for g in range(lut.num_groups):
+        rows = lut.headers[lut.offsets[g]:lut.offsets[g + 1]]
         assert len(rows) >= 1
-        assert rows[:, 0].tolist() == [o] * len(rows)
+        assert rows[:, 0].tolist() == [g] * len(rows)
         assert rows[:, 3].tolist() == list(range(len(rows)))
-        got = []
-        for out, start, count, part in rows:
-            if lut.max_segment is not None:
-                assert count <= lut.max_segment
-            got.extend(map(tuple, lut.entries[start:start + count]))
         if len(rows) > 1:  # near-equal split, no empty segment
             assert rows[:, 2].max() - rows[:, 2].min() <= 1 and rows[:, 2].min() >= 1
-        seen[o] = got
+        ent = np.concatenate([lut.entries[s:s + n] for _, s, n, _ in rows])
+        assert ent[:, 0].tolist() == sorted(set(ent[:, 0].tolist()))  # sorted, distinct inputs
+        for row in ent:
+            assert (row[1:] >= 0).any()  # no all-empty entry
+            for j, blk in enumerate(row[1:]):
+                if blk >= 0:
+                    assert g * G + j < num_out
+                    seen[g * G + j].append((int(row[0]), int(blk)))
+        if lut.max_segment is not None:
+            assert rows[:, 2].max() <= lut.max_segment
     return seen
 
 
-@pytest.mark.parametrize("max_segment", [None, 1, 2, 3, 100])
+@pytest.mark.parametrize("group", [1, 2, 3, 4])
+@pytest.mark.parametrize("max_segment", [None, 1, 3, 100])
 @pytest.mark.parametrize("z_order", [False, True])
-def test_fprop_bprop_tables(rng, max_segment, z_order):
+def test_fprop_bprop_tables(rng, max_segment, z_order, group):
     mask = random_layout(rng, 11, 9, 0.45, empty_rows=2, empty_cols=2)
     lay = Layout(mask, 16, z_order=z_order)
     ids = lay.block_ids
     for kind, m in (("fprop", mask.T), ("bprop", mask)):
-        lut = getattr(lay, kind)(max_segment)
-        seen = _walk(lut, m)
+        lut = getattr(lay, kind)(max_segment, group=group)
+        seen = _expand(lut, m.shape[0])
         for o, got in seen.items():
             expect = [(i, ids[i, o] if kind == "fprop" else ids[o, i]) for i in np.nonzero(m[o])[0]]
             assert got == expect, (kind, o)
-            if not expect:  # empty output: a single zero-count header
-                rows = lut.headers[lut.offsets[o]:lut.offsets[o + 1]]
-                assert rows.tolist() == [[o, rows[0, 1], 0, 0]]
+        for g in range(lut.num_groups):  # an empty group: a single zero-count header
+            if not any(seen[o] for o in range(g * group, min((g + 1) * group, m.shape[0]))):
+                rows = lut.headers[lut.offsets[g]:lut.offsets[g + 1]]
+                assert rows[:, 2].tolist() == [0]
         # every block appears exactly once
-        assert sorted(lut.entries[:, 1].tolist()) == list(range(lay.blocks))
+        blocks = lut.entries[:, 1:][lut.entries[:, 1:] >= 0]
+        assert sorted(blocks.tolist()) == list(range(lay.blocks))
+
+
+def test_grouped_entries_share_inputs():
+    lay = Layout([[1, 1, 0], [0, 1, 1], [1, 0, 0]], 8)
+    lut = lay.fprop(group=2)  # groups: columns {0, 1} and {2}
+    assert lut.entries.tolist() == [[0, 0, 1], [1, -1, 2], [2, 4, -1], [1, 3, -1]]
+    assert lut.headers.tolist() == [[0, 0, 3, 0], [1, 3, 1, 0]]
+
+
+@pytest.mark.parametrize("group", [1, 2, 4])
+def test_updat_groups(rng, group):
+    lay = Layout(random_layout(rng, 7, 9, 0.5, empty_rows=1), 8, z_order=True)
+    rows = lay.updat_groups(group)
+    assert rows.dtype == np.int32 and rows.shape[1] == 1 + 2 * group
+    seen = []
+    for row in rows:
+        c, ks, bs = row[0], row[1:1 + group], row[1 + group:]
+        assert ((ks >= 0) == (bs >= 0)).all() and bs[0] >= 0
+        assert (ks[ks >= 0] == np.sort(ks[ks >= 0])).all()
+        for k, b in zip(ks[ks >= 0], bs[bs >= 0]):
+            assert lay.block_coord(int(b)) == (c, k)
+            seen.append(int(b))
+    assert sorted(seen) == list(range(lay.blocks))
 
 
 def test_segment_split_counts():
@@ -181,6 +213,8 @@ def test_tables_are_memoised_and_readonly():
         lay.fprop(0)
     with pytest.raises(TypeError, match="max_segment"):
         lay.bprop(2.5)
+    with pytest.raises(ValueError, match="group"):
+        lay.fprop(group=0)
 
 
 def test_updat_table(rng):

@@ -1,0 +1,41 @@
+"""The reference path: the three products with PyTorch ops only (index_select / einsum / index_add).
+
+It serves CPU tensors, block size 8, and anything the Triton kernels cannot run; it is also the
+oracle the kernels are tested against.  Accumulates in float32 (float64 stays float64).
+"""
+import torch
+
+
+def _acc_dtype(dtype):
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _blocks(t, axis, bs):
+    """View activations as (N, feature_blocks, bs) whatever their layout."""
+    if axis == 1:
+        return t.reshape(t.shape[0], -1, bs)
+    return t.reshape(-1, bs, t.shape[1]).permute(2, 0, 1)
+
+
+def _unblocks(t, axis):
+    """Inverse of :func:`_blocks` for a fresh (N, blocks, bs) result."""
+    n = t.shape[0]
+    return t.reshape(n, -1) if axis == 1 else t.reshape(n, -1).t().contiguous()
+
+
+def xprop(x, w, inp_idx, out_idx, out_blocks, bs, axis, trans):
+    """``y[:, out] += x[:, inp] @ w[b]`` (``w[b].T`` if ``trans``) for every block ``b``."""
+    acc = _acc_dtype(x.dtype)
+    xb = _blocks(x, axis, bs).index_select(1, inp_idx).to(acc)      # (N, blocks, bs)
+    eq = "nbk,bjk->nbj" if trans else "nbj,bjk->nbk"
+    contrib = torch.einsum(eq, xb, w.to(acc))                          # (N, blocks, bs)
+    y = contrib.new_zeros((xb.shape[0], out_blocks, bs)).index_add_(1, out_idx, contrib)
+    return _unblocks(y, axis).to(x.dtype)
+
+
+def updat(x, dy, c_idx, k_idx, bs, axis, dw_dtype):
+    """``dw[b] = x[:, c_b].T @ dy[:, k_b]`` for every block ``b``."""
+    acc = _acc_dtype(x.dtype)
+    xb = _blocks(x, axis, bs).index_select(1, c_idx).to(acc)
+    db = _blocks(dy, axis, bs).index_select(1, k_idx).to(acc)
+    return torch.einsum("nbi,nbj->bij", xb, db).to(dw_dtype)

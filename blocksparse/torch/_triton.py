@@ -1,0 +1,71 @@
+"""Launchers of the Triton kernels on torch tensors: read dims, allocate, grid, launch."""
+import torch
+import triton
+
+from .. import _env
+from ..kernels.updat import updat_kernel
+from ..kernels.xprop import xprop_kernel
+
+if _env.triton_interpret():
+    from ..kernels._interpreter import patch_bf16_dot
+
+    patch_bf16_dot()
+
+PRECISIONS = {"ieee", "tf32"}
+
+
+def _strides(t, axis):
+    """(token stride, feature stride) of activations in either layout."""
+    return (t.stride(0), t.stride(1)) if axis == 1 else (t.stride(1), t.stride(0))
+
+
+def _empty_out(like, n_tokens, features, axis, dtype):
+    shape = (n_tokens, features) if axis == 1 else (features, n_tokens)
+    return like.new_empty(shape, dtype=dtype)
+
+
+def xprop(x, w, headers, entries, *, out_features, bs, axis, trans, cfg, atomic, precision):
+    """fprop (``trans=False``) or bprop (``trans=True``) through :func:`xprop_kernel`.
+
+    ``headers``/``entries`` are the layout core's xprop table built with ``group=cfg.G``;
+    ``atomic`` must be true when any output group has more than one segment.
+    """
+    n_tokens = x.shape[0] if axis == 1 else x.shape[1]
+    num_segments = headers.shape[0]
+    y = _empty_out(x, n_tokens, out_features, axis, x.dtype)
+    if n_tokens == 0:
+        return y
+    if atomic:
+        y32 = y.new_zeros(y.shape, dtype=torch.float32)
+    out = y32 if atomic else y
+    grid = (num_segments * triton.cdiv(n_tokens, cfg.BM),)
+    xprop_kernel[grid](
+        x, w, out, headers, entries,
+        n_tokens, out_features, num_segments,
+        *_strides(x, axis), *_strides(out, axis),
+        BS=bs, G=cfg.G, BM=cfg.BM, TRANS_W=trans, ATOMIC=atomic, PRECISION=precision,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if atomic:
+        y.copy_(y32)
+    return y
+
+
+def updat(x, dy, groups, *, w_shape, bs, axis, cfg, split, precision, dw_dtype):
+    """updat through :func:`updat_kernel`; ``groups`` is ``Layout.updat_groups(cfg.G)``."""
+    n_tokens = x.shape[0] if axis == 1 else x.shape[1]
+    atomic = split > 1 or n_tokens == 0
+    dw = x.new_zeros(w_shape, dtype=torch.float32) if atomic else x.new_empty(w_shape, dtype=dw_dtype)
+    if n_tokens == 0:
+        return dw.to(dw_dtype)
+    per_split = triton.cdiv(triton.cdiv(n_tokens, split), cfg.BK) * cfg.BK
+    grid = (groups.shape[0], triton.cdiv(n_tokens, per_split))
+    updat_kernel[grid](
+        x, dy, dw, groups,
+        n_tokens, per_split,
+        *_strides(x, axis), *_strides(dy, axis),
+        BS=bs, G=cfg.G, BK=cfg.BK, ATOMIC=atomic, PRECISION=precision,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return dw if dw.dtype == dw_dtype else dw.to(dw_dtype)
+

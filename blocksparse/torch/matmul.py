@@ -1,0 +1,178 @@
+"""Public PyTorch API of the block-sparse matmul: :class:`BlocksparseMatMul`, :class:`BlocksparseLinear`."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..layout import Layout
+from . import _ops, _plan
+
+__all__ = ["BlocksparseMatMul", "BlocksparseLinear"]
+
+
+class BlocksparseMatMul:
+    """``y = x @ W`` with a block-sparse ``W`` of shape ``(C, K)`` given by a block layout.
+
+    Parameters
+    ----------
+    layout : array_like, shape (C // block_size, K // block_size)
+        0/1 block mask (see :class:`blocksparse.layout.Layout`), or a ``Layout``.
+    block_size : int
+        One of 8, 16, 32, 64, 128 (8 always takes the reference path).
+    feature_axis : {1, 0}
+        1: activations ``(N, C) -> (N, K)``; 0: ``(C, N) -> (K, N)``.
+    z_order : bool
+        Number the blocks in Morton order (the original package's ``z_order=True``).
+    allow_tf32 : bool
+        Let float32 products use TF32 tensor cores (faster, ~1e-3 relative error).  Off by default.
+
+    The weight is a separate tensor of shape :attr:`w_shape` (``(blocks, bs, bs)``; block ``b`` is
+    ``W[c*bs:(c+1)*bs, k*bs:(k+1)*bs]`` with ``(c, k) = block_coord(b)``), so several weights can
+    share one object.  Calls are differentiable in ``x`` and ``w`` and traceable by ``torch.compile``.
+
+    Examples
+    --------
+    >>> bsmm = BlocksparseMatMul([[1, 0], [1, 1]], block_size=16)
+    >>> w = torch.randn(bsmm.w_shape)
+    >>> bsmm(torch.randn(5, 32), w).shape
+    torch.Size([5, 32])
+    """
+
+    def __init__(self, layout, block_size=32, feature_axis=1, *, z_order=False, allow_tf32=False):
+        if isinstance(layout, Layout):
+            if layout.block_size != block_size:
+                raise ValueError(f"block_size must match the Layout's block size "
+                                 f"{layout.block_size}; got {block_size}")
+            self.layout = layout
+        else:
+            self.layout = Layout(layout, block_size, z_order=z_order)
+        if feature_axis not in (0, 1) or isinstance(feature_axis, bool):
+            raise ValueError(f"feature_axis must be 0 or 1; got {feature_axis!r}")
+        self.axis = int(feature_axis)
+        self.allow_tf32 = bool(allow_tf32)
+        self._handle = _plan.handle(self.layout)
+
+    # ------------------------------------------------------------------ shape helpers
+    block_size = property(lambda self: self.layout.block_size)
+    blocks = property(lambda self: self.layout.blocks)
+    C = property(lambda self: self.layout.C)
+    K = property(lambda self: self.layout.K)
+    w_shape = property(lambda self: self.layout.w_shape)
+
+    def i_shape(self, N):
+        """Shape of the input activations for ``N`` tokens."""
+        return (N, self.C) if self.axis else (self.C, N)
+
+    def o_shape(self, N):
+        """Shape of the output activations for ``N`` tokens."""
+        return (N, self.K) if self.axis else (self.K, N)
+
+    def block_coord(self, block):
+        """Layout coordinate ``(c, k)`` of block id ``block``."""
+        return self.layout.block_coord(block)
+
+    def __repr__(self):
+        return f"BlocksparseMatMul({self.layout!r}, feature_axis={self.axis})"
+
+    # ------------------------------------------------------------------ the product
+    def __call__(self, x, w):
+        """``y = x @ W``; see the class docstring for shapes."""
+        x, w = self._check(x, w)
+        return _ops.matmul(x, w, self._handle, self.axis, "tf32" if self.allow_tf32 else "ieee")
+
+    def _check(self, x, w):
+        for name, t in (("x", x), ("w", w)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
+            if not t.is_floating_point():
+                raise TypeError(f"{name} must be floating point (float16, bfloat16, float32, "
+                                f"float64); got {t.dtype}")
+        if x.dim() != 2:
+            raise ValueError(f"x must be 2-D {self.i_shape('N')}; got shape {tuple(x.shape)}")
+        if x.shape[self.axis] != self.C:
+            raise ValueError(f"x must have {self.C} features on axis {self.axis} (shape "
+                             f"{self.i_shape('N')}); got shape {tuple(x.shape)}")
+        if tuple(w.shape) != self.w_shape:
+            raise ValueError(f"w must have shape {self.w_shape}; got {tuple(w.shape)}")
+        if x.device != w.device:
+            raise ValueError(f"x and w must be on one device; got {x.device} and {w.device}")
+        if torch.is_autocast_enabled(x.device.type):
+            dtype = torch.get_autocast_dtype(x.device.type)
+            x, w = x.to(dtype), w.to(dtype)
+        if x.dtype != w.dtype:
+            raise TypeError(f"x and w must have the same dtype; got {x.dtype} and {w.dtype}")
+        if 0 in x.stride() or (x.stride(0) != 1 and x.stride(1) != 1):
+            x = x.contiguous()
+        return x, w.contiguous()
+
+
+class BlocksparseLinear(nn.Module):
+    """A linear layer ``y = x @ W + bias`` with a block-sparse weight.
+
+    Parameters
+    ----------
+    layout : array_like, shape (in_features // block_size, out_features // block_size)
+        0/1 block mask, or a :class:`blocksparse.layout.Layout`.
+    block_size : int
+        One of 8, 16, 32, 64, 128.
+    bias : bool
+        Add a learnable bias of shape ``(out_features,)``.
+    device, dtype
+        Where and in which dtype to create the parameters.
+    allow_tf32 : bool
+        Let float32 products use TF32 tensor cores.
+
+    ``weight`` has shape ``(blocks, block_size, block_size)`` (see :class:`BlocksparseMatMul`);
+    ``forward`` takes ``(..., in_features)`` and returns ``(..., out_features)``.  Initialised like
+    ``nn.Linear``, with each output's fan-in counting only the blocks that feed it.
+
+    Examples
+    --------
+    >>> lin = BlocksparseLinear(torch.ones(2, 3), block_size=16)
+    >>> lin(torch.randn(4, 7, 32)).shape
+    torch.Size([4, 7, 48])
+    """
+
+    def __init__(self, layout, block_size=32, bias=True, device=None, dtype=None, *,
+                 z_order=False, allow_tf32=False):
+        super().__init__()
+        self.bsmm = BlocksparseMatMul(layout, block_size, feature_axis=1, z_order=z_order,
+                                      allow_tf32=allow_tf32)
+        self.in_features, self.out_features = self.bsmm.C, self.bsmm.K
+        factory = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.empty(self.bsmm.w_shape, **factory))
+        self.bias = nn.Parameter(torch.empty(self.out_features, **factory)) if bias else None
+        self.reset_parameters()
+
+    @property
+    def layout(self):
+        return self.bsmm.layout
+
+    def reset_parameters(self):
+        """Uniform in +-1/sqrt(fan_in) per output feature, fan_in = features of its blocks."""
+        lay = self.layout
+        fan_in = np.bincount(lay.coords[:, 1], minlength=lay.KB) * lay.block_size  # per column
+        bound = 1.0 / np.sqrt(np.maximum(fan_in[lay.coords[:, 1]], 1))             # per block
+        with torch.no_grad():
+            bound_t = torch.as_tensor(bound, dtype=torch.float32, device=self.weight.device)
+            self.weight.uniform_(-1.0, 1.0).mul_(bound_t.to(self.weight.dtype)[:, None, None])
+            if self.bias is not None:
+                col_bound = 1.0 / np.sqrt(np.maximum(np.repeat(fan_in, lay.block_size), 1))
+                self.bias.uniform_(-1.0, 1.0).mul_(
+                    torch.as_tensor(col_bound, device=self.bias.device).to(self.bias.dtype))
+
+    def forward(self, x):
+        if x.dim() == 0 or x.shape[-1] != self.in_features:
+            raise ValueError(f"input must have shape (..., {self.in_features}); "
+                             f"got {tuple(x.shape)}")
+        lead = x.shape[:-1]
+        y = self.bsmm(x.reshape(-1, self.in_features), self.weight)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.reshape(*lead, self.out_features)
+
+    def extra_repr(self):
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"block_size={self.layout.block_size}, blocks={self.layout.blocks}, "
+                f"density={self.layout.density:.3f}, bias={self.bias is not None}")
