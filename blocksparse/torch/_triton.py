@@ -3,8 +3,12 @@ import torch
 import triton
 
 from .. import _env
+from triton.tools.tensor_descriptor import TensorDescriptor
+
 from ..kernels.updat import updat_kernel
+from ..kernels.updat_tma import updat_tma_kernel
 from ..kernels.xprop import xprop_kernel
+from ..kernels.xprop_tma import xprop_tma_kernel
 
 if _env.triton_interpret():
     from ..kernels._interpreter import patch_bf16_dot
@@ -69,3 +73,54 @@ def updat(x, dy, groups, *, w_shape, bs, axis, cfg, split, precision, dw_dtype):
     )
     return dw if dw.dtype == dw_dtype else dw.to(dw_dtype)
 
+
+
+def tma_ok(*tensors):
+    """Whether tensor descriptors can address these tensors (row-major, 16-byte aligned rows)."""
+    for t in tensors:
+        if t.stride(-1) != 1 or t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16:
+            return False
+    return True
+
+
+def _desc(t, axis, tokens_block, bs):
+    """Descriptor over activations in storage order with a [tokens, features] (or transposed) tile."""
+    block = [tokens_block, bs] if axis == 1 else [bs, tokens_block]
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), block)
+
+
+def xprop_tma(x, w, headers, entries, *, out_features, bs, axis, trans, cfg, atomic, precision):
+    """:func:`xprop` through :func:`xprop_tma_kernel` (needs :func:`tma_ok` activations)."""
+    n_tokens = x.shape[0] if axis == 1 else x.shape[1]
+    num_segments = headers.shape[0]
+    y = _empty_out(x, n_tokens, out_features, axis, torch.float32 if atomic else x.dtype)
+    if atomic:
+        y.zero_()
+    if n_tokens == 0:
+        return y.to(x.dtype)
+    w_desc = TensorDescriptor(w, [w.shape[0] * bs, bs], [bs, 1], [bs, bs])
+    grid = (num_segments * triton.cdiv(n_tokens, cfg.BM),)
+    xprop_tma_kernel[grid](
+        _desc(x, axis, cfg.BM, bs), w_desc, _desc(y, axis, cfg.BM, bs), y, headers, entries,
+        num_segments, n_tokens, out_features, *_strides(y, axis),
+        BS=bs, G=cfg.G, BM=cfg.BM, X_T=axis == 0, TRANS_W=trans, ATOMIC=atomic, PRECISION=precision,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return y.to(x.dtype) if atomic else y
+
+
+def updat_tma(x, dy, groups, *, w_shape, bs, axis, cfg, split, precision, dw_dtype):
+    """:func:`updat` through :func:`updat_tma_kernel` (needs :func:`tma_ok` activations)."""
+    n_tokens = x.shape[0] if axis == 1 else x.shape[1]
+    atomic = split > 1 or n_tokens == 0
+    dw = x.new_zeros(w_shape, dtype=torch.float32) if atomic else x.new_empty(w_shape, dtype=dw_dtype)
+    if n_tokens == 0:
+        return dw.to(dw_dtype)
+    per_split = triton.cdiv(triton.cdiv(n_tokens, split), cfg.BK) * cfg.BK
+    grid = (groups.shape[0], triton.cdiv(n_tokens, per_split))
+    updat_tma_kernel[grid](
+        _desc(x, axis, cfg.BK, bs), _desc(dy, axis, cfg.BK, bs), dw, groups, per_split, n_tokens,
+        BS=bs, G=cfg.G, BK=cfg.BK, X_T=axis == 0, ATOMIC=atomic, PRECISION=precision,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return dw if dw.dtype == dw_dtype else dw.to(dw_dtype)

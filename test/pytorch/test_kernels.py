@@ -87,3 +87,32 @@ def test_no_tokens():
     dw = _triton.updat(x, torch.empty(0, 32), groups, w_shape=lay.w_shape, bs=16, axis=1,
                        cfg=UpdatConfig(1, 16, 4, 1), split=1, precision="ieee", dw_dtype=torch.float32)
     assert torch.equal(dw, torch.zeros(lay.w_shape))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("axis", [1, 0])
+@pytest.mark.parametrize("bs, group, n, max_segment", [(16, 1, 8, None), (16, 2, 24, 1), (32, 4, 40, None)],
+                         ids=["bs16-G1", "bs16-G2-split", "bs32-G4"])
+def test_xprop_tma(rng, dtype, axis, bs, group, n, max_segment):
+    lay, x, w, dy, (y_ref, dx_ref, _) = _setup(rng, bs, axis, n, dtype, KB=6)
+    cfg = XpropConfig(BM=16, G=group, num_warps=4, num_stages=1)
+    assert _triton.tma_ok(x, dy)
+    for kind, inp, out_features, ref in (("fprop", x, lay.K, y_ref), ("bprop", dy, lay.C, dx_ref)):
+        headers, entries, lut = _lut(lay, kind, max_segment, group)
+        got = _triton.xprop_tma(inp, w, headers, entries, out_features=out_features, bs=bs, axis=axis,
+                                trans=kind == "bprop", cfg=cfg,
+                                atomic=lut.num_segments > lut.num_groups, precision="ieee")
+        assert rel_err(got.double().numpy(), ref) < TOL[dtype], kind
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("axis", [1, 0])
+@pytest.mark.parametrize("bs, group, n, split", [(16, 1, 8, 1), (16, 2, 40, 2), (32, 4, 24, 1)],
+                         ids=["bs16-G1", "bs16-G2-split2", "bs32-G4"])
+def test_updat_tma(rng, dtype, axis, bs, group, n, split):
+    lay, x, w, dy, (_, _, dw_ref) = _setup(rng, bs, axis, n, dtype)
+    groups = torch.from_numpy(np.array(lay.updat_groups(group)))
+    got = _triton.updat_tma(x, dy, groups, w_shape=lay.w_shape, bs=bs, axis=axis,
+                            cfg=UpdatConfig(G=group, BK=16, num_warps=4, num_stages=1), split=split,
+                            precision="ieee", dw_dtype=torch.float32)
+    assert rel_err(got.double().numpy(), dw_ref) < TOL[dtype]

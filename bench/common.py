@@ -1,0 +1,161 @@
+"""Shared pieces of the GPU benchmarks: problems, float64 references, timers, ceilings."""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from blocksparse.layout import Layout
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def random_layout(CB, KB, density, seed):
+    """Random layout at ``density`` with every output column (and row) holding a block."""
+    rng = np.random.default_rng(seed)
+    mask = rng.random((CB, KB)) < density
+    mask[rng.integers(0, CB, KB), np.arange(KB)] = True
+    mask[np.arange(CB), rng.integers(0, KB, CB)] = True
+    return mask
+
+
+class Problem:
+    """y = x @ W for one layout: random bf16/fp16/fp32 operands and float64 references."""
+
+    def __init__(self, C, K, N, bs, density, dtype, seed=0, device="cuda"):
+        self.layout = Layout(random_layout(C // bs, K // bs, density, seed), bs)
+        self.N, self.C, self.K, self.bs, self.dtype = N, C, K, bs, dtype
+        g = torch.Generator(device=device).manual_seed(seed)  # noqa: E501
+        self.x = torch.randn(N, C, device=device, generator=g).to(dtype)
+        self.dy = torch.randn(N, K, device=device, generator=g).to(dtype)
+        self.w = (torch.randn(self.layout.w_shape, device=device, generator=g) / math.sqrt(bs)).to(dtype)
+        self.coords = torch.from_numpy(np.array(self.layout.coords)).to(device).long()
+        self._refs = {}
+
+    @property
+    def density(self):
+        return self.layout.density
+
+    @property
+    def useful_flops(self):
+        return 2.0 * self.layout.blocks * self.bs * self.bs * self.N
+
+    def dense_w(self, dtype):
+        bs, lay = self.bs, self.layout
+        W = torch.zeros(lay.CB, bs, lay.KB, bs, device=self.w.device, dtype=dtype)
+        W[self.coords[:, 0], :, self.coords[:, 1], :] = self.w.to(dtype)
+        return W.reshape(self.C, self.K)
+
+    def ref(self, op):
+        """float64 reference of ``op`` (fprop: y, bprop: dx, updat: packed dw)."""
+        if op not in self._refs:
+            W = self.dense_w(torch.float64)
+            x, dy = self.x.double(), self.dy.double()
+            if op == "fprop":
+                r = x @ W
+            elif op == "bprop":
+                r = dy @ W.T
+            else:
+                full = (x.T @ dy).reshape(self.layout.CB, self.bs, self.layout.KB, self.bs)
+                r = full[self.coords[:, 0], :, self.coords[:, 1], :]
+            self._refs[op] = r
+        return self._refs[op]
+
+
+def rel_err(got, ref):
+    got = got.double()
+    if not torch.isfinite(got).all():
+        return float("nan")
+    return ((got - ref).norm() / ref.norm()).item()
+
+
+def tolerance(dtype, tf32=False):
+    return {torch.bfloat16: 2e-2, torch.float16: 3e-3, torch.float32: 3e-3 if tf32 else 1e-4}[dtype]
+
+
+@contextlib.contextmanager
+def poisoned_empty():
+    """Make every fresh ``torch.empty``/``new_empty`` NaN-filled, so unwritten tiles show."""
+    saved = torch.empty, torch.empty_like, torch.Tensor.new_empty
+
+    def poison(factory):
+        def make(*a, **k):
+            t = factory(*a, **k)
+            if t.is_floating_point():
+                t.fill_(float("nan"))
+            return t
+        return make
+
+    torch.empty, torch.empty_like, torch.Tensor.new_empty = (poison(f) for f in saved)
+    try:
+        yield
+    finally:
+        torch.empty, torch.empty_like, torch.Tensor.new_empty = saved
+
+
+def time_ms(fn, warmup=25, rep=100):
+    """Median milliseconds per call (events around each call, L2 flushed in between)."""
+    return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+
+
+def time_rotating_ms(make_fns, replays=20):
+    """Median ms per call for memory-bound calls: a CUDA graph runs one call per input set
+    (together several times the L2), so every call reads its operands from device memory."""
+    fns = make_fns()
+    for f in fns:
+        f()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for f in fns:  # warm the stream's allocator pool before capture
+            f()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph, stream=stream):
+        for f in fns:
+            f()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / len(fns))
+    return float(np.median(times))
+
+
+def hbm_bandwidth_gbs():
+    """Device-to-device copy bandwidth, counting bytes read plus written (GB/s)."""
+    a = torch.empty(2 * 1024**3 // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    b = torch.empty_like(a)
+    ms = time_ms(lambda: b.copy_(a), warmup=5, rep=30)
+    return 2 * a.numel() * a.element_size() / ms / 1e6
+
+
+@triton.jit
+def _l2_read_kernel(X, OUT, n_elem, reps, BLOCK: tl.constexpr):
+    # every program sweeps its share of a buffer that fits in L2, ``reps`` times
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for _ in range(reps):
+        for start in range(pid * BLOCK, n_elem, nprog * BLOCK):
+            acc += tl.load(X + start + tl.arange(0, BLOCK)).to(tl.float32)
+    tl.store(OUT + pid * BLOCK + tl.arange(0, BLOCK), acc)
+
+
+def l2_bandwidth_gbs(mbytes=24, reps=20):
+    """Read bandwidth from L2: all SMs re-reading a buffer of ``mbytes`` (fits in L2)."""
+    n = mbytes * 1024**2 // 2
+    x = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    grid, block = 4 * sms, 2048
+    out = torch.empty(grid * block, device="cuda")
+    fn = lambda: _l2_read_kernel[(grid,)](x, out, n, reps, BLOCK=block, num_warps=8)  # noqa: E731
+    ms = triton.testing.do_bench(fn, warmup=5, rep=30, return_mode="median")
+    return reps * n * 2 / ms / 1e6

@@ -1,0 +1,256 @@
+"""Variant sweep of the matmul kernels on a GPU: every variant checked against float64, then timed.
+
+Produces the numbers behind ``blocksparse/kernels/configs.py``.  One run:
+
+    python bench/tune_bsmm.py --out bench/results/tune-h200.json
+
+Variants: the pointer-load kernels (:mod:`blocksparse.kernels.xprop`, ``.updat``) and the TMA
+kernels (``.xprop_tma``, ``.updat_tma``) over output-group size ``G``, tile sizes, warps and
+pipeline stages; compute-bound (N = 8192) and memory-bound (N = 64) problems; alongside, the
+ceilings of the same GPU: dense cuBLAS, HBM copy bandwidth and L2 read bandwidth.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+import common  # noqa: E402
+from blocksparse.kernels.configs import UpdatConfig as U  # noqa: E402
+from blocksparse.kernels.configs import XpropConfig as X  # noqa: E402
+
+C = K = 4096
+
+XPROP = {  # (impl, config)
+    16: [("ptr", X(128, 4, 4, 4)), ("ptr", X(128, 8, 8, 3)),
+         ("tma", X(128, 1, 4, 6)), ("tma", X(128, 2, 4, 4)), ("tma", X(128, 4, 4, 4)),
+         ("tma", X(128, 4, 8, 4)), ("tma", X(256, 4, 8, 3))],
+    32: [("ptr", X(128, 1, 4, 4)), ("ptr", X(128, 2, 4, 4)), ("ptr", X(128, 4, 8, 3)),
+         ("tma", X(128, 1, 4, 4)), ("tma", X(128, 1, 4, 6)), ("tma", X(256, 1, 8, 4)),
+         ("tma", X(128, 2, 4, 4)), ("tma", X(128, 2, 8, 4)), ("tma", X(128, 4, 8, 4)),
+         ("tma", X(256, 2, 8, 3))],
+    64: [("ptr", X(128, 1, 4, 3)), ("ptr", X(128, 1, 8, 3)), ("ptr", X(128, 2, 8, 3)),
+         ("tma", X(128, 1, 4, 4)), ("tma", X(128, 1, 8, 4)), ("tma", X(256, 1, 8, 3)),
+         ("tma", X(256, 1, 8, 4)), ("tma", X(128, 2, 8, 4))],
+    128: [("ptr", X(128, 1, 8, 3)), ("ptr", X(64, 1, 4, 3)),
+          ("tma", X(128, 1, 4, 3)), ("tma", X(128, 1, 8, 3)), ("tma", X(128, 1, 8, 4)),
+          ("tma", X(256, 1, 8, 2)), ("tma", X(256, 1, 8, 3))],
+}
+UPDAT = {
+    16: [("ptr", U(8, 64, 4, 4)), ("ptr", U(8, 128, 8, 3)), ("tma", U(4, 64, 4, 4))],
+    32: [("ptr", U(4, 64, 4, 4)), ("ptr", U(4, 128, 8, 3)), ("ptr", U(8, 64, 8, 3)),
+         ("tma", U(1, 128, 4, 4)), ("tma", U(4, 64, 4, 4))],
+    64: [("ptr", U(2, 64, 4, 4)), ("ptr", U(2, 128, 8, 3)), ("ptr", U(4, 64, 8, 3)),
+         ("tma", U(1, 64, 4, 4)), ("tma", U(1, 128, 4, 3)), ("tma", U(2, 64, 8, 4))],
+    128: [("ptr", U(1, 64, 8, 3)), ("ptr", U(2, 64, 8, 3)),
+          ("tma", U(1, 64, 8, 3)), ("tma", U(1, 64, 4, 4)), ("tma", U(1, 128, 8, 3)),
+          ("tma", U(2, 64, 8, 3))],
+}
+SMALL_N_XPROP = [("ptr", X(16, 1, 4, 3)), ("ptr", X(32, 1, 4, 3)), ("ptr", X(64, 1, 4, 3)),
+                 ("tma", X(64, 1, 4, 3)), ("tma", X(64, 1, 4, 4))]
+SMALL_N_UPDAT = [("ptr", U(1, 64, 4, 3)), ("tma", U(1, 64, 4, 3))]
+
+
+def cases(quick=False):
+    """(N, bs, density, dtype, op, impl, cfg, waves) of every variant to check and time."""
+    out = []
+    for bs, variants in XPROP.items():
+        for op in ("fprop", "bprop"):
+            out += [(8192, bs, 0.25, "bf16", op, i, c, None) for i, c in variants]
+        out += [(8192, bs, 0.25, "bf16", "updat", i, c, 2) for i, c in UPDAT[bs]]
+    for bs in (16, 32):  # output grouping vs density
+        for d in (0.1, 0.5):
+            out += [(8192, bs, d, "bf16", "fprop", i, c, None) for i, c in XPROP[bs] if i == "tma"]
+    for bs in (32, 128):
+        for d in (0.1, 0.5):
+            for waves in (None, 2, 4):
+                out += [(64, bs, d, "bf16", "fprop", i, c, waves) for i, c in SMALL_N_XPROP]
+            out += [(64, bs, d, "bf16", "updat", i, c, w) for i, c in SMALL_N_UPDAT for w in (2, 8)]
+    for bs in (32, 128):
+        for impl, cfg in (("ptr", X(64, 1, 4, 3)), ("ptr", X(128, 1, 8, 3)), ("tma", X(128, 1, 4, 3)),
+                          ("tma", X(64, 1, 4, 3))):
+            out.append((8192, bs, 0.25, "fp32", "fprop", impl, cfg, None))
+        out.append((8192, bs, 0.25, "fp16", "fprop", "tma", XPROP[bs][-1][1], None))
+    return out[::7] if quick else out
+
+
+_problems = {}
+
+
+def problem(n, bs, density, dtype):
+    key = (n, bs, density, dtype)
+    if key not in _problems:
+        _problems.clear()  # keep one problem at a time in memory
+        _problems[key] = common.Problem(C, K, n, bs, density, common.DTYPES[dtype], seed=bs)
+    return _problems[key]
+
+
+def make_call(p, op, impl, cfg, waves, tensors=None):
+    """A zero-argument launch of one variant on problem ``p`` (or on ``tensors`` = (x, w, dy))."""
+    from blocksparse.torch import _triton
+
+    lay, bs = p.layout, p.bs
+    x, w, dy = tensors or (p.x, p.w, p.dy)
+    dev = x.device
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if x.is_cuda else 4
+    if op == "updat":
+        groups = torch.from_numpy(lay.updat_groups(cfg.G).copy()).to(dev)
+        split = max(1, min(waves * sms // groups.shape[0], math.ceil(p.N / (4 * cfg.BK))))
+        fn = _triton.updat if impl == "ptr" else _triton.updat_tma
+        return lambda: fn(x, dy, groups, w_shape=lay.w_shape, bs=bs, axis=1, cfg=cfg, split=split,
+                          precision="ieee", dw_dtype=torch.float32)
+    lut = getattr(lay, op)(None, group=cfg.G)
+    max_segment = None
+    if waves is not None:  # split long reductions until ~waves programs per SM
+        programs = math.ceil(p.N / cfg.BM) * lut.num_segments
+        if programs < waves * sms and lut.max_count > 1:
+            max_segment = max(1, math.ceil(lut.max_count * programs / (waves * sms)))
+            lut = getattr(lay, op)(max_segment, group=cfg.G)
+    headers = torch.from_numpy(lut.headers.copy()).to(dev)
+    entries = torch.from_numpy(lut.entries.copy()).to(dev)
+    atomic = lut.num_segments > lut.num_groups
+    inp, out_features = (x, p.K) if op == "fprop" else (dy, p.C)
+    fn = _triton.xprop if impl == "ptr" else _triton.xprop_tma
+    return lambda: fn(inp, w, headers, entries, out_features=out_features, bs=bs, axis=1,
+                      trans=op == "bprop", cfg=cfg, atomic=atomic, precision="ieee")
+
+
+def _compile_chunk(chunk):
+    """Worker: run each case once, filling Triton's on-disk cache.  Returns failures."""
+    failures = []
+    for case in chunk:
+        n, bs, d, dt, op, impl, cfg, waves = case
+        try:
+            make_call(problem(n, bs, d, dt), op, impl, cfg, waves)()
+        except Exception as exc:  # reported by the main process
+            failures.append((repr(case), repr(exc)[:300]))
+    torch.cuda.synchronize()
+    return failures
+
+
+def rotating_calls(p, op, impl, cfg, waves, l2_bytes=60 * 2**20):
+    """Calls of one variant over enough copies of its operands to overflow the L2 four times."""
+    per_set = sum(t.numel() * t.element_size() for t in (p.x, p.w, p.dy))
+    copies = max(2, min(64, math.ceil(4 * l2_bytes / per_set)))
+    sets = [(p.x.clone(), p.w.clone(), p.dy.clone()) for _ in range(copies)]
+    return [make_call(p, op, impl, cfg, waves, t) for t in sets]
+
+
+def bytes_moved(p, op):
+    """Fewest bytes an op must move: nonzero weights (or dw) plus the activations in and out."""
+    e = p.x.element_size()
+    w = p.layout.blocks * p.bs * p.bs * (4 if op == "updat" else e)
+    acts = p.N * (p.C + p.K) * e
+    return w + acts
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "tune.json"))
+    ap.add_argument("--workers", type=int, default=12)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--smoke", action="store_true",
+                    help="check the script itself on the CPU (TRITON_INTERPRET=1, tiny shapes, no timing)")
+    args = ap.parse_args()
+    if args.smoke:
+        return smoke()
+    todo = cases(args.quick)
+    t0 = time.time()
+    chunks = [todo[i::args.workers] for i in range(args.workers)]
+    import multiprocessing as mp
+    with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as pool:
+        failures = [f for part in pool.map(_compile_chunk, chunks) for f in part]
+    print(f"compiled {len(todo)} variants in {time.time() - t0:.0f}s; {len(failures)} failed", flush=True)
+    for f in failures:
+        print("  COMPILE FAIL", *f, flush=True)
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    ceilings = {"hbm_gbs": common.hbm_bandwidth_gbs(), "l2_gbs": common.l2_bandwidth_gbs(), "sms": sms}
+    dense = {}
+    for dt in ("bf16", "fp16", "fp32"):
+        a = torch.randn(8192, C, device="cuda").to(common.DTYPES[dt])
+        b = torch.randn(C, K, device="cuda").to(common.DTYPES[dt])
+        dense[dt] = 2 * 8192 * C * K / common.time_ms(lambda: a @ b) / 1e9
+    ceilings["dense_tflops"] = dense
+    print(json.dumps(ceilings), flush=True)
+
+    rows = []
+    for case in todo:
+        n, bs, d, dt, op, impl, cfg, waves = case
+        row = dict(N=n, bs=bs, density=d, dtype=dt, op=op, impl=impl, cfg=asdict(cfg), waves=waves)
+        try:
+            p = problem(n, bs, d, dt)
+            call = make_call(p, op, impl, cfg, waves)
+            with common.poisoned_empty():
+                out = call()
+            row["rel_err"] = common.rel_err(out, p.ref(op))
+            row["ok"] = row["rel_err"] <= common.tolerance(p.dtype)
+            if n <= 512:
+                ms = common.time_rotating_ms(lambda: rotating_calls(p, op, impl, cfg, waves))
+                row["ms"] = ms
+                row["hbm_frac"] = bytes_moved(p, op) / ms / 1e6 / ceilings["hbm_gbs"]
+            else:
+                ms = common.time_ms(call)
+                row["ms"] = ms
+            row["tflops"] = p.useful_flops / ms / 1e9
+            row["frac_of_dense"] = row["tflops"] / dense[dt]
+            row["real_density"] = p.density
+        except Exception as exc:
+            row["error"] = repr(exc)[:300]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+    with open(args.out, "w") as f:
+        json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
+                       ceilings=ceilings, rows=rows), f, indent=1)
+    best = {}
+    for r in rows:
+        if r.get("ok"):
+            key = (r["N"], r["dtype"], r["op"], r["bs"], r["density"])
+            if key not in best or r["ms"] < best[key]["ms"]:
+                best[key] = r
+    print(f"\n{'N':>5} {'dt':>4} {'op':>5} {'bs':>3} {'dens':>5} {'impl':>4} {'cfg':<28} {'ms':>8} {'frac':>5} {'hbm':>5}")
+    for key in sorted(best):
+        r = best[key]
+        c = r["cfg"]
+        cs = " ".join(f"{k}{v}" for k, v in c.items()) + (f" w{r['waves']}" if r["waves"] else "")
+        print(f"{r['N']:>5} {r['dtype']:>4} {r['op']:>5} {r['bs']:>3} {r['density']:>5} {r['impl']:>4} "
+              f"{cs:<28} {r['ms']:8.4f} {r['frac_of_dense']:5.2f} {r.get('hbm_frac', 0):5.2f}")
+    bad = [r for r in rows if not r.get("ok")]
+    print(f"{len(rows)} variants, {len(bad)} failed or inaccurate")
+    for r in bad:
+        print("  BAD", json.dumps(r))
+
+
+def smoke():
+    """Every variant kind once on tiny CPU problems through Triton's interpreter."""
+    global C, K
+    C = K = 256
+    seen = set()
+    for n, bs, d, dt, op, impl, cfg, waves in cases():
+        kind = (n <= 512, bs, op, impl, cfg.G, waves is not None)
+        if kind in seen or dt == "fp16":
+            continue
+        seen.add(kind)
+        small = type(cfg)(**{**asdict(cfg), **({"BM": 16} if hasattr(cfg, "BM") else {"BK": 16})})
+        p = common.Problem(C, K, 32 if n <= 512 else 48, bs, d, common.DTYPES[dt], seed=bs, device="cpu")
+        with common.poisoned_empty():
+            out = make_call(p, op, impl, small, waves)()
+        err = common.rel_err(out, p.ref(op))
+        print(f"smoke {op} {impl} bs{bs} d{d} {dt} {small} waves={waves}: rel_err {err:.2e}", flush=True)
+        assert err <= common.tolerance(p.dtype), err
+    print(f"smoke: {len(seen)} variant kinds OK")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""fprop and bprop with tensor-memory-accelerator (TMA) loads: Hopper and newer.
+
+Same work split and table walk as :mod:`.xprop`, but tiles move through tensor descriptors: no
+per-element address registers, and out-of-range rows (the last token tile) or a missing weight
+block (block id ``-1``, a negative row) are zero-filled by the copy engine.  Each of the ``G``
+output blocks of a program has its own ``[BM, BS]`` accumulator (``G`` in 1, 2, 4).
+
+Descriptors (built by the launcher): ``x_desc`` over the activations in storage order, block
+``[BM, BS]`` for (N, F) or ``[BS, BM]`` for (F, N) (``X_T``); ``w_desc`` over the packed weight
+viewed as ``(blocks * BS, BS)``, block ``[BS, BS]``; ``y_desc`` like ``x_desc`` over the output
+(``Y`` with its strides serves the float32 atomics of split groups instead).
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _x_tile(x_desc, i_m, inp, BM: tl.constexpr, BS: tl.constexpr, X_T: tl.constexpr):
+    if X_T:
+        t = x_desc.load([inp * BS, i_m * BM]).T       # [BS, BM] -> [BM, BS]
+    else:
+        t = x_desc.load([i_m * BM, inp * BS])
+    return t
+
+
+@triton.jit
+def _w_block(w_desc, blk, BS: tl.constexpr, TRANS_W: tl.constexpr):
+    b = w_desc.load([blk * BS, 0])                    # rows of a missing block (-1) read as zeros
+    if TRANS_W:
+        b = b.T
+    return b
+
+
+@triton.jit
+def _put(y_desc, Y, acc, i_m, col, N, OUT_FEATURES, stride_yn, stride_yf,
+         BM: tl.constexpr, BS: tl.constexpr, X_T: tl.constexpr, ATOMIC: tl.constexpr):
+    if ATOMIC:  # several segments share the group: Y is a zeroed float32 buffer
+        o_m = i_m * BM + tl.arange(0, BM)
+        o_f = col * BS + tl.arange(0, BS)
+        p_y = Y + o_m[:, None].to(tl.int64) * stride_yn + o_f[None, :] * stride_yf
+        tl.atomic_add(p_y, acc, mask=(o_m[:, None] < N) & (o_f[None, :] < OUT_FEATURES), sem="relaxed")
+    elif X_T:
+        y_desc.store([col * BS, i_m * BM], acc.T.to(y_desc.dtype))
+    else:
+        y_desc.store([i_m * BM, col * BS], acc.to(y_desc.dtype))
+
+
+@triton.jit
+def xprop_tma_kernel(
+    x_desc, w_desc, y_desc, Y, HEADERS, ENTRIES, num_segments, N, OUT_FEATURES, stride_yn, stride_yf,
+    BS: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, X_T: tl.constexpr,
+    TRANS_W: tl.constexpr, ATOMIC: tl.constexpr, PRECISION: tl.constexpr,
+):
+    i_s = tl.program_id(0) % num_segments
+    i_m = tl.program_id(0) // num_segments
+    header = HEADERS + i_s * 4
+    group = tl.load(header)
+    start = tl.load(header + 1)
+    count = tl.load(header + 2)
+
+    acc0 = tl.zeros((BM, BS), dtype=tl.float32)
+    if G > 1:
+        acc1 = tl.zeros((BM, BS), dtype=tl.float32)
+    if G > 2:
+        acc2 = tl.zeros((BM, BS), dtype=tl.float32)
+        acc3 = tl.zeros((BM, BS), dtype=tl.float32)
+    for e in range(start, start + count):
+        entry = ENTRIES + e * (1 + G)
+        b_x = _x_tile(x_desc, i_m, tl.load(entry), BM, BS, X_T)
+        # [BM, BS] @ [BS, BS] -> [BM, BS], once per output block of the group
+        acc0 = tl.dot(b_x, _w_block(w_desc, tl.load(entry + 1), BS, TRANS_W), acc0,
+                      input_precision=PRECISION)
+        if G > 1:
+            acc1 = tl.dot(b_x, _w_block(w_desc, tl.load(entry + 2), BS, TRANS_W), acc1,
+                          input_precision=PRECISION)
+        if G > 2:
+            acc2 = tl.dot(b_x, _w_block(w_desc, tl.load(entry + 3), BS, TRANS_W), acc2,
+                          input_precision=PRECISION)
+            acc3 = tl.dot(b_x, _w_block(w_desc, tl.load(entry + 4), BS, TRANS_W), acc3,
+                          input_precision=PRECISION)
+
+    # columns past the last output block are clipped by the descriptor's shape
+    _put(y_desc, Y, acc0, i_m, group * G, N, OUT_FEATURES, stride_yn, stride_yf,
+             BM, BS, X_T, ATOMIC)
+    if G > 1:
+        _put(y_desc, Y, acc1, i_m, group * G + 1, N, OUT_FEATURES, stride_yn, stride_yf,
+             BM, BS, X_T, ATOMIC)
+    if G > 2:
+        _put(y_desc, Y, acc2, i_m, group * G + 2, N, OUT_FEATURES, stride_yn, stride_yf,
+             BM, BS, X_T, ATOMIC)
+        _put(y_desc, Y, acc3, i_m, group * G + 3, N, OUT_FEATURES, stride_yn, stride_yf,
+             BM, BS, X_T, ATOMIC)
