@@ -31,34 +31,38 @@ from blocksparse.kernels.configs import XpropConfig as X  # noqa: E402
 
 C = K = 4096
 
+def _x(BM, G, w, s, BK=0, UNROLL=1, WS=False):
+    return X(BM, G, w, s, BK, UNROLL, WS)
+
+
+# Sweep 2 (sweep 1 -- G in 1/2/4, pointer vs TMA loads, BM 64-256 -- is in git history and in
+# bench/results/raw/tune-h200-run1.json): TMA kernels only, reduction sub-steps (BK), loop
+# unrolling and warp specialisation; token splits for few tokens.
 XPROP = {  # (impl, config)
-    16: [("ptr", X(128, 4, 4, 4)), ("ptr", X(128, 8, 8, 3)),
-         ("tma", X(128, 1, 4, 6)), ("tma", X(128, 2, 4, 4)), ("tma", X(128, 4, 4, 4)),
-         ("tma", X(128, 4, 8, 4)), ("tma", X(256, 4, 8, 3))],
-    32: [("ptr", X(128, 1, 4, 4)), ("ptr", X(128, 2, 4, 4)), ("ptr", X(128, 4, 8, 3)),
-         ("tma", X(128, 1, 4, 4)), ("tma", X(128, 1, 4, 6)), ("tma", X(256, 1, 8, 4)),
-         ("tma", X(128, 2, 4, 4)), ("tma", X(128, 2, 8, 4)), ("tma", X(128, 4, 8, 4)),
-         ("tma", X(256, 2, 8, 3))],
-    64: [("ptr", X(128, 1, 4, 3)), ("ptr", X(128, 1, 8, 3)), ("ptr", X(128, 2, 8, 3)),
-         ("tma", X(128, 1, 4, 4)), ("tma", X(128, 1, 8, 4)), ("tma", X(256, 1, 8, 3)),
-         ("tma", X(256, 1, 8, 4)), ("tma", X(128, 2, 8, 4))],
-    128: [("ptr", X(128, 1, 8, 3)), ("ptr", X(64, 1, 4, 3)),
-          ("tma", X(128, 1, 4, 3)), ("tma", X(128, 1, 8, 3)), ("tma", X(128, 1, 8, 4)),
-          ("tma", X(256, 1, 8, 2)), ("tma", X(256, 1, 8, 3))],
+    16: [("tma", _x(128, 1, 4, 6)), ("tma", _x(128, 1, 4, 6, UNROLL=2)), ("tma", _x(128, 1, 4, 8, UNROLL=4)),
+         ("tma", _x(256, 1, 8, 6)), ("tma", _x(256, 1, 8, 6, UNROLL=2)), ("tma", _x(128, 2, 4, 6, UNROLL=2))],
+    32: [("tma", _x(256, 1, 8, 4)), ("tma", _x(256, 1, 8, 4, UNROLL=2)), ("tma", _x(256, 1, 8, 6)),
+         ("tma", _x(128, 1, 4, 6, UNROLL=2)), ("tma", _x(128, 1, 4, 8)), ("tma", _x(256, 1, 8, 6, BK=16)),
+         ("tma", _x(256, 1, 8, 4, WS=True)), ("tma", _x(128, 1, 4, 4, WS=True))],
+    64: [("tma", _x(256, 1, 8, 4)), ("tma", _x(256, 1, 8, 5, BK=32)), ("tma", _x(256, 1, 8, 6, BK=32)),
+         ("tma", _x(256, 1, 8, 5)), ("tma", _x(256, 1, 8, 4, UNROLL=2)), ("tma", _x(128, 1, 4, 6, BK=32)),
+         ("tma", _x(128, 1, 4, 6)), ("tma", _x(256, 1, 8, 4, WS=True))],
+    128: [("tma", _x(256, 1, 8, 3)), ("tma", _x(256, 1, 8, 3, BK=64)), ("tma", _x(256, 1, 8, 4, BK=64)),
+          ("tma", _x(256, 1, 8, 6, BK=32)), ("tma", _x(128, 1, 4, 4, BK=64)), ("tma", _x(128, 1, 4, 6, BK=64)),
+          ("tma", _x(128, 1, 8, 5, BK=64)), ("tma", _x(256, 1, 8, 4, BK=64, WS=True))],
 }
 UPDAT = {
-    16: [("ptr", U(8, 64, 4, 4)), ("ptr", U(8, 128, 8, 3)), ("tma", U(4, 64, 4, 4))],
-    32: [("ptr", U(4, 64, 4, 4)), ("ptr", U(4, 128, 8, 3)), ("ptr", U(8, 64, 8, 3)),
-         ("tma", U(1, 128, 4, 4)), ("tma", U(4, 64, 4, 4))],
-    64: [("ptr", U(2, 64, 4, 4)), ("ptr", U(2, 128, 8, 3)), ("ptr", U(4, 64, 8, 3)),
-         ("tma", U(1, 64, 4, 4)), ("tma", U(1, 128, 4, 3)), ("tma", U(2, 64, 8, 4))],
-    128: [("ptr", U(1, 64, 8, 3)), ("ptr", U(2, 64, 8, 3)),
-          ("tma", U(1, 64, 8, 3)), ("tma", U(1, 64, 4, 4)), ("tma", U(1, 128, 8, 3)),
-          ("tma", U(2, 64, 8, 3))],
+    16: [("ptr", U(8, 64, 4, 4)), ("ptr", U(8, 64, 4, 6)), ("ptr", U(8, 128, 4, 4)), ("ptr", U(16, 64, 8, 4))],
+    32: [("ptr", U(8, 64, 8, 3)), ("ptr", U(8, 64, 8, 5)), ("ptr", U(4, 64, 4, 6)), ("ptr", U(4, 128, 4, 4)),
+         ("tma", U(1, 128, 4, 5)), ("tma", U(1, 256, 4, 4))],
+    64: [("tma", U(1, 64, 4, 4)), ("tma", U(1, 64, 4, 6)), ("tma", U(1, 128, 4, 4)), ("tma", U(1, 64, 8, 5)),
+         ("ptr", U(2, 64, 4, 6)), ("ptr", U(4, 64, 8, 4))],
+    128: [("tma", U(1, 64, 4, 4)), ("tma", U(1, 64, 4, 5)), ("tma", U(1, 32, 4, 8)), ("tma", U(1, 64, 8, 4)),
+          ("tma", U(1, 128, 8, 3))],
 }
-SMALL_N_XPROP = [("ptr", X(16, 1, 4, 3)), ("ptr", X(32, 1, 4, 3)), ("ptr", X(64, 1, 4, 3)),
-                 ("tma", X(64, 1, 4, 3)), ("tma", X(64, 1, 4, 4))]
-SMALL_N_UPDAT = [("ptr", U(1, 64, 4, 3)), ("tma", U(1, 64, 4, 3))]
+SMALL_N_XPROP = [("tma", _x(64, 1, 4, 3)), ("tma", _x(64, 1, 4, 2)), ("ptr", X(16, 1, 4, 2)),
+                 ("tma", _x(64, 1, 4, 3, BK=32))]
+SMALL_N_UPDAT = [("tma", U(1, 64, 4, 3)), ("tma", U(1, 32, 4, 2))]
 
 
 def cases(quick=False):
@@ -66,21 +70,20 @@ def cases(quick=False):
     out = []
     for bs, variants in XPROP.items():
         for op in ("fprop", "bprop"):
-            out += [(8192, bs, 0.25, "bf16", op, i, c, None) for i, c in variants]
-        out += [(8192, bs, 0.25, "bf16", "updat", i, c, 2) for i, c in UPDAT[bs]]
-    for bs in (16, 32):  # output grouping vs density
+            out += [(8192, bs, 0.25, "bf16", op, i, c, None) for i, c in variants
+                    if op == "fprop" or not c.WARP_SPEC]
+        for waves in (1, 2, 4):
+            out += [(8192, bs, 0.25, "bf16", "updat", i, c, waves) for i, c in UPDAT[bs]
+                    if waves == 2 or c == UPDAT[bs][0][1]]
+    for bs in (32, 64, 128):
         for d in (0.1, 0.5):
-            out += [(8192, bs, d, "bf16", "fprop", i, c, None) for i, c in XPROP[bs] if i == "tma"]
+            out += [(8192, bs, d, "bf16", "fprop", i, c, None) for i, c in XPROP[bs][:4]]
     for bs in (32, 128):
         for d in (0.1, 0.5):
-            for waves in (None, 2, 4):
-                out += [(64, bs, d, "bf16", "fprop", i, c, waves) for i, c in SMALL_N_XPROP]
+            for waves in (4, 8, 16):
+                out += [(64, bs, d, "bf16", "fprop", i, c, waves) for i, c in SMALL_N_XPROP
+                        if c.BK == 0 or bs == 128]
             out += [(64, bs, d, "bf16", "updat", i, c, w) for i, c in SMALL_N_UPDAT for w in (2, 8)]
-    for bs in (32, 128):
-        for impl, cfg in (("ptr", X(64, 1, 4, 3)), ("ptr", X(128, 1, 8, 3)), ("tma", X(128, 1, 4, 3)),
-                          ("tma", X(64, 1, 4, 3))):
-            out.append((8192, bs, 0.25, "fp32", "fprop", impl, cfg, None))
-        out.append((8192, bs, 0.25, "fp16", "fprop", "tma", XPROP[bs][-1][1], None))
     return out[::7] if quick else out
 
 
@@ -146,6 +149,26 @@ def rotating_calls(p, op, impl, cfg, waves, l2_bytes=60 * 2**20):
     return [make_call(p, op, impl, cfg, waves, t) for t in sets]
 
 
+def small_n_ceilings(hbm_gbs):
+    """Per size of weights at N = 64: a plain copy of that many bytes and dense cuBLAS, timed like
+    the kernels (rotating CUDA graph) -- what the memory-bound problems can reach at all."""
+    out = {}
+    for bs, d in ((32, 0.1), (32, 0.5), (128, 0.1), (128, 0.5)):
+        p = problem(64, bs, d, "bf16")
+        nbytes = bytes_moved(p, "fprop")
+        copies = max(2, min(64, math.ceil(240 * 2**20 / nbytes)))
+        srcs = [torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_() for _ in range(copies)]
+        dsts = [torch.empty_like(t) for t in srcs]
+        # a copy reads and writes: time one that moves the same total bytes as the kernel
+        half = [(s_[: s_.numel() // 2], d_[: d_.numel() // 2]) for s_, d_ in zip(srcs, dsts)]
+        copy_ms = common.time_rotating_ms(lambda: [(lambda a=a, b=b: b.copy_(a)) for a, b in half])
+        dense_w = [torch.randn(C, K, device="cuda", dtype=torch.bfloat16) for _ in range(8)]
+        dense_ms = common.time_rotating_ms(lambda: [(lambda w=w: p.x @ w) for w in dense_w])
+        out[f"bs{bs}-d{d}"] = dict(bytes=nbytes, copy_ms=copy_ms, dense_ms=dense_ms,
+                                   copy_hbm_frac=nbytes / copy_ms / 1e6 / hbm_gbs)
+    return out
+
+
 def bytes_moved(p, op):
     """Fewest bytes an op must move: nonzero weights (or dw) plus the activations in and out."""
     e = p.x.element_size()
@@ -182,6 +205,7 @@ def main():
         b = torch.randn(C, K, device="cuda").to(common.DTYPES[dt])
         dense[dt] = 2 * 8192 * C * K / common.time_ms(lambda: a @ b) / 1e9
     ceilings["dense_tflops"] = dense
+    ceilings["small_n"] = small_n_ceilings(ceilings["hbm_gbs"])
     print(json.dumps(ceilings), flush=True)
 
     rows = []
@@ -238,11 +262,13 @@ def smoke():
     C = K = 256
     seen = set()
     for n, bs, d, dt, op, impl, cfg, waves in cases():
-        kind = (n <= 512, bs, op, impl, cfg.G, waves is not None)
+        kind = (n <= 512, bs, op, impl, cfg.G, waves is not None, getattr(cfg, "BK", 0),
+                getattr(cfg, "UNROLL", 1))
         if kind in seen or dt == "fp16":
             continue
         seen.add(kind)
-        small = type(cfg)(**{**asdict(cfg), **({"BM": 16} if hasattr(cfg, "BM") else {"BK": 16})})
+        small = type(cfg)(**{**asdict(cfg), **({"BM": 16, "WARP_SPEC": False} if hasattr(cfg, "BM")
+                                                else {"BK": 16})})
         p = common.Problem(C, K, 32 if n <= 512 else 48, bs, d, common.DTYPES[dt], seed=bs, device="cpu")
         with common.poisoned_empty():
             out = make_call(p, op, impl, small, waves)()

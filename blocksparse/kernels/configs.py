@@ -17,12 +17,17 @@ KERNEL_BLOCK_SIZES = (16, 32, 64, 128)
 
 @dataclass(frozen=True)
 class XpropConfig:
-    """fprop/bprop tile: ``BM`` tokens x ``G`` output blocks per program."""
+    """fprop/bprop tile: ``BM`` tokens x ``G`` output blocks per program; the TMA kernel also
+    walks each block's reduction in steps of ``BK`` (0: the whole block), unrolls its loop
+    ``UNROLL`` times and may warp-specialise it."""
 
     BM: int
     G: int
     num_warps: int
     num_stages: int
+    BK: int = 0
+    UNROLL: int = 1
+    WARP_SPEC: bool = False
 
 
 @dataclass(frozen=True)

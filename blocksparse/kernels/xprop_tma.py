@@ -5,9 +5,13 @@ per-element address registers, and out-of-range rows (the last token tile) or a 
 block (block id ``-1``, a negative row) are zero-filled by the copy engine.  Each of the ``G``
 output blocks of a program has its own ``[BM, BS]`` accumulator (``G`` in 1, 2, 4).
 
+Each entry's reduction of ``BS`` features runs in ``BS // BK`` steps of ``BK``: smaller pipeline
+stages, so more of them fit in shared memory.
+
 Descriptors (built by the launcher): ``x_desc`` over the activations in storage order, block
-``[BM, BS]`` for (N, F) or ``[BS, BM]`` for (F, N) (``X_T``); ``w_desc`` over the packed weight
-viewed as ``(blocks * BS, BS)``, block ``[BS, BS]``; ``y_desc`` like ``x_desc`` over the output
+``[BM, BK]`` for (N, F) or ``[BK, BM]`` for (F, N) (``X_T``); ``w_desc`` over the packed weight
+viewed as ``(blocks * BS, BS)``, block ``[BK, BS]`` (``[BS, BK]`` with ``TRANS_W``); ``y_desc``
+over the output, block ``[BM, BS]`` (``[BS, BM]``)
 (``Y`` with its strides serves the float32 atomics of split groups instead).
 """
 import triton
@@ -15,19 +19,22 @@ import triton.language as tl
 
 
 @triton.jit
-def _x_tile(x_desc, i_m, inp, BM: tl.constexpr, BS: tl.constexpr, X_T: tl.constexpr):
+def _x_tile(x_desc, i_m, col, BM: tl.constexpr, X_T: tl.constexpr):
+    """The [BM, BK] tile of activations at feature ``col``."""
     if X_T:
-        t = x_desc.load([inp * BS, i_m * BM]).T       # [BS, BM] -> [BM, BS]
+        t = x_desc.load([col, i_m * BM]).T            # [BK, BM] -> [BM, BK]
     else:
-        t = x_desc.load([i_m * BM, inp * BS])
+        t = x_desc.load([i_m * BM, col])
     return t
 
 
 @triton.jit
-def _w_block(w_desc, blk, BS: tl.constexpr, TRANS_W: tl.constexpr):
-    b = w_desc.load([blk * BS, 0])                    # rows of a missing block (-1) read as zeros
+def _w_tile(w_desc, blk, h, BS: tl.constexpr, BK: tl.constexpr, TRANS_W: tl.constexpr):
+    """Rows ``h*BK .. h*BK+BK`` of block ``blk`` (of its transpose with TRANS_W): [BK, BS]."""
     if TRANS_W:
-        b = b.T
+        b = w_desc.load([blk * BS, h * BK]).T         # [BS, BK] -> [BK, BS]
+    else:
+        b = w_desc.load([blk * BS + h * BK, 0])       # a missing block (-1) reads as zeros
     return b
 
 
@@ -48,8 +55,9 @@ def _put(y_desc, Y, acc, i_m, col, N, OUT_FEATURES, stride_yn, stride_yf,
 @triton.jit
 def xprop_tma_kernel(
     x_desc, w_desc, y_desc, Y, HEADERS, ENTRIES, num_segments, N, OUT_FEATURES, stride_yn, stride_yf,
-    BS: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, X_T: tl.constexpr,
+    BS: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, X_T: tl.constexpr,
     TRANS_W: tl.constexpr, ATOMIC: tl.constexpr, PRECISION: tl.constexpr,
+    UNROLL: tl.constexpr = 1, WARP_SPEC: tl.constexpr = False,
 ):
     i_s = tl.program_id(0) % num_segments
     i_m = tl.program_id(0) // num_segments
@@ -64,19 +72,23 @@ def xprop_tma_kernel(
     if G > 2:
         acc2 = tl.zeros((BM, BS), dtype=tl.float32)
         acc3 = tl.zeros((BM, BS), dtype=tl.float32)
-    for e in range(start, start + count):
-        entry = ENTRIES + e * (1 + G)
-        b_x = _x_tile(x_desc, i_m, tl.load(entry), BM, BS, X_T)
-        # [BM, BS] @ [BS, BS] -> [BM, BS], once per output block of the group
-        acc0 = tl.dot(b_x, _w_block(w_desc, tl.load(entry + 1), BS, TRANS_W), acc0,
+    # each entry's reduction is walked in BS // BK steps, so that pipeline stages stay small
+    KS: tl.constexpr = BS // BK
+    for t in tl.range(start * KS, (start + count) * KS, loop_unroll_factor=UNROLL,
+                      warp_specialize=WARP_SPEC):
+        entry = ENTRIES + (t // KS) * (1 + G)
+        h = t % KS
+        b_x = _x_tile(x_desc, i_m, tl.load(entry) * BS + h * BK, BM, X_T)
+        # [BM, BK] @ [BK, BS] -> [BM, BS], once per output block of the group
+        acc0 = tl.dot(b_x, _w_tile(w_desc, tl.load(entry + 1), h, BS, BK, TRANS_W), acc0,
                       input_precision=PRECISION)
         if G > 1:
-            acc1 = tl.dot(b_x, _w_block(w_desc, tl.load(entry + 2), BS, TRANS_W), acc1,
+            acc1 = tl.dot(b_x, _w_tile(w_desc, tl.load(entry + 2), h, BS, BK, TRANS_W), acc1,
                           input_precision=PRECISION)
         if G > 2:
-            acc2 = tl.dot(b_x, _w_block(w_desc, tl.load(entry + 3), BS, TRANS_W), acc2,
+            acc2 = tl.dot(b_x, _w_tile(w_desc, tl.load(entry + 3), h, BS, BK, TRANS_W), acc2,
                           input_precision=PRECISION)
-            acc3 = tl.dot(b_x, _w_block(w_desc, tl.load(entry + 4), BS, TRANS_W), acc3,
+            acc3 = tl.dot(b_x, _w_tile(w_desc, tl.load(entry + 4), h, BS, BK, TRANS_W), acc3,
                           input_precision=PRECISION)
 
     # columns past the last output block are clipped by the descriptor's shape

@@ -98,12 +98,14 @@ def xprop_tma(x, w, headers, entries, *, out_features, bs, axis, trans, cfg, ato
         y.zero_()
     if n_tokens == 0:
         return y.to(x.dtype)
-    w_desc = TensorDescriptor(w, [w.shape[0] * bs, bs], [bs, 1], [bs, bs])
+    bk = cfg.BK or bs
+    w_desc = TensorDescriptor(w, [w.shape[0] * bs, bs], [bs, 1], [bs, bk] if trans else [bk, bs])
     grid = (num_segments * triton.cdiv(n_tokens, cfg.BM),)
     xprop_tma_kernel[grid](
-        _desc(x, axis, cfg.BM, bs), w_desc, _desc(y, axis, cfg.BM, bs), y, headers, entries,
+        _desc(x, axis, cfg.BM, bk), w_desc, _desc(y, axis, cfg.BM, bs), y, headers, entries,
         num_segments, n_tokens, out_features, *_strides(y, axis),
-        BS=bs, G=cfg.G, BM=cfg.BM, X_T=axis == 0, TRANS_W=trans, ATOMIC=atomic, PRECISION=precision,
+        BS=bs, G=cfg.G, BM=cfg.BM, BK=bk, X_T=axis == 0, TRANS_W=trans, ATOMIC=atomic,
+        PRECISION=precision, UNROLL=cfg.UNROLL, WARP_SPEC=cfg.WARP_SPEC,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return y.to(x.dtype) if atomic else y

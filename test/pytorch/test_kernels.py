@@ -91,11 +91,13 @@ def test_no_tokens():
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("axis", [1, 0])
-@pytest.mark.parametrize("bs, group, n, max_segment", [(16, 1, 8, None), (16, 2, 24, 1), (32, 4, 40, None)],
-                         ids=["bs16-G1", "bs16-G2-split", "bs32-G4"])
-def test_xprop_tma(rng, dtype, axis, bs, group, n, max_segment):
+@pytest.mark.parametrize("bs, group, bk, n, max_segment",
+                         [(16, 1, 0, 8, None), (16, 2, 0, 24, 1), (32, 4, 0, 40, None), (32, 1, 16, 24, None),
+                          (32, 2, 16, 8, 2)],
+                         ids=["bs16-G1", "bs16-G2-split", "bs32-G4", "bs32-BK16", "bs32-G2-BK16-split"])
+def test_xprop_tma(rng, dtype, axis, bs, group, bk, n, max_segment):
     lay, x, w, dy, (y_ref, dx_ref, _) = _setup(rng, bs, axis, n, dtype, KB=6)
-    cfg = XpropConfig(BM=16, G=group, num_warps=4, num_stages=1)
+    cfg = XpropConfig(BM=16, G=group, num_warps=4, num_stages=1, BK=bk)
     assert _triton.tma_ok(x, dy)
     for kind, inp, out_features, ref in (("fprop", x, lay.K, y_ref), ("bprop", dy, lay.C, dx_ref)):
         headers, entries, lut = _lut(lay, kind, max_segment, group)
