@@ -31,59 +31,58 @@ from blocksparse.kernels.configs import XpropConfig as X  # noqa: E402
 
 C = K = 4096
 
-def _x(BM, G, w, s, BK=0, UNROLL=1, WS=False):
-    return X(BM, G, w, s, BK, UNROLL, WS)
+def _x(BM, G, w, s, BK=0, UNROLL=1, WS=False, BN=0):
+    return X(BM, G, w, s, BK, UNROLL, WS, BN)
 
 
-# Sweep 2 (sweep 1 -- G in 1/2/4, pointer vs TMA loads, BM 64-256 -- is in git history and in
-# bench/results/raw/tune-h200-run1.json): TMA kernels only, reduction sub-steps (BK), loop
-# unrolling and warp specialisation; token splits for few tokens.
-XPROP = {  # (impl, config)
-    16: [("tma", _x(128, 1, 4, 6)), ("tma", _x(128, 1, 4, 6, UNROLL=2)), ("tma", _x(128, 1, 4, 8, UNROLL=4)),
-         ("tma", _x(256, 1, 8, 6)), ("tma", _x(256, 1, 8, 6, UNROLL=2)), ("tma", _x(128, 2, 4, 6, UNROLL=2))],
-    32: [("tma", _x(256, 1, 8, 4)), ("tma", _x(256, 1, 8, 4, UNROLL=2)), ("tma", _x(256, 1, 8, 6)),
-         ("tma", _x(128, 1, 4, 6, UNROLL=2)), ("tma", _x(128, 1, 4, 8)), ("tma", _x(256, 1, 8, 6, BK=16)),
-         ("tma", _x(256, 1, 8, 4, WS=True)), ("tma", _x(128, 1, 4, 4, WS=True))],
-    64: [("tma", _x(256, 1, 8, 4)), ("tma", _x(256, 1, 8, 5, BK=32)), ("tma", _x(256, 1, 8, 6, BK=32)),
-         ("tma", _x(256, 1, 8, 5)), ("tma", _x(256, 1, 8, 4, UNROLL=2)), ("tma", _x(128, 1, 4, 6, BK=32)),
-         ("tma", _x(128, 1, 4, 6)), ("tma", _x(256, 1, 8, 4, WS=True))],
-    128: [("tma", _x(256, 1, 8, 3)), ("tma", _x(256, 1, 8, 3, BK=64)), ("tma", _x(256, 1, 8, 4, BK=64)),
-          ("tma", _x(256, 1, 8, 6, BK=32)), ("tma", _x(128, 1, 4, 4, BK=64)), ("tma", _x(128, 1, 4, 6, BK=64)),
-          ("tma", _x(128, 1, 8, 5, BK=64)), ("tma", _x(256, 1, 8, 4, BK=64, WS=True))],
+def _u(G, BK, w, s, STACK=False):
+    return U(G, BK, w, s, STACK)
+
+
+# Sweep 3.  Sweeps 1 (output groups G, pointer vs TMA loads, tile sizes) and 2 (reduction
+# sub-steps BK, unrolling, warp specialisation) are in git history, their results in
+# bench/results/raw/.  Here: output slices BN for few tokens, stacked small-block updat, float32.
+SMALL_N = {  # fprop/bprop at N = 64: (impl, config, waves)
+    32: [("tma", _x(64, 1, 4, 2), 8), ("tma", _x(64, 1, 4, 3, BN=16), None), ("tma", _x(64, 1, 4, 4, BN=16), 4),
+         ("tma", _x(64, 1, 4, 3, BN=16), 8)],
+    128: [("tma", _x(64, 1, 4, 2), 4), ("tma", _x(64, 1, 4, 4, BN=32), None), ("tma", _x(64, 1, 4, 6, BN=32), None),
+          ("tma", _x(64, 1, 4, 4, BN=64), None), ("tma", _x(64, 1, 4, 6, BN=16), None),
+          ("tma", _x(64, 1, 4, 4, BN=32), 2), ("tma", _x(64, 1, 4, 6, BK=64, BN=32), None)],
 }
 UPDAT = {
-    16: [("ptr", U(8, 64, 4, 4)), ("ptr", U(8, 64, 4, 6)), ("ptr", U(8, 128, 4, 4)), ("ptr", U(16, 64, 8, 4))],
-    32: [("ptr", U(8, 64, 8, 3)), ("ptr", U(8, 64, 8, 5)), ("ptr", U(4, 64, 4, 6)), ("ptr", U(4, 128, 4, 4)),
-         ("tma", U(1, 128, 4, 5)), ("tma", U(1, 256, 4, 4))],
-    64: [("tma", U(1, 64, 4, 4)), ("tma", U(1, 64, 4, 6)), ("tma", U(1, 128, 4, 4)), ("tma", U(1, 64, 8, 5)),
-         ("ptr", U(2, 64, 4, 6)), ("ptr", U(4, 64, 8, 4))],
-    128: [("tma", U(1, 64, 4, 4)), ("tma", U(1, 64, 4, 5)), ("tma", U(1, 32, 4, 8)), ("tma", U(1, 64, 8, 4)),
-          ("tma", U(1, 128, 8, 3))],
+    16: [("ptr", U(8, 64, 4, 4)), ("tma", _u(8, 64, 4, 4, True)), ("tma", _u(8, 128, 4, 3, True)),
+         ("tma", _u(4, 64, 4, 4, True))],
+    32: [("ptr", U(8, 64, 8, 3)), ("tma", _u(4, 64, 4, 4, True)), ("tma", _u(4, 128, 4, 3, True)),
+         ("tma", _u(8, 64, 8, 3, True)), ("tma", _u(4, 64, 8, 4, True)), ("tma", _u(2, 128, 4, 4, True))],
+    64: [("tma", U(1, 64, 4, 4)), ("tma", _u(2, 64, 4, 4, True)), ("tma", _u(2, 64, 8, 4, True))],
 }
-SMALL_N_XPROP = [("tma", _x(64, 1, 4, 3)), ("tma", _x(64, 1, 4, 2)), ("ptr", X(16, 1, 4, 2)),
-                 ("tma", _x(64, 1, 4, 3, BK=32))]
-SMALL_N_UPDAT = [("tma", U(1, 64, 4, 3)), ("tma", U(1, 32, 4, 2))]
+FP32 = {  # fprop configs for float32 (exact: ieee)
+    16: [("tma", _x(128, 1, 4, 3)), ("tma", _x(64, 1, 4, 3)), ("ptr", X(64, 1, 4, 3))],
+    32: [("tma", _x(128, 1, 4, 3)), ("tma", _x(128, 1, 8, 3)), ("tma", _x(64, 1, 4, 4))],
+    64: [("tma", _x(128, 1, 4, 3)), ("tma", _x(128, 1, 4, 3, BK=32)), ("tma", _x(64, 1, 4, 3)),
+         ("ptr", X(128, 1, 8, 3))],
+    128: [("tma", _x(128, 1, 4, 3, BK=32)), ("tma", _x(64, 1, 4, 3, BK=32)), ("tma", _x(128, 1, 8, 3, BK=32)),
+          ("tma", _x(128, 1, 4, 3, BK=32, BN=64)), ("ptr", X(128, 1, 8, 3))],
+}
+FP32_UPDAT = {16: [("ptr", U(8, 32, 4, 3)), ("tma", U(1, 64, 4, 3))], 32: [("ptr", U(4, 32, 4, 3)), ("tma", U(1, 64, 4, 3))],
+              64: [("tma", U(1, 32, 4, 3)), ("tma", U(1, 64, 4, 3))], 128: [("tma", U(1, 32, 4, 3)), ("tma", U(1, 32, 8, 3))]}
+BEST_BF16 = {16: _x(256, 1, 8, 6, UNROLL=2), 32: _x(256, 1, 8, 6), 64: _x(256, 1, 8, 5), 128: _x(128, 1, 4, 6, BK=64)}
 
 
 def cases(quick=False):
     """(N, bs, density, dtype, op, impl, cfg, waves) of every variant to check and time."""
     out = []
-    for bs, variants in XPROP.items():
-        for op in ("fprop", "bprop"):
-            out += [(8192, bs, 0.25, "bf16", op, i, c, None) for i, c in variants
-                    if op == "fprop" or not c.WARP_SPEC]
-        for waves in (1, 2, 4):
-            out += [(8192, bs, 0.25, "bf16", "updat", i, c, waves) for i, c in UPDAT[bs]
-                    if waves == 2 or c == UPDAT[bs][0][1]]
-    for bs in (32, 64, 128):
+    for bs, variants in SMALL_N.items():
         for d in (0.1, 0.5):
-            out += [(8192, bs, d, "bf16", "fprop", i, c, None) for i, c in XPROP[bs][:4]]
-    for bs in (32, 128):
-        for d in (0.1, 0.5):
-            for waves in (4, 8, 16):
-                out += [(64, bs, d, "bf16", "fprop", i, c, waves) for i, c in SMALL_N_XPROP
-                        if c.BK == 0 or bs == 128]
-            out += [(64, bs, d, "bf16", "updat", i, c, w) for i, c in SMALL_N_UPDAT for w in (2, 8)]
+            for op in ("fprop", "bprop"):
+                out += [(64, bs, d, "bf16", op, i, c, w) for i, c, w in variants]
+            out += [(64, bs, d, "bf16", "updat", "tma", U(1, 64, 4, 3), 2)]
+    for bs, variants in UPDAT.items():
+        out += [(8192, bs, 0.25, "bf16", "updat", i, c, 2) for i, c in variants]
+    for bs in (16, 32, 64, 128):
+        out += [(8192, bs, 0.25, "fp32", "fprop", i, c, None) for i, c in FP32[bs]]
+        out += [(8192, bs, 0.25, "fp32", "updat", i, c, 2) for i, c in FP32_UPDAT[bs]]
+        out += [(8192, bs, 0.25, "fp16", op, "tma", BEST_BF16[bs], None) for op in ("fprop", "bprop")]
     return out[::7] if quick else out
 
 

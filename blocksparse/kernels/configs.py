@@ -18,7 +18,8 @@ KERNEL_BLOCK_SIZES = (16, 32, 64, 128)
 @dataclass(frozen=True)
 class XpropConfig:
     """fprop/bprop tile: ``BM`` tokens x ``G`` output blocks per program; the TMA kernel also
-    walks each block's reduction in steps of ``BK`` (0: the whole block), unrolls its loop
+    walks each block's reduction in steps of ``BK`` (0: the whole block), may give each ``BN``
+    features of an output block their own program (0: the whole block), unrolls its loop
     ``UNROLL`` times and may warp-specialise it."""
 
     BM: int
@@ -28,16 +29,19 @@ class XpropConfig:
     BK: int = 0
     UNROLL: int = 1
     WARP_SPEC: bool = False
+    BN: int = 0
 
 
 @dataclass(frozen=True)
 class UpdatConfig:
-    """updat tile: ``G`` blocks of one layout row x ``BK`` tokens per step."""
+    """updat tile: ``G`` blocks of one layout row x ``BK`` tokens per step; the TMA kernel may
+    stack the ``G`` blocks into one product (``STACK``)."""
 
     G: int
     BK: int
     num_warps: int
     num_stages: int
+    STACK: bool = False
 
 
 #: Small tiles for Triton's CPU interpreter (tests): its cost grows with tile area.

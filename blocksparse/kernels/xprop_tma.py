@@ -6,12 +6,14 @@ block (block id ``-1``, a negative row) are zero-filled by the copy engine.  Eac
 output blocks of a program has its own ``[BM, BS]`` accumulator (``G`` in 1, 2, 4).
 
 Each entry's reduction of ``BS`` features runs in ``BS // BK`` steps of ``BK``: smaller pipeline
-stages, so more of them fit in shared memory.
+stages, so more of them fit in shared memory.  Each output block may be split into ``BS // BN``
+slices of ``BN`` features, one program each: more programs when tokens are few (memory-bound
+calls), without the atomics a split reduction needs.
 
 Descriptors (built by the launcher): ``x_desc`` over the activations in storage order, block
 ``[BM, BK]`` for (N, F) or ``[BK, BM]`` for (F, N) (``X_T``); ``w_desc`` over the packed weight
-viewed as ``(blocks * BS, BS)``, block ``[BK, BS]`` (``[BS, BK]`` with ``TRANS_W``); ``y_desc``
-over the output, block ``[BM, BS]`` (``[BS, BM]``)
+viewed as ``(blocks * BS, BS)``, block ``[BK, BN]`` (``[BN, BK]`` with ``TRANS_W``); ``y_desc``
+over the output, block ``[BM, BN]`` (``[BN, BM]``)
 (``Y`` with its strides serves the float32 atomics of split groups instead).
 """
 import triton
@@ -29,49 +31,55 @@ def _x_tile(x_desc, i_m, col, BM: tl.constexpr, X_T: tl.constexpr):
 
 
 @triton.jit
-def _w_tile(w_desc, blk, h, BS: tl.constexpr, BK: tl.constexpr, TRANS_W: tl.constexpr):
-    """Rows ``h*BK .. h*BK+BK`` of block ``blk`` (of its transpose with TRANS_W): [BK, BS]."""
+def _w_tile(w_desc, blk, h, i_n, BS: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr,
+            TRANS_W: tl.constexpr):
+    """Rows ``h*BK ..`` x columns ``i_n*BN ..`` of block ``blk`` (or of its transpose): [BK, BN]."""
     if TRANS_W:
-        b = w_desc.load([blk * BS, h * BK]).T         # [BS, BK] -> [BK, BS]
+        b = w_desc.load([blk * BS + i_n * BN, h * BK]).T   # [BN, BK] -> [BK, BN]
     else:
-        b = w_desc.load([blk * BS + h * BK, 0])       # a missing block (-1) reads as zeros
+        b = w_desc.load([blk * BS + h * BK, i_n * BN])     # a missing block (-1) reads as zeros
     return b
 
 
 @triton.jit
-def _put(y_desc, Y, acc, i_m, col, N, OUT_FEATURES, stride_yn, stride_yf,
-         BM: tl.constexpr, BS: tl.constexpr, X_T: tl.constexpr, ATOMIC: tl.constexpr):
+def _put(y_desc, Y, acc, i_m, f0, N, OUT_FEATURES, stride_yn, stride_yf,
+         BM: tl.constexpr, BN: tl.constexpr, X_T: tl.constexpr, ATOMIC: tl.constexpr):
+    """Write the [BM, BN] tile ``acc`` at token tile ``i_m``, output feature ``f0``."""
     if ATOMIC:  # several segments share the group: Y is a zeroed float32 buffer
         o_m = i_m * BM + tl.arange(0, BM)
-        o_f = col * BS + tl.arange(0, BS)
+        o_f = f0 + tl.arange(0, BN)
         p_y = Y + o_m[:, None].to(tl.int64) * stride_yn + o_f[None, :] * stride_yf
         tl.atomic_add(p_y, acc, mask=(o_m[:, None] < N) & (o_f[None, :] < OUT_FEATURES), sem="relaxed")
     elif X_T:
-        y_desc.store([col * BS, i_m * BM], acc.T.to(y_desc.dtype))
+        y_desc.store([f0, i_m * BM], acc.T.to(y_desc.dtype))
     else:
-        y_desc.store([i_m * BM, col * BS], acc.to(y_desc.dtype))
+        y_desc.store([i_m * BM, f0], acc.to(y_desc.dtype))
 
 
 @triton.jit
 def xprop_tma_kernel(
     x_desc, w_desc, y_desc, Y, HEADERS, ENTRIES, num_segments, N, OUT_FEATURES, stride_yn, stride_yf,
-    BS: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, X_T: tl.constexpr,
+    BS: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr,
+    X_T: tl.constexpr,
     TRANS_W: tl.constexpr, ATOMIC: tl.constexpr, PRECISION: tl.constexpr,
     UNROLL: tl.constexpr = 1, WARP_SPEC: tl.constexpr = False,
 ):
+    # segments vary fastest, then output slices: programs running together share a token tile
+    NS: tl.constexpr = BS // BN
     i_s = tl.program_id(0) % num_segments
-    i_m = tl.program_id(0) // num_segments
+    i_n = (tl.program_id(0) // num_segments) % NS
+    i_m = tl.program_id(0) // (num_segments * NS)
     header = HEADERS + i_s * 4
     group = tl.load(header)
     start = tl.load(header + 1)
     count = tl.load(header + 2)
 
-    acc0 = tl.zeros((BM, BS), dtype=tl.float32)
+    acc0 = tl.zeros((BM, BN), dtype=tl.float32)
     if G > 1:
-        acc1 = tl.zeros((BM, BS), dtype=tl.float32)
+        acc1 = tl.zeros((BM, BN), dtype=tl.float32)
     if G > 2:
-        acc2 = tl.zeros((BM, BS), dtype=tl.float32)
-        acc3 = tl.zeros((BM, BS), dtype=tl.float32)
+        acc2 = tl.zeros((BM, BN), dtype=tl.float32)
+        acc3 = tl.zeros((BM, BN), dtype=tl.float32)
     # each entry's reduction is walked in BS // BK steps, so that pipeline stages stay small
     KS: tl.constexpr = BS // BK
     for t in tl.range(start * KS, (start + count) * KS, loop_unroll_factor=UNROLL,
@@ -79,26 +87,26 @@ def xprop_tma_kernel(
         entry = ENTRIES + (t // KS) * (1 + G)
         h = t % KS
         b_x = _x_tile(x_desc, i_m, tl.load(entry) * BS + h * BK, BM, X_T)
-        # [BM, BK] @ [BK, BS] -> [BM, BS], once per output block of the group
-        acc0 = tl.dot(b_x, _w_tile(w_desc, tl.load(entry + 1), h, BS, BK, TRANS_W), acc0,
+        # [BM, BK] @ [BK, BN] -> [BM, BN], once per output block of the group
+        acc0 = tl.dot(b_x, _w_tile(w_desc, tl.load(entry + 1), h, i_n, BS, BK, BN, TRANS_W), acc0,
                       input_precision=PRECISION)
         if G > 1:
-            acc1 = tl.dot(b_x, _w_tile(w_desc, tl.load(entry + 2), h, BS, BK, TRANS_W), acc1,
+            acc1 = tl.dot(b_x, _w_tile(w_desc, tl.load(entry + 2), h, i_n, BS, BK, BN, TRANS_W), acc1,
                           input_precision=PRECISION)
         if G > 2:
-            acc2 = tl.dot(b_x, _w_tile(w_desc, tl.load(entry + 3), h, BS, BK, TRANS_W), acc2,
+            acc2 = tl.dot(b_x, _w_tile(w_desc, tl.load(entry + 3), h, i_n, BS, BK, BN, TRANS_W), acc2,
                           input_precision=PRECISION)
-            acc3 = tl.dot(b_x, _w_tile(w_desc, tl.load(entry + 4), h, BS, BK, TRANS_W), acc3,
+            acc3 = tl.dot(b_x, _w_tile(w_desc, tl.load(entry + 4), h, i_n, BS, BK, BN, TRANS_W), acc3,
                           input_precision=PRECISION)
 
     # columns past the last output block are clipped by the descriptor's shape
-    _put(y_desc, Y, acc0, i_m, group * G, N, OUT_FEATURES, stride_yn, stride_yf,
-             BM, BS, X_T, ATOMIC)
+    _put(y_desc, Y, acc0, i_m, (group * G) * BS + i_n * BN, N, OUT_FEATURES, stride_yn,
+             stride_yf, BM, BN, X_T, ATOMIC)
     if G > 1:
-        _put(y_desc, Y, acc1, i_m, group * G + 1, N, OUT_FEATURES, stride_yn, stride_yf,
-             BM, BS, X_T, ATOMIC)
+        _put(y_desc, Y, acc1, i_m, (group * G + 1) * BS + i_n * BN, N, OUT_FEATURES, stride_yn,
+             stride_yf, BM, BN, X_T, ATOMIC)
     if G > 2:
-        _put(y_desc, Y, acc2, i_m, group * G + 2, N, OUT_FEATURES, stride_yn, stride_yf,
-             BM, BS, X_T, ATOMIC)
-        _put(y_desc, Y, acc3, i_m, group * G + 3, N, OUT_FEATURES, stride_yn, stride_yf,
-             BM, BS, X_T, ATOMIC)
+        _put(y_desc, Y, acc2, i_m, (group * G + 2) * BS + i_n * BN, N, OUT_FEATURES, stride_yn,
+             stride_yf, BM, BN, X_T, ATOMIC)
+        _put(y_desc, Y, acc3, i_m, (group * G + 3) * BS + i_n * BN, N, OUT_FEATURES, stride_yn,
+             stride_yf, BM, BN, X_T, ATOMIC)

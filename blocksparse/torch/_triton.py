@@ -6,7 +6,7 @@ from .. import _env
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..kernels.updat import updat_kernel
-from ..kernels.updat_tma import updat_tma_kernel
+from ..kernels.updat_tma import updat_tma_kernel, updat_tma_stacked_kernel
 from ..kernels.xprop import xprop_kernel
 from ..kernels.xprop_tma import xprop_tma_kernel
 
@@ -98,13 +98,13 @@ def xprop_tma(x, w, headers, entries, *, out_features, bs, axis, trans, cfg, ato
         y.zero_()
     if n_tokens == 0:
         return y.to(x.dtype)
-    bk = cfg.BK or bs
-    w_desc = TensorDescriptor(w, [w.shape[0] * bs, bs], [bs, 1], [bs, bk] if trans else [bk, bs])
-    grid = (num_segments * triton.cdiv(n_tokens, cfg.BM),)
+    bk, bn = cfg.BK or bs, cfg.BN or bs
+    w_desc = TensorDescriptor(w, [w.shape[0] * bs, bs], [bs, 1], [bn, bk] if trans else [bk, bn])
+    grid = (num_segments * (bs // bn) * triton.cdiv(n_tokens, cfg.BM),)
     xprop_tma_kernel[grid](
-        _desc(x, axis, cfg.BM, bk), w_desc, _desc(y, axis, cfg.BM, bs), y, headers, entries,
+        _desc(x, axis, cfg.BM, bk), w_desc, _desc(y, axis, cfg.BM, bn), y, headers, entries,
         num_segments, n_tokens, out_features, *_strides(y, axis),
-        BS=bs, G=cfg.G, BM=cfg.BM, BK=bk, X_T=axis == 0, TRANS_W=trans, ATOMIC=atomic,
+        BS=bs, G=cfg.G, BM=cfg.BM, BK=bk, BN=bn, X_T=axis == 0, TRANS_W=trans, ATOMIC=atomic,
         PRECISION=precision, UNROLL=cfg.UNROLL, WARP_SPEC=cfg.WARP_SPEC,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
@@ -120,7 +120,8 @@ def updat_tma(x, dy, groups, *, w_shape, bs, axis, cfg, split, precision, dw_dty
         return dw.to(dw_dtype)
     per_split = triton.cdiv(triton.cdiv(n_tokens, split), cfg.BK) * cfg.BK
     grid = (groups.shape[0], triton.cdiv(n_tokens, per_split))
-    updat_tma_kernel[grid](
+    kernel = updat_tma_stacked_kernel if cfg.STACK else updat_tma_kernel
+    kernel[grid](
         _desc(x, axis, cfg.BK, bs), _desc(dy, axis, cfg.BK, bs), dw, groups, per_split, n_tokens,
         BS=bs, G=cfg.G, BK=cfg.BK, X_T=axis == 0, ATOMIC=atomic, PRECISION=precision,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,

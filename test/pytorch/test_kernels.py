@@ -91,13 +91,15 @@ def test_no_tokens():
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("axis", [1, 0])
-@pytest.mark.parametrize("bs, group, bk, n, max_segment",
-                         [(16, 1, 0, 8, None), (16, 2, 0, 24, 1), (32, 4, 0, 40, None), (32, 1, 16, 24, None),
-                          (32, 2, 16, 8, 2)],
-                         ids=["bs16-G1", "bs16-G2-split", "bs32-G4", "bs32-BK16", "bs32-G2-BK16-split"])
-def test_xprop_tma(rng, dtype, axis, bs, group, bk, n, max_segment):
+@pytest.mark.parametrize("bs, group, bk, bn, n, max_segment",
+                         [(16, 1, 0, 0, 8, None), (16, 2, 0, 0, 24, 1), (32, 4, 0, 0, 40, None),
+                          (32, 1, 16, 16, 24, None), (32, 2, 16, 0, 8, 2), (32, 1, 0, 16, 17, 1)],
+                         ids=["bs16-G1", "bs16-G2-split", "bs32-G4", "bs32-BK16-BN16", "bs32-G2-BK16-split",
+                              "bs32-BN16-split"])
+def test_xprop_tma(rng, dtype, axis, bs, group, bk, bn, n, max_segment):
+    n = n if axis == 1 else -(-n // 8) * 8  # (F, N) rows must be 16-byte aligned for descriptors
     lay, x, w, dy, (y_ref, dx_ref, _) = _setup(rng, bs, axis, n, dtype, KB=6)
-    cfg = XpropConfig(BM=16, G=group, num_warps=4, num_stages=1, BK=bk)
+    cfg = XpropConfig(BM=16, G=group, num_warps=4, num_stages=1, BK=bk, BN=bn)
     assert _triton.tma_ok(x, dy)
     for kind, inp, out_features, ref in (("fprop", x, lay.K, y_ref), ("bprop", dy, lay.C, dx_ref)):
         headers, entries, lut = _lut(lay, kind, max_segment, group)
@@ -109,12 +111,16 @@ def test_xprop_tma(rng, dtype, axis, bs, group, bk, n, max_segment):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("axis", [1, 0])
-@pytest.mark.parametrize("bs, group, n, split", [(16, 1, 8, 1), (16, 2, 40, 2), (32, 4, 24, 1)],
-                         ids=["bs16-G1", "bs16-G2-split2", "bs32-G4"])
-def test_updat_tma(rng, dtype, axis, bs, group, n, split):
-    lay, x, w, dy, (_, _, dw_ref) = _setup(rng, bs, axis, n, dtype)
+@pytest.mark.parametrize("bs, group, stack, n, split",
+                         [(16, 1, False, 8, 1), (16, 2, False, 40, 2), (32, 4, False, 24, 1),
+                          (16, 2, True, 40, 2), (16, 4, True, 24, 1), (16, 8, True, 16, 1)],
+                         ids=["bs16-G1", "bs16-G2-split2", "bs32-G4", "bs16-G2-stacked-split2",
+                              "bs16-G4-stacked", "bs16-G8-stacked"])
+def test_updat_tma(rng, dtype, axis, bs, group, stack, n, split):
+    lay, x, w, dy, (_, _, dw_ref) = _setup(rng, bs, axis, n, dtype, KB=9)
     groups = torch.from_numpy(np.array(lay.updat_groups(group)))
     got = _triton.updat_tma(x, dy, groups, w_shape=lay.w_shape, bs=bs, axis=axis,
-                            cfg=UpdatConfig(G=group, BK=16, num_warps=4, num_stages=1), split=split,
+                            cfg=UpdatConfig(G=group, BK=16, num_warps=4, num_stages=1, STACK=stack),
+                            split=split,
                             precision="ieee", dw_dtype=torch.float32)
     assert rel_err(got.double().numpy(), dw_ref) < TOL[dtype]
