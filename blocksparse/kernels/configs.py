@@ -1,26 +1,34 @@
 """Tile configurations of the matmul kernels -- the one place that lists them.
 
 The JIT path (PyTorch) picks a configuration per call from these tables; the ahead-of-time compiler
-(TensorFlow GPU path) compiles exactly the specialisations listed by :func:`aot_specializations`.
-The numbers come from the sweep in ``bench/tune_bsmm.py`` on an H200 (``bench/results/``).
+(TensorFlow GPU path) compiles the specialisations listed here.  The numbers come from the sweeps
+of ``bench/tune_bsmm.py`` on an H200 (``bench/results/raw/``): TMA kernels on Hopper and newer, the
+pointer-load kernels elsewhere (and where tensor descriptors cannot address the activations).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 __all__ = ["XpropConfig", "UpdatConfig", "xprop_config", "updat_config", "KERNEL_BLOCK_SIZES",
-           "INTERPRETER_XPROP", "INTERPRETER_UPDAT"]
+           "INTERPRETER_XPROP", "INTERPRETER_UPDAT", "SMALL_N"]
 
 #: Block sizes the Triton kernels handle; smaller blocks take the reference path.
 KERNEL_BLOCK_SIZES = (16, 32, 64, 128)
 
+#: Token count up to which a product is memory bound (the weights dominate the bytes).
+SMALL_N = 512
+
 
 @dataclass(frozen=True)
 class XpropConfig:
-    """fprop/bprop tile: ``BM`` tokens x ``G`` output blocks per program; the TMA kernel also
-    walks each block's reduction in steps of ``BK`` (0: the whole block), may give each ``BN``
-    features of an output block their own program (0: the whole block), unrolls its loop
-    ``UNROLL`` times and may warp-specialise it."""
+    """fprop/bprop tile.
+
+    ``BM`` tokens x ``G`` output blocks per program (``G`` in 1, 2, 4); the TMA kernel walks each
+    block's reduction in steps of ``BK`` and gives each ``BN`` features of an output block their
+    own program (0: the whole block), and unrolls its loop ``UNROLL`` times.  ``WAVES``: split long
+    reductions over several programs (float32 atomics) until about ``WAVES`` programs per SM run
+    (0: never split).  ``TMA``: use the TMA kernel where it can run.
+    """
 
     BM: int
     G: int
@@ -28,60 +36,80 @@ class XpropConfig:
     num_stages: int
     BK: int = 0
     UNROLL: int = 1
-    WARP_SPEC: bool = False
     BN: int = 0
+    WAVES: int = 2
+    TMA: bool = True
 
 
 @dataclass(frozen=True)
 class UpdatConfig:
-    """updat tile: ``G`` blocks of one layout row x ``BK`` tokens per step; the TMA kernel may
-    stack the ``G`` blocks into one product (``STACK``)."""
+    """updat tile: ``G`` blocks of one layout row x ``BK`` tokens per step.  ``STACK`` (TMA kernel)
+    stacks the ``G`` blocks into one product; ``WAVES`` as for :class:`XpropConfig`, by splitting
+    the tokens; ``TMA``: use the TMA kernel where it can run."""
 
     G: int
     BK: int
     num_warps: int
     num_stages: int
     STACK: bool = False
+    WAVES: int = 2
+    TMA: bool = True
 
+
+X, U = XpropConfig, UpdatConfig
 
 #: Small tiles for Triton's CPU interpreter (tests): its cost grows with tile area.
-INTERPRETER_XPROP = XpropConfig(BM=16, G=1, num_warps=4, num_stages=1)
-INTERPRETER_UPDAT = UpdatConfig(G=1, BK=16, num_warps=4, num_stages=1)
+INTERPRETER_XPROP = X(BM=16, G=1, num_warps=4, num_stages=1, TMA=False)
+INTERPRETER_UPDAT = U(G=1, BK=16, num_warps=4, num_stages=1, TMA=False)
 
-# Compute-bound (many tokens) and memory-bound (few tokens) tables, keyed by block size.
-_XPROP_LARGE = {
-    16: XpropConfig(BM=128, G=4, num_warps=4, num_stages=4),
-    32: XpropConfig(BM=128, G=2, num_warps=4, num_stages=4),
-    64: XpropConfig(BM=128, G=1, num_warps=4, num_stages=4),
-    128: XpropConfig(BM=128, G=1, num_warps=8, num_stages=3),
-}
-_XPROP_SMALL = {
-    16: XpropConfig(BM=64, G=4, num_warps=4, num_stages=4),
-    32: XpropConfig(BM=64, G=2, num_warps=4, num_stages=4),
-    64: XpropConfig(BM=64, G=1, num_warps=4, num_stages=4),
-    128: XpropConfig(BM=64, G=1, num_warps=4, num_stages=3),
+# (TMA kernels on sm_90+, pointer kernels otherwise) x (16-bit, float32) x (many, few tokens)
+_XPROP = {
+    ("tma", "16bit", "large"): {16: X(256, 1, 8, 6, UNROLL=2), 32: X(256, 1, 8, 6), 64: X(256, 1, 8, 5),
+                                128: X(128, 1, 4, 6, BK=64)},
+    ("tma", "16bit", "small"): {16: X(64, 1, 4, 2, WAVES=8), 32: X(64, 1, 4, 2, WAVES=8),
+                                64: X(64, 1, 4, 6, BN=32, WAVES=0), 128: X(64, 1, 4, 6, BN=32, WAVES=0)},
+    ("tma", "fp32", "large"): {16: X(128, 1, 4, 3), 32: X(128, 1, 4, 3), 64: X(64, 1, 4, 3),
+                               128: X(64, 1, 4, 3, BK=32)},
+    ("tma", "fp32", "small"): {16: X(64, 1, 4, 2, WAVES=8), 32: X(64, 1, 4, 2, WAVES=8),
+                               64: X(64, 1, 4, 3, BN=32, WAVES=0), 128: X(64, 1, 4, 3, BK=64, BN=32, WAVES=0)},
+    ("ptr", "16bit", "large"): {16: X(128, 4, 4, 4, TMA=False), 32: X(128, 1, 4, 4, TMA=False),
+                                64: X(128, 1, 4, 3, TMA=False), 128: X(128, 1, 8, 3, TMA=False)},
+    ("ptr", "16bit", "small"): {bs: X(64, 1, 4, 3, WAVES=4, TMA=False) for bs in KERNEL_BLOCK_SIZES},
+    ("ptr", "fp32", "large"): {16: X(64, 1, 4, 3, TMA=False), 32: X(64, 1, 4, 3, TMA=False),
+                               64: X(128, 1, 8, 3, TMA=False), 128: X(128, 1, 8, 3, TMA=False)},
+    ("ptr", "fp32", "small"): {bs: X(64, 1, 4, 2, WAVES=4, TMA=False) for bs in KERNEL_BLOCK_SIZES},
 }
 _UPDAT = {
-    16: UpdatConfig(G=8, BK=64, num_warps=4, num_stages=4),
-    32: UpdatConfig(G=4, BK=64, num_warps=4, num_stages=4),
-    64: UpdatConfig(G=2, BK=64, num_warps=4, num_stages=4),
-    128: UpdatConfig(G=1, BK=64, num_warps=8, num_stages=3),
+    ("16bit", "large"): {16: U(8, 64, 4, 4, TMA=False), 32: U(8, 64, 8, 3, TMA=False), 64: U(1, 64, 4, 4),
+                         128: U(1, 64, 4, 5)},
+    ("16bit", "small"): {16: U(8, 64, 4, 3, TMA=False), 32: U(1, 64, 4, 3), 64: U(1, 64, 4, 3),
+                         128: U(1, 64, 4, 3)},
+    ("fp32", "large"): {16: U(8, 32, 4, 3, TMA=False), 32: U(4, 32, 4, 3, TMA=False),
+                        64: U(2, 32, 8, 2, TMA=False), 128: U(1, 32, 8, 2, TMA=False)},
+    ("fp32", "small"): {16: U(8, 32, 4, 2, TMA=False), 32: U(4, 32, 4, 2, TMA=False),
+                        64: U(2, 32, 4, 2, TMA=False), 128: U(1, 32, 8, 2, TMA=False)},
 }
+#: The pointer kernels' updat tables where TMA cannot run (same shapes, no descriptors).
+_UPDAT_PTR = {16: U(8, 64, 4, 4, TMA=False), 32: U(8, 64, 8, 3, TMA=False), 64: U(2, 64, 4, 4, TMA=False),
+              128: U(1, 64, 8, 3, TMA=False)}
 
-#: Token count below which a product is memory bound (weights dominate the bytes).
-SMALL_N = 512
+
+def _classes(n_tokens, float32):
+    return ("fp32" if float32 else "16bit"), ("small" if n_tokens <= SMALL_N else "large")
 
 
-def xprop_config(block_size, n_tokens, *, interpret=False):
+def xprop_config(block_size, n_tokens, *, float32=False, tma=True, interpret=False):
     """Tile configuration of fprop/bprop for ``n_tokens`` tokens."""
     if interpret:
         return INTERPRETER_XPROP
-    table = _XPROP_SMALL if n_tokens <= SMALL_N else _XPROP_LARGE
-    return table[block_size]
+    return _XPROP[("tma" if tma else "ptr", *_classes(n_tokens, float32))][block_size]
 
 
-def updat_config(block_size, n_tokens, *, interpret=False):
+def updat_config(block_size, n_tokens, *, float32=False, tma=True, interpret=False):
     """Tile configuration of updat for ``n_tokens`` tokens."""
     if interpret:
         return INTERPRETER_UPDAT
-    return _UPDAT[block_size]
+    cfg = _UPDAT[_classes(n_tokens, float32)][block_size]
+    if cfg.TMA and not tma:
+        return _UPDAT_PTR[block_size]
+    return cfg

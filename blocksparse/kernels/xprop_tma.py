@@ -62,7 +62,7 @@ def xprop_tma_kernel(
     BS: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr,
     X_T: tl.constexpr,
     TRANS_W: tl.constexpr, ATOMIC: tl.constexpr, PRECISION: tl.constexpr,
-    UNROLL: tl.constexpr = 1, WARP_SPEC: tl.constexpr = False,
+    UNROLL: tl.constexpr = 1,
 ):
     # segments vary fastest, then output slices: programs running together share a token tile
     NS: tl.constexpr = BS // BN
@@ -82,8 +82,7 @@ def xprop_tma_kernel(
         acc3 = tl.zeros((BM, BN), dtype=tl.float32)
     # each entry's reduction is walked in BS // BK steps, so that pipeline stages stay small
     KS: tl.constexpr = BS // BK
-    for t in tl.range(start * KS, (start + count) * KS, loop_unroll_factor=UNROLL,
-                      warp_specialize=WARP_SPEC):
+    for t in tl.range(start * KS, (start + count) * KS, loop_unroll_factor=UNROLL):
         entry = ENTRIES + (t // KS) * (1 + G)
         h = t % KS
         b_x = _x_tile(x_desc, i_m, tl.load(entry) * BS + h * BK, BM, X_T)

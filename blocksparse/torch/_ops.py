@@ -59,7 +59,7 @@ def _xprop(kind, x, w, layout_handle, axis, precision):
     out_features = lay.C if trans else lay.K
     if use_triton(x, lay.block_size):
         from . import _triton
-        plan = st.plan(kind, _tokens(x, axis), x.device)
+        plan = st.plan(kind, _tokens(x, axis), x.device, x.dtype, _triton.tma_ok(x, w))
         headers, entries = st.xprop_tables(kind, plan, x.device)
         return _triton.xprop(x, w, headers, entries, out_features=out_features, bs=lay.block_size,
                              axis=axis, trans=trans, cfg=plan.config,
@@ -96,7 +96,7 @@ def matmul_dw(x: Tensor, dy: Tensor, layout: int, axis: int, precision: str,
     lay = st.layout
     if use_triton(x, lay.block_size):
         from . import _triton
-        plan = st.plan("updat", _tokens(x, axis), x.device)
+        plan = st.plan("updat", _tokens(x, axis), x.device, x.dtype, _triton.tma_ok(x, dy))
         return _triton.updat(x, dy, st.updat_table(plan, x.device), w_shape=lay.w_shape,
                              bs=lay.block_size, axis=axis, cfg=plan.config, split=plan.split,
                              precision=precision, dw_dtype=dw_dtype)

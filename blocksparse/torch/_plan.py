@@ -18,8 +18,6 @@ from ..kernels import configs
 from ..kernels.configs import UpdatConfig, XpropConfig
 from ..layout import Layout
 
-#: Programs wanted per SM before a reduction is split over several programs.
-WAVES = 2
 #: SM count assumed off-GPU (Triton's interpreter), small so that tests exercise the splits.
 INTERPRETER_SMS = 4
 
@@ -61,11 +59,12 @@ class _LayoutState:
             self._tables[key] = _to(self.layout.coords, device).long()
         return self._tables[key]
 
-    def plan(self, kind, n_tokens, device):
-        """The :class:`Plan` of ``kind`` (fprop / bprop / updat) for ``n_tokens`` on ``device``."""
-        key = (kind, n_tokens, str(device))
+    def plan(self, kind, n_tokens, device, dtype, tma):
+        """The :class:`Plan` of ``kind`` (fprop / bprop / updat) for ``n_tokens`` of ``dtype`` on
+        ``device``; ``tma``: whether the TMA kernels can address the tensors."""
+        key = (kind, n_tokens, str(device), dtype, tma)
         if key not in self._plans:
-            self._plans[key] = _make_plan(self.layout, kind, n_tokens, device)
+            self._plans[key] = _make_plan(self.layout, kind, n_tokens, device, dtype, tma)
         return self._plans[key]
 
 
@@ -73,19 +72,21 @@ def _to(array, device):
     return torch.from_numpy(np.array(array, dtype=np.int32)).to(device)
 
 
-def _make_plan(layout, kind, n, device):
+def _make_plan(layout, kind, n, device, dtype, tma):
     bs = layout.block_size
     interpret = device.type != "cuda"
     sms = INTERPRETER_SMS if interpret else torch.cuda.get_device_properties(device).multi_processor_count
-    want = WAVES * sms
+    opts = dict(float32=dtype == torch.float32, tma=tma, interpret=interpret)
     if kind == "updat":
-        cfg = configs.updat_config(bs, n, interpret=interpret)
+        cfg = configs.updat_config(bs, n, **opts)
         groups = layout.updat_groups(cfg.G).shape[0]
-        split = max(1, min(want // groups, math.ceil(n / (4 * cfg.BK))))
+        split = max(1, min(cfg.WAVES * sms // groups, math.ceil(n / (4 * cfg.BK))))
         return Plan(cfg, split=split)
-    cfg = configs.xprop_config(bs, n, interpret=interpret)
+    cfg = configs.xprop_config(bs, n, **opts)
     lut = getattr(layout, kind)(None, group=cfg.G)
-    programs = math.ceil(max(n, 1) / cfg.BM) * lut.num_segments
+    slices = bs // (cfg.BN or bs) if cfg.TMA else 1
+    programs = math.ceil(max(n, 1) / cfg.BM) * lut.num_segments * slices
+    want = cfg.WAVES * sms
     if programs >= want or lut.max_count <= 1:
         return Plan(cfg)
     return Plan(cfg, max_segment=max(1, math.ceil(lut.max_count * programs / want)))

@@ -29,6 +29,21 @@ def _empty_out(like, n_tokens, features, axis, dtype):
 
 
 def xprop(x, w, headers, entries, *, out_features, bs, axis, trans, cfg, atomic, precision):
+    """fprop (``trans=False``) or bprop (``trans=True``): the TMA kernel where ``cfg`` asks for it
+    and descriptors can address the tensors, else the pointer kernel."""
+    launch = xprop_tma if cfg.TMA and tma_ok(x, w) else xprop_ptr
+    return launch(x, w, headers, entries, out_features=out_features, bs=bs, axis=axis, trans=trans,
+                  cfg=cfg, atomic=atomic, precision=precision)
+
+
+def updat(x, dy, groups, *, w_shape, bs, axis, cfg, split, precision, dw_dtype):
+    """updat: the TMA kernel where ``cfg`` asks for it and descriptors can address the tensors."""
+    launch = updat_tma if cfg.TMA and tma_ok(x, dy) else updat_ptr
+    return launch(x, dy, groups, w_shape=w_shape, bs=bs, axis=axis, cfg=cfg, split=split,
+                  precision=precision, dw_dtype=dw_dtype)
+
+
+def xprop_ptr(x, w, headers, entries, *, out_features, bs, axis, trans, cfg, atomic, precision):
     """fprop (``trans=False``) or bprop (``trans=True``) through :func:`xprop_kernel`.
 
     ``headers``/``entries`` are the layout core's xprop table built with ``group=cfg.G``;
@@ -55,7 +70,7 @@ def xprop(x, w, headers, entries, *, out_features, bs, axis, trans, cfg, atomic,
     return y
 
 
-def updat(x, dy, groups, *, w_shape, bs, axis, cfg, split, precision, dw_dtype):
+def updat_ptr(x, dy, groups, *, w_shape, bs, axis, cfg, split, precision, dw_dtype):
     """updat through :func:`updat_kernel`; ``groups`` is ``Layout.updat_groups(cfg.G)``."""
     n_tokens = x.shape[0] if axis == 1 else x.shape[1]
     atomic = split > 1 or n_tokens == 0
@@ -76,9 +91,12 @@ def updat(x, dy, groups, *, w_shape, bs, axis, cfg, split, precision, dw_dtype):
 
 
 def tma_ok(*tensors):
-    """Whether tensor descriptors can address these tensors (row-major, 16-byte aligned rows)."""
+    """Whether tensor descriptors can address these tensors: row-major with 16-byte aligned rows,
+    on a GPU with the tensor memory accelerator (sm_90+) or in Triton's interpreter."""
     for t in tensors:
         if t.stride(-1) != 1 or t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16:
+            return False
+        if t.is_cuda and torch.cuda.get_device_capability(t.device)[0] < 9:
             return False
     return True
 
@@ -90,7 +108,7 @@ def _desc(t, axis, tokens_block, bs):
 
 
 def xprop_tma(x, w, headers, entries, *, out_features, bs, axis, trans, cfg, atomic, precision):
-    """:func:`xprop` through :func:`xprop_tma_kernel` (needs :func:`tma_ok` activations)."""
+    """:func:`xprop_ptr` through :func:`xprop_tma_kernel` (needs :func:`tma_ok` tensors)."""
     n_tokens = x.shape[0] if axis == 1 else x.shape[1]
     num_segments = headers.shape[0]
     y = _empty_out(x, n_tokens, out_features, axis, torch.float32 if atomic else x.dtype)
@@ -105,14 +123,14 @@ def xprop_tma(x, w, headers, entries, *, out_features, bs, axis, trans, cfg, ato
         _desc(x, axis, cfg.BM, bk), w_desc, _desc(y, axis, cfg.BM, bn), y, headers, entries,
         num_segments, n_tokens, out_features, *_strides(y, axis),
         BS=bs, G=cfg.G, BM=cfg.BM, BK=bk, BN=bn, X_T=axis == 0, TRANS_W=trans, ATOMIC=atomic,
-        PRECISION=precision, UNROLL=cfg.UNROLL, WARP_SPEC=cfg.WARP_SPEC,
+        PRECISION=precision, UNROLL=cfg.UNROLL,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return y.to(x.dtype) if atomic else y
 
 
 def updat_tma(x, dy, groups, *, w_shape, bs, axis, cfg, split, precision, dw_dtype):
-    """:func:`updat` through :func:`updat_tma_kernel` (needs :func:`tma_ok` activations)."""
+    """:func:`updat_ptr` through :func:`updat_tma_kernel` (needs :func:`tma_ok` tensors)."""
     n_tokens = x.shape[0] if axis == 1 else x.shape[1]
     atomic = split > 1 or n_tokens == 0
     dw = x.new_zeros(w_shape, dtype=torch.float32) if atomic else x.new_empty(w_shape, dtype=dw_dtype)

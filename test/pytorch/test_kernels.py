@@ -43,7 +43,7 @@ def test_xprop(rng, dtype, axis, bs, group, n, max_segment):
     for kind, inp, out_features, ref in (("fprop", x, lay.K, y_ref), ("bprop", dy, lay.C, dx_ref)):
         headers, entries, lut = _lut(lay, kind, max_segment, group)
         atomic = lut.num_segments > lut.num_groups
-        got = _triton.xprop(inp, w, headers, entries, out_features=out_features, bs=bs, axis=axis,
+        got = _triton.xprop_ptr(inp, w, headers, entries, out_features=out_features, bs=bs, axis=axis,
                             trans=kind == "bprop", cfg=cfg, atomic=atomic, precision="ieee")
         assert got.dtype == inp.dtype
         assert rel_err(got.double().numpy(), ref) < TOL[dtype], kind
@@ -59,7 +59,7 @@ def test_updat(rng, dtype, axis, bs, group, n, split):
     groups = torch.from_numpy(np.array(lay.updat_groups(group)))
     cfg = UpdatConfig(G=group, BK=16, num_warps=4, num_stages=1)
     for dw_dtype in (torch.float32, DTYPES[dtype]):
-        got = _triton.updat(x, dy, groups, w_shape=lay.w_shape, bs=bs, axis=axis, cfg=cfg,
+        got = _triton.updat_ptr(x, dy, groups, w_shape=lay.w_shape, bs=bs, axis=axis, cfg=cfg,
                             split=split, precision="ieee", dw_dtype=dw_dtype)
         assert got.dtype == dw_dtype
         assert rel_err(got.double().numpy(), dw_ref) < TOL[dtype]
@@ -71,7 +71,7 @@ def test_strided_activations(rng):
     wide = torch.randn(9, lay.C + 16)
     wide[:, 8:8 + lay.C] = x
     headers, entries, _ = _lut(lay, "fprop", None, 1)
-    got = _triton.xprop(wide[:, 8:8 + lay.C], w, headers, entries, out_features=lay.K, bs=16, axis=1,
+    got = _triton.xprop_ptr(wide[:, 8:8 + lay.C], w, headers, entries, out_features=lay.K, bs=16, axis=1,
                         trans=False, cfg=XpropConfig(16, 1, 4, 1), atomic=False, precision="ieee")
     assert rel_err(got.numpy(), y_ref) < TOL["float32"]
 
@@ -80,11 +80,11 @@ def test_no_tokens():
     lay = Layout([[1, 1]], 16)
     headers, entries, _ = _lut(lay, "fprop", None, 1)
     x, w = torch.empty(0, 16), torch.randn(lay.w_shape)
-    y = _triton.xprop(x, w, headers, entries, out_features=32, bs=16, axis=1, trans=False,
+    y = _triton.xprop_ptr(x, w, headers, entries, out_features=32, bs=16, axis=1, trans=False,
                       cfg=XpropConfig(16, 1, 4, 1), atomic=False, precision="ieee")
     assert y.shape == (0, 32)
     groups = torch.from_numpy(np.array(lay.updat_groups(1)))
-    dw = _triton.updat(x, torch.empty(0, 32), groups, w_shape=lay.w_shape, bs=16, axis=1,
+    dw = _triton.updat_ptr(x, torch.empty(0, 32), groups, w_shape=lay.w_shape, bs=16, axis=1,
                        cfg=UpdatConfig(1, 16, 4, 1), split=1, precision="ieee", dw_dtype=torch.float32)
     assert torch.equal(dw, torch.zeros(lay.w_shape))
 

@@ -1,0 +1,279 @@
+"""Block-sparse matmul benchmark on a GPU: ours vs PyTorch's BSR kernels vs dense cuBLAS.
+
+    python bench/bsmm.py --out bench/results        (``make bench``)
+
+One run times, for C = K = 4096, N = 8192 (compute bound) and N = 64 (memory bound), densities
+0.1 / 0.25 / 0.5, block sizes 16 / 32 / 64 / 128, bf16 / fp16 / fp32, and the three products
+(fprop y = x W, bprop dx = dy W^T, updat dW = x^T dy on the blocks):
+
+* ``dense``      torch.matmul on the dense matrices (cuBLAS);
+* ``torch-bsr``  torch.sparse._triton_ops: bsr_dense_mm (fprop, bprop), sampled_addmm (updat);
+* ``blocksparse`` the ``blocksparse::matmul*`` ops, through the library's own plan and tile tables.
+
+Every timed configuration is first checked against a float64 reference (outputs NaN-poisoned).
+``frac_of_dense`` = useful TFLOP/s (nonzero blocks only) over dense TFLOP/s of the same op, shape
+and dtype in this run.  N = 64 calls are timed in CUDA graphs over rotating operand copies
+(several times the L2), so that weights come from device memory; ``hbm_frac`` is the fewest bytes
+the op must move over that time, as a fraction of the copy bandwidth measured in this run.
+Writes ``bsmm-h200.json`` and ``bsmm-h200.md`` into ``--out``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+import common  # noqa: E402
+
+C = K = 4096
+NS = (8192, 64)
+DENSITIES = (0.1, 0.25, 0.5)
+BLOCK_SIZES = (16, 32, 64, 128)
+OPS = ("fprop", "bprop", "updat")
+IMPLS = ("blocksparse", "torch-bsr")
+
+
+def problems():
+    for dt in common.DTYPES:
+        for n in NS:
+            for bs in BLOCK_SIZES:
+                for d in DENSITIES:
+                    yield n, dt, bs, d
+
+
+class Case:
+    """One problem with the callables of every impl and op, on given operand copies."""
+
+    def __init__(self, n, dt, bs, d):
+        self.p = common.Problem(C, K, n, bs, d, common.DTYPES[dt], seed=1000 * bs + int(100 * d))
+        from blocksparse.torch import _plan
+        self.handle = _plan.handle(self.p.layout)
+        self._bsr = None
+
+    def operands(self, copy=False):
+        p = self.p
+        if not copy:
+            return p.x, p.w, p.dy
+        return p.x.clone(), p.w.clone(), p.dy.clone()
+
+    def dense(self, w):
+        """The dense (C, K) matrix of the weight blocks ``w``."""
+        p = self.p
+        W = torch.zeros(p.layout.CB, p.bs, p.layout.KB, p.bs, device=w.device, dtype=w.dtype)
+        W[p.coords[:, 0], :, p.coords[:, 1], :] = w
+        return W.reshape(C, K)
+
+    def bsr(self, w):
+        """(W^T as BSR (K, C), W as BSR (C, K)) for the weight values ``w``."""
+        W = self.dense(w)
+        bs = self.p.bs
+        return W.t().contiguous().to_sparse_bsr((bs, bs)), W.to_sparse_bsr((bs, bs))
+
+    def dense_call(self, op, tensors):
+        x, w, dy = tensors
+        W = self.dense(w)
+        if op == "fprop":
+            return lambda: x @ W
+        if op == "bprop":
+            return lambda: dy @ W.t()
+        return lambda: x.t() @ dy
+
+    def call(self, impl, op, tensors):
+        x, w, dy = tensors
+        if impl == "blocksparse":
+            ops = torch.ops.blocksparse
+            if op == "fprop":
+                return lambda: ops.matmul(x, w, self.handle, 1, "ieee")
+            if op == "bprop":
+                return lambda: ops.matmul_dx(dy, w, self.handle, 1, "ieee")
+            return lambda: ops.matmul_dw(x, dy, self.handle, 1, "ieee", x.dtype)
+        from torch.sparse._triton_ops import bsr_dense_mm, sampled_addmm
+        wt_bsr, w_bsr = self.bsr(w)
+        if op == "fprop":
+            xt = x.t().contiguous()
+            return lambda: bsr_dense_mm(wt_bsr, xt)          # y^T = W^T x^T
+        if op == "bprop":
+            dyt = dy.t().contiguous()
+            return lambda: bsr_dense_mm(w_bsr, dyt)          # dx^T = W dy^T
+        xt = x.t().contiguous()
+        return lambda: sampled_addmm(w_bsr, xt, dy, beta=0.0, alpha=1.0)  # (x^T dy) on W's blocks
+
+    def result(self, impl, op, out):
+        """The output in the reference's form (y, dx activations; dw packed blocks)."""
+        if impl == "blocksparse":
+            return out
+        if op == "updat":
+            return out.values()
+        return out.t()
+
+    def config(self, op):
+        from blocksparse.torch import _plan, _triton
+        p = self.p
+        kind = {"fprop": "fprop", "bprop": "bprop", "updat": "updat"}[op]
+        plan = _plan.state(self.handle).plan(kind, p.N, p.x.device, p.x.dtype, _triton.tma_ok(p.x, p.dy))
+        return dict(asdict(plan.config), max_segment=plan.max_segment, split=plan.split)
+
+
+def _warm(chunk):
+    """Worker: run each (problem, impl, op) once to fill Triton's caches; return failures."""
+    fails = []
+    for n, dt, bs, d in chunk:
+        try:
+            case = Case(n, dt, bs, d)
+        except Exception as exc:
+            fails.append(((n, dt, bs, d), repr(exc)[:200]))
+            continue
+        for impl in IMPLS:
+            for op in OPS:
+                try:
+                    case.call(impl, op, case.operands())()
+                except Exception as exc:
+                    fails.append(((n, dt, bs, d, impl, op), repr(exc)[:200]))
+    torch.cuda.synchronize()
+    return fails
+
+
+def timed(n, build, per_set_bytes):
+    """Median ms per call of ``build(copy)`` (a call on the problem's operands, or on fresh
+    copies): events around each call for many tokens; for few tokens a CUDA graph over enough
+    copies to overflow the L2 four times."""
+    if n > 512:
+        return common.time_ms(build(False)), "events"
+    copies = max(2, min(64, math.ceil(4 * 60 * 2**20 / per_set_bytes)))
+    try:
+        return common.time_rotating_ms(lambda: [build(True) for _ in range(copies)]), "graph"
+    except Exception:  # a call that cannot be captured: events (launch latency included)
+        torch.cuda.synchronize()
+        return common.time_ms(build(False), warmup=10, rep=50), "events"
+
+
+def _nbytes(*tensors):
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def measure(hbm_gbs):
+    rows, dense = [], {}
+    for n, dt, bs, d in problems():
+        case = Case(n, dt, bs, d)
+        p = case.p
+        operand_bytes = _nbytes(p.x, p.w, p.dy)
+        for op in OPS:
+            key = (n, dt, op)
+            if key not in dense:
+                ms, timer = timed(n, lambda copy: case.dense_call(op, case.operands(copy)),
+                                  operand_bytes + C * K * p.x.element_size())
+                dense[key] = 2.0 * n * C * K / ms / 1e9
+                rows.append(dict(impl="dense", op=op, dtype=dt, bs=0, density=1.0, N=n, C=C, K=K, ms=ms,
+                                 tflops=dense[key], frac_of_dense=1.0, timer=timer))
+                print(json.dumps(rows[-1]), flush=True)
+            for impl in IMPLS:
+                row = dict(impl=impl, op=op, dtype=dt, bs=bs, density=d, N=n, C=C, K=K,
+                           real_density=round(p.density, 4))
+                try:
+                    with common.poisoned_empty():
+                        out = case.call(impl, op, case.operands())()
+                    row["rel_err"] = common.rel_err(case.result(impl, op, out), p.ref(op))
+                    row["ok"] = row["rel_err"] <= common.tolerance(p.dtype)
+                    ms, timer = timed(n, lambda copy: case.call(impl, op, case.operands(copy)), operand_bytes)
+                    row.update(ms=ms, timer=timer, tflops=p.useful_flops / ms / 1e9)
+                    row["frac_of_dense"] = row["tflops"] / dense[(n, dt, op)]
+                    if n <= 512:
+                        row["hbm_frac"] = bytes_moved(p, op) / ms / 1e6 / hbm_gbs
+                    if impl == "blocksparse":
+                        row["config"] = case.config(op)
+                except Exception as exc:  # recorded, never hidden
+                    row["error"] = repr(exc)[:300]
+                    torch.cuda.synchronize()
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+        del case, p
+        torch.cuda.empty_cache()
+    return rows
+
+
+def bytes_moved(p, op):
+    """Fewest bytes an op must move: the nonzero weights (or dW) plus activations in and out."""
+    e = p.x.element_size()
+    return p.layout.blocks * p.bs * p.bs * e + p.N * (p.C + p.K) * e
+
+
+def markdown(meta, rows):
+    """The committed table: per N and dtype, frac_of_dense of ours and PyTorch BSR per op."""
+    out = [f"# Block-sparse matmul on {meta['device']}", "",
+           f"torch {meta['torch']}, triton {meta['triton']}; C = K = {C}; {meta['date']}.  "
+           "`frac` = useful TFLOP/s over dense cuBLAS TFLOP/s of the same op, shape and dtype "
+           "measured in the same run (1.0 = exactly density-times faster than dense).  "
+           "Produced by `bench/bsmm.py`; raw rows in `bsmm-h200.json`.", "",
+           f"Ceilings measured in this run: HBM copy {meta['hbm_gbs']:.0f} GB/s, "
+           f"L2 read {meta['l2_gbs']:.0f} GB/s.", ""]
+    index = {(r["impl"], r["op"], r["dtype"], r["bs"], r["density"], r["N"]): r for r in rows}
+    for n in NS:
+        for dt in common.DTYPES:
+            dense = {op: index.get(("dense", op, dt, 0, 1.0, n)) for op in OPS}
+            label = "compute bound" if n > 512 else "memory bound"
+            head = " | ".join(f"{op} ours | {op} bsr" for op in OPS)
+            out += [f"## N = {n} ({label}), {dt}", "",
+                    "dense ms: " + ", ".join(f"{op} {dense[op]['ms']:.4f}" for op in OPS if dense[op]), "",
+                    f"| bs | density | {head} |", "|" + "---|" * (2 + 2 * len(OPS))]
+            for bs in BLOCK_SIZES:
+                for d in DENSITIES:
+                    cells = []
+                    for op in OPS:
+                        for impl in IMPLS:
+                            r = index.get((impl, op, dt, bs, d, n), {})
+                            if "ms" not in r:
+                                cells.append("err")
+                            elif n > 512:
+                                cells.append(f"{r['frac_of_dense']:.2f}" + ("" if r.get("ok") else "!"))
+                            else:
+                                cells.append(f"{r['frac_of_dense']:.2f} ({r['hbm_frac']:.2f} hbm)"
+                                             + ("" if r.get("ok") else "!"))
+                    out.append(f"| {bs} | {d} | " + " | ".join(cells) + " |")
+            out.append("")
+    out += ["`!` marks a result outside the dtype's tolerance against float64 (none expected).", ""]
+    return "\n".join(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
+    ap.add_argument("--workers", type=int, default=14)
+    args = ap.parse_args()
+    t0 = time.time()
+    todo = list(problems())
+    import multiprocessing as mp
+    with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as pool:
+        fails = [f for part in pool.map(_warm, [todo[i::args.workers] for i in range(args.workers)])
+                 for f in part]
+    print(f"warmed {len(todo)} problems in {time.time() - t0:.0f}s; {len(fails)} failures", flush=True)
+    for f in fails:
+        print("  WARM FAIL", *f, flush=True)
+    hbm, l2 = common.hbm_bandwidth_gbs(), common.l2_bandwidth_gbs()
+    import triton
+    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                date=time.strftime("%Y-%m-%d"), hbm_gbs=hbm, l2_gbs=l2, C=C, K=K)
+    rows = measure(hbm)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "bsmm-h200.json"), "w") as f:
+        json.dump(dict(meta, rows=rows), f, indent=1)
+    with open(os.path.join(args.out, "bsmm-h200.md"), "w") as f:
+        f.write(markdown(meta, rows))
+    bad = [r for r in rows if r["impl"] != "dense" and not r.get("ok")]
+    print(markdown(meta, rows))
+    print(f"{len(rows)} rows, {len(bad)} failed or inaccurate; {time.time() - t0:.0f}s")
+    for r in bad:
+        print("  BAD", json.dumps(r))
+
+
+if __name__ == "__main__":
+    main()
