@@ -80,7 +80,12 @@ class BlocksparseMatMul:
     """
 
     def __init__(self, layout, block_size=32, feature_axis=1, z_order=False, name=None):
-        self.axis = _check_int(feature_axis, "feature_axis", 0, 1)
+        if isinstance(feature_axis, bool) or not isinstance(feature_axis, numbers.Integral):
+            raise TypeError(f"feature_axis must be an int, 0 or 1; got {feature_axis!r}")
+        if feature_axis not in (0, 1):
+            raise ValueError(f"feature_axis must be 0 (activations (C, N)) or 1 (activations "
+                             f"(N, C)); got {feature_axis}")
+        self.axis = int(feature_axis)
         if not isinstance(z_order, (bool, np.bool_)):
             raise TypeError(f"z_order must be a bool; got {z_order!r}")
         self.layout = Layout(layout, block_size, z_order=bool(z_order))
