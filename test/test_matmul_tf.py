@@ -3,6 +3,8 @@
 Three execution modes share one driver (:func:`run_products`): TF2 eager with GradientTape,
 ``tf.function`` with an unknown minibatch, and a ``tf.compat.v1`` graph with ``tf.gradients``.
 """
+import contextlib
+import doctest
 import os
 import pickle
 import subprocess
@@ -32,6 +34,11 @@ def make_case(rng, bs, axis, N, **kwargs):
     w = rng.standard_normal(bsmm.w_shape).astype(np.float32)
     dy = rng.standard_normal(bsmm.o_shape(N)).astype(np.float32)
     return bsmm, x, w, dy
+
+
+def in_mode(mode):
+    """A context: a fresh ``tf.compat.v1`` graph for ``"graph"``, nothing (eager) otherwise."""
+    return tf.Graph().as_default() if mode == "graph" else contextlib.nullcontext()
 
 
 def as_np(t):
@@ -179,6 +186,23 @@ def test_weights_share_one_layout(rng):
     assert rel_error(g1.numpy(), bsmm.layout.pack(x.T @ (dz @ d2.T))) < 1e-5
 
 
+def test_xla_jit_compile(rng):
+    """The reference path compiles with XLA (what TPUs run), gradients included."""
+    bsmm, x, w, dy = make_case(rng, 16, 0, N=5)
+    wv = tf.Variable(w)
+
+    @tf.function(jit_compile=True)
+    def step(x, dy):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = bsmm(x, wv)
+        return (y,) + tuple(tape.gradient(y, [x, wv], output_gradients=dy))
+
+    outs = step(tf.constant(x), tf.constant(dy))
+    for out, ref in zip(outs, dense_products(bsmm.layout, x, w, dy, 0)):
+        assert rel_error(out.numpy(), ref) < 1e-5
+
+
 def test_readme_size_runs_eagerly(rng):
     """The README's example size (4096 hidden, 32 blocks, density 0.5) in float32."""
     lay = rng.integers(0, 2, size=(128, 128))
@@ -190,6 +214,11 @@ def test_readme_size_runs_eagerly(rng):
 
 
 # ------------------------------------------------------------------ object and API
+
+def test_doctests():
+    import blocksparse.matmul
+    result = doctest.testmod(blocksparse.matmul)
+    assert result.attempted > 0 and result.failed == 0
 
 def test_attributes():
     lay = np.array([[1, 0, 1], [0, 0, 1]])
@@ -348,8 +377,9 @@ def test_l2_normalize_errors():
     (np.ones((2, 2)), 24, ValueError, "block_size must be one of"),
     (np.ones((2, 2)), "32", TypeError, "block_size must be an int"),
 ], ids=["1d", "value-2", "all-zero", "bs0", "bs-neg", "bs24", "bs-str"])
-def test_bad_layout_or_block_size(layout, bs, err, words):
-    with pytest.raises(err, match=words):
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+def test_bad_layout_or_block_size(mode, layout, bs, err, words):
+    with in_mode(mode), pytest.raises(err, match=words):
         BlocksparseMatMul(layout, block_size=bs)
 
 
@@ -360,8 +390,9 @@ def test_bad_layout_or_block_size(layout, bs, err, words):
     ({"z_order": "yes"}, TypeError, "z_order must be a bool"),
     ({"name": 3}, TypeError, "name must be"),
 ], ids=["axis2", "axis-neg", "axis-str", "z_order-str", "name-int"])
-def test_bad_constructor_arguments(kwargs, err, words):
-    with pytest.raises(err, match=words):
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+def test_bad_constructor_arguments(mode, kwargs, err, words):
+    with in_mode(mode), pytest.raises(err, match=words):
         BlocksparseMatMul(np.ones((2, 2)), block_size=8, **kwargs)
 
 

@@ -66,14 +66,11 @@ def shape_assertions(tensor, expected, name, *, rank_hint=""):
     if static.rank is not None and static.rank != len(expected):
         raise ValueError(f"{name} must have rank {len(expected)}, shape {want}{rank_hint}; "
                          f"got rank {static.rank} with shape {_shape_text(static.as_list())}")
-    if tf.executing_eagerly():
-        runtime = []
-    elif static.rank is None:
-        runtime = [tf.debugging.assert_rank(tensor, len(expected),
-                                            message=f"{name} must have rank {len(expected)}, "
-                                                    f"shape {want}{rank_hint}")]
-    else:
-        runtime = []
+    runtime = []
+    if static.rank is None:  # graphs only: an eager tensor always knows its shape
+        runtime.append(tf.debugging.assert_rank(
+            tensor, len(expected), message=f"{name} must have rank {len(expected)}, "
+                                           f"shape {want}{rank_hint}"))
     dims = static.as_list() if static.rank is not None else [None] * len(expected)
     for axis, (got, size) in enumerate(zip(dims, expected)):
         if size is None:
