@@ -32,7 +32,7 @@ def float_tensor(value, name):
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{name} must be a tensor of {_FLOAT_NAMES}; could not convert "
                         f"{type(value).__name__}: {exc}") from exc
-    if tensor.dtype not in FLOAT_DTYPES:
+    if tensor.dtype.base_dtype not in FLOAT_DTYPES:  # base: a v1 reference tensor is fine too
         raise TypeError(f"{name} must have dtype {_FLOAT_NAMES}; got {tensor.dtype.name}")
     return tensor
 
