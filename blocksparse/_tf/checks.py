@@ -1,0 +1,97 @@
+"""Argument checks shared by the TensorFlow frontend.
+
+Static facts (dtype, rank, a known dimension) are checked when the op is built and raise
+``TypeError`` / ``ValueError``.  Dimensions unknown at that time (a ``None`` in a placeholder or a
+``tf.function`` input signature) become assertions that raise ``tf.errors.InvalidArgumentError``
+when the graph runs -- a wrong size must never reach a reshape that could silently succeed.
+"""
+import numbers
+
+from . import tf
+
+#: Floating dtypes every op of the frontend accepts.
+FLOAT_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
+_FLOAT_NAMES = "float32, float16 or bfloat16"
+
+
+def float_dtype(value, name):
+    """``value`` (a ``tf.DType``, numpy dtype or name) as one of :data:`FLOAT_DTYPES`."""
+    try:
+        dtype = tf.as_dtype(value)
+    except TypeError as exc:
+        raise TypeError(f"{name} must be a dtype, one of {_FLOAT_NAMES}; got {value!r}") from exc
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be one of {_FLOAT_NAMES}; got {dtype.name}")
+    return dtype
+
+
+def float_tensor(value, name):
+    """``value`` as a tensor whose dtype is one of :data:`FLOAT_DTYPES`."""
+    try:
+        tensor = tf.convert_to_tensor(value)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be a tensor of {_FLOAT_NAMES}; could not convert "
+                        f"{type(value).__name__}: {exc}") from exc
+    if tensor.dtype.base_dtype not in FLOAT_DTYPES:  # base: a v1 reference tensor is fine too
+        raise TypeError(f"{name} must have dtype {_FLOAT_NAMES}; got {tensor.dtype.name}")
+    return tensor
+
+
+def same_dtype(a, b, name_a, name_b):
+    if a.dtype != b.dtype:
+        raise TypeError(f"{name_a} and {name_b} must have the same dtype; got {name_a} "
+                        f"{a.dtype.name} and {name_b} {b.dtype.name}")
+
+
+def positive_float(value, name):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a positive number; got {type(value).__name__}")
+    if not value > 0:
+        raise ValueError(f"{name} must be > 0; got {value}")
+    return float(value)
+
+
+def _shape_text(shape):
+    return "(" + ", ".join("None" if d is None else str(d) for d in shape) + ")"
+
+
+def shape_assertions(tensor, expected, name, *, rank_hint=""):
+    """Check ``tensor`` against ``expected`` (a tuple of ints, ``None`` = any size).
+
+    Raises ``ValueError`` for what is wrong already at build time and returns the runtime
+    assertions (possibly none) for what is not known yet.
+    """
+    want = _shape_text(expected)
+    static = tensor.shape
+    if static.rank is not None and static.rank != len(expected):
+        raise ValueError(f"{name} must have rank {len(expected)}, shape {want}{rank_hint}; "
+                         f"got rank {static.rank} with shape {_shape_text(static.as_list())}")
+    runtime = []
+    if static.rank is None:  # graphs only: an eager tensor always knows its shape
+        runtime.append(tf.debugging.assert_rank(
+            tensor, len(expected), message=f"{name} must have rank {len(expected)}, "
+                                           f"shape {want}{rank_hint}"))
+    dims = static.as_list() if static.rank is not None else [None] * len(expected)
+    for axis, (got, size) in enumerate(zip(dims, expected)):
+        if size is None:
+            continue
+        if got is not None:
+            if got != size:
+                raise ValueError(f"{name} must have shape {want}{rank_hint}; got shape "
+                                 f"{_shape_text(dims)} (dimension {axis} is {got}, expected {size})")
+        else:
+            with tf.control_dependencies(runtime):  # the rank check must come first
+                runtime.append(tf.debugging.assert_equal(
+                    tf.shape(tensor)[axis], tf.constant(size, tf.int32),
+                    message=f"{name} must have shape {want}{rank_hint}; dimension {axis} "
+                            f"must be {size}"))
+    return runtime
+
+
+def checked(tensor, assertions):
+    """``tensor``, made to depend on ``assertions`` when there are any."""
+    assertions = [a for a in assertions if a is not None]
+    if not assertions:
+        return tensor
+    with tf.control_dependencies(assertions):
+        return tf.identity(tensor)
