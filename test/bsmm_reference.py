@@ -6,7 +6,7 @@ share no code with any implementation under test.
 import numpy as np
 
 #: Relative-error bounds ``||out - ref|| / ||ref||`` per dtype name.
-TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}
+TOLERANCE = {"float64": 1e-12, "float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}
 
 
 def rel_error(out, ref):

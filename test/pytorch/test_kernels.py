@@ -9,7 +9,10 @@ pytest.importorskip("triton")
 from blocksparse.kernels.configs import UpdatConfig, XpropConfig  # noqa: E402
 from blocksparse.layout import Layout  # noqa: E402
 from blocksparse.torch import _triton  # noqa: E402
-from helpers import TOL, products, random_layout, rel_err  # noqa: E402
+from bsmm_reference import TOLERANCE as TOL  # noqa: E402
+from bsmm_reference import dense_products as products  # noqa: E402
+from bsmm_reference import rel_error as rel_err  # noqa: E402
+from helpers import random_layout  # noqa: E402
 
 pytestmark = pytest.mark.interpreter
 

@@ -7,7 +7,10 @@ torch = pytest.importorskip("torch")
 
 from blocksparse.layout import Layout  # noqa: E402
 from blocksparse.torch import BlocksparseLinear, BlocksparseMatMul  # noqa: E402
-from helpers import TOL, products, random_layout, rel_err  # noqa: E402
+from bsmm_reference import TOLERANCE as TOL  # noqa: E402
+from bsmm_reference import dense_products as products  # noqa: E402
+from bsmm_reference import rel_error as rel_err  # noqa: E402
+from helpers import random_layout  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "float64": torch.float64}
