@@ -8,6 +8,9 @@
 ``BLOCKSPARSE_TF_OPS``  path of the compiled TensorFlow op library to load instead of the one
     shipped in the wheel (development and tests).
 ``TRITON_INTERPRET``  Triton's own switch; read here only to know that kernels may run on CPU.
+``BLOCKSPARSE_CUDA_ARCHS``  build time only: the GPU architectures the TensorFlow op library's kernels
+    are compiled for, e.g. ``sm_80,sm_90`` (the matrix harness sets it per cell; default: the cell's
+    ``archs`` in ``matrix.yaml``, else sm_80 and sm_90).
 """
 import os
 
@@ -30,3 +33,8 @@ def triton_interpret():
 def tf_ops_path():
     """Override for the compiled TensorFlow op library, or None."""
     return os.environ.get("BLOCKSPARSE_TF_OPS") or None
+
+
+def cuda_archs():
+    """The architectures asked for by ``BLOCKSPARSE_CUDA_ARCHS`` (text), or None."""
+    return os.environ.get("BLOCKSPARSE_CUDA_ARCHS", "").strip() or None

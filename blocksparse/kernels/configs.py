@@ -7,10 +7,12 @@ pointer-load kernels elsewhere (and where tensor descriptors cannot address the 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
-__all__ = ["XpropConfig", "UpdatConfig", "xprop_config", "updat_config", "KERNEL_BLOCK_SIZES",
-           "INTERPRETER_XPROP", "INTERPRETER_UPDAT", "SMALL_N"]
+__all__ = ["XpropConfig", "UpdatConfig", "xprop_config", "updat_config", "updat_split", "KERNEL_BLOCK_SIZES",
+           "INTERPRETER_XPROP", "INTERPRETER_UPDAT", "SMALL_N", "AotSpec", "AOT_DTYPES",
+           "aot_specializations"]
 
 #: Block sizes the Triton kernels handle; smaller blocks take the reference path.
 KERNEL_BLOCK_SIZES = (16, 32, 64, 128)
@@ -113,3 +115,111 @@ def updat_config(block_size, n_tokens, *, float32=False, tma=True, interpret=Fal
     if cfg.TMA and not tma:
         return _UPDAT_PTR[block_size]
     return cfg
+
+
+def updat_split(cfg, n_tokens, groups, sms):
+    """Token slices of an updat call (reduced by float32 atomics when more than one): enough
+    programs for about ``cfg.WAVES`` per SM, each slice at least ``4 * cfg.BK`` tokens long.
+
+    ``groups``: rows of the ``updat_groups(cfg.G)`` table; ``sms``: the GPU's multiprocessors.
+    The TensorFlow op library computes the same in C (``bsk_updat_split``).
+    """
+    return max(1, min(cfg.WAVES * sms // groups, math.ceil(n_tokens / (4 * cfg.BK))))
+
+
+# --- Ahead-of-time specialisations (the TensorFlow GPU path) --------------------------------
+
+#: Dtypes of the ahead-of-time kernels, by Triton's names (activations and weight alike).
+AOT_DTYPES = ("fp16", "bf16", "fp32")
+
+
+@dataclass(frozen=True)
+class AotSpec:
+    """One kernel compiled ahead of time for the TensorFlow op library.
+
+    ``arch``: compute capability as ``10 * major + minor`` (80, 90); ``product``: ``"fprop"``,
+    ``"bprop"`` or ``"updat"``; ``dtype``: Triton's name of the activation / weight dtype;
+    ``axis``: the feature axis of the activations; ``kernel``: the Triton kernel
+    (``xprop_kernel``, ``xprop_tma_kernel``, ``updat_kernel``, ``updat_tma_kernel``,
+    ``updat_tma_stacked_kernel``); ``atomic``: float32 atomic reduction of split token slices
+    (updat); ``config``: the tile.  The weight gradient is always written in float32.
+    """
+
+    arch: int
+    product: str
+    dtype: str
+    block_size: int
+    axis: int
+    kernel: str
+    atomic: bool
+    config: XpropConfig | UpdatConfig
+
+    @property
+    def name(self):
+        """A C identifier naming the specialisation, unique within one build."""
+        kernel = self.kernel.removesuffix("_kernel")
+        atomic = "_atomic" if self.atomic else ""
+        return (f"{self.product}_{self.dtype}_bs{self.block_size}_ax{self.axis}_{kernel}{atomic}"
+                f"_sm{self.arch}")
+
+    @property
+    def group(self):
+        """``G`` of the lookup table the kernel reads."""
+        return self.config.G
+
+    @property
+    def tma(self):
+        """Whether the kernel moves tiles with tensor descriptors (needs aligned rows)."""
+        return "_tma" in self.kernel
+
+
+def _aot_xprop(arch, product, dtype, bs, axis):
+    classes = ("fp32" if dtype == "fp32" else "16bit", "large")
+    cfg = _XPROP[("tma" if arch >= 90 else "ptr", *classes)][bs]
+    if not (arch >= 90 and cfg.TMA):
+        return [AotSpec(arch, product, dtype, bs, axis, "xprop_kernel", False, cfg)]
+    specs = [AotSpec(arch, product, dtype, bs, axis, "xprop_tma_kernel", False, cfg)]
+    if axis == 0:
+        # (F, N) rows are not 16-byte aligned for every N: the pointer kernel serves those calls,
+        # reading the same table (so the same G)
+        ptr = replace(_XPROP[("ptr", *classes)][bs], G=cfg.G)
+        specs.append(AotSpec(arch, product, dtype, bs, axis, "xprop_kernel", False, ptr))
+    return specs
+
+
+def _aot_updat(arch, dtype, bs, axis):
+    cfg = _UPDAT[("fp32" if dtype == "fp32" else "16bit", "large")][bs]
+    if not cfg.TMA:
+        kernels = [("updat_kernel", cfg)]
+    elif arch < 90:
+        kernels = [("updat_kernel", _UPDAT_PTR[bs])]
+    else:
+        kernels = [("updat_tma_stacked_kernel" if cfg.STACK else "updat_tma_kernel", cfg)]
+        if axis == 0:  # as for xprop: unaligned (F, N) rows, same table
+            kernels.append(("updat_kernel", replace(_UPDAT_PTR[bs], G=cfg.G)))
+    return [AotSpec(arch, "updat", dtype, bs, axis, kernel, atomic, c)
+            for kernel, c in kernels for atomic in (False, True)]
+
+
+def aot_specializations(archs=(80, 90), *, dtypes=AOT_DTYPES, block_sizes=KERNEL_BLOCK_SIZES):
+    """Every kernel the TensorFlow op library compiles ahead of time, for ``archs``.
+
+    Per arch, dtype, block size and feature axis: fprop and bprop with the many-token ("large")
+    tile (no split reductions), and updat with and without float32 atomics (token slices).  On
+    sm_90 and newer the TMA kernels where the tables ask for them, plus pointer kernels with the
+    same ``G`` for (F, N) activations whose rows descriptors cannot address.  The pointer kernels
+    compiled for sm_80 run on every sm_8x GPU.
+
+    >>> specs = aot_specializations((90,), dtypes=("bf16",), block_sizes=(64,))
+    >>> sorted({s.kernel for s in specs})
+    ['updat_kernel', 'updat_tma_kernel', 'xprop_kernel', 'xprop_tma_kernel']
+    """
+    specs = []
+    for arch in archs:
+        for dtype in dtypes:
+            for bs in block_sizes:
+                for axis in (1, 0):
+                    for product in ("fprop", "bprop"):
+                        specs += _aot_xprop(arch, product, dtype, bs, axis)
+                    specs += _aot_updat(arch, dtype, bs, axis)
+    return tuple(specs)

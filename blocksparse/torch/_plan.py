@@ -79,9 +79,7 @@ def _make_plan(layout, kind, n, device, dtype, tma):
     opts = dict(float32=dtype == torch.float32, tma=tma, interpret=interpret)
     if kind == "updat":
         cfg = configs.updat_config(bs, n, **opts)
-        groups = layout.updat_groups(cfg.G).shape[0]
-        split = max(1, min(cfg.WAVES * sms // groups, math.ceil(n / (4 * cfg.BK))))
-        return Plan(cfg, split=split)
+        return Plan(cfg, split=configs.updat_split(cfg, n, layout.updat_groups(cfg.G).shape[0], sms))
     cfg = configs.xprop_config(bs, n, **opts)
     lut = getattr(layout, kind)(None, group=cfg.G)
     slices = bs // (cfg.BN or bs) if cfg.TMA else 1

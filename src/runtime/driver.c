@@ -1,0 +1,93 @@
+/* The CUDA driver, opened at first use: a library holding the runtime loads where no driver is
+ * installed (CPU-only TensorFlow, CI), and fails only when a kernel is launched. */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+
+#include "bsk_internal.h"
+
+#define BSK_STR_(x) #x
+#define BSK_STR(x) BSK_STR_(x) /* expands cuda.h's renames, e.g. cuCtxPushCurrent_v2 */
+
+static bsk_driver driver;
+static const char *driver_error;
+static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
+
+/* The field must have the type of the cuda.h prototype: checked at compile time, without
+ * referencing the symbol (nothing here links against libcuda). */
+#define BSK_LOAD(field, symbol)                                                               \
+  do {                                                                                        \
+    _Static_assert(__builtin_types_compatible_p(__typeof__(&symbol), __typeof__(driver.field)), \
+                   "driver." #field " does not match " #symbol);                             \
+    *(void **)(&driver.field) = dlsym(lib, BSK_STR(symbol));                                  \
+    if (!driver.field) {                                                                      \
+      driver_error = "libcuda.so.1 lacks " BSK_STR(symbol) "; the driver is too old for "     \
+                     "blocksparse's kernels (they need CUDA 12)";                             \
+      return;                                                                                 \
+    }                                                                                         \
+  } while (0)
+
+static void open_driver(void) {
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    driver_error = "libcuda.so.1 (the NVIDIA driver) could not be opened; blocksparse's GPU "
+                   "kernels need an NVIDIA GPU with its driver installed";
+    return;
+  }
+  BSK_LOAD(GetErrorString, cuGetErrorString);
+  BSK_LOAD(Init, cuInit);
+  BSK_LOAD(StreamGetCtx, cuStreamGetCtx);
+  BSK_LOAD(CtxGetCurrent, cuCtxGetCurrent);
+  BSK_LOAD(CtxPushCurrent, cuCtxPushCurrent);
+  BSK_LOAD(CtxPopCurrent, cuCtxPopCurrent);
+  BSK_LOAD(CtxGetDevice, cuCtxGetDevice);
+  BSK_LOAD(DeviceGetAttribute, cuDeviceGetAttribute);
+  BSK_LOAD(ModuleLoadData, cuModuleLoadData);
+  BSK_LOAD(ModuleGetFunction, cuModuleGetFunction);
+  BSK_LOAD(FuncGetAttribute, cuFuncGetAttribute);
+  BSK_LOAD(FuncSetAttribute, cuFuncSetAttribute);
+  BSK_LOAD(FuncSetCacheConfig, cuFuncSetCacheConfig);
+  BSK_LOAD(LaunchKernel, cuLaunchKernel);
+  BSK_LOAD(MemsetD32Async, cuMemsetD32Async);
+  BSK_LOAD(TensorMapEncodeTiled, cuTensorMapEncodeTiled);
+  if (driver.Init(0) != CUDA_SUCCESS) {
+    driver_error = "cuInit failed: the NVIDIA driver is installed but no GPU can be used";
+    return;
+  }
+}
+
+const bsk_driver *bsk_driver_get(const char **why) {
+  pthread_once(&driver_once, open_driver);
+  if (driver_error) {
+    *why = driver_error;
+    return NULL;
+  }
+  return &driver;
+}
+
+const char *bsk_cuda_error(CUresult result) {
+  const char *text = NULL;
+  if (driver.GetErrorString && driver.GetErrorString(result, &text) == CUDA_SUCCESS && text)
+    return text;
+  return "unknown CUDA error";
+}
+
+CUresult bsk_encode_tensormap(CUtensorMap *map, const bsk_tensor *tensor, int data_type,
+                              int elem_size, int box0, int box1, int swizzle) {
+  /* cuTensorMapEncodeTiled lists dimensions innermost first; strides in bytes, the innermost
+   * one (always 1 element) left out. */
+  cuuint64_t dims[2] = {(cuuint64_t)tensor->shape[1], (cuuint64_t)tensor->shape[0]};
+  cuuint64_t strides[1] = {(cuuint64_t)(tensor->strides[0] * elem_size)};
+  cuuint32_t box[2] = {(cuuint32_t)box1, (cuuint32_t)box0};
+  cuuint32_t element_strides[2] = {1, 1};
+  return driver.TensorMapEncodeTiled(
+      map, (CUtensorMapDataType)data_type, 2, (void *)(uintptr_t)tensor->base, dims, strides, box,
+      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, (CUtensorMapSwizzle)swizzle,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
+CUresult bsk_launch_kernel(CUfunction function, CUstream stream, const unsigned grid[3],
+                           int num_warps, int shared, void **params) {
+  return driver.LaunchKernel(function, grid[0], grid[1], grid[2], 32 * (unsigned)num_warps, 1, 1,
+                             (unsigned)shared, stream, params, NULL);
+}
