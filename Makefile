@@ -21,8 +21,8 @@ $(STAMP): requirements/dev.txt setup.py pyproject.toml
 test: install  ## the whole CPU test suite (what .ci/run calls)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-compile: install  ## build the wheel for the installed TensorFlow into dist/
-	$(PY) -m pip wheel --no-deps --no-build-isolation -w dist .
+compile: install  ## build the wheel for the installed TensorFlow into dist/ (GPU kernels + op library)
+	PYTHON=$(PY) scripts/build_wheel.sh dist
 
 matrix: install  ## build + test every selected cell (placeholder until the harness lands)
 	@echo "make matrix: the matrix harness has not landed yet; building and testing for the installed TensorFlow only"
@@ -33,4 +33,4 @@ bench: install  ## GPU benchmarks (run on a GPU machine)
 	$(PY) bench/bsmm.py
 
 clean:
-	rm -rf build dist reports *.egg-info
+	rm -rf build dist reports *.egg-info blocksparse/_tf_ops.so blocksparse/_build_info.json

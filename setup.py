@@ -1,10 +1,21 @@
 """Build script.  The wheel's version and TensorFlow window come from the TensorFlow it is built
-for: ``BLOCKSPARSE_TF_VERSION`` if set, else the installed ``tensorflow`` / ``tensorflow-cpu``."""
+for: ``BLOCKSPARSE_TF_VERSION`` if set, else the installed ``tensorflow`` / ``tensorflow-cpu``.
+
+When ``scripts/build_ops.py`` has built the TensorFlow op library into the package (``make
+compile``), the wheel is a platform wheel tagged from the library's manifest
+(``py3-none-manylinux_2_X_x86_64``: the library needs no Python ABI, and X follows the glibc /
+libstdc++ symbol versions it requires); otherwise it is pure Python."""
+import json
 import os
 import runpy
 from importlib import metadata
 
-from setuptools import find_packages, setup
+from setuptools import Distribution, find_packages, setup
+
+try:
+    from setuptools.command.bdist_wheel import bdist_wheel as _bdist_wheel
+except ImportError:  # setuptools < 70.1
+    from wheel.bdist_wheel import bdist_wheel as _bdist_wheel
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 _version = runpy.run_path(os.path.join(HERE, "blocksparse", "_version.py"))
@@ -22,8 +33,53 @@ def _target_tf_version():
                      "(or tensorflow-cpu) in the build environment or set BLOCKSPARSE_TF_VERSION=X.Y")
 
 
+def _minor(version):
+    return ".".join(version.split(".")[:2])
+
+
+def _op_library_build():
+    """The manifest of the op library built into the package, or None (a pure wheel)."""
+    path = os.path.join(HERE, "blocksparse", "_build_info.json")
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        info = json.load(f)
+    stale = ("rebuild it with `make compile`, or delete blocksparse/_build_info.json and "
+             f"blocksparse/{info.get('library', '_tf_ops.so')} for a pure wheel")
+    if not os.path.exists(os.path.join(HERE, "blocksparse", info["library"])):
+        raise SystemExit(f"blocksparse: blocksparse/_build_info.json names {info['library']}, "
+                         f"which is missing; {stale}")
+    if _minor(info["tensorflow"]) != _minor(TF_VERSION):
+        raise SystemExit(f"blocksparse: the op library in blocksparse/ was built for TensorFlow "
+                         f"{info['tensorflow']}, the wheel is for {TF_VERSION}; {stale}")
+    return info
+
+
 TF_VERSION = _target_tf_version()
 LOW, HIGH = _version["tf_window"](TF_VERSION)
+OP_LIBRARY = _op_library_build()
+
+
+class BinaryDistribution(Distribution):
+    """Holds a native library: its files belong in platlib, at the root of the wheel."""
+
+    def has_ext_modules(self):
+        return OP_LIBRARY is not None
+
+
+class bdist_wheel(_bdist_wheel):
+    """A platform wheel when the op library is built in, tagged as its manifest says."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        if OP_LIBRARY:
+            self.root_is_pure = False
+
+    def get_tag(self):
+        if OP_LIBRARY:
+            return "py3", "none", OP_LIBRARY["platform_tag"]
+        return super().get_tag()
+
 
 setup(
     name="blocksparse",
@@ -36,7 +92,7 @@ setup(
     url="https://github.com/blocksparse/blocksparse",
     python_requires=">=3.10",
     packages=find_packages(include=["blocksparse", "blocksparse.*"]),
-    package_data={"blocksparse": ["*.so", "_build_info.json", "kernels/aot/*"]},
+    package_data={"blocksparse": ["*.so", "_build_info.json"]},
     install_requires=["numpy>=1.26"],
     extras_require={
         # Users hold either distribution; neither is a hard dependency (see README).
@@ -44,6 +100,8 @@ setup(
         "tensorflow-cpu": [f"tensorflow-cpu{LOW},{HIGH}"],
         "torch": ["torch>=2.4"],
     },
+    cmdclass={"bdist_wheel": bdist_wheel},
+    distclass=BinaryDistribution,
     classifiers=[
         "Programming Language :: Python :: 3",
         "License :: OSI Approved :: MIT License",

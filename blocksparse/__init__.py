@@ -2,12 +2,14 @@
 
 The public API follows the original OpenAI package: ``blocksparse.matmul.BlocksparseMatMul`` (and
 the rest of ``blocksparse.matmul``) for TensorFlow, ``blocksparse.torch`` for PyTorch.  Importing
-``blocksparse`` itself imports no framework.
+``blocksparse`` itself imports no framework.  :func:`build_info` describes the build (the compiled
+TensorFlow GPU kernels, when this is a platform wheel).
 """
+from ._manifest import build_info
 from ._version import PATCH as _PATCH  # noqa: F401
 from .layout import BLOCK_SIZES, Layout
 
-__all__ = ["BLOCK_SIZES", "Layout", "__version__"]
+__all__ = ["BLOCK_SIZES", "Layout", "__version__", "build_info"]
 
 
 def _installed_version():

@@ -2,17 +2,22 @@
 
 Every caller (the forward op, its gradient, :func:`blocksparse.matmul.group_param_grads`) asks
 :func:`select` and uses the :class:`Products` it gets, so a choice made when an op is built holds
-for its gradient too.  Today there is one implementation, the reference path.  The compiled GPU
-op library (custom ops ``BlocksparseMatmul``, ``BlocksparseMatmulDX``, ``BlocksparseMatmulDW``
-reading the layout core's lookup tables) will be chosen here, on a GPU, when it is loaded.
+for its gradient too.  Two implementations: the reference path (TensorFlow ops, anywhere) and
+the GPU path (the compiled op library's ``BlocksparseMatmul``, ``BlocksparseMatmulDX``,
+``BlocksparseMatmulDW``, launching the kernels compiled ahead of time; :mod:`.gpu`, :mod:`.ops`).
 """
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
 from .. import _env
-from . import reference
+from ..kernels.configs import KERNEL_BLOCK_SIZES
+from . import reference, tf
 
 __all__ = ["BackendUnavailableError", "Products", "REFERENCE", "select"]
+
+_KERNEL_DTYPES = (tf.float16, tf.bfloat16, tf.float32)
+_warned_archs = set()
 
 
 class BackendUnavailableError(RuntimeError):
@@ -36,18 +41,52 @@ class Products:
 REFERENCE = Products("reference", reference.fprop, reference.bprop, reference.updat)
 
 
+def _unavailable(why):
+    return BackendUnavailableError(
+        f"BLOCKSPARSE_BACKEND=triton asks for the GPU kernels (the compiled TensorFlow op "
+        f"library), which cannot serve here: {why}. Unset BLOCKSPARSE_BACKEND, or set it to "
+        "'auto' or 'reference', to use the reference path (TensorFlow ops only).")
+
+
 def select(layout, axis, dtype):
     """The implementation for a product of ``layout`` on ``axis`` with inputs of ``dtype``.
 
-    Honours ``BLOCKSPARSE_BACKEND`` (see :mod:`blocksparse._env`): ``auto`` and ``reference``
-    give the reference path; ``triton`` needs the compiled TensorFlow op library.
+    Honours ``BLOCKSPARSE_BACKEND`` (see :mod:`blocksparse._env`): ``reference`` always gives the
+    reference path, and the op library is then never loaded; ``auto`` gives the GPU path where
+    TensorFlow sees a GPU the library has kernels for (outside XLA), else the reference path --
+    with one warning when the library cannot be used; ``triton`` insists on the GPU path and
+    raises :class:`BackendUnavailableError` where it cannot serve.  Block size 8 always takes the
+    reference path (the kernels start at 16), as in the PyTorch frontend.
     """
-    del layout, axis, dtype  # the GPU path will look at them; the reference path takes anything
     choice = _env.backend()
-    if choice == "triton":
-        raise BackendUnavailableError(
-            "BLOCKSPARSE_BACKEND=triton asks for the compiled TensorFlow op library (the GPU "
-            "kernels), which is not available in this installation of blocksparse. Unset "
-            "BLOCKSPARSE_BACKEND, or set it to 'auto' or 'reference', to use the reference path "
-            "(TensorFlow ops only).")
-    return REFERENCE
+    if (choice == "reference" or layout.block_size not in KERNEL_BLOCK_SIZES
+            or tf.as_dtype(dtype) not in _KERNEL_DTYPES):
+        return REFERENCE
+    from . import gpu, ops
+
+    arch = gpu.device_arch()
+    if choice == "auto" and (arch is None or gpu.in_xla()):
+        return REFERENCE
+    library = ops.library(warn=choice == "auto")
+    if library is None:
+        if choice == "triton":
+            raise _unavailable(f"the op library is not used: {ops.unavailable_reason()}")
+        return REFERENCE
+    if arch is None:
+        raise _unavailable("TensorFlow sees no GPU")
+    if gpu.in_xla():
+        raise _unavailable("XLA (jit_compile=True) cannot run custom ops")
+    products = gpu.products(library, arch, layout, axis, dtype)
+    if products is None:
+        archs = ", ".join(f"sm_{a}" for a in library.archs)
+        why = (f"{library.path} has no kernels for this GPU (sm_{arch}) and "
+               f"{tf.as_dtype(dtype).name} blocks of {layout.block_size} on axis {axis}; it was "
+               f"built for {archs}")
+        if choice == "triton":
+            raise _unavailable(why)
+        if arch not in _warned_archs:
+            _warned_archs.add(arch)
+            warnings.warn(f"blocksparse: the reference path (TensorFlow ops) computes the products: "
+                          f"{why}", ops.OpLibraryWarning, stacklevel=3)
+        return REFERENCE
+    return products

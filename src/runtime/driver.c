@@ -6,6 +6,14 @@
 
 #include "bsk_internal.h"
 
+/* glibc 2.34 moved these into libc under new symbol versions; binding the original ones keeps
+ * the library loadable on older systems (its wheel's manylinux tag follows what it needs). */
+#if defined(__GLIBC__) && defined(__x86_64__)
+__asm__(".symver dlopen,dlopen@GLIBC_2.2.5");
+__asm__(".symver dlsym,dlsym@GLIBC_2.2.5");
+__asm__(".symver pthread_once,pthread_once@GLIBC_2.2.5");
+#endif
+
 #define BSK_STR_(x) #x
 #define BSK_STR(x) BSK_STR_(x) /* expands cuda.h's renames, e.g. cuCtxPushCurrent_v2 */
 

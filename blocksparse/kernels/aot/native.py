@@ -11,12 +11,15 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-__all__ = ["RUNTIME_DIR", "cuda_include", "cuda_version", "c_compiler", "compile_c",
+__all__ = ["RUNTIME_DIR", "LINK_LIBS", "cuda_include", "cuda_version", "c_compiler", "compile_c",
            "build_runtime_library", "NativeBuildError"]
 
 ROOT = Path(__file__).resolve().parents[3]
 RUNTIME_DIR = ROOT / "src" / "runtime"
 RUNTIME_SOURCES = ("bsk.c", "driver.c")
+#: Before glibc 2.34 dlopen and pthread_once live in libdl / libpthread (see driver.c).
+LINK_LIBS = ("-Wl,--push-state,--no-as-needed", "-l:libdl.so.2", "-l:libpthread.so.0",
+             "-Wl,--pop-state")
 C_FLAGS = ("-std=gnu11", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall",
            "-Werror=incompatible-pointer-types", "-Werror=implicit-function-declaration")
 
@@ -94,5 +97,5 @@ def build_runtime_library(generated_c, out, cc=None):
     cc = cc or c_compiler()
     out = Path(out)
     objects = compile_c([*runtime_sources(), generated_c], out.parent / (out.stem + "_objects"), cc)
-    run([cc, "-shared", *objects, "-o", out, "-ldl", "-lpthread"], f"linking {out.name}")
+    run([cc, "-shared", *objects, "-o", out, *LINK_LIBS], f"linking {out.name}")
     return out
