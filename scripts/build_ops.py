@@ -29,6 +29,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+# Triton's CPU interpreter (TRITON_INTERPRET=1, set by the CPU test runs) cannot compile
+# kernels ahead of time: this script always needs the compiler.
+os.environ.pop("TRITON_INTERPRET", None)
 
 from blocksparse import _version  # noqa: E402
 from blocksparse.kernels.aot import build_sources, resolve_archs  # noqa: E402
@@ -80,9 +83,9 @@ def platform_tag(versions, machine=None):
     if machine != "x86_64":
         return f"linux_{machine}"
     glibc = _version_tuple(versions.get("GLIBC", "2.17"))
-    for minor, allowed in MANYLINUX_X86_64:
-        if glibc <= (2, minor) and all(_version_tuple(versions[k]) <= _version_tuple(v)
-                                       for k, v in allowed.items() if k in versions):
+    for minor, allowed in MANYLINUX_X86_64:  # a row's limits hold until the next row's glibc
+        if all(_version_tuple(versions[k]) <= _version_tuple(v)
+               for k, v in allowed.items() if k in versions):
             return f"manylinux_2_{max(minor, glibc[1])}_x86_64"
     raise BuildError(f"the library needs {versions}, newer than every manylinux policy known here")
 

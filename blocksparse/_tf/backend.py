@@ -65,17 +65,16 @@ def select(layout, axis, dtype):
     from . import gpu, ops
 
     arch = gpu.device_arch()
-    if choice == "auto" and (arch is None or gpu.in_xla()):
-        return REFERENCE
+    if arch is None or gpu.in_xla():  # the library is not even loaded: it could not serve
+        if choice == "auto":
+            return REFERENCE
+        raise _unavailable("TensorFlow sees no GPU" if arch is None
+                           else "XLA (jit_compile=True) cannot run custom ops")
     library = ops.library(warn=choice == "auto")
     if library is None:
         if choice == "triton":
             raise _unavailable(f"the op library is not used: {ops.unavailable_reason()}")
         return REFERENCE
-    if arch is None:
-        raise _unavailable("TensorFlow sees no GPU")
-    if gpu.in_xla():
-        raise _unavailable("XLA (jit_compile=True) cannot run custom ops")
     products = gpu.products(library, arch, layout, axis, dtype)
     if products is None:
         archs = ", ".join(f"sm_{a}" for a in library.archs)

@@ -18,7 +18,7 @@ from .. import _env
 from . import tf
 
 __all__ = ["LIBRARY_NAME", "OpLibrary", "OpLibraryWarning", "built_for", "library",
-           "library_path", "unavailable_reason"]
+           "library_path", "load", "unavailable_reason"]
 
 LIBRARY_NAME = "_tf_ops.so"
 _STAMP = re.compile(rb"blocksparse-tf-version=([0-9A-Za-z.+_-]+)\n")
@@ -84,8 +84,12 @@ def _install_hint():
 
 
 @lru_cache(maxsize=None)
-def _load(path):
-    """``(OpLibrary, None)`` or ``(None, why it cannot be used)``; once per path."""
+def load(path):
+    """``(OpLibrary, None)`` or ``(None, why it cannot be used)`` for the library at ``path``.
+
+    Once per path: TensorFlow hands out the op wrappers only the first time a library is
+    loaded into the process.
+    """
     path = Path(path)
     if not path.is_file():
         return None, f"it is not installed ({path} not found); {_install_hint()}"
@@ -103,6 +107,9 @@ def _load(path):
     except Exception as exc:  # TensorFlow's NotFoundError, OSError, KernelError: all mean unusable
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return None, f"{path} could not be loaded: {first}"
+    if not hasattr(module, "blocksparse_matmul"):
+        return None, (f"{path} registered no ops: another library had registered blocksparse's "
+                      "ops in this process first")
     from . import gpu
 
     gpu.register_gradients(module)
@@ -113,7 +120,7 @@ def library(warn=True):
     """The loaded :class:`OpLibrary`, or None.  The first time a library cannot be used, and
     ``warn`` is true, one :class:`OpLibraryWarning` says why."""
     path = str(library_path())
-    lib, why = _load(path)
+    lib, why = load(path)
     if lib is None and warn and path not in _warned:
         _warned.add(path)
         warnings.warn(f"blocksparse: the TensorFlow GPU op library is not used, so the reference "
@@ -124,4 +131,4 @@ def library(warn=True):
 
 def unavailable_reason():
     """Why :func:`library` returns None (None when it loads)."""
-    return _load(str(library_path()))[1]
+    return load(str(library_path()))[1]

@@ -35,7 +35,11 @@ using tensorflow::TensorShape;
 
 absl::Status CheckActivations(const Tensor& t, const char* name, const char* features,
                               int64_t size, const Problem& p) {
-  if (t.dims() != 2 || t.dim_size(p.axis == 1 ? 1 : 0) != size)
+  if (t.dims() != 2)
+    return tensorflow::errors::InvalidArgument(name, " must have rank 2, shape ",
+                                               p.ActivationShape(features), "; got shape ",
+                                               t.shape().DebugString());
+  if (t.dim_size(p.axis == 1 ? 1 : 0) != size)
     return tensorflow::errors::InvalidArgument(
         name, " must have shape ", p.ActivationShape(features), " with ", features, " = ", size,
         " for axis = ", p.axis, "; got shape ", t.shape().DebugString());

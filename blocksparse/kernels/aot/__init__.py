@@ -45,7 +45,11 @@ def parse_archs(text):
 
 def _matrix_archs(tf_version, matrix):
     """``archs`` of the build of ``tf_version`` in ``matrix.yaml`` (its defaults otherwise)."""
-    import yaml
+    try:
+        import yaml
+    except ImportError as exc:
+        raise AotError(f"{matrix} lists the GPU architectures but PyYAML is not installed: pip "
+                       "install pyyaml, or name them with BLOCKSPARSE_CUDA_ARCHS") from exc
 
     data = yaml.safe_load(Path(matrix).read_text()) or {}
     archs = (data.get("defaults") or {}).get("archs")

@@ -63,7 +63,8 @@ def _launcher(kernel: CompiledKernel):
     lines = [f"static CUresult launch_{name}(CUfunction function, CUstream stream, "
              "const unsigned grid[3], const bsk_values *v) {"]
     if kernel.tensormaps:
-        lines.append(f"  CUtensorMap {', '.join(m.param for m in kernel.tensormaps)};")
+        # 128-byte aligned, as Triton's own launcher keeps its maps
+        lines += [f"  _Alignas(128) CUtensorMap {m.param};" for m in kernel.tensormaps]
         lines.append("  CUresult err;")
         for m in kernel.tensormaps:
             lines.append(f"  if ((err = bsk_encode_tensormap(&{m.param}, &v->{m.param}, {m.data_type}, "

@@ -116,6 +116,9 @@ def compile_spec(spec: AotSpec) -> CompiledKernel:
 
     args = compile_args(spec)
     fn = kernel_function(spec.kernel)
+    if not hasattr(fn, "cache_key"):  # an InterpretedFunction
+        raise AotError("TRITON_INTERPRET is set, so the kernels were loaded for Triton's CPU "
+                       "interpreter; ahead-of-time compilation needs it unset")
     index = {name: i for i, name in enumerate(fn.arg_names)}
     attrs = {(index[name],): [["tt.divisibility", 16]] for name in args.divisible}
     cfg = spec.config

@@ -1,0 +1,340 @@
+#!/usr/bin/env python3
+"""Verify the ahead-of-time kernels of the TensorFlow GPU path on a GPU, in one run.
+
+    python scripts/verify_aot.py --out DIR [--archs sm_80,sm_90] [--dtypes bf16] [--block-sizes 32]
+                                 [--jobs N] [--dry-run]
+
+Compiles every specialisation (``configs.aot_specializations``) for the archs, generates the C
+launchers and builds them with the kernel runtime into a shared library (system C compiler), loads
+it with ctypes, and calls every specialisation this GPU can run on PyTorch CUDA tensors: its output
+is compared with the JIT kernel (``blocksparse.torch._triton``, same kernel, tile and inputs) and
+with a float64 reference.  Then ``bsk_run`` -- the entry point the TensorFlow ops call, which picks
+the kernel and the updat split itself -- is checked once per product, dtype, block size and axis.
+Needs torch, triton and a C compiler; no TensorFlow.  Writes ``DIR/aot-verify.json`` and
+``DIR/aot-verify.md``; exits 1 if any check failed.
+
+``--dry-run`` (any machine, no GPU): compiles, generates, builds and loads everything, checks the
+library's manifest and kernel selection, launches nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "test")]
+# Triton's CPU interpreter (TRITON_INTERPRET=1, set by the CPU test runs) cannot compile
+# kernels ahead of time: this script always needs the compiler.
+os.environ.pop("TRITON_INTERPRET", None)
+
+import numpy as np  # noqa: E402
+
+from blocksparse.kernels import configs  # noqa: E402
+from blocksparse.kernels.aot import DEFAULT_ARCHS, build_sources, parse_archs  # noqa: E402
+from blocksparse.kernels.aot.abi import DTYPES, PRODUCTS, BskCall, KernelLibrary  # noqa: E402
+from blocksparse.kernels.aot.native import build_runtime_library  # noqa: E402
+from blocksparse.layout import Layout  # noqa: E402
+from bsmm_reference import TOLERANCE, dense_products  # noqa: E402  (test/: the float64 reference)
+from helpers import random_layout  # noqa: E402
+
+TOL_NAMES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+LARGE_N = 1000   # tokens of the main case (a multiple of 8: (F, N) rows stay 16-byte aligned)
+
+
+def _rel(out, ref):
+    out = np.asarray(out, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    if out.shape != ref.shape:
+        return math.inf
+    if not np.all(np.isfinite(out)):
+        return math.nan
+    scale = np.linalg.norm(ref)
+    return float(np.linalg.norm(out - ref) / (scale if scale > 0 else 1.0))
+
+
+class Problem:
+    """Random inputs of one layout, dtype and activation layout, and their float64 products."""
+
+    def __init__(self, torch, rng, layout, dtype, axis, n):
+        self.torch, self.layout, self.axis, self.n = torch, layout, axis, n
+        self.dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+        to = lambda a: torch.from_numpy(a).to(self.dtype).cuda()  # noqa: E731
+        self.x = to(rng.standard_normal(self.shape(layout.C)))
+        self.w = to(rng.standard_normal(layout.w_shape) / np.sqrt(layout.block_size))
+        self.dy = to(rng.standard_normal(self.shape(layout.K)))
+        self.refs = dict(zip(("fprop", "bprop", "updat"), dense_products(
+            layout, *(t.double().cpu().numpy() for t in (self.x, self.w, self.dy)), axis)))
+
+    def shape(self, features):
+        return (self.n, features) if self.axis == 1 else (features, self.n)
+
+    def table(self, array):
+        return self.torch.from_numpy(np.ascontiguousarray(array, dtype=np.int32)).cuda()
+
+    def tables(self, product, group):
+        if product == "updat":
+            return (self.table(self.layout.updat_groups(group)),)
+        lut = getattr(self.layout, product)(None, group=group)
+        return self.table(lut.headers), self.table(lut.entries)
+
+    def output(self, product):
+        """A NaN-filled output: a tile never written shows up."""
+        torch = self.torch
+        if product == "updat":
+            return torch.full(self.layout.w_shape, math.nan, dtype=torch.float32, device="cuda")
+        features = self.layout.K if product == "fprop" else self.layout.C
+        return torch.full(self.shape(features), math.nan, dtype=self.dtype, device="cuda")
+
+    def call(self, spec, out, tables, split):
+        lay = self.layout
+        c = BskCall(product=PRODUCTS[spec["product"]], dtype=DTYPES[spec["dtype"]],
+                    block_size=lay.block_size, axis=self.axis, group=spec["group"], split=split,
+                    n_tokens=self.n, c_blocks=lay.CB, k_blocks=lay.KB, blocks=lay.blocks,
+                    table_rows=tables[0].shape[0])
+        p = lambda t: t.data_ptr()  # noqa: E731
+        if spec["product"] == "fprop":
+            c.x, c.w, c.y, c.headers, c.entries = p(self.x), p(self.w), p(out), *map(p, tables)
+        elif spec["product"] == "bprop":
+            c.dy, c.w, c.dx, c.headers, c.entries = p(self.dy), p(self.w), p(out), *map(p, tables)
+        else:
+            c.x, c.dy, c.dw, c.groups = p(self.x), p(self.dy), p(out), p(tables[0])
+        return c
+
+    def jit(self, spec, tables, split):
+        """The same kernel and tile through the JIT launcher."""
+        from blocksparse.torch import _triton
+
+        lay, bs = self.layout, self.layout.block_size
+        if spec["product"] == "updat":
+            cfg = configs.UpdatConfig(**spec["config"])
+            launch = _triton.updat_ptr if spec["kernel"] == "updat_kernel" else _triton.updat_tma
+            return launch(self.x, self.dy, tables[0], w_shape=lay.w_shape, bs=bs, axis=self.axis,
+                          cfg=cfg, split=split, precision="ieee", dw_dtype=self.torch.float32)
+        cfg = configs.XpropConfig(**spec["config"])
+        launch = _triton.xprop_tma if spec["kernel"] == "xprop_tma_kernel" else _triton.xprop_ptr
+        fprop = spec["product"] == "fprop"
+        return launch(self.x if fprop else self.dy, self.w, *tables,
+                      out_features=lay.K if fprop else lay.C, bs=bs, axis=self.axis,
+                      trans=not fprop, cfg=cfg, atomic=False, precision="ieee")
+
+
+def _time_us(torch, fn, repeats=20):
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(repeats):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000)
+    return float(np.median(times))
+
+
+def _token_counts(spec):
+    """(N, compare with the JIT kernel?): one token, a ragged count, the main case, none."""
+    aligned = spec["axis"] == 0 and "_tma" in spec["kernel"]
+    return [(8 if aligned else 1, False), (88 if aligned else 77, True), (LARGE_N, True), (0, False)]
+
+
+def check_spec(torch, lib, index, spec, rng):
+    """Every case of one specialisation; returns its record."""
+    record = {k: spec[k] for k in ("name", "arch", "product", "dtype", "block_size", "axis",
+                                   "kernel", "atomic", "group")}
+    lay = Layout(random_layout(rng, max(2, 512 // spec["block_size"]),
+                               max(2, 384 // spec["block_size"]), 0.4, empty_rows=1, empty_cols=1),
+                 spec["block_size"])
+    split = 3 if spec["atomic"] else 1
+    tol = TOLERANCE[TOL_NAMES[spec["dtype"]]]
+    stream = torch.cuda.current_stream().cuda_stream
+    cases, ok = [], True
+    for n, compare_jit in _token_counts(spec):
+        prob = Problem(torch, rng, lay, spec["dtype"], spec["axis"], n)
+        tables = prob.tables(spec["product"], spec["group"])
+        out = prob.output(spec["product"])
+        call = prob.call(spec, out, tables, split)
+        case = {"n": n, "split": split}
+        try:
+            lib.run_spec(index, call, stream)
+            torch.cuda.synchronize()
+            case["rel_err_ref"] = _rel(out.double().cpu().numpy(), prob.refs[spec["product"]])
+            if compare_jit:
+                jit = prob.jit(spec, tables, split)
+                torch.cuda.synchronize()
+                case["rel_err_jit"] = _rel(out.double().cpu().numpy(), jit.double().cpu().numpy())
+                case["bitwise_equal_jit"] = bool(torch.equal(out, jit))
+            if n == LARGE_N:
+                case["aot_us"] = _time_us(torch, lambda: lib.run_spec(index, call, stream))
+                case["jit_us"] = _time_us(torch, lambda: prob.jit(spec, tables, split))
+            good = case["rel_err_ref"] < tol and case.get("rel_err_jit", 0.0) < tol
+        except Exception as exc:  # a launch failure is a result, not the end of the run
+            case["error"] = f"{type(exc).__name__}: {exc}"
+            good = False
+        case["passed"] = bool(good)
+        ok &= good
+        cases.append(case)
+    record["cases"] = cases
+    record["status"] = "passed" if ok else "failed"
+    return record
+
+
+def check_dispatch(torch, lib, arch, rng):
+    """``bsk_run`` (kernel and split chosen by the runtime) once per product family."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    keys = sorted({(s["product"], s["dtype"], s["block_size"], s["axis"], s["group"])
+                   for s in lib.specs if s["arch"] // 10 == arch // 10 and s["arch"] <= arch})
+    stream = torch.cuda.current_stream().cuda_stream
+    records = []
+    for product, dtype, bs, axis, group in keys:
+        lay = Layout(random_layout(rng, max(2, 512 // bs), max(2, 384 // bs), 0.5), bs)
+        for n in ((LARGE_N, 13) if axis == 0 else (LARGE_N,)):
+            prob = Problem(torch, rng, lay, dtype, axis, n)
+            spec = {"product": product, "dtype": dtype, "group": group}
+            tables = prob.tables(product, group)
+            out = prob.output(product)
+            call = prob.call(spec, out, tables, split=0)
+            record = {"product": product, "dtype": dtype, "block_size": bs, "axis": axis, "n": n}
+            index = lib.select(call, arch, False)
+            if product == "updat" and index >= 0:
+                cfg = configs.UpdatConfig(**lib.specs[index]["config"])
+                record["split"] = configs.updat_split(cfg, n, tables[0].shape[0], sms)
+                if record["split"] > 1:
+                    index = lib.select(call, arch, True)
+            record["kernel"] = lib.specs[index]["name"] if index >= 0 else None
+            try:
+                lib.run(call, stream)
+                torch.cuda.synchronize()
+                record["rel_err_ref"] = _rel(out.double().cpu().numpy(), prob.refs[product])
+                record["passed"] = record["rel_err_ref"] < TOLERANCE[TOL_NAMES[dtype]]
+            except Exception as exc:
+                record["error"] = f"{type(exc).__name__}: {exc}"
+                record["passed"] = False
+            records.append(record)
+    return records
+
+
+def check_selection(lib):
+    """Pure checks of the library without a GPU: each arch's kernels are found by bsk_select."""
+    problems = []
+    for index, spec in enumerate(lib.specs):
+        n = 64 if "_tma" in spec["kernel"] else 13  # unaligned: where pointer kernels stand in
+        call = BskCall(product=PRODUCTS[spec["product"]], dtype=DTYPES[spec["dtype"]],
+                       block_size=spec["block_size"], axis=spec["axis"], group=spec["group"],
+                       n_tokens=n, c_blocks=4, k_blocks=4, blocks=4, table_rows=4)
+        if lib.select(call, spec["arch"], spec["atomic"]) != index:
+            problems.append(spec["name"])
+    return problems
+
+
+def _markdown(result):
+    lines = ["# Ahead-of-time kernels (TensorFlow GPU path): verification", ""]
+    env = result["environment"]
+    lines += [f"- GPU: {result['gpu'] or 'none (dry run)'}", f"- torch {env['torch']}, triton "
+              f"{env['triton']}, CUDA headers {env['cuda_headers']}, Python {env['python']}",
+              f"- compiled {len(result['kernels'])} kernels for {', '.join(result['archs'])}: "
+              f"{result['build']['cubin_bytes'] / 2**20:.1f} MiB of cubins, library "
+              f"{result['build']['library_bytes'] / 2**20:.1f} MiB, {result['build']['seconds']:.0f} s",
+              f"- summary: {json.dumps(result['summary'])}", ""]
+    if result["dry_run"]:
+        lines += ["This was a dry run: everything compiled and loaded, nothing launched.", ""]
+        return "\n".join(lines)
+    lines += ["Each runnable kernel ran through the generated C launcher (ctypes) at N = 1 (8), 77 "
+              "(88), 1000 and 0 tokens on NaN-filled outputs; error = ||out - ref|| / ||ref|| "
+              "against float64 and against the JIT kernel with the same tile (N = 77/88 and "
+              "1000); times at N = 1000, median of 20.", "",
+              "| kernel | status | max err vs float64 | max err vs JIT | bitwise = JIT | AOT us | JIT us |",
+              "|---|---|---|---|---|---|---|"]
+    for k in result["kernels"]:
+        cases = k.get("cases", [])
+        ref = max((c.get("rel_err_ref", math.nan) for c in cases), default=math.nan)
+        jit = max((c["rel_err_jit"] for c in cases if "rel_err_jit" in c), default=math.nan)
+        bitwise = all(c.get("bitwise_equal_jit", True) for c in cases) if cases else None
+        large = next((c for c in cases if "aot_us" in c), {})
+        lines.append(f"| {k['name']} | {k['status']} | {ref:.2e} | {jit:.2e} | {bitwise} | "
+                     f"{large.get('aot_us', math.nan):.1f} | {large.get('jit_us', math.nan):.1f} |")
+    lines += ["", "`bsk_run` (the TensorFlow ops' entry point: kernel and split chosen by the runtime):",
+              "", "| product | dtype | bs | axis | N | split | kernel | err vs float64 | passed |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for d in result["dispatch"]:
+        lines.append(f"| {d['product']} | {d['dtype']} | {d['block_size']} | {d['axis']} | {d['n']} | "
+                     f"{d.get('split', '')} | {d['kernel']} | {d.get('rel_err_ref', math.nan):.2e} | "
+                     f"{d['passed']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="directory for aot-verify.json / .md")
+    parser.add_argument("--archs", default=",".join(f"sm_{a}" for a in DEFAULT_ARCHS))
+    parser.add_argument("--dtypes", help="only these dtypes, e.g. bf16,fp32")
+    parser.add_argument("--block-sizes", help="only these block sizes, e.g. 32,64")
+    parser.add_argument("--jobs", type=int, help="parallel compiles (default: the CPUs)")
+    parser.add_argument("--dry-run", action="store_true", help="build and load only (no GPU)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    import torch
+    import triton
+
+    filters = {}
+    if args.dtypes:
+        filters["dtypes"] = tuple(args.dtypes.split(","))
+    if args.block_sizes:
+        filters["block_sizes"] = tuple(int(b) for b in args.block_sizes.split(","))
+    if not args.dry_run and not torch.cuda.is_available():
+        print("verify_aot: no CUDA GPU; use --dry-run to build and load only", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    archs = parse_archs(args.archs)
+    work = Path(tempfile.mkdtemp(prefix="blocksparse-verify-"))
+    start = time.perf_counter()
+    source, manifest = build_sources(archs, work / "aot", jobs=args.jobs, **filters)
+    library = build_runtime_library(source, work / "libblocksparse_kernels.so")
+    lib = KernelLibrary(library)
+    build = {"seconds": time.perf_counter() - start, "library_bytes": library.stat().st_size,
+             "cubin_bytes": sum(s["cubin_bytes"] for s in lib.specs)}
+    print(f"verify_aot: {len(lib.specs)} kernels for {', '.join(manifest['archs'])} built in "
+          f"{build['seconds']:.0f} s", flush=True)
+    result = {"dry_run": args.dry_run, "archs": manifest["archs"], "build": build, "gpu": None,
+              "environment": {"torch": torch.__version__, "triton": triton.__version__,
+                              "cuda_headers": manifest["cuda"], "python": platform.python_version()},
+              "selection_mismatches": check_selection(lib), "kernels": [], "dispatch": []}
+    if args.dry_run:
+        result["kernels"] = [{**{k: s[k] for k in ("name", "arch", "product", "dtype", "block_size",
+                                                    "axis", "kernel", "atomic", "group")},
+                              "status": "compiled", "cubin_bytes": s["cubin_bytes"]} for s in lib.specs]
+    else:
+        major, minor = torch.cuda.get_device_capability(0)
+        arch = 10 * major + minor
+        result["gpu"] = f"{torch.cuda.get_device_name(0)} (sm_{arch})"
+        rng = np.random.default_rng(args.seed)
+        for index, spec in enumerate(lib.specs):
+            if not (spec["arch"] // 10 == arch // 10 and spec["arch"] <= arch):
+                result["kernels"].append({"name": spec["name"], "arch": spec["arch"],
+                                          "status": f"not runnable on sm_{arch}"})
+                continue
+            record = check_spec(torch, lib, index, spec, rng)
+            print(f"  {record['status']:6} {spec['name']}", flush=True)
+            result["kernels"].append(record)
+        result["dispatch"] = check_dispatch(torch, lib, arch, rng)
+    statuses = [k["status"] for k in result["kernels"]]
+    result["summary"] = {s: statuses.count(s) for s in sorted(set(statuses))}
+    result["summary"]["dispatch_failed"] = sum(not d["passed"] for d in result["dispatch"])
+    result["summary"]["selection_mismatches"] = len(result["selection_mismatches"])
+    (out / "aot-verify.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "aot-verify.md").write_text(_markdown(result))
+    print(f"verify_aot: {json.dumps(result['summary'])} -> {out / 'aot-verify.md'}")
+    failed = (result["summary"].get("failed", 0) + result["summary"]["dispatch_failed"]
+              + result["summary"]["selection_mismatches"])
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
