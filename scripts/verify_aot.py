@@ -76,7 +76,7 @@ class Problem:
         return (self.n, features) if self.axis == 1 else (features, self.n)
 
     def table(self, array):
-        return self.torch.from_numpy(np.ascontiguousarray(array, dtype=np.int32)).cuda()
+        return self.torch.from_numpy(np.array(array, dtype=np.int32)).cuda()  # a writable copy
 
     def tables(self, product, group):
         if product == "updat":

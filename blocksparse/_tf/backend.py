@@ -53,10 +53,10 @@ def select(layout, axis, dtype):
 
     Honours ``BLOCKSPARSE_BACKEND`` (see :mod:`blocksparse._env`): ``reference`` always gives the
     reference path, and the op library is then never loaded; ``auto`` gives the GPU path where
-    TensorFlow sees a GPU the library has kernels for (outside XLA), else the reference path --
-    with one warning when the library cannot be used; ``triton`` insists on the GPU path and
-    raises :class:`BackendUnavailableError` where it cannot serve.  Block size 8 always takes the
-    reference path (the kernels start at 16), as in the PyTorch frontend.
+    TensorFlow sees a GPU the library has kernels for (outside XLA and CPU device scopes), else the
+    reference path -- with one warning when the library cannot be used; ``triton`` insists on the
+    GPU path and raises :class:`BackendUnavailableError` where it cannot serve.  Block size 8
+    always takes the reference path (the kernels start at 16), as in the PyTorch frontend.
     """
     choice = _env.backend()
     if (choice == "reference" or layout.block_size not in KERNEL_BLOCK_SIZES
@@ -65,11 +65,14 @@ def select(layout, axis, dtype):
     from . import gpu, ops
 
     arch = gpu.device_arch()
-    if arch is None or gpu.in_xla():  # the library is not even loaded: it could not serve
+    why_not = ("TensorFlow sees no GPU" if arch is None
+               else "XLA (jit_compile=True) cannot run custom ops" if gpu.in_xla()
+               else "the ops are placed on the CPU (a tf.device scope)" if gpu.cpu_requested()
+               else None)
+    if why_not:  # the library is not even loaded: it could not serve
         if choice == "auto":
             return REFERENCE
-        raise _unavailable("TensorFlow sees no GPU" if arch is None
-                           else "XLA (jit_compile=True) cannot run custom ops")
+        raise _unavailable(why_not)
     library = ops.library(warn=choice == "auto")
     if library is None:
         if choice == "triton":

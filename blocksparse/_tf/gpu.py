@@ -13,7 +13,7 @@ import numpy as np
 from . import tf
 from .backend import Products
 
-__all__ = ["device_arch", "in_xla", "products", "register_gradients"]
+__all__ = ["cpu_requested", "device_arch", "in_xla", "products", "register_gradients"]
 
 _DTYPES = {tf.float16: "fp16", tf.bfloat16: "bf16", tf.float32: "fp32"}
 _ATTRS = ("block_size", "axis", "blocks", "c_blocks", "k_blocks")
@@ -37,6 +37,22 @@ def in_xla():
     except ImportError:  # a private module; without it assume no XLA
         return False
     return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
+def cpu_requested():
+    """Whether the innermost ``tf.device`` scope asks for the CPU (the ops would land there)."""
+    try:
+        from tensorflow.python.eager import context
+
+        name = context.context().device_name or ""  # eager scopes, also while tracing
+        if not tf.executing_eagerly():
+            stack = tf.compat.v1.get_default_graph()._device_function_stack
+            innermost = next(iter(stack.peek_objs()), None)
+            if innermost is not None:
+                name = innermost.display_name
+        return isinstance(name, str) and tf.DeviceSpec.from_string(name).device_type == "CPU"
+    except Exception:  # private TensorFlow internals moved, or a device function: assume not
+        return False
 
 
 def _attrs(layout, axis):

@@ -428,3 +428,23 @@ def test_build_info_of_a_build(op_library, monkeypatch):
         assert len(info["git_revision"]) == 40
     info["archs"].append("changed")  # a copy: the next call is unaffected
     assert json.loads(open(manifest).read())["archs"] == blocksparse.build_info()["archs"]
+
+
+def test_a_cpu_device_scope_takes_the_reference_path(op_library, gpu_arch, monkeypatch):
+    gpu_arch(90)
+    lay = Layout(MASK, 32)
+    with tf.device("/cpu:0"):
+        assert backend.select(lay, 1, tf.bfloat16) is backend.REFERENCE
+    assert backend.select(lay, 1, tf.bfloat16).name == "tf-gpu-sm90"
+    bsmm = BlocksparseMatMul(MASK, block_size=32)
+
+    def traced(x, w):
+        with tf.device("/device:CPU:0"):
+            return bsmm(x, w)
+
+    fn = tf.function(traced, input_signature=[tf.TensorSpec((None, bsmm.C), tf.bfloat16),
+                                              tf.TensorSpec(bsmm.w_shape, tf.bfloat16)])
+    assert not set(OPS) & set(_graph_op_types(fn.get_concrete_function()))
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "triton")
+    with tf.device("/cpu:0"), pytest.raises(backend.BackendUnavailableError, match="on the CPU"):
+        backend.select(lay, 1, tf.bfloat16)
