@@ -48,6 +48,17 @@ def _unavailable(why):
         "'auto' or 'reference', to use the reference path (TensorFlow ops only).")
 
 
+def _no_gpu_here(gpu, arch):
+    """Why ops built now cannot run on a GPU, or None."""
+    if arch is None:
+        return "TensorFlow sees no GPU"
+    if gpu.in_xla():
+        return "XLA (jit_compile=True) cannot run custom ops"
+    if gpu.cpu_requested():
+        return "the ops are placed on the CPU (a tf.device scope)"
+    return None
+
+
 def select(layout, axis, dtype):
     """The implementation for a product of ``layout`` on ``axis`` with inputs of ``dtype``.
 
@@ -65,10 +76,7 @@ def select(layout, axis, dtype):
     from . import gpu, ops
 
     arch = gpu.device_arch()
-    why_not = ("TensorFlow sees no GPU" if arch is None
-               else "XLA (jit_compile=True) cannot run custom ops" if gpu.in_xla()
-               else "the ops are placed on the CPU (a tf.device scope)" if gpu.cpu_requested()
-               else None)
+    why_not = _no_gpu_here(gpu, arch)
     if why_not:  # the library is not even loaded: it could not serve
         if choice == "auto":
             return REFERENCE
