@@ -181,17 +181,25 @@ def _expected(specs, product, dtype, bs, axis, arch, atomic, n):
 @pytest.mark.parametrize("product, atomic", [("fprop", False), ("bprop", False), ("updat", False),
                                              ("updat", True)])
 def test_runtime_selects_the_specialisation(kernels, arch, axis, n, product, atomic):
-    spec = kernels.specs[0]
+    spec = kernels.specs[-1]
     dtype, bs = spec["dtype"], spec["block_size"]
-    group = next(s["group"] for s in kernels.specs if s["product"] == product)
+    group = next(s["group"] for s in kernels.specs if (s["product"], s["dtype"], s["block_size"],
+                                                       s["axis"]) == (product, dtype, bs, axis))
     index = kernels.select(_call(product, dtype, bs, axis, n, group), arch, atomic)
     want = _expected(kernels.specs, product, dtype, bs, axis, arch, atomic, n)
     assert (kernels.specs[index]["name"] if index >= 0 else None) == want
 
 
-def test_runtime_refuses_other_tables(kernels):
-    assert kernels.select(_call(group=3), 90) == -1
-    assert kernels.select(_call(dtype="fp16"), 90) == -1 or kernels.specs[0]["dtype"] == "fp16"
+def test_runtime_refuses_calls_it_has_no_kernel_for(kernels):
+    spec = next(s for s in kernels.specs if s["product"] == "fprop" and s["arch"] == 90)
+    call = _call("fprop", spec["dtype"], spec["block_size"], spec["axis"], group=spec["group"])
+    assert kernels.select(call, 90) >= 0
+    call.group = spec["group"] + 2  # tables built for another G
+    assert kernels.select(call, 90) == -1
+    call.group, call.block_size = spec["group"], 8
+    assert kernels.select(call, 90) == -1
+    call.block_size, call.dtype = spec["block_size"], 7
+    assert kernels.select(call, 90) == -1
 
 
 def test_runtime_updat_split_is_the_python_formula(kernels):
@@ -212,7 +220,7 @@ def _index(kernels, **match):
 @pytest.mark.parametrize("case, fields, message", [
     ("misaligned", {"x": (1 << 20) + 8}, "x must be a device address aligned to 16 bytes"),
     ("null-weight", {"w": 0}, "w must be a device address"),
-    ("wrong-spec", {"axis": 0}, "serves fprop bf16 bs=32 axis=1"),
+    ("wrong-spec", {"axis": 0}, r"serves fprop \w+ bs=\d+ axis=1 G=1; the call is fprop .* axis=0"),
     ("too-many-blocks", {"blocks": 13}, r"blocks must be in \[1, 12\]"),
     ("negative-tokens", {"n_tokens": -1}, "n_tokens must be in"),
 ])
@@ -220,7 +228,8 @@ def test_runtime_checks_a_call_before_touching_the_gpu(kernels, case, fields, me
     from blocksparse.kernels.aot.abi import KernelError
 
     index = _index(kernels, product="fprop", axis=1, arch=90)
-    call = _call(dtype=kernels.specs[index]["dtype"], bs=kernels.specs[index]["block_size"])
+    spec = kernels.specs[index]
+    call = _call(dtype=spec["dtype"], bs=spec["block_size"], group=spec["group"])
     for name, value in fields.items():
         setattr(call, name, value)
     with pytest.raises(KernelError, match=message) as info:
@@ -234,7 +243,8 @@ def test_runtime_refuses_descriptors_on_unaligned_rows(kernels):
     index = _index(kernels, product="bprop", axis=0, arch=90, kernel="xprop_tma_kernel")
     spec = kernels.specs[index]
     with pytest.raises(KernelError, match="not a multiple of 16 bytes"):
-        kernels.run_spec(index, _call("bprop", spec["dtype"], spec["block_size"], 0, n=13))
+        kernels.run_spec(index, _call("bprop", spec["dtype"], spec["block_size"], 0, n=13,
+                                      group=spec["group"]))
 
 
 def test_runtime_updat_split_must_match_the_variant(kernels):
