@@ -85,7 +85,7 @@ _UPDAT = {
     ("16bit", "small"): {16: U(8, 64, 4, 3, TMA=False), 32: U(1, 64, 4, 3), 64: U(1, 64, 4, 3),
                          128: U(1, 64, 4, 3)},
     ("fp32", "large"): {16: U(8, 32, 4, 3, TMA=False), 32: U(4, 32, 4, 3, TMA=False),
-                        64: U(2, 32, 8, 2, TMA=False), 128: U(1, 32, 8, 2, TMA=False)},
+                        64: U(1, 32, 4, 3, TMA=False), 128: U(1, 16, 8, 3, TMA=False)},
     ("fp32", "small"): {16: U(8, 32, 4, 2, TMA=False), 32: U(4, 32, 4, 2, TMA=False),
                         64: U(2, 32, 4, 2, TMA=False), 128: U(1, 32, 8, 2, TMA=False)},
 }
