@@ -154,7 +154,7 @@ def load_results(reports_dir, order=()):
 def _templates():
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(Path(__file__).parent / "templates")),
-        undefined=jinja2.StrictUndefined, autoescape=jinja2.select_autoescape(["html"]),
+        undefined=jinja2.StrictUndefined, autoescape=jinja2.select_autoescape(["html", "html.j2"]),
         trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     env.filters["duration"] = _duration
     return env

@@ -118,11 +118,13 @@ def plan(paths, options):
 
 def _describe(the_plan, options, out):
     print(f"matrix: {len(the_plan.cells)} cell(s), executor {options.executor}, "
-          f"{len(the_plan.known_failures)} known-failure entr(ies)", file=out)
-    flavor = "cpu" if options.executor == "local" else "cuda"
+          f"known-failure entries: {len(the_plan.known_failures)}", file=out)
     for cell in the_plan.cells:
-        reqs = " ".join(cell_requirements(cell, flavor, the_plan.pins))
-        print(f"  {cell.name:28} {cell.status:16} {reqs}", file=out)
+        if options.executor == "local":
+            how = " ".join(cell_requirements(cell, "cpu", the_plan.pins))
+        else:
+            how = f"{GENERATED_DIR}/Dockerfile.{cell.name} (FROM {cell.image})"
+        print(f"  {cell.name:26} {cell.status:16} {how}", file=out)
     args = shlex.join(the_plan.pytest_args) if the_plan.pytest_args else "(the whole suite)"
     print(f"  tests: {args}", file=out)
 
