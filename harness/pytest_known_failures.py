@@ -179,15 +179,16 @@ class _KnownFailures:
             item.stash[_ENTRY] = entry
             self.entry_of[item.nodeid] = entry
             why = f"known failure ({self.source} entry {entry['entry']}): {entry['reason']}"
+            # Prepended, so the entry wins over a marker the test carries itself.
             if entry["kind"] in ("fail", "hang"):
-                item.add_marker(pytest.mark.xfail(reason=why, strict=True))
+                item.add_marker(pytest.mark.xfail(reason=why, strict=True), append=False)
             if entry["kind"] == "hang":
                 if not has_timeout:
                     raise pytest.UsageError(f"{self.source} entry {entry['entry']} (kind hang) "
                                             f"needs the pytest-timeout plugin")
                 timeout = entry.get("timeout") or DEFAULT_HANG_TIMEOUT
                 # The signal method interrupts the test itself, so the xfail can record it.
-                item.add_marker(pytest.mark.timeout(timeout, method="signal"))
+                item.add_marker(pytest.mark.timeout(timeout, method="signal"), append=False)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item, nextitem):

@@ -18,6 +18,7 @@ __all__ = ["LocalExecutor", "run_streaming"]
 _STAMP = "cell-requirements.txt"
 # Environment variables of the caller that would leak another Python setup into the cell.
 _SCRUB = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP", "PYTHONUSERBASE")
+_PROBE = "import sys; print('%d.%d' % sys.version_info[:2]); print(sys.executable)"
 _NETWORK_TROUBLE = ("NewConnectionError", "ConnectTimeout", "ReadTimeout", "ProxyError",
                     "Temporary failure in name resolution", "SSLError")
 
@@ -71,15 +72,20 @@ class LocalExecutor:
         return self.runner([str(a) for a in argv], env=env, cwd=None, on_line=sink), lines
 
     def _interpreter(self, python, log):
-        """``(path, None)`` for a working ``python3.X``, else ``(None, why)``."""
+        """``(path, None)`` for a working Python ``python``, else ``(None, why)``.
+
+        The path is the interpreter's own ``sys.executable``, not a launcher: a pyenv shim runs
+        only the versions pyenv has selected, so the probe names the wanted one
+        (``PYENV_VERSION``; ignored where pyenv is not involved) and keeps the real path.
+        """
         exe = self.which(f"python{python}")
         if exe is None:
             return None, f"python{python} not found on PATH"
-        rc, lines = self._call([exe, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                               log)
-        if rc != 0 or not lines or lines[-1].strip() != python:
+        env = {**os.environ, "PYENV_VERSION": python}
+        rc, lines = self._call([exe, "-c", _PROBE], log, env=env)
+        if rc != 0 or len(lines) < 2 or lines[-2].strip() != python:
             return None, f"python{python} on PATH ({exe}) does not run as Python {python}"
-        return exe, None
+        return lines[-1].strip(), None
 
     def _environment(self, cell, exe, venv, log):
         """Make (or reuse) the cell's virtualenv; a `CellRun` when that fails, else None."""

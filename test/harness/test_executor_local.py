@@ -8,20 +8,25 @@ from harness.executors.local import LocalExecutor, run_streaming
 from harness_support import make_cells
 
 EXE = "/usr/bin/python3.11"
+REAL = "/opt/python/3.11.7/bin/python3.11"  # what the probe reports as sys.executable
+PROBE = "import sys; print('%d.%d' % sys.version_info[:2]); print(sys.executable)"
 
 
 class FakeRunner:
     """Records every command; answers like the real tools would."""
 
-    def __init__(self, *, version="3.11", pip_lines=(), pip_rc=0, script_rc=0):
+    def __init__(self, *, version="3.11", pip_lines=(), pip_rc=0, script_rc=0, wanted="3.11"):
         self.calls = []
+        self.version_wanted = wanted
         self.version, self.pip_lines, self.pip_rc, self.script_rc = \
             version, pip_lines, pip_rc, script_rc
 
     def __call__(self, argv, *, env=None, cwd=None, on_line):
         self.calls.append({"argv": argv, "env": env, "cwd": cwd})
-        if argv[1:3] == ["-c", "import sys; print('%d.%d' % sys.version_info[:2])"]:
+        if argv[1:3] == ["-c", PROBE]:
+            assert env["PYENV_VERSION"] == self.version_wanted
             on_line(self.version)
+            on_line(REAL)
             return 0
         if argv[1:3] == ["-m", "venv"]:
             python = Path(argv[3]) / "bin" / "python"
@@ -61,8 +66,8 @@ def test_fresh_environment_then_the_script(cell, tmp_path, pins, monkeypatch):
     venv = tmp_path / "work" / cell.name / "venv"
     python = str(venv / "bin" / "python")
     assert runner.argvs() == [
-        [EXE, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-        [EXE, "-m", "venv", str(venv)],
+        [EXE, "-c", PROBE],
+        [REAL, "-m", "venv", str(venv)],
         [python, "-m", "pip", "install", "--disable-pip-version-check",
          "tensorflow-cpu==2.21.*", "pytest==8.4.2", "pytest-timeout==2.4.0",
          "setuptools==80.9.0", "wheel==0.45.1"],
@@ -79,7 +84,7 @@ def test_fresh_environment_then_the_script(cell, tmp_path, pins, monkeypatch):
     assert env["BLOCKSPARSE_CUDA_ARCHS"] == "sm_80,sm_90"
     assert env["PATH"].startswith(str(venv / "bin") + ":")
     assert "PYTHONPATH" not in env and "VIRTUAL_ENV" not in env
-    assert "::cell-step:: build" in lines and "3.11" in lines
+    assert "::cell-step:: build" in lines and "3.11" in lines and REAL in lines
 
 
 def test_environment_is_reused_until_requirements_change(cell, tmp_path, pins):
@@ -87,7 +92,7 @@ def test_environment_is_reused_until_requirements_change(cell, tmp_path, pins):
     executor(tmp_path, first, pins).run(job_for(cell, tmp_path), lambda line: None)
     again = FakeRunner()
     executor(tmp_path, again, pins).run(job_for(cell, tmp_path), lambda line: None)
-    assert [a[1:3] for a in again.argvs()] == [["-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+    assert [a[1:3] for a in again.argvs()] == [["-c", PROBE],
                                                [str(tmp_path / "stage" / "src" / SCRIPT)]]
     fresh = FakeRunner()
     executor(tmp_path, fresh, pins, fresh=True).run(job_for(cell, tmp_path), lambda line: None)
@@ -118,7 +123,7 @@ def test_tensorflow_without_a_wheel_for_this_python_skips_the_cell(tmp_path, pin
     pip = ["ERROR: Could not find a version that satisfies the requirement "
            "tensorflow-cpu==2.16.* (from versions: 2.20.0, 2.21.0)",
            "ERROR: No matching distribution found for tensorflow-cpu==2.16.*"]
-    runner = FakeRunner(version="3.13", pip_lines=pip, pip_rc=1)
+    runner = FakeRunner(version="3.13", pip_lines=pip, pip_rc=1, wanted="3.13")
     run = executor(tmp_path, runner, pins, which=lambda n: "/usr/bin/python3.13").run(
         job_for(cell, tmp_path), lambda line: None)
     assert run.skipped == ("tensorflow-cpu==2.16.* has no release installable on Python 3.13 "

@@ -145,6 +145,15 @@ def test_cell_from_the_environment(pytester, monkeypatch):
     assert report["cell"] == "tf2.16-cu12.3-py3.11"
 
 
+def test_entry_wins_over_the_tests_own_markers(pytester):
+    tests = ("import time, pytest\n\n@pytest.mark.timeout(300)\n@pytest.mark.xfail(strict=False)\n"
+             "def test_stuck():\n    time.sleep(60)\n")
+    entries = [{"test": "test_mod.py::test_stuck", "kind": "hang", "reason": "r", "timeout": 1}]
+    result, outcomes, report = run(pytester, tests, entries)
+    assert outcomes == {"test_mod.py::test_stuck": "known"}
+    assert "Timeout (>1.0s)" in report["tests"]["test_mod.py::test_stuck"]["message"]
+
+
 def test_unlisted_hang_is_stopped_by_the_default_timeout(pytester):
     tests = "import time\n\ndef test_stuck():\n    time.sleep(60)\n"
     result, outcomes, _ = run(pytester, tests, [], "--timeout=1")
