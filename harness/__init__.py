@@ -4,7 +4,7 @@ Development tooling only: it is not part of the ``blocksparse`` wheel.
 
 Modules
 -------
-``matrix``          ``matrix.yaml`` validated into frozen `Cell` records (one per TF x CUDA x Python).
+``matrix``          ``matrix.yaml`` validated into frozen `Cell` records (TF x CUDA x Python).
 ``known_failures``  ``ci/known_failures.yaml`` validated; handed to the pytest plugin as JSON.
 ``pytest_known_failures``  the pytest plugin a cell loads (stdlib + pytest only).
 ``render``          Dockerfiles, the GPU workflow and the README table, from the cells (pure).

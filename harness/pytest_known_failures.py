@@ -24,7 +24,8 @@ Options
 What an entry does to the tests it matches (``test`` is a node id; a glob is allowed, and a node
 id without parameters also matches all its parametrized cases):
 
-- ``fail``: a strict xfail.  Failing is *known*; passing fails the run as *fixed* (delete the entry).
+- ``fail``: a strict xfail.  Failing is *known*; passing fails the run as *fixed* (delete
+  the entry).
 - ``hang``: a strict xfail plus a short per-test timeout (``timeout``, default 60 s), so the hang
   cannot stall the cell; hanging (or failing) is *known*, passing is *fixed*.
 - ``flaky``: up to ``reruns`` re-runs (default 2).  Passing on a re-run is *flaky*; passing at
@@ -53,7 +54,6 @@ DEFAULT_RERUNS = 2
 DEFAULT_HANG_TIMEOUT = 60.0
 CELL_ENV = "BLOCKSPARSE_CELL"
 
-_ENTRY = pytest.StashKey()
 _XPASS_STRICT = "[XPASS(strict)]"
 
 
@@ -176,7 +176,6 @@ class _KnownFailures:
             entry = self._entry_for(item.nodeid)
             if entry is None:
                 continue
-            item.stash[_ENTRY] = entry
             self.entry_of[item.nodeid] = entry
             why = f"known failure ({self.source} entry {entry['entry']}): {entry['reason']}"
             # Prepended, so the entry wins over a marker the test carries itself.
@@ -192,7 +191,7 @@ class _KnownFailures:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item, nextitem):
-        entry = item.stash.get(_ENTRY, None)
+        entry = self.entry_of.get(item.nodeid)
         if entry is None or entry["kind"] != "flaky":
             return None
         attempts = 1 + (entry.get("reruns") or DEFAULT_RERUNS)

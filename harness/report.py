@@ -96,7 +96,8 @@ def _status(cell, run, outcomes_path, entry, run_timeout):
         return "error", f"the test run did not finish (exit {rc}); see the log"
     _sort_tests(outcomes, entry)
     if entry["regressions"]:
-        return "regressed", f"{len(entry['regressions'])} test(s) failed that are not known failures"
+        return "regressed", (f"{len(entry['regressions'])} test(s) failed that are not known "
+                             f"failures")
     if entry["fixed"]:
         return "known-fixed", (f"{len(entry['fixed'])} known failure(s) passed: delete their "
                                f"entries from {outcomes.get('source') or 'the known failures'}")

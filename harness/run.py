@@ -8,6 +8,7 @@ import json
 import os
 import shlex
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -162,16 +163,26 @@ def _finish_line(entry):
     if entry["status"] in ("skipped", "error", "build-failed") or entry.get("outcome"):
         return entry["reason"] or ""
     parts = [f"{entry['passed']} passed", f"{entry['skipped']} skipped"]
-    parts += [f"{len(entry[k])} {k}" for k in ("regressions", "known", "fixed", "flaky") if entry[k]]
+    parts += [f"{len(entry[k])} {k}" for k in ("regressions", "known", "fixed", "flaky")
+              if entry[k]]
     return ", ".join(parts)
 
 
-def _log_tail(path, lines=15):
-    try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return []
-    return text[-lines:]
+def _notes(entry, progress, log_path, tail=15):
+    """What to read at once about a finished cell: the log's end if it broke, what to fix."""
+    if entry["status"] in ("build-failed", "error") or entry.get("outcome") in (
+            "build-failed", "error"):
+        try:
+            lines = Path(log_path).read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            lines = []
+        for line in lines[-tail:]:
+            progress.message(f"    | {line}")
+    for nodeid in entry["regressions"]:
+        progress.message(f"    regression: {nodeid}: {entry['details'][nodeid]['message']}")
+    for known in entry["fixed_entries"]:
+        progress.message(f"    fixed: delete entry {known['entry']} ({known['test']}) "
+                         f"from ci/known_failures.yaml")
 
 
 def run_matrix(root, options, *, executor=None, progress=None, out=None):
@@ -179,7 +190,6 @@ def run_matrix(root, options, *, executor=None, progress=None, out=None):
 
     ``executor`` and ``progress`` default to the real ones; tests pass fakes.
     """
-    import sys
     out = out or sys.stdout
     paths = Paths(Path(root).resolve())
     the_plan = plan(paths, options)
@@ -209,16 +219,7 @@ def run_matrix(root, options, *, executor=None, progress=None, out=None):
             entry = _one_cell(executor, job, paths, options, progress)
             results[cell.name] = entry
             progress.finish_cell(entry["status"], _finish_line(entry))
-            if entry["status"] in ("build-failed", "error") or entry.get("outcome") in (
-                    "build-failed", "error"):
-                for line in _log_tail(paths.cell_reports(cell) / "log.txt"):
-                    progress.message(f"    | {line}")
-            for nodeid in entry["regressions"]:
-                progress.message(f"    regression: {nodeid}: "
-                                 f"{entry['details'][nodeid]['message']}")
-            for known in entry["fixed_entries"]:
-                progress.message(f"    fixed: delete entry {known['entry']} ({known['test']}) "
-                                 f"from ci/known_failures.yaml")
+            _notes(entry, progress, job.reports / "log.txt")
             summary = report.summarize(results, commit=commit, dirty=dirty, **info)
             report.write_reports(paths.reports, summary)
     finally:
@@ -234,7 +235,6 @@ def run_matrix(root, options, *, executor=None, progress=None, out=None):
 
 def rebuild_report(root, *, out=None):
     """Rebuild the summary from ``reports/<cell>/result.json`` (merging CI's per-cell jobs)."""
-    import sys
     out = out or sys.stdout
     paths = Paths(Path(root).resolve())
     order = [c.name for c in load_matrix(paths.matrix)]

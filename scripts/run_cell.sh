@@ -51,8 +51,8 @@ fi
 
 step install
 # --force-reinstall: a reused environment may hold an older build of the same version.
-"$CELL_PYTHON" -m pip install --disable-pip-version-check --force-reinstall --no-deps "${wheels[0]}" \
-    && "$CELL_PYTHON" -m pip install --disable-pip-version-check "${wheels[0]}" || exit 11
+pip=("$CELL_PYTHON" -m pip install --disable-pip-version-check)
+"${pip[@]}" --force-reinstall --no-deps "${wheels[0]}" && "${pip[@]}" "${wheels[0]}" || exit 11
 if [[ "${CELL_COMPILE_ONLY:-0}" == 1 ]]; then
     echo "run_cell: compile-only cell, no tests"
     exit 0
@@ -65,6 +65,13 @@ cp -a "$CELL_SRC/test" "$work/tests/test"
 rm -rf "$work/tests/test/harness"           # the harness's own tests are development-only
 cp "$CELL_SRC/pyproject.toml" "$work/tests/" # pytest settings: markers, warnings, addopts
 cp "$CELL_SRC/harness/pytest_known_failures.py" "$work/plugins/"
+for arg in "$@"; do  # a test module named outside test/ comes along too
+    path=${arg%%::*}
+    if [[ "$path" == *.py && "$path" != /* && "$path" != *..* && -f "$CELL_SRC/$path" \
+          && ! -e "$work/tests/$path" ]]; then
+        mkdir -p "$(dirname "$work/tests/$path")" && cp "$CELL_SRC/$path" "$work/tests/$path"
+    fi
+done
 cd "$work/tests"
 "$CELL_PYTHON" -c 'import blocksparse; print("run_cell: testing", blocksparse.__file__)' || true
 known=()

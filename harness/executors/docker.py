@@ -104,7 +104,8 @@ class DockerExecutor:
 
     def build_args(self, cell):
         """Keyword arguments of the image build (``APIClient.build``)."""
-        return {"path": str(self.repo / "docker"), "dockerfile": f"generated/Dockerfile.{cell.name}",
+        return {"path": str(self.repo / "docker"),
+                "dockerfile": f"generated/Dockerfile.{cell.name}",
                 "tag": image_tag(cell), "rm": True, "forcerm": True, "pull": True,
                 "decode": True}
 

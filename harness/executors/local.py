@@ -24,7 +24,7 @@ _NETWORK_TROUBLE = ("NewConnectionError", "ConnectTimeout", "ReadTimeout", "Prox
 
 
 def run_streaming(argv, *, env=None, cwd=None, on_line):
-    """Run ``argv``, handing each line of its merged stdout/stderr to ``on_line``; the exit status."""
+    """Run ``argv``, each line of its stdout and stderr to ``on_line``; returns the exit status."""
     try:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                                 cwd=cwd, text=True, errors="replace", bufsize=1)

@@ -74,6 +74,8 @@ def test_one_cell_end_to_end(tmp_path):
         pytest.skip("python3.11 not on PATH")
     project = stage_tree(ROOT, tmp_path / "project")
     (project / "test" / "test_planted.py").write_text(PLANTED)
+    (project / "checks").mkdir()
+    (project / "checks" / "test_extra.py").write_text("def test_outside_test_dir():\n    pass\n")
     (project / "ci" / "known_failures.yaml").write_text(yaml.safe_dump(KNOWN))
     (cell,) = [c for c in load_matrix(project / "matrix.yaml") if c.name == CELL]
     venv = project / ".matrix" / CELL / "venv"
@@ -85,8 +87,9 @@ def test_one_cell_end_to_end(tmp_path):
                                                 + "\n")
 
     out = io.StringIO()
-    options = RunOptions(cells=f"^{CELL}$", pytest_args=("test/test_planted.py",),
-                         test_timeout=60)
+    extra = str(project / "checks" / "test_extra.py")  # absolute, outside test/
+    options = RunOptions(cells=f"^{CELL}$", test_timeout=60,
+                         pytest_args=("test/test_planted.py", extra))
     code = run_matrix(project, options, progress=Progress(out, live=False), out=out)
 
     log = (project / "reports" / CELL / "log.txt").read_text()
@@ -101,10 +104,10 @@ def test_one_cell_end_to_end(tmp_path):
     assert entry["fixed"] == ["test/test_planted.py::test_fixed"]
     assert [e["entry"] for e in entry["fixed_entries"]] == [2]
     assert entry["flaky"] == ["test/test_planted.py::test_flaky"]
-    assert (entry["passed"], entry["skipped"]) == (1, 0)
+    assert (entry["passed"], entry["skipped"]) == (2, 0)
     assert entry["wheels"] == [f"dist/{CELL}/blocksparse-2.21.0-py3-none-any.whl"]
     junit = (project / "reports" / CELL / "junit.xml").read_text()
-    assert junit.count("<testcase ") == 6 and f'name="{CELL}"' in junit
+    assert junit.count("<testcase ") == 7 and f'name="{CELL}"' in junit
     assert not (project / "test" / "flaky-ran-once").exists()  # tests ran from a copy
     steps = [line.split(" · ")[1] for line in out.getvalue().splitlines() if " · " in line]
     assert steps == ["setup", "build", "install", "test"]

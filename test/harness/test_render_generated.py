@@ -79,7 +79,8 @@ def test_rendering_is_deterministic(cells):
     first = generated_files(cells, PINS, readme_text=readme)
     assert first == generated_files(cells, PINS, readme_text=readme)
     assert first["README.md"].startswith(f"intro\n{README_BEGIN}\n| Cell |")
-    assert first["README.md"].endswith(f"|\n{README_END}\nrest\n") and "old" not in first["README.md"]
+    readme = first["README.md"]
+    assert readme.endswith(f"|\n{README_END}\nrest\n") and "old" not in readme
 
 
 def test_readme_without_markers_is_an_error(cells):

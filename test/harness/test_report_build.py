@@ -21,8 +21,9 @@ RECORDED = {  # what the plugin writes for a run with one test of each outcome
                                  "message": "AssertionError: 1 != 2"},
     "test/test_a.py::test_old": {"outcome": "known", "entry": FAIL_ENTRY, "attempts": 1,
                                  "message": "AssertionError"},
-    "test/test_a.py::test_done": {"outcome": "fixed", "entry": {**FAIL_ENTRY, "entry": 4,
-                                                                "test": "test/test_a.py::test_done"},
+    "test/test_a.py::test_done": {"outcome": "fixed",
+                                  "entry": {**FAIL_ENTRY, "entry": 4,
+                                            "test": "test/test_a.py::test_done"},
                                   "attempts": 1, "message": "[XPASS(strict)] ..."},
     "test/test_a.py::test_race": {"outcome": "flaky", "entry": None, "attempts": 2, "message": ""},
 }
@@ -131,7 +132,9 @@ def test_reports_on_disk(tmp_path):
     write_reports(reports, summary)
     assert json.loads((reports / "summary.json").read_text()) == summary
     md = (reports / "matrix.md").read_text()
-    assert "| `tf2.21-cu12.5-py3.11` | ❌ regressed | 2 | 1 | 1 | 1 | 1 | 1 | 1:01 | [log](c/log.txt) |" in md
+    row = ("| `tf2.21-cu12.5-py3.11` | ❌ regressed | 2 | 1 | 1 | 1 | 1 | 1 | 1:01 "
+           "| [log](c/log.txt) |")
+    assert row in md
     assert "**FAILED**" in md and "with uncommitted changes" in md
     assert "- **regression** `test/test_a.py::test_new` -- AssertionError: 1 != 2" in md
     assert ("- **fixed** `test/test_a.py::test_done` -- passed: delete entry 4 "
