@@ -40,7 +40,7 @@ import fnmatch
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 from _pytest.runner import runtestprotocol  # no public API runs one item more than once
@@ -91,7 +91,7 @@ class _Record:
     skipped: bool = False
     attempts: int = 1
     message: str = ""
-    entry: dict = field(default=None)
+    entry: dict = None
 
 
 def classify(record):
