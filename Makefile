@@ -6,6 +6,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# `make matrix` options (see README "Build matrix"): CELLS=<regex> EXECUTOR=local|docker
+# PYTEST_ARGS=... DRY_RUN=1 FRESH=1.
+EXECUTOR ?= local
+CELLS ?=
+shquote = '$(subst ','\'',$(1))'
+# Set on the command line or in the environment only (a makefile default must not turn it on).
+given = $(if $(filter command line environment,$(origin $(1))),$(filter-out 0 no false,$($(1))))
 
 .PHONY: install test compile render matrix release bench clean
 
@@ -22,15 +29,18 @@ test: install  ## the whole CPU test suite (what .ci/run calls)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 compile: install  ## build the wheel for the installed TensorFlow into dist/
-	$(PY) -m pip wheel --no-deps --no-build-isolation -w dist .
+	PYTHON=$(PY) scripts/build_wheel.sh dist
 
-matrix: install  ## build + test every selected cell (placeholder until the harness lands)
-	@echo "make matrix: the matrix harness has not landed yet; building and testing for the installed TensorFlow only"
-	$(MAKE) compile
-	$(PY) -m pytest $(PYTEST_ARGS)
+render: install  ## render docker/generated/, ci/workflows/gpu-matrix.yml and the README table from matrix.yaml
+	$(PY) -m harness render
+
+matrix: install  ## build + test every selected cell (CELLS=regex EXECUTOR=local|docker), write reports/
+	$(PY) -m harness matrix --executor=$(call shquote,$(EXECUTOR)) \
+	    --cells=$(call shquote,$(CELLS)) --pytest-args=$(call shquote,$(PYTEST_ARGS)) \
+	    $(if $(call given,DRY_RUN),--dry-run) $(if $(call given,FRESH),--fresh)
 
 bench: install  ## GPU benchmarks (run on a GPU machine)
 	$(PY) bench/bsmm.py
 
 clean:
-	rm -rf build dist reports *.egg-info
+	rm -rf build dist reports *.egg-info .matrix
