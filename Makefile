@@ -29,6 +29,11 @@ matrix: install  ## build + test every selected cell (placeholder until the harn
 	$(MAKE) compile
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# DRY_RUN, RUN_MATRIX and REPOSITORY_URL reach harness/release.py through the environment (make
+# exports command-line variables), so a password in REPOSITORY_URL is never on a command line.
+release: install  ## gates + twine check + tag + upload; DRY_RUN=1 (default) only prints the plan
+	@$(PY) -m harness.release
+
 bench: install  ## GPU benchmarks (run on a GPU machine)
 	$(PY) bench/bsmm.py
 

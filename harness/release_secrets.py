@@ -1,0 +1,120 @@
+"""Credentials of the upload: where they come from, and masking them out of everything printed.
+
+The release never puts a password on a command line or in a file it writes; it still passes every
+line it prints (its own and the tools' it runs) through a :class:`Masker`, so a secret that turns
+up in a URL or in a tool's message is replaced by ``****``.
+"""
+import configparser
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+from .release_errors import ConfigError
+
+__all__ = ["MASK", "Masker", "Credentials", "split_userinfo", "pypirc_section"]
+
+MASK = "****"
+_URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^/@\s:]*):[^/@\s]*@")
+
+
+class Masker:
+    """Replace each secret (and any ``scheme://user:password@`` password) in text by ``****``."""
+
+    def __init__(self, secrets=()):
+        forms = set()
+        for secret in secrets:
+            if secret:
+                forms.update({secret, unquote(secret)})
+        # Longest first, so a secret that contains another is masked whole.
+        self._secrets = sorted((s for s in forms if s), key=len, reverse=True)
+
+    def adding(self, secrets):
+        """A masker for these secrets and the new ones."""
+        return Masker([*self._secrets, *secrets])
+
+    def __call__(self, text):
+        text = _URL_USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:{MASK}@", str(text))
+        for secret in self._secrets:
+            text = text.replace(secret, MASK)
+        return text
+
+
+def split_userinfo(url):
+    """``(url without user:password@, username or None, password or None)`` (percent-decoded)."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url, None, None
+    host = parts.hostname or ""
+    if ":" in host:  # an IPv6 literal keeps its brackets
+        host = f"[{host}]"
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    bare = urlunsplit(parts._replace(netloc=netloc))
+    user = unquote(parts.username) if parts.username else None
+    password = unquote(parts.password) if parts.password else None
+    return bare, user, password
+
+
+def _same_url(a, b):
+    return a.rstrip("/") == b.rstrip("/")
+
+
+def pypirc_section(path, url, default_url):
+    """The ``.pypirc`` section whose repository is ``url`` as ``(name, password)``, else None.
+
+    twine reads credentials from ``.pypirc`` only when it is given a section name (not a URL), so
+    the release looks the URL up here.  A section without ``repository`` means ``default_url``
+    for ``pypi`` (twine's rule).
+    """
+    path = Path(path)
+    if not path.is_file():
+        return None
+    parser = configparser.RawConfigParser()
+    try:
+        parser.read(path, encoding="utf-8")
+    except configparser.Error:
+        # configparser's message may quote the file's lines, passwords included.
+        raise ConfigError(f"{path} is not a valid .pypirc (ini) file") from None
+    for name in parser.sections():
+        if name == "distutils":
+            continue
+        repo = parser.get(name, "repository", fallback=default_url if name == "pypi" else None)
+        if repo and _same_url(repo, url):
+            return name, parser.get(name, "password", fallback=None)
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Credentials:
+    """How twine will authenticate: ``source`` says where from (never the secret itself)."""
+
+    source: str
+    twine_args: tuple = ()
+    env: tuple = ()        # (name, value) pairs added to twine's environment
+    secrets: tuple = ()    # values to mask
+
+    @classmethod
+    def resolve(cls, repository_url, environ, pypirc, default_url):
+        """Pick the credentials twine will use for ``repository_url``.
+
+        Order: a ``user:password@`` in the URL, then ``TWINE_USERNAME`` / ``TWINE_PASSWORD``,
+        then the ``.pypirc`` section whose repository is the URL.
+        """
+        bare, user, password = split_userinfo(repository_url)
+        env_secrets = tuple(v for v in (environ.get("TWINE_PASSWORD"),) if v)
+        if user is not None or password is not None:
+            env = (("TWINE_USERNAME", user or ""), ("TWINE_PASSWORD", password or ""))
+            return cls(source="the user:password in REPOSITORY_URL",
+                       twine_args=("--repository-url", bare), env=env,
+                       secrets=tuple(s for s in (password,) if s) + env_secrets)
+        if environ.get("TWINE_USERNAME") or environ.get("TWINE_PASSWORD"):
+            return cls(source="TWINE_USERNAME / TWINE_PASSWORD",
+                       twine_args=("--repository-url", bare), secrets=env_secrets)
+        section = pypirc_section(pypirc, bare, default_url)
+        if section is not None:
+            name, pypirc_password = section
+            return cls(source=f"{pypirc} [{name}]",
+                       twine_args=("--config-file", str(pypirc), "--repository", name),
+                       secrets=tuple(s for s in (pypirc_password,) if s))
+        return cls(source="none found (set TWINE_USERNAME / TWINE_PASSWORD or a .pypirc section "
+                          "for this URL)", twine_args=("--repository-url", bare))
