@@ -6,7 +6,8 @@ failed build, no unknown status) -> the passed cells' wheels are collected from
 ``dist/<cell>/`` and checked (version ``X.Y.P`` for TensorFlow ``X.Y``, no ``+local``, the window
 ``>=X.Y,<X.(Y+1)`` under both TensorFlow extras, no conflicting duplicates) -> the sdist is built
 for the newest TensorFlow of the release -> ``twine check --strict`` -> ``dist/release/SHA256SUMS``
--> one tag ``vX.Y.P`` per released version on ``HEAD`` -> ``twine upload --skip-existing``.
+-> one tag ``vX.Y.P`` per released version on ``HEAD`` -> ``twine upload`` of the files the index
+does not hold yet (twine's own ``--skip-existing`` as well on PyPI, the only index it supports).
 
 Settings (read here and nowhere else; ``make release VAR=value`` hands them over through the
 environment, so a password in ``REPOSITORY_URL`` is never on a command line):
@@ -17,12 +18,16 @@ environment, so a password in ``REPOSITORY_URL`` is never on a command line):
                      ``0``: stop instead, naming the command to run.
 ``REPOSITORY_URL``   where to upload (default PyPI's upload URL).  A ``user:password@`` in it is
                      taken out of the URL and handed to twine through its environment.
+``INDEX_URL``        the simple index showing what ``REPOSITORY_URL`` holds (default: PyPI's for
+                     PyPI, else ``<REPOSITORY_URL>/simple/``); files already there are not
+                     uploaded again, which makes a re-run idempotent on any index.
 ``TWINE_USERNAME``, ``TWINE_PASSWORD``  the credentials (read by twine); otherwise the ``.pypirc``
                      section whose ``repository`` is the URL (``--pypirc``, default ``~/.pypirc``).
 
 Credentials are never printed, logged or written: every line shown passes through a masker.
 """
 import argparse
+import http.client
 import os
 import shutil
 import subprocess
@@ -37,6 +42,7 @@ from .release_dists import PROJECT, collect_wheels, sha256_file, write_manifest
 from .release_errors import (CheckError, ConfigError, DirtyTreeError, FatalError,
                              StaleReportError, TagError, UploadError)
 from .release_gate import gate, load_summary, stale_reason
+from .release_index import is_pypi, published_files, simple_index_url
 from .release_secrets import Credentials, Masker, split_userinfo
 
 __all__ = ["DEFAULT_REPOSITORY_URL", "Settings", "release", "main"]
@@ -50,7 +56,7 @@ MANIFEST = "SHA256SUMS"
 # Never handed to the tools the release runs, except twine's credentials to twine: the matrix's
 # logs and a build's output must not be able to show them.  MAKEFLAGS repeats the make command
 # line (REPOSITORY_URL included) and would also turn the matrix into a dry run.
-_PRIVATE_ENV = ("DRY_RUN", "RUN_MATRIX", "REPOSITORY_URL", "MAKEFLAGS", "MFLAGS",
+_PRIVATE_ENV = ("DRY_RUN", "RUN_MATRIX", "REPOSITORY_URL", "INDEX_URL", "MAKEFLAGS", "MFLAGS",
                 "TWINE_USERNAME", "TWINE_PASSWORD", "TWINE_REPOSITORY", "TWINE_REPOSITORY_URL")
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
@@ -74,6 +80,7 @@ class Settings:
     dry_run: bool = True
     run_matrix: bool = True
     repository_url: str = DEFAULT_REPOSITORY_URL
+    index_url: str = None
     matrix_command: tuple = MATRIX_COMMAND
     pypirc: Path = Path("~/.pypirc").expanduser()
 
@@ -101,6 +108,7 @@ class Settings:
                               f"{Masker()(url)!r}")
         return cls(root=args.root.resolve(), dry_run=_flag("DRY_RUN", args.dry_run, True),
                    run_matrix=_flag("RUN_MATRIX", args.run_matrix, True), repository_url=url,
+                   index_url=(environ.get("INDEX_URL") or "").strip() or None,
                    matrix_command=tuple(args.matrix_command.split()), pypirc=args.pypirc)
 
 
@@ -165,8 +173,8 @@ def _fresh_summary(settings, console, environ, head):
 def _build_sdist(settings, console, environ, outdir, version):
     """Build the sdist into ``outdir`` for TensorFlow ``major.minor`` of ``version``."""
     tf = f"{version.major}.{version.minor}"
-    cmd = [sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", str(outdir),
-           str(settings.root)]
+    cmd = [sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir",
+           str(outdir.relative_to(settings.root)), "."]
     code, output = console.run(cmd, cwd=settings.root, show=False,
                                env=_child_env(environ, BLOCKSPARSE_TF_VERSION=tf))
     expected = outdir / f"{PROJECT}-{version}.tar.gz"
@@ -214,31 +222,21 @@ def release(settings, environ, console):
             console.say(f"    not released: {name} ({status}: no wheel from this cell)")
         for note in result.notes:
             console.say(f"    note: {note}")
-    with console.step("collect and check the cells' wheels"):
-        wheels = collect_wheels(root / "dist", [c.name for c in result.released])
-        outdir = root / RELEASE_DIR
-        shutil.rmtree(outdir, ignore_errors=True)
-        outdir.mkdir(parents=True)
-        for wheel in wheels:
-            shutil.copy2(wheel.path, outdir / wheel.path.name)
-            console.say(f"    {wheel.path.name}  <- {', '.join(wheel.cells)}")
-    newest = wheels[-1].version
-    with console.step(f"build the sdist (for TensorFlow {newest.major}.{newest.minor})"):
-        sdist = _build_sdist(settings, console, environ, outdir, newest)
-    files = sorted(outdir / w.path.name for w in wheels) + [sdist]
-    with console.step("twine check --strict"):
-        code, output = console.run(_twine("check", "--strict", *map(str, files)), cwd=root,
-                                   env=_child_env(environ))
-        if code != 0:
-            raise CheckError(f"twine check --strict failed (exit {code})")
-    manifest = write_manifest(files, outdir / MANIFEST)
+    wheels, files = _build_release_dir(settings, console, environ, result.released)
+    manifest = write_manifest(files, root / RELEASE_DIR / MANIFEST)
     tags = _plan_tags(root, sorted({w.version for w in wheels}), head)
     creds = Credentials.resolve(settings.repository_url, environ, settings.pypirc,
                                 DEFAULT_REPOSITORY_URL)
     console.mask = console.mask.adding(creds.secrets)
-    upload_cmd = _twine("upload", "--non-interactive", "--skip-existing", *creds.twine_args,
-                        *map(str, files))
-    _print_plan(console, settings, head, files, manifest, tags, creds, upload_cmd)
+    on_index, index_note = _on_index(settings, creds)
+    todo = [f for f in files if f.name not in on_index]
+    upload_cmd = None
+    if todo:
+        skip = ("--skip-existing",) if is_pypi(settings.repository_url) else ()
+        upload_cmd = _twine("upload", "--non-interactive", "--disable-progress-bar", *skip, *creds.twine_args,
+                            *(str(f.relative_to(root)) for f in todo))
+    _print_plan(console, settings, head, files, on_index, manifest, tags, creds, index_note,
+                upload_cmd)
     if settings.dry_run:
         console.say("DRY_RUN=1: nothing tagged, nothing uploaded.  To publish: "
                     "make release DRY_RUN=0 [REPOSITORY_URL=...]")
@@ -250,25 +248,67 @@ def release(settings, environ, console):
             else:
                 git.create_tag(root, tag, head)
                 console.say(f"    {tag} -> {head[:12]} (push it: git push origin {tag})")
-    with console.step("twine upload --skip-existing"):
-        code, _ = console.run(upload_cmd, cwd=root,
-                              env=_child_env(environ, **dict(creds.env)))
+    if upload_cmd is None:
+        console.say("nothing to upload: every file is already on the index")
+        return 0
+    with console.step("twine upload"):
+        code, _ = console.run(upload_cmd, cwd=root, env=_child_env(environ, **creds.env))
         if code != 0:
             raise UploadError(f"twine upload failed (exit {code}); it is safe to re-run: "
-                              "files already uploaded are skipped")
-    console.say(f"released {len(files)} files from {head[:12]}")
+                              "files already on the index are left out")
+    console.say(f"released {len(todo)} files from {head[:12]}")
     return 0
 
 
-def _print_plan(console, settings, head, files, manifest, tags, creds, upload_cmd):
+def _build_release_dir(settings, console, environ, cells):
+    """Fill ``dist/release/`` with the cells' checked wheels and the sdist; twine-check them."""
+    root = settings.root
+    with console.step("collect and check the cells' wheels"):
+        wheels = collect_wheels(root / "dist", [c.name for c in cells])
+        outdir = root / RELEASE_DIR
+        shutil.rmtree(outdir, ignore_errors=True)
+        outdir.mkdir(parents=True)
+        for wheel in wheels:
+            shutil.copy2(wheel.path, outdir / wheel.path.name)
+            console.say(f"    {wheel.path.name}  <- {', '.join(wheel.cells)}")
+    newest = wheels[-1].version
+    with console.step(f"build the sdist (for TensorFlow {newest.major}.{newest.minor})"):
+        sdist = _build_sdist(settings, console, environ, outdir, newest)
+    files = sorted(outdir / w.path.name for w in wheels) + [sdist]
+    with console.step("twine check --strict"):
+        code, _ = console.run(_twine("check", "--strict", *(str(f.relative_to(root))
+                                                            for f in files)),
+                              cwd=root, env=_child_env(environ))
+        if code != 0:
+            raise CheckError(f"twine check --strict failed (exit {code})")
+    return wheels, files
+
+
+def _on_index(settings, creds):
+    """Names of our files the index already holds, and a line saying how that was found."""
+    index = simple_index_url(split_userinfo(settings.repository_url)[0], settings.index_url)
+    try:
+        present = published_files(index, PROJECT, username=creds.username,
+                                  password=creds.password)
+    except (OSError, ValueError, http.client.HTTPException) as exc:
+        return set(), f"{index} cannot be read ({exc}): every file will be uploaded"
+    return set(present), f"{index} ({len(present)} {PROJECT} files there)"
+
+
+def _print_plan(console, settings, head, files, on_index, manifest, tags, creds, index_note,
+                upload_cmd):
     console.say(f"release of {head[:12]} ({'dry run' if settings.dry_run else 'upload'}):")
     for path in files:
-        console.say(f"    {sha256_file(path)}  {path.name}  ({path.stat().st_size} bytes)")
+        state = "already on the index" if path.name in on_index else "to upload"
+        console.say(f"    {sha256_file(path)}  {path.name}  ({path.stat().st_size} bytes, "
+                    f"{state})")
     console.say(f"  manifest:    {manifest.relative_to(settings.root)}")
     console.say("  tags:        " + ", ".join(f"{t} ({'exists' if e else 'new'})" for t, e in tags))
     console.say(f"  upload to:   {settings.repository_url}")
+    console.say(f"  index:       {index_note}")
     console.say(f"  credentials: {creds.source}")
-    console.say(f"  command:     {' '.join(upload_cmd[1:])}")
+    console.say("  command:     " + (f"twine {' '.join(upload_cmd[3:])}" if upload_cmd
+                                     else "none: every file is already on the index"))
 
 
 def main(argv=None, environ=None, stream=None, err_stream=None):

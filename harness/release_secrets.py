@@ -6,7 +6,7 @@ up in a URL or in a tool's message is replaced by ``****``.
 """
 import configparser
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -60,7 +60,7 @@ def _same_url(a, b):
 
 
 def pypirc_section(path, url, default_url):
-    """The ``.pypirc`` section whose repository is ``url`` as ``(name, password)``, else None.
+    """The ``.pypirc`` section whose repository is ``url``: ``(name, username, password)`` or None.
 
     twine reads credentials from ``.pypirc`` only when it is given a section name (not a URL), so
     the release looks the URL up here.  A section without ``repository`` means ``default_url``
@@ -80,18 +80,34 @@ def pypirc_section(path, url, default_url):
             continue
         repo = parser.get(name, "repository", fallback=default_url if name == "pypi" else None)
         if repo and _same_url(repo, url):
-            return name, parser.get(name, "password", fallback=None)
+            return (name, parser.get(name, "username", fallback=None),
+                    parser.get(name, "password", fallback=None))
     return None
 
 
 @dataclass(frozen=True, kw_only=True)
 class Credentials:
-    """How twine will authenticate: ``source`` says where from (never the secret itself)."""
+    """How twine will authenticate; ``source`` says where from (never the secret itself)."""
 
     source: str
     twine_args: tuple = ()
-    env: tuple = ()        # (name, value) pairs added to twine's environment
-    secrets: tuple = ()    # values to mask
+    username: str = field(default=None, repr=False)
+    password: str = field(default=None, repr=False)
+    #: True when twine gets them through its environment (not from a .pypirc).
+    via_env: bool = False
+    extra_secrets: tuple = field(default=(), repr=False)
+
+    @property
+    def env(self):
+        """Variables added to twine's environment."""
+        if not self.via_env:
+            return {}
+        return {"TWINE_USERNAME": self.username or "", "TWINE_PASSWORD": self.password or ""}
+
+    @property
+    def secrets(self):
+        """Every value to mask."""
+        return tuple(s for s in (self.password, *self.extra_secrets) if s)
 
     @classmethod
     def resolve(cls, repository_url, environ, pypirc, default_url):
@@ -101,20 +117,20 @@ class Credentials:
         then the ``.pypirc`` section whose repository is the URL.
         """
         bare, user, password = split_userinfo(repository_url)
-        env_secrets = tuple(v for v in (environ.get("TWINE_PASSWORD"),) if v)
+        env_user, env_password = environ.get("TWINE_USERNAME"), environ.get("TWINE_PASSWORD")
         if user is not None or password is not None:
-            env = (("TWINE_USERNAME", user or ""), ("TWINE_PASSWORD", password or ""))
             return cls(source="the user:password in REPOSITORY_URL",
-                       twine_args=("--repository-url", bare), env=env,
-                       secrets=tuple(s for s in (password,) if s) + env_secrets)
-        if environ.get("TWINE_USERNAME") or environ.get("TWINE_PASSWORD"):
+                       twine_args=("--repository-url", bare), username=user, password=password,
+                       via_env=True, extra_secrets=(env_password,))
+        if env_user or env_password:
             return cls(source="TWINE_USERNAME / TWINE_PASSWORD",
-                       twine_args=("--repository-url", bare), secrets=env_secrets)
+                       twine_args=("--repository-url", bare), username=env_user,
+                       password=env_password, via_env=True)
         section = pypirc_section(pypirc, bare, default_url)
         if section is not None:
-            name, pypirc_password = section
+            name, user, password = section
             return cls(source=f"{pypirc} [{name}]",
                        twine_args=("--config-file", str(pypirc), "--repository", name),
-                       secrets=tuple(s for s in (pypirc_password,) if s))
+                       username=user, password=password)
         return cls(source="none found (set TWINE_USERNAME / TWINE_PASSWORD or a .pypirc section "
                           "for this URL)", twine_args=("--repository-url", bare))
