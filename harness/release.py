@@ -134,8 +134,11 @@ class Console:
     def run(self, cmd, *, cwd, env, show=True):
         """Run ``cmd``; stream its output (masked) when ``show``; return (exit code, output)."""
         self.say(f"$ {' '.join(cmd)}")
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, errors="replace")
+        try:
+            proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, errors="replace")
+        except OSError as exc:
+            raise ConfigError(f"cannot run {cmd[0]!r}: {exc.strerror or exc}") from None
         lines = []
         for line in proc.stdout:
             lines.append(self.mask(line.rstrip("\n")))

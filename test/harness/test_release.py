@@ -20,7 +20,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.release import main
+from harness.release import DEFAULT_REPOSITORY_URL, Settings, main
+from harness.release_errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 GIT = ["git", "-c", "user.name=release test", "-c", "user.email=release-test@example.invalid",
@@ -110,6 +111,30 @@ def release(repo, *args, **env):
 
 def files_under(*dirs):
     return [p for d in dirs if d.exists() for p in d.rglob("*") if p.is_file()]
+
+
+# --- settings --------------------------------------------------------------------------------
+
+def test_settings_default_to_a_dry_run_on_pypi(tmp_path):
+    s = Settings.from_args(["--root", str(tmp_path)], {})
+    assert (s.dry_run, s.run_matrix, s.repository_url, s.index_url) == (
+        True, True, DEFAULT_REPOSITORY_URL, None)
+    assert s.matrix_command == ("make", "matrix", "DRY_RUN=0")
+
+
+@pytest.mark.parametrize("value, expected", [("0", False), ("false", False), ("NO", False),
+                                             ("1", True), ("yes", True), (" ", True)])
+def test_settings_flags(tmp_path, value, expected):
+    s = Settings.from_args(["--root", str(tmp_path)], {"DRY_RUN": value, "RUN_MATRIX": value,
+                                                       "INDEX_URL": "http://i/simple"})
+    assert s.dry_run is expected and s.run_matrix is expected and s.index_url == "http://i/simple"
+
+
+def test_settings_options_override_the_environment(tmp_path):
+    s = Settings.from_args(["--root", str(tmp_path), "--dry-run", "1"], {"DRY_RUN": "0"})
+    assert s.dry_run is True
+    with pytest.raises(ConfigError, match="RUN_MATRIX must be one of 1/0.*got '2'"):
+        Settings.from_args(["--root", str(tmp_path)], {"RUN_MATRIX": "2"})
 
 
 # --- dry run ---------------------------------------------------------------------------------
@@ -344,6 +369,7 @@ def index_files(index):
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:'crypt' is deprecated:DeprecationWarning")  # passlib, on 3.11
 def test_rehearsal_release_to_a_local_index_then_pip_install(repo, index, tmp_path):
     creds = {"TWINE_USERNAME": index.user}
     # 1. A wrong password: the upload fails (after tagging), nothing lands, nothing leaks.
