@@ -231,6 +231,9 @@ def release(settings, environ, console):
     creds = Credentials.resolve(settings.repository_url, environ, settings.pypirc,
                                 DEFAULT_REPOSITORY_URL)
     console.mask = console.mask.adding(creds.secrets)
+    if creds.anonymous and is_pypi(settings.repository_url) and not settings.dry_run:
+        raise ConfigError(f"no credentials for {settings.repository_url}: set TWINE_USERNAME="
+                          "__token__ and TWINE_PASSWORD=<API token>, or a .pypirc [pypi] section")
     on_index, index_note = _on_index(settings, creds)
     todo = [f for f in files if f.name not in on_index]
     upload_cmd = None

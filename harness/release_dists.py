@@ -59,7 +59,11 @@ def sha256_file(path):
 
 
 def _wheel_metadata(path):
-    with zipfile.ZipFile(path) as zf:
+    try:
+        zf = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise ArtifactError(f"{path.name}: not a readable wheel ({exc})") from None
+    with zf:
         names = [n for n in zf.namelist()
                  if n.count("/") == 1 and n.split("/")[0].endswith(".dist-info")
                  and n.endswith("/METADATA")]

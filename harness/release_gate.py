@@ -12,7 +12,7 @@ made from a clean tree) and no cell regressed or failed to build.  Each status i
 guesses is no gate.
 """
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .release_errors import GateError
 
@@ -68,7 +68,7 @@ class GateResult:
 
     released: tuple
     left_out: tuple = ()
-    notes: tuple = field(default=())
+    notes: tuple = ()
 
 
 def _cell_from_json(name, entry, where):

@@ -96,6 +96,7 @@ class Credentials:
     #: True when twine gets them through its environment (not from a .pypirc).
     via_env: bool = False
     extra_secrets: tuple = field(default=(), repr=False)
+    anonymous: bool = False
 
     @property
     def env(self):
@@ -132,5 +133,8 @@ class Credentials:
             return cls(source=f"{pypirc} [{name}]",
                        twine_args=("--config-file", str(pypirc), "--repository", name),
                        username=user, password=password)
-        return cls(source="none found (set TWINE_USERNAME / TWINE_PASSWORD or a .pypirc section "
-                          "for this URL)", twine_args=("--repository-url", bare))
+        # Empty values (not missing ones) let twine upload to an index that asks for none.
+        return cls(source="none found: uploading anonymously (set TWINE_USERNAME / "
+                          "TWINE_PASSWORD or a .pypirc section for this URL if the index asks)",
+                   twine_args=("--repository-url", bare), username="", password="",
+                   via_env=True, anonymous=True)

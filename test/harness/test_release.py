@@ -217,6 +217,13 @@ def test_credentials_never_shown_or_written(repo, where):
     assert "upload to:   http://" in out
 
 
+def test_pypi_upload_without_credentials_stops_before_tagging(repo):
+    code, _, err = release(repo, DRY_RUN="0", REPOSITORY_URL=DEFAULT_REPOSITORY_URL,
+                           INDEX_URL=DEAD_INDEX)
+    assert code == 2 and "no credentials for https://upload.pypi.org/legacy/" in err
+    assert git_out(repo, "tag", "--list") == ""
+
+
 def test_url_credentials_are_masked_in_errors(repo):
     code, _, err = release(repo, DRY_RUN="maybe", REPOSITORY_URL="http://u:pw-xyz@127.0.0.1:9/")
     assert code == 2 and "DRY_RUN must be one of 1/0" in err and "pw-xyz" not in err
@@ -312,6 +319,16 @@ def test_missing_and_mismatched_wheels_are_refused(repo, project):
     assert "tf2.20-cu12.5-py3.11: passed, but no wheel" in err
     assert "does not match the cell's TensorFlow 2.21" in err
     assert "extra [tensorflow] requires tensorflow<2.21,>=2.20, expected tensorflow<2.22,>=2.21" in err
+
+
+def test_failed_sdist_build_is_reported(repo):
+    with open(repo / "setup.py", "a") as f:
+        f.write('\nraise SystemExit("setup.py: broken on purpose")\n')
+    run([*GIT, "commit", "-qam", "break the build"], cwd=repo)
+    write_summary(repo)
+    code, _, err = release(repo)
+    assert code == 7
+    assert "building the sdist failed" in err and "broken on purpose" in err
 
 
 # --- rehearsal: a real index, a real upload, a real install ------------------------------------

@@ -84,6 +84,13 @@ def test_invalid_wheel_filename(tmp_path):
         check_wheel(path, CELL)
 
 
+def test_corrupt_wheel(tmp_path):
+    path = tmp_path / "blocksparse-2.21.0-py3-none-any.whl"
+    path.write_bytes(b"not a zip")
+    with pytest.raises(ArtifactError, match="not a readable wheel"):
+        check_wheel(path, CELL)
+
+
 def test_collect_sorts_by_version_and_merges_identical_builds(tmp_path):
     dist = tmp_path / "dist"
     make_wheel(dist / "tf2.21-cu12.5-py3.11")

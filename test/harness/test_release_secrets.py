@@ -103,6 +103,8 @@ def test_credentials_from_pypirc_use_the_section(tmp_path, url, section, passwor
     assert creds.env == {} and creds.username in ("__token__", "me")
 
 
-def test_no_credentials_says_so(tmp_path):
+def test_no_credentials_uploads_anonymously(tmp_path):
     creds = Credentials.resolve("http://127.0.0.1:9/", {}, tmp_path / "none", PYPI)
-    assert creds.source.startswith("none found") and creds.secrets == ()
+    assert creds.source.startswith("none found") and creds.anonymous and creds.secrets == ()
+    # Empty, not missing: twine then uploads without asking (missing ones fail non-interactively).
+    assert creds.env == {"TWINE_USERNAME": "", "TWINE_PASSWORD": ""}
