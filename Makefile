@@ -39,6 +39,11 @@ matrix: install  ## build + test every selected cell (CELLS=regex EXECUTOR=local
 	    --cells=$(call shquote,$(CELLS)) --pytest-args=$(call shquote,$(PYTEST_ARGS)) \
 	    $(if $(call given,DRY_RUN),--dry-run) $(if $(call given,FRESH),--fresh)
 
+# DRY_RUN, RUN_MATRIX and REPOSITORY_URL reach harness/release.py through the environment (make
+# exports command-line variables), so a password in REPOSITORY_URL is never on a command line.
+release: install  ## gates + twine check + tag + upload; DRY_RUN=1 (default) only prints the plan
+	@$(PY) -m harness.release
+
 bench: install  ## GPU benchmarks (run on a GPU machine)
 	$(PY) bench/bsmm.py
 
