@@ -44,8 +44,11 @@ matrix: install  ## build + test every selected cell (CELLS=regex EXECUTOR=local
 release: install  ## gates + twine check + tag + upload; DRY_RUN=1 (default) only prints the plan
 	@$(PY) -m harness.release
 
-bench: install  ## GPU benchmarks (run on a GPU machine)
-	$(PY) bench/bsmm.py
+# The benchmark needs a CUDA build of torch and triton: BENCH_PYTHON=<such a python>, else .venv.
+BENCH_PYTHON ?= $(PY)
+bench:  ## GPU benchmarks (on a GPU machine): bench/results/bsmm-h200.{json,md}
+	$(if $(filter $(PY),$(BENCH_PYTHON)),$(MAKE) install)
+	$(BENCH_PYTHON) bench/bsmm.py --out bench/results
 
 clean:
 	rm -rf build dist reports *.egg-info .matrix
