@@ -11,7 +11,8 @@ class FatalError(Exception):
 
 
 class ConfigError(FatalError):
-    """``matrix.yaml``, ``ci/known_failures.yaml`` or a command-line option is invalid."""
+    """A setting is invalid: ``matrix.yaml``, ``ci/known_failures.yaml``, a command-line option,
+    or a release setting (make variable, ``.pypirc``)."""
 
     exit_code = 2
 

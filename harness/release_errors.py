@@ -2,6 +2,8 @@
 
 They are raised anywhere in the release steps and caught once, in :func:`harness.release.main`,
 which prints the message and exits with ``exit_code``.  Messages must never contain credentials.
+The base :class:`FatalError` and :class:`ConfigError` (a setting the tool does not accept, exit
+code 2) are the matrix harness's own.
 """
 
 __all__ = [
@@ -10,16 +12,7 @@ __all__ = [
 ]
 
 
-class FatalError(Exception):
-    """A release that cannot go on; ``exit_code`` is what the process exits with."""
-
-    exit_code = 1
-
-
-class ConfigError(FatalError):
-    """A setting (make variable, option, .pypirc) has a value the tool does not accept."""
-
-    exit_code = 2
+from .errors import ConfigError, FatalError  # noqa: F401 -- shared with the matrix harness
 
 
 class DirtyTreeError(FatalError):
