@@ -217,7 +217,6 @@ def measure(hbm_gbs):
                         torch.cuda.synchronize()
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-        del case, p
         torch.cuda.empty_cache()
     return rows
 

@@ -1,7 +1,6 @@
 """The local executor, on the exact commands it runs (a recording fake runner)."""
 from pathlib import Path
 
-import pytest
 
 from harness.executors import SCRIPT, CellJob
 from harness.executors.local import LocalExecutor, run_streaming

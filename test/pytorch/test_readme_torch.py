@@ -22,7 +22,8 @@ def test_torch_example():
     exec(compile(_example("torch"), "README:torch", "exec"), scope)
     layer, x, y, bsmm, w, out = (scope[k] for k in ("layer", "x", "y", "bsmm", "w", "out"))
     dense = layer.layout.dense(layer.weight.detach().double().cpu().numpy())
-    ref = x.detach().double().cpu().numpy().reshape(-1, 4096) @ dense + layer.bias.detach().double().cpu().numpy()
+    bias = layer.bias.detach().double().cpu().numpy()
+    ref = x.detach().double().cpu().numpy().reshape(-1, 4096) @ dense + bias
     got = y.detach().double().cpu().numpy().reshape(-1, 4096)
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-4
     assert x.grad is not None and layer.weight.grad.shape == bsmm.w_shape
