@@ -64,6 +64,7 @@ mkdir -p "$work/tests" "$work/plugins"
 cp -a "$CELL_SRC/test" "$work/tests/test"
 rm -rf "$work/tests/test/harness"           # the harness's own tests are development-only
 cp "$CELL_SRC/pyproject.toml" "$work/tests/" # pytest settings: markers, warnings, addopts
+cp "$CELL_SRC/README.md" "$work/tests/"      # its examples are tested (test/test_readme*.py)
 cp "$CELL_SRC/harness/pytest_known_failures.py" "$work/plugins/"
 for arg in "$@"; do  # a test module named outside test/ comes along too
     path=${arg%%::*}
