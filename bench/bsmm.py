@@ -150,7 +150,8 @@ def timed(n, build, per_set_bytes):
     copies): events around each call for many tokens; for few tokens a CUDA graph over enough
     copies to overflow the L2 four times."""
     if n > 512:
-        return common.time_ms(build(False)), "events"
+        # 100 ms of warm-up: GPU clocks take a while to come back up after host-side work
+        return common.time_ms(build(False), warmup=100), "events"
     copies = max(2, min(64, math.ceil(4 * 60 * 2**20 / per_set_bytes)))
     try:
         return common.time_rotating_ms(lambda: [build(True) for _ in range(copies)]), "graph"
@@ -169,7 +170,9 @@ def _nbytes(*tensors):
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def measure(hbm_gbs):
+def measure(hbm_gbs, save):
+    """Check and time everything; ``save(rows)`` is called after each problem (partial results
+    survive an interrupted run)."""
     rows, dense = [], {}
     for n, dt, bs, d in problems():
         case = Case(n, dt, bs, d)
@@ -218,6 +221,7 @@ def measure(hbm_gbs):
                 rows.append(row)
                 print(json.dumps(row), flush=True)
         torch.cuda.empty_cache()
+        save(rows)
     return rows
 
 
@@ -253,14 +257,14 @@ def markdown(meta, rows):
                             r = index.get((impl, op, dt, bs, d, n), {})
                             if "ms" not in r:
                                 cells.append("err")
-                            elif n > 512:
-                                cells.append(f"{r['frac_of_dense']:.2f}" + ("" if r.get("ok") else "!"))
                             else:
-                                cells.append(f"{r['frac_of_dense']:.2f} ({r['hbm_frac']:.2f} hbm)"
-                                             + ("" if r.get("ok") else "!"))
+                                mark = ("" if r.get("ok") else "!") + ("~" if r.get("spread", 0) > 0.1 else "")
+                                hbm = f" ({r['hbm_frac']:.2f} hbm)" if n <= 512 else ""
+                                cells.append(f"{r['frac_of_dense']:.2f}{hbm}{mark}")
                     out.append(f"| {bs} | {d} | " + " | ".join(cells) + " |")
             out.append("")
-    out += ["`!` marks a result outside the dtype's tolerance against float64 (none expected).", ""]
+    out += ["`!` marks a result outside the dtype's tolerance against float64 (none expected); `~` one "
+            "whose two timings differed by more than 10% (the faster is shown).", ""]
     return "\n".join(out)
 
 
@@ -282,12 +286,15 @@ def main():
     import triton
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 date=time.strftime("%Y-%m-%d"), hbm_gbs=hbm, l2_gbs=l2, C=C, K=K)
-    rows = measure(hbm)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "bsmm-h200.json"), "w") as f:
-        json.dump(dict(meta, rows=rows), f, indent=1)
-    with open(os.path.join(args.out, "bsmm-h200.md"), "w") as f:
-        f.write(markdown(meta, rows))
+
+    def save(rows):
+        with open(os.path.join(args.out, "bsmm-h200.json"), "w") as f:
+            json.dump(dict(meta, rows=rows), f, indent=1)
+        with open(os.path.join(args.out, "bsmm-h200.md"), "w") as f:
+            f.write(markdown(meta, rows))
+
+    rows = measure(hbm, save)
     bad = [r for r in rows if r["impl"] != "dense" and not r.get("ok")]
     print(markdown(meta, rows))
     print(f"{len(rows)} rows, {len(bad)} failed or inaccurate; {time.time() - t0:.0f}s")
