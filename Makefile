@@ -6,6 +6,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# `make matrix` options (see README "Build matrix"): CELLS=<regex> EXECUTOR=local|docker
+# PYTEST_ARGS=... DRY_RUN=1 FRESH=1.
+EXECUTOR ?= local
+CELLS ?=
+shquote = '$(subst ','\'',$(1))'
+# Set on the command line or in the environment only (a makefile default must not turn it on).
+given = $(if $(filter command line environment,$(origin $(1))),$(filter-out 0 no false,$($(1))))
 
 .PHONY: install test compile render matrix release bench clean
 
@@ -24,13 +31,24 @@ test: install  ## the whole CPU test suite (what .ci/run calls)
 compile: install  ## build the wheel for the installed TensorFlow into dist/ (GPU kernels + op library)
 	PYTHON=$(PY) scripts/build_wheel.sh dist
 
-matrix: install  ## build + test every selected cell (placeholder until the harness lands)
-	@echo "make matrix: the matrix harness has not landed yet; building and testing for the installed TensorFlow only"
-	$(MAKE) compile
-	$(PY) -m pytest $(PYTEST_ARGS)
+render: install  ## render docker/generated/, ci/workflows/gpu-matrix.yml and the README table from matrix.yaml
+	$(PY) -m harness render
 
-bench: install  ## GPU benchmarks (run on a GPU machine)
-	$(PY) bench/bsmm.py
+matrix: install  ## build + test every selected cell (CELLS=regex EXECUTOR=local|docker), write reports/
+	$(PY) -m harness matrix --executor=$(call shquote,$(EXECUTOR)) \
+	    --cells=$(call shquote,$(CELLS)) --pytest-args=$(call shquote,$(PYTEST_ARGS)) \
+	    $(if $(call given,DRY_RUN),--dry-run) $(if $(call given,FRESH),--fresh)
+
+# DRY_RUN, RUN_MATRIX and REPOSITORY_URL reach harness/release.py through the environment (make
+# exports command-line variables), so a password in REPOSITORY_URL is never on a command line.
+release: install  ## gates + twine check + tag + upload; DRY_RUN=1 (default) only prints the plan
+	@$(PY) -m harness.release
+
+# The benchmark needs a CUDA build of torch and triton: BENCH_PYTHON=<such a python>, else .venv.
+BENCH_PYTHON ?= $(PY)
+bench:  ## GPU benchmarks (on a GPU machine): bench/results/bsmm-h200.{json,md}
+	$(if $(filter $(PY),$(BENCH_PYTHON)),$(MAKE) install)
+	$(BENCH_PYTHON) bench/bsmm.py --out bench/results
 
 clean:
-	rm -rf build dist reports *.egg-info blocksparse/_tf_ops.so blocksparse/_build_info.json
+	rm -rf build dist reports *.egg-info .matrix blocksparse/_tf_ops.so blocksparse/_build_info.json

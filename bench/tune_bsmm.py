@@ -138,7 +138,8 @@ def small_n_ceilings(hbm_gbs):
         p = problem(64, bs, d, "bf16")
         nbytes = bytes_moved(p, "fprop")
         copies = max(2, min(64, math.ceil(240 * 2**20 / nbytes)))
-        srcs = [torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_() for _ in range(copies)]
+        srcs = [torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
+                for _ in range(copies)]
         dsts = [torch.empty_like(t) for t in srcs]
         # a copy reads and writes: time one that moves the same total bytes as the kernel
         half = [(s_[: s_.numel() // 2], d_[: d_.numel() // 2]) for s_, d_ in zip(srcs, dsts)]
@@ -224,7 +225,8 @@ def main():
             key = (r["N"], r["dtype"], r["op"], r["bs"], r["density"])
             if key not in best or r["ms"] < best[key]["ms"]:
                 best[key] = r
-    print(f"\n{'N':>5} {'dt':>4} {'op':>5} {'bs':>3} {'dens':>5} {'impl':>4} {'cfg':<28} {'ms':>8} {'frac':>5} {'hbm':>5}")
+    print(f"\n{'N':>5} {'dt':>4} {'op':>5} {'bs':>3} {'dens':>5} {'impl':>4} {'cfg':<28} "
+          f"{'ms':>8} {'frac':>5} {'hbm':>5}")
     for key in sorted(best):
         r = best[key]
         c = r["cfg"]

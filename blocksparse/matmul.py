@@ -18,6 +18,7 @@ import numbers
 
 import numpy as np
 
+from ._frontend import LayoutShapes, check_feature_axis
 from ._initializers import identity_blocks, ortho_blocks
 from ._tf import tf
 from ._tf import autodiff, backend, checks, grouping, sparse_proj, weights
@@ -44,7 +45,7 @@ def _check_name(name, default):
     return name
 
 
-class BlocksparseMatMul:
+class BlocksparseMatMul(LayoutShapes):
     """``y = x @ W`` for a weight ``W`` of shape ``(C, K)`` made of ``bs x bs`` blocks.
 
     The object holds the layout only; weights are separate tensors, so several weights can
@@ -80,12 +81,7 @@ class BlocksparseMatMul:
     """
 
     def __init__(self, layout, block_size=32, feature_axis=1, z_order=False, name=None):
-        if isinstance(feature_axis, bool) or not isinstance(feature_axis, numbers.Integral):
-            raise TypeError(f"feature_axis must be an int, 0 or 1; got {feature_axis!r}")
-        if feature_axis not in (0, 1):
-            raise ValueError(f"feature_axis must be 0 (activations (C, N)) or 1 (activations "
-                             f"(N, C)); got {feature_axis}")
-        self.axis = int(feature_axis)
+        self.axis = check_feature_axis(feature_axis)
         if not isinstance(z_order, (bool, np.bool_)):
             raise TypeError(f"z_order must be a bool; got {z_order!r}")
         self.layout = Layout(layout, block_size, z_order=bool(z_order))
@@ -109,18 +105,6 @@ class BlocksparseMatMul:
         return (f"BlocksparseMatMul(C={self.C}, K={self.K}, block_size={self.bsize}, "
                 f"blocks={self.blocks}, feature_axis={self.axis}, z_order={self.z_order}, "
                 f"name={self.name!r})")
-
-    def i_shape(self, N):
-        """Shape of the input activations for minibatch ``N`` (``None`` allowed)."""
-        return (N, self.C) if self.axis else (self.C, N)
-
-    def o_shape(self, N):
-        """Shape of the output activations for minibatch ``N`` (``None`` allowed)."""
-        return (N, self.K) if self.axis else (self.K, N)
-
-    def block_coord(self, block):
-        """Layout coordinate ``(c, k)`` of block id ``block`` (an int in ``[0, blocks)``)."""
-        return self.layout.block_coord(block)
 
     def ortho_init(self):
         """Initializer: random orthonormal columns within each layout column (see below).

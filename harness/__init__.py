@@ -1,4 +1,52 @@
 """The matrix harness: matrix.yaml -> cells -> Dockerfiles -> wheels + test reports -> release.
 
 Development tooling only: it is not part of the ``blocksparse`` wheel.
+
+Modules
+-------
+``matrix``          ``matrix.yaml`` validated into frozen `Cell` records (TF x CUDA x Python).
+``known_failures``  ``ci/known_failures.yaml`` validated; handed to the pytest plugin as JSON.
+``pytest_known_failures``  the pytest plugin a cell loads (stdlib + pytest only).
+``render``          Dockerfiles, the GPU workflow and the README table, from the cells (pure).
+``executors``       ``local`` (a virtualenv per cell) and ``docker`` (docker SDK); both run
+                    ``scripts/run_cell.sh``, which calls ``scripts/build_wheel.sh``.
+``run``             ``make matrix``: plan, run the cells, write the reports.
+``report``          cell results, ``summary.json``, ``matrix.md``, ``index.html``.
+``cli``             ``python -m harness {render,matrix,report}``.
+
+Output contract (what ``make release`` and CI read)
+---------------------------------------------------
+``dist/<cell>/blocksparse-*.whl``
+    The wheel built in that cell (exactly one per built cell).
+``reports/<cell>/``
+    ``log.txt`` (everything the cell printed), ``junit.xml``, ``outcomes.json`` (every test's
+    sorted outcome, from the plugin) and ``result.json`` (the cell's entry of the summary).
+``reports/summary.json``
+    ::
+
+        {"commit": "<git rev-parse HEAD of the tested tree, or null outside git>",
+         "dirty": <true when the tested tree differed from that commit (edits or untracked
+                   files), null outside git>,
+         "executor": "local" | "docker", "cells_selected": <regex or null>,
+         "pytest_args": [...], "started": ISO-8601, "finished": ISO-8601,
+         "ok": <false when a gating cell failed>,
+         "cells": {"<cell>": {
+             "status": "passed" | "built" | "regressed" | "known-fixed" | "build-failed"
+                       | "error" | "skipped" | "allowed-failure",
+             "outcome": <underlying status; only with "allowed-failure">,
+             "reason": <one line, or null>,
+             "passed": <count>, "skipped": <count>,
+             "regressions": [node ids], "known": [...], "fixed": [...], "flaky": [...],
+             "details": {<node id>: {"outcome", "message", "entry", "attempts"}},
+             "fixed_entries": [<known-failure entries to delete>],
+             "tensorflow": "2.21", "python": "3.11", "cuda": "12.5", "cudnn": "9.3",
+             "archs": [...], "image": "...", "matrix_status": "supported" | "compile-only"
+                                                            | "allowed-to-fail",
+             "gating": <bool>, "wheels": ["dist/<cell>/blocksparse-....whl"],
+             "log": "reports/<cell>/log.txt", "junit": <path or null>,
+             "duration_s": <float>, "executor": "local" | "docker"}}}
+
+    Paths are relative to the project root.  A wheel is fit to publish when its cell's status
+    is ``passed`` (tested) or ``built`` (compile-only), ``gating`` is true, and the summary's
+    ``commit`` is the release commit with ``dirty`` false.
 """

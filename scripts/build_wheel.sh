@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Build the blocksparse wheel for the TensorFlow installed in $PYTHON's environment.
 #
-# The one build entry point: `make compile` (and every matrix cell) calls it, so a change to how
-# the package is built lands everywhere at once.
+# The one build entry point: `make compile` and every matrix cell (scripts/run_cell.sh) call it,
+# so a change to how the package is built lands everywhere at once.
 #
 # Usage (from the source tree's root):  PYTHON=/path/to/python scripts/build_wheel.sh OUTDIR
 # Steps: scripts/build_ops.py compiles the GPU kernels ahead of time (archs: BLOCKSPARSE_CUDA_ARCHS,

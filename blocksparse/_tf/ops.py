@@ -80,7 +80,7 @@ def _minor(version):
 def _install_hint():
     minor = _minor(tf.__version__)
     return (f"install the blocksparse wheel built for TensorFlow {minor} "
-            f"(pip install 'blocksparse[tensorflow]=={minor}.*'), or build one with `make compile`")
+            f"(pip install 'blocksparse[tensorflow]~={minor}.0'), or build one with `make compile`")
 
 
 @lru_cache(maxsize=None)

@@ -73,7 +73,8 @@ _XPROP = {
     ("tma", "fp32", "large"): {16: X(128, 1, 4, 3), 32: X(128, 1, 4, 3), 64: X(64, 1, 4, 3),
                                128: X(64, 1, 4, 3, BK=32)},
     ("tma", "fp32", "small"): {16: X(64, 1, 4, 2, WAVES=8), 32: X(64, 1, 4, 2, WAVES=8),
-                               64: X(64, 1, 4, 3, BN=32, WAVES=0), 128: X(64, 1, 4, 3, BK=64, BN=32, WAVES=0)},
+                               64: X(64, 1, 4, 3, BN=32, WAVES=0),
+                               128: X(64, 1, 4, 3, BK=64, BN=32, WAVES=0)},
     ("ptr", "16bit", "large"): {16: X(128, 4, 4, 4, TMA=False), 32: X(128, 1, 4, 4, TMA=False),
                                 64: X(128, 1, 4, 3, TMA=False), 128: X(128, 1, 8, 3, TMA=False)},
     ("ptr", "16bit", "small"): {bs: X(64, 1, 4, 3, WAVES=4, TMA=False) for bs in KERNEL_BLOCK_SIZES},
@@ -87,7 +88,7 @@ _UPDAT = {
     ("16bit", "small"): {16: U(8, 64, 4, 3, TMA=False), 32: U(1, 64, 4, 3), 64: U(1, 64, 4, 3),
                          128: U(1, 64, 4, 3)},
     ("fp32", "large"): {16: U(8, 32, 4, 3, TMA=False), 32: U(4, 32, 4, 3, TMA=False),
-                        64: U(2, 32, 8, 2, TMA=False), 128: U(1, 32, 8, 2, TMA=False)},
+                        64: U(1, 32, 4, 3, TMA=False), 128: U(1, 16, 8, 3, TMA=False)},
     ("fp32", "small"): {16: U(8, 32, 4, 2, TMA=False), 32: U(4, 32, 4, 2, TMA=False),
                         64: U(2, 32, 4, 2, TMA=False), 128: U(1, 32, 8, 2, TMA=False)},
 }

@@ -1,10 +1,15 @@
-"""Launchers of the Triton kernels on torch tensors: read dims, allocate, grid, launch."""
+"""Launchers of the Triton kernels on torch tensors: read dims, allocate, grid, launch.
+
+:func:`xprop` and :func:`updat` choose between the TMA kernels (Hopper and newer, where tensor
+descriptors can address the tensors) and the pointer-load kernels, as the tile config asks.
+Split reductions (``atomic`` / ``split > 1``) accumulate into a zeroed float32 buffer that is cast
+to the output dtype at the end.
+"""
 import torch
 import triton
-
-from .. import _env
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from .. import _env
 from ..kernels.updat import updat_kernel
 from ..kernels.updat_tma import updat_tma_kernel, updat_tma_stacked_kernel
 from ..kernels.xprop import xprop_kernel
@@ -15,79 +20,27 @@ if _env.triton_interpret():
 
     patch_bf16_dot()
 
-PRECISIONS = {"ieee", "tf32"}
-
-
-def _strides(t, axis):
-    """(token stride, feature stride) of activations in either layout."""
-    return (t.stride(0), t.stride(1)) if axis == 1 else (t.stride(1), t.stride(0))
-
-
-def _empty_out(like, n_tokens, features, axis, dtype):
-    shape = (n_tokens, features) if axis == 1 else (features, n_tokens)
-    return like.new_empty(shape, dtype=dtype)
-
 
 def xprop(x, w, headers, entries, *, out_features, bs, axis, trans, cfg, atomic, precision):
-    """fprop (``trans=False``) or bprop (``trans=True``): the TMA kernel where ``cfg`` asks for it
-    and descriptors can address the tensors, else the pointer kernel."""
+    """fprop (``trans=False``) or bprop (``trans=True``).
+
+    ``headers``/``entries`` are the layout core's xprop table built with ``group=cfg.G``;
+    ``atomic`` must be true when any output group has more than one segment.
+    """
+    if trans and x.dtype == torch.float32:
+        # exact float32 products read a transposed weight tile very slowly (50x on sm_90);
+        # transposing the packed blocks once costs one pass over the (small) weight
+        w, trans = w.transpose(1, 2).contiguous(), False
     launch = xprop_tma if cfg.TMA and tma_ok(x, w) else xprop_ptr
     return launch(x, w, headers, entries, out_features=out_features, bs=bs, axis=axis, trans=trans,
                   cfg=cfg, atomic=atomic, precision=precision)
 
 
 def updat(x, dy, groups, *, w_shape, bs, axis, cfg, split, precision, dw_dtype):
-    """updat: the TMA kernel where ``cfg`` asks for it and descriptors can address the tensors."""
+    """updat; ``groups`` is ``Layout.updat_groups(cfg.G)``, ``split`` the token slices."""
     launch = updat_tma if cfg.TMA and tma_ok(x, dy) else updat_ptr
     return launch(x, dy, groups, w_shape=w_shape, bs=bs, axis=axis, cfg=cfg, split=split,
                   precision=precision, dw_dtype=dw_dtype)
-
-
-def xprop_ptr(x, w, headers, entries, *, out_features, bs, axis, trans, cfg, atomic, precision):
-    """fprop (``trans=False``) or bprop (``trans=True``) through :func:`xprop_kernel`.
-
-    ``headers``/``entries`` are the layout core's xprop table built with ``group=cfg.G``;
-    ``atomic`` must be true when any output group has more than one segment.
-    """
-    n_tokens = x.shape[0] if axis == 1 else x.shape[1]
-    num_segments = headers.shape[0]
-    y = _empty_out(x, n_tokens, out_features, axis, x.dtype)
-    if n_tokens == 0:
-        return y
-    if atomic:
-        y32 = y.new_zeros(y.shape, dtype=torch.float32)
-    out = y32 if atomic else y
-    grid = (num_segments * triton.cdiv(n_tokens, cfg.BM),)
-    xprop_kernel[grid](
-        x, w, out, headers, entries,
-        n_tokens, out_features, num_segments,
-        *_strides(x, axis), *_strides(out, axis),
-        BS=bs, G=cfg.G, BM=cfg.BM, TRANS_W=trans, ATOMIC=atomic, PRECISION=precision,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
-    if atomic:
-        y.copy_(y32)
-    return y
-
-
-def updat_ptr(x, dy, groups, *, w_shape, bs, axis, cfg, split, precision, dw_dtype):
-    """updat through :func:`updat_kernel`; ``groups`` is ``Layout.updat_groups(cfg.G)``."""
-    n_tokens = x.shape[0] if axis == 1 else x.shape[1]
-    atomic = split > 1 or n_tokens == 0
-    dw = x.new_zeros(w_shape, dtype=torch.float32) if atomic else x.new_empty(w_shape, dtype=dw_dtype)
-    if n_tokens == 0:
-        return dw.to(dw_dtype)
-    per_split = triton.cdiv(triton.cdiv(n_tokens, split), cfg.BK) * cfg.BK
-    grid = (groups.shape[0], triton.cdiv(n_tokens, per_split))
-    updat_kernel[grid](
-        x, dy, dw, groups,
-        n_tokens, per_split,
-        *_strides(x, axis), *_strides(dy, axis),
-        BS=bs, G=cfg.G, BK=cfg.BK, ATOMIC=atomic, PRECISION=precision,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
-    return dw if dw.dtype == dw_dtype else dw.to(dw_dtype)
-
 
 
 def tma_ok(*tensors):
@@ -101,47 +54,102 @@ def tma_ok(*tensors):
     return True
 
 
-def _desc(t, axis, tokens_block, bs):
-    """Descriptor over activations in storage order with a [tokens, features] (or transposed) tile."""
-    block = [tokens_block, bs] if axis == 1 else [bs, tokens_block]
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), block)
+def xprop_ptr(x, w, headers, entries, *, out_features, bs, axis, trans, cfg, atomic, precision):
+    """:func:`xprop` through :func:`xprop_kernel` (pointer loads, any GPU)."""
+    n_tokens, out = _xprop_out(x, out_features, axis, atomic)
+    if n_tokens:
+        grid = (headers.shape[0] * triton.cdiv(n_tokens, cfg.BM),)
+        xprop_kernel[grid](
+            x, w, out, headers, entries,
+            n_tokens, out_features, headers.shape[0],
+            *_strides(x, axis), *_strides(out, axis),
+            BS=bs, G=cfg.G, BM=cfg.BM, TRANS_W=trans, ATOMIC=atomic, PRECISION=precision,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+    return _cast(out, x.dtype)
 
 
 def xprop_tma(x, w, headers, entries, *, out_features, bs, axis, trans, cfg, atomic, precision):
-    """:func:`xprop_ptr` through :func:`xprop_tma_kernel` (needs :func:`tma_ok` tensors)."""
-    n_tokens = x.shape[0] if axis == 1 else x.shape[1]
-    num_segments = headers.shape[0]
-    y = _empty_out(x, n_tokens, out_features, axis, torch.float32 if atomic else x.dtype)
-    if atomic:
-        y.zero_()
-    if n_tokens == 0:
-        return y.to(x.dtype)
-    bk, bn = cfg.BK or bs, cfg.BN or bs
-    w_desc = TensorDescriptor(w, [w.shape[0] * bs, bs], [bs, 1], [bn, bk] if trans else [bk, bn])
-    grid = (num_segments * (bs // bn) * triton.cdiv(n_tokens, cfg.BM),)
-    xprop_tma_kernel[grid](
-        _desc(x, axis, cfg.BM, bk), w_desc, _desc(y, axis, cfg.BM, bn), y, headers, entries,
-        num_segments, n_tokens, out_features, *_strides(y, axis),
-        BS=bs, G=cfg.G, BM=cfg.BM, BK=bk, BN=bn, X_T=axis == 0, TRANS_W=trans, ATOMIC=atomic,
-        PRECISION=precision, UNROLL=cfg.UNROLL,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
-    return y.to(x.dtype) if atomic else y
+    """:func:`xprop` through :func:`xprop_tma_kernel` (needs :func:`tma_ok` tensors)."""
+    n_tokens, out = _xprop_out(x, out_features, axis, atomic)
+    if n_tokens:
+        bk, bn = cfg.BK or bs, cfg.BN or bs
+        w_desc = TensorDescriptor(w, [w.shape[0] * bs, bs], [bs, 1], [bn, bk] if trans else [bk, bn])
+        grid = (headers.shape[0] * (bs // bn) * triton.cdiv(n_tokens, cfg.BM),)
+        xprop_tma_kernel[grid](
+            _desc(x, axis, cfg.BM, bk), w_desc, _desc(out, axis, cfg.BM, bn), out, headers, entries,
+            headers.shape[0], n_tokens, out_features, *_strides(out, axis),
+            BS=bs, G=cfg.G, BM=cfg.BM, BK=bk, BN=bn, X_T=axis == 0, TRANS_W=trans, ATOMIC=atomic,
+            PRECISION=precision, UNROLL=cfg.UNROLL,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+    return _cast(out, x.dtype)
+
+
+def updat_ptr(x, dy, groups, *, w_shape, bs, axis, cfg, split, precision, dw_dtype):
+    """:func:`updat` through :func:`updat_kernel` (pointer loads, any GPU)."""
+    n_tokens, atomic, dw = _updat_out(x, axis, w_shape, split, dw_dtype)
+    if n_tokens:
+        per_split, grid = _token_slices(n_tokens, split, cfg.BK, groups)
+        updat_kernel[grid](
+            x, dy, dw, groups,
+            n_tokens, per_split,
+            *_strides(x, axis), *_strides(dy, axis),
+            BS=bs, G=cfg.G, BK=cfg.BK, ATOMIC=atomic, PRECISION=precision,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+    return _cast(dw, dw_dtype)
 
 
 def updat_tma(x, dy, groups, *, w_shape, bs, axis, cfg, split, precision, dw_dtype):
-    """:func:`updat_ptr` through :func:`updat_tma_kernel` (needs :func:`tma_ok` tensors)."""
-    n_tokens = x.shape[0] if axis == 1 else x.shape[1]
-    atomic = split > 1 or n_tokens == 0
-    dw = x.new_zeros(w_shape, dtype=torch.float32) if atomic else x.new_empty(w_shape, dtype=dw_dtype)
-    if n_tokens == 0:
-        return dw.to(dw_dtype)
-    per_split = triton.cdiv(triton.cdiv(n_tokens, split), cfg.BK) * cfg.BK
-    grid = (groups.shape[0], triton.cdiv(n_tokens, per_split))
-    kernel = updat_tma_stacked_kernel if cfg.STACK else updat_tma_kernel
-    kernel[grid](
-        _desc(x, axis, cfg.BK, bs), _desc(dy, axis, cfg.BK, bs), dw, groups, per_split, n_tokens,
-        BS=bs, G=cfg.G, BK=cfg.BK, X_T=axis == 0, ATOMIC=atomic, PRECISION=precision,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
-    return dw if dw.dtype == dw_dtype else dw.to(dw_dtype)
+    """:func:`updat` through :func:`updat_tma_kernel` (needs :func:`tma_ok` tensors)."""
+    n_tokens, atomic, dw = _updat_out(x, axis, w_shape, split, dw_dtype)
+    if n_tokens:
+        per_split, grid = _token_slices(n_tokens, split, cfg.BK, groups)
+        kernel = updat_tma_stacked_kernel if cfg.STACK else updat_tma_kernel
+        kernel[grid](
+            _desc(x, axis, cfg.BK, bs), _desc(dy, axis, cfg.BK, bs), dw, groups, per_split, n_tokens,
+            BS=bs, G=cfg.G, BK=cfg.BK, X_T=axis == 0, ATOMIC=atomic, PRECISION=precision,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+    return _cast(dw, dw_dtype)
+
+
+def _tokens(t, axis):
+    return t.shape[0] if axis == 1 else t.shape[1]
+
+
+def _strides(t, axis):
+    """(token stride, feature stride) of activations in either layout."""
+    return (t.stride(0), t.stride(1)) if axis == 1 else (t.stride(1), t.stride(0))
+
+
+def _xprop_out(x, out_features, axis, atomic):
+    """(tokens, output buffer): float32 zeros for atomics, else uninitialised in x's dtype."""
+    n = _tokens(x, axis)
+    shape = (n, out_features) if axis == 1 else (out_features, n)
+    return n, (x.new_zeros(shape, dtype=torch.float32) if atomic else x.new_empty(shape))
+
+
+def _updat_out(x, axis, w_shape, split, dw_dtype):
+    """(tokens, atomic, dw buffer): token slices reduce into float32 zeros."""
+    n = _tokens(x, axis)
+    atomic = split > 1 or n == 0
+    return n, atomic, (x.new_zeros(w_shape, dtype=torch.float32) if atomic
+                       else x.new_empty(w_shape, dtype=dw_dtype))
+
+
+def _token_slices(n_tokens, split, bk, groups):
+    """Tokens per slice (a multiple of ``bk``) and the (runs, slices) grid."""
+    per_split = triton.cdiv(triton.cdiv(n_tokens, split), bk) * bk
+    return per_split, (groups.shape[0], triton.cdiv(n_tokens, per_split))
+
+
+def _cast(t, dtype):
+    return t if t.dtype == dtype else t.to(dtype)
+
+
+def _desc(t, axis, tokens_block, features_block):
+    """Descriptor over activations in storage order, tile [tokens, features] (or transposed)."""
+    block = [tokens_block, features_block] if axis == 1 else [features_block, tokens_block]
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), block)

@@ -5,13 +5,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from .._frontend import LayoutShapes, check_feature_axis
 from ..layout import Layout
 from . import _ops, _plan
 
 __all__ = ["BlocksparseMatMul", "BlocksparseLinear"]
 
 
-class BlocksparseMatMul:
+class BlocksparseMatMul(LayoutShapes):
     """``y = x @ W`` with a block-sparse ``W`` of shape ``(C, K)`` given by a block layout.
 
     Parameters
@@ -47,9 +48,7 @@ class BlocksparseMatMul:
             self.layout = layout
         else:
             self.layout = Layout(layout, block_size, z_order=z_order)
-        if feature_axis not in (0, 1) or isinstance(feature_axis, bool):
-            raise ValueError(f"feature_axis must be 0 or 1; got {feature_axis!r}")
-        self.axis = int(feature_axis)
+        self.axis = check_feature_axis(feature_axis)
         self.allow_tf32 = bool(allow_tf32)
         self._handle = _plan.handle(self.layout)
 
@@ -59,18 +58,6 @@ class BlocksparseMatMul:
     C = property(lambda self: self.layout.C)
     K = property(lambda self: self.layout.K)
     w_shape = property(lambda self: self.layout.w_shape)
-
-    def i_shape(self, N):
-        """Shape of the input activations for ``N`` tokens."""
-        return (N, self.C) if self.axis else (self.C, N)
-
-    def o_shape(self, N):
-        """Shape of the output activations for ``N`` tokens."""
-        return (N, self.K) if self.axis else (self.K, N)
-
-    def block_coord(self, block):
-        """Layout coordinate ``(c, k)`` of block id ``block``."""
-        return self.layout.block_coord(block)
 
     def __repr__(self):
         return f"BlocksparseMatMul({self.layout!r}, feature_axis={self.axis})"

@@ -65,6 +65,7 @@ def test_linear_compiled_and_autocast(rng):
         y = compiled(x)
         ref = lin(x)
     assert y.dtype == torch.bfloat16
-    torch.testing.assert_close(y, ref)
+    # the compiled graph may round the bias add differently: bfloat16 tolerances
+    torch.testing.assert_close(y, ref, atol=4e-3, rtol=1.6e-2)
     y.float().square().mean().backward()
     assert torch.isfinite(lin.weight.grad).all() and torch.isfinite(x.grad).all()

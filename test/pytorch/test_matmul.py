@@ -190,7 +190,7 @@ def test_bad_dtypes(bsmm):
 
 
 def test_bad_constructor_args():
-    with pytest.raises(ValueError, match="feature_axis must be 0 or 1"):
+    with pytest.raises(ValueError, match=r"feature_axis must be 0 \(activations \(C, N\)\) or 1"):
         BlocksparseMatMul([[1]], 16, feature_axis=2)
     with pytest.raises(ValueError, match="layout"):
         BlocksparseMatMul([[0, 0]], 16)

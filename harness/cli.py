@@ -1,0 +1,89 @@
+"""Command line of the harness: ``python -m harness {render,matrix,report}``.
+
+The Makefile's ``render`` and ``matrix`` targets call it.  `main` is the one place that catches
+`FatalError`: it prints the message and exits with the error's code (1 means "a cell failed").
+"""
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from .environment import read_pins
+from .errors import FatalError
+from .executors import EXECUTORS
+from .matrix import load_matrix
+from .render import ROOT, generated_files, stale_generated, write_generated
+from .run import Paths, RunOptions, rebuild_report, run_matrix
+
+__all__ = ["main"]
+
+
+def _render(args):
+    paths = Paths(Path(args.root).resolve())
+    cells = load_matrix(paths.matrix)
+    readme = (paths.root / "README.md").read_text(encoding="utf-8")
+    try:
+        files = generated_files(cells, read_pins(paths.pins), readme_text=readme)
+    except ValueError as e:
+        raise FatalError(str(e)) from None
+    if args.check:
+        stale = stale_generated(paths.root, files)
+        for rel in stale:
+            print(f"stale: {rel}")
+        if stale:
+            print("run `make render` and commit the result")
+        return 1 if stale else 0
+    changed = write_generated(paths.root, files)
+    print(f"render: {len(files)} file(s) from matrix.yaml; "
+          + (f"updated {', '.join(changed)}" if changed else "all up to date"))
+    return 0
+
+
+def _matrix(args):
+    options = RunOptions(cells=args.cells or None, executor=args.executor,
+                         pytest_args=tuple(shlex.split(args.pytest_args or "")),
+                         dry_run=args.dry_run, fresh=args.fresh,
+                         test_timeout=args.test_timeout, run_timeout=args.run_timeout)
+    return run_matrix(args.root, options)
+
+
+def _report(args):
+    return rebuild_report(args.root)
+
+
+def _parser():
+    parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.split("\n")[0])
+    parser.add_argument("--root", default=str(ROOT), help="project root (default: this checkout)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("render", help="write docker/generated/, the GPU workflow, the README table")
+    p.add_argument("--check", action="store_true", help="only report stale files (exit 1 if any)")
+    p.set_defaults(func=_render)
+
+    p = sub.add_parser("matrix", help="build and test the selected cells, write reports/")
+    p.add_argument("--cells", help="regex searched in cell names (default: every cell)")
+    p.add_argument("--executor", choices=EXECUTORS, default="local")
+    p.add_argument("--pytest-args", default="", help="pytest arguments for every cell, one string")
+    p.add_argument("--dry-run", action="store_true", help="check and show the plan, run nothing")
+    p.add_argument("--fresh", action="store_true", help="recreate local cell environments")
+    p.add_argument("--test-timeout", type=int, default=900, help="per-test timeout, seconds")
+    p.add_argument("--run-timeout", type=int, default=7200,
+                   help="limit of one cell's whole test run, seconds")
+    p.set_defaults(func=_matrix)
+
+    p = sub.add_parser("report", help="rebuild summary.json, matrix.md, index.html from "
+                                      "reports/<cell>/result.json")
+    p.set_defaults(func=_report)
+    return parser
+
+
+def main(argv=None):
+    args = _parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except FatalError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

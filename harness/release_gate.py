@@ -1,0 +1,183 @@
+"""The release gate: read the matrix report (``reports/summary.json``) and decide what may ship.
+
+The report is written by ``make matrix``::
+
+    {"commit": "<HEAD of the tested tree>", "dirty": false,
+     "cells": {"tf2.21-cu12.5-py3.11": {"status": "passed", "passed": 812, "skipped": 40,
+                                        "regressions": [], "known": [], "fixed": [], "flaky": []}}}
+
+A release goes ahead only when the report belongs to the commit being released (same ``commit``,
+made from a clean tree) and no cell regressed or failed to build.  Each status is sorted by
+:data:`STATUS_ACTIONS`; a status missing there stops the release, naming it, because a gate that
+guesses is no gate.
+"""
+import json
+from dataclasses import dataclass
+
+from .release_errors import GateError
+
+__all__ = ["RELEASE", "NOT_RELEASED", "BLOCKS", "STATUS_ACTIONS", "CellResult", "Summary",
+           "GateResult", "load_summary", "stale_reason", "gate"]
+
+#: The cell passed: its wheel is released.
+RELEASE = "release"
+#: The cell produced nothing to release, and that is allowed (said in the output).
+NOT_RELEASED = "not released"
+#: The release must stop.
+BLOCKS = "blocks"
+
+#: What each cell status means for a release.  Extend it when the harness learns a new outcome.
+STATUS_ACTIONS = {
+    "passed": RELEASE,
+    "built": RELEASE,                 # a compile-only cell: built, not testable where it ran
+    "skipped": NOT_RELEASED,          # no wheel was built (e.g. no interpreter for the cell)
+    "allowed-failure": NOT_RELEASED,  # a cell allowed to fail (a nightly) did fail
+    "regressed": BLOCKS,
+    "known-fixed": BLOCKS,            # a known failure passes: its entry must go first
+    "build-failed": BLOCKS,
+    "error": BLOCKS,                  # the tests could not run to the end
+}
+
+_LIST_KEYS = ("regressions", "known", "fixed", "flaky")
+_COUNT_KEYS = ("passed", "skipped")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CellResult:
+    """One cell's entry in the matrix report."""
+
+    name: str
+    status: str
+    passed: int = 0
+    skipped: int = 0
+    regressions: tuple = ()
+    known: tuple = ()
+    fixed: tuple = ()
+    flaky: tuple = ()
+    gating: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class Summary:
+    """The matrix report: the commit it tested, whether that tree was dirty, and its cells."""
+
+    commit: str
+    dirty: bool
+    cells: tuple
+
+
+@dataclass(frozen=True, kw_only=True)
+class GateResult:
+    """What the gate let through: cells to release, cells left out (with why), and notes."""
+
+    released: tuple
+    left_out: tuple = ()
+    notes: tuple = ()
+
+
+def _cell_from_json(name, entry, where):
+    if not isinstance(entry, dict):
+        raise GateError(f"{where}: cell {name!r} must be an object; got {type(entry).__name__}")
+    status = entry.get("status")
+    if not isinstance(status, str) or not status:
+        raise GateError(f"{where}: cell {name!r} has no 'status' string; got {status!r}")
+    values = {}
+    for key in _COUNT_KEYS:
+        value = entry.get(key, 0)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise GateError(f"{where}: cell {name!r} key {key!r} must be a count >= 0; got {value!r}")
+        values[key] = value
+    for key in _LIST_KEYS:
+        value = entry.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise GateError(f"{where}: cell {name!r} key {key!r} must be a list of test ids; "
+                            f"got {value!r}")
+        values[key] = tuple(value)
+    gating = entry.get("gating", True)
+    if not isinstance(gating, bool):
+        raise GateError(f"{where}: cell {name!r} key 'gating' must be true or false; got {gating!r}")
+    return CellResult(name=name, status=status, gating=gating, **values)
+
+
+def load_summary(path):
+    """Read and validate the matrix report at ``path``; None when the file does not exist.
+
+    Raises
+    ------
+    GateError
+        The file is not the report ``make matrix`` writes (the message names the key and cell).
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise GateError(f"{path} is not valid JSON ({exc}); re-run `make matrix`") from None
+    if not isinstance(data, dict):
+        raise GateError(f"{path}: expected an object at the top; got {type(data).__name__}")
+    commit, dirty, cells = data.get("commit"), data.get("dirty"), data.get("cells")
+    if not isinstance(commit, str) or not commit:
+        raise GateError(f"{path}: 'commit' must be the tested commit's hash; got {commit!r}")
+    if not isinstance(dirty, bool):
+        raise GateError(f"{path}: 'dirty' must be true or false; got {dirty!r}")
+    if not isinstance(cells, dict):
+        raise GateError(f"{path}: 'cells' must be an object of cell name -> result; got {cells!r}")
+    return Summary(commit=commit, dirty=dirty,
+                   cells=tuple(_cell_from_json(name, entry, path)
+                               for name, entry in sorted(cells.items())))
+
+
+def stale_reason(summary, head):
+    """Why ``summary`` cannot vouch for commit ``head`` (a sentence), or None when it can."""
+    if summary is None:
+        return "there is no matrix report (reports/summary.json)"
+    if summary.commit != head:
+        return (f"the matrix report tested commit {summary.commit[:12]}, "
+                f"but HEAD is {head[:12]}")
+    if summary.dirty:
+        return "the matrix report was made from a tree with uncommitted changes"
+    return None
+
+
+def gate(summary):
+    """Sort the report's cells into released and left out, or refuse the release.
+
+    Raises
+    ------
+    GateError
+        Any cell regressed, failed to build, or has a status not in :data:`STATUS_ACTIONS`;
+        or no cell has anything to release.  Every such cell is named in the message.
+    """
+    released, left_out, notes, problems = [], [], [], []
+    for cell in summary.cells:
+        action = STATUS_ACTIONS.get(cell.status)
+        if action is not None and not cell.gating:
+            # an allowed-to-fail cell (a nightly) never blocks, and is never published
+            left_out.append((cell.name, f"{cell.status}, allowed to fail"))
+            continue
+        if action is None:
+            problems.append(f"{cell.name}: unknown status {cell.status!r} "
+                            f"(known: {', '.join(sorted(STATUS_ACTIONS))})")
+        elif action == BLOCKS:
+            detail = f": {', '.join(cell.regressions)}" if cell.regressions else ""
+            problems.append(f"{cell.name}: {cell.status}{detail}")
+        elif action == RELEASE and cell.regressions:
+            # A report that says "passed" but lists regressions is contradicting itself.
+            problems.append(f"{cell.name}: status {cell.status!r} but regressions listed: "
+                            f"{', '.join(cell.regressions)}")
+        elif action == RELEASE:
+            released.append(cell)
+        else:
+            left_out.append((cell.name, cell.status))
+        if cell.fixed:
+            notes.append(f"{cell.name}: known failures now pass, remove them from the list: "
+                         f"{', '.join(cell.fixed)}")
+        if cell.flaky:
+            notes.append(f"{cell.name}: flaky (passed on retry): {', '.join(cell.flaky)}")
+    if problems:
+        raise GateError("the matrix report blocks the release:\n  " + "\n  ".join(problems))
+    if not released:
+        raise GateError("the matrix report has no passed cell: nothing to release")
+    return GateResult(released=tuple(released), left_out=tuple(left_out), notes=tuple(notes))

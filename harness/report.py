@@ -1,0 +1,197 @@
+"""Cell results and the matrix report: ``summary.json``, ``matrix.md``, ``index.html``.
+
+A cell's result is built from what its executor reported (`CellRun`) and what its pytest run
+left in ``reports/<cell>/outcomes.json`` (every test sorted by `harness.pytest_known_failures`);
+it is saved as ``reports/<cell>/result.json``, and the summary is the collection of those, so the
+per-cell jobs of CI can be merged later (``python -m harness report``).
+"""
+import json
+import os
+from pathlib import Path
+
+import jinja2
+
+from .executors import BUILD_FAILED, INSTALL_FAILED, TIMED_OUT
+
+__all__ = ["STATUSES", "FAILING", "cell_result", "summarize", "exit_code", "write_reports",
+           "load_results", "render_markdown", "render_html"]
+
+#: A cell's status.  The ``FAILING`` ones fail the run unless the cell is allowed to fail, in
+#: which case its status is ``allowed-failure`` and ``outcome`` keeps the underlying one.
+STATUSES = ("passed", "built", "regressed", "known-fixed", "build-failed", "error", "skipped",
+            "allowed-failure")
+FAILING = ("regressed", "known-fixed", "build-failed", "error")
+_CATEGORIES = (("regression", "regressions"), ("known", "known"), ("fixed", "fixed"),
+               ("flaky", "flaky"))
+_PYTEST_EXIT = {2: "interrupted (collection errors?)", 3: "internal error", 4: "usage error",
+                5: "no tests collected"}
+
+
+def _rel(path, root):
+    return os.path.relpath(path, root)
+
+
+def _read_outcomes(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def cell_result(cell, run, *, root, reports, dist, duration, run_timeout=None):
+    """The summary entry of one cell.
+
+    Parameters
+    ----------
+    cell : Cell
+    run : CellRun
+        What the executor reported.
+    root : Path
+        The project root; paths in the entry are relative to it.
+    reports, dist : Path
+        The cell's report and wheel directories.
+    duration : float
+        Seconds the cell took.
+    """
+    reports, dist = Path(reports), Path(dist)
+    entry = {
+        "status": None, "reason": None, "passed": 0, "skipped": 0,
+        "regressions": [], "known": [], "fixed": [], "flaky": [], "details": {},
+        "fixed_entries": [],
+        "tensorflow": cell.tensorflow, "python": cell.python, "cuda": cell.cuda,
+        "cudnn": cell.cudnn, "archs": list(cell.archs), "image": cell.image,
+        "matrix_status": cell.status, "gating": cell.gating,
+        "wheels": sorted(_rel(p, root) for p in dist.glob("*.whl")) if dist.is_dir() else [],
+        "log": _rel(reports / "log.txt", root),
+        "junit": _rel(reports / "junit.xml", root) if (reports / "junit.xml").is_file() else None,
+        "duration_s": round(duration, 1),
+    }
+    entry["status"], entry["reason"] = _status(cell, run, reports / "outcomes.json", entry,
+                                               run_timeout)
+    if not cell.gating and entry["status"] in FAILING:
+        entry["outcome"], entry["status"] = entry["status"], "allowed-failure"
+    return entry
+
+
+def _status(cell, run, outcomes_path, entry, run_timeout):
+    """``(status, reason)``; fills the test lists of ``entry`` from the outcomes file."""
+    if run.skipped:
+        return "skipped", run.skipped
+    if run.setup_error:
+        return "error", f"environment: {run.setup_error}"
+    rc = run.returncode
+    if rc == BUILD_FAILED:
+        return "build-failed", "the wheel did not build (see the log)"
+    if rc == INSTALL_FAILED:
+        return "build-failed", "the wheel did not install (see the log)"
+    if rc in TIMED_OUT:
+        limit = f" of {run_timeout} s" if run_timeout else ""
+        return "error", f"the test run exceeded its time limit{limit} and was stopped"
+    if not cell.tested:
+        return ("built", "compile-only cell: wheel built, tests not run") if rc == 0 else \
+            ("error", f"the cell script failed (exit {rc})")
+    outcomes = _read_outcomes(outcomes_path)
+    if outcomes is None:
+        return "error", f"the test run did not finish (exit {rc}); see the log"
+    _sort_tests(outcomes, entry)
+    if entry["regressions"]:
+        return "regressed", (f"{len(entry['regressions'])} test(s) failed that are not known "
+                             f"failures")
+    if entry["fixed"]:
+        return "known-fixed", (f"{len(entry['fixed'])} known failure(s) passed: delete their "
+                               f"entries from {outcomes.get('source') or 'the known failures'}")
+    if rc not in (0, 1):
+        return "error", f"pytest exit status {rc}: {_PYTEST_EXIT.get(rc, 'unexpected')}"
+    if rc == 1:
+        return "error", "pytest failed but recorded no failing test; see the log"
+    return "passed", None
+
+
+def _sort_tests(outcomes, entry):
+    fixed_entries = {}
+    for nodeid, info in sorted(outcomes.get("tests", {}).items()):
+        outcome = info.get("outcome")
+        if outcome in ("passed", "skipped"):
+            entry[outcome] += 1
+            continue
+        key = dict(_CATEGORIES).get(outcome)
+        if key is None:
+            continue
+        entry[key].append(nodeid)
+        known = info.get("entry")
+        entry["details"][nodeid] = {"outcome": outcome, "message": info.get("message") or "",
+                                    "entry": known, "attempts": info.get("attempts", 1)}
+        if outcome == "fixed" and known is not None:
+            fixed_entries[known["entry"]] = known
+    entry["fixed_entries"] = [fixed_entries[k] for k in sorted(fixed_entries)]
+
+
+def summarize(results, *, commit, dirty, **info):
+    """The report: ``{"commit", "dirty", ..., "ok", "cells": {name: entry}}``.
+
+    ``commit`` is ``git rev-parse HEAD`` of the tested tree; ``dirty`` says whether the tree
+    differed from it.  ``info`` adds top-level fields (executor, selection ...).
+    """
+    ok = not any(r["status"] in FAILING for r in results.values())
+    return {"commit": commit, "dirty": dirty, **info, "ok": ok, "cells": dict(results)}
+
+
+def exit_code(summary):
+    """0 when no gating cell failed, else 1."""
+    return 0 if summary["ok"] else 1
+
+
+def load_results(reports_dir, order=()):
+    """``{cell: entry}`` from ``reports/<cell>/result.json``; ``order`` lists names to put first."""
+    found = {}
+    for path in sorted(Path(reports_dir).glob("*/result.json")):
+        with open(path, encoding="utf-8") as f:
+            found[path.parent.name] = json.load(f)
+    ranked = [n for n in order if n in found] + sorted(n for n in found if n not in order)
+    return {n: found[n] for n in ranked}
+
+
+def _templates():
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(Path(__file__).parent / "templates")),
+        undefined=jinja2.StrictUndefined, autoescape=jinja2.select_autoescape(["html", "html.j2"]),
+        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    env.filters["duration"] = _duration
+    return env
+
+
+def _duration(seconds):
+    seconds = int(round(seconds or 0))
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def _view(summary, reports_dir):
+    """Template variables; links are relative to the reports directory."""
+    root = Path(reports_dir).parent
+    cells = {}
+    for name, entry in summary["cells"].items():
+        links = {"log": entry.get("log"), "junit": entry.get("junit")}
+        links = {k: os.path.relpath(root / v, reports_dir) for k, v in links.items() if v}
+        wheels = [os.path.relpath(root / w, reports_dir) for w in entry.get("wheels", [])]
+        cells[name] = {**entry, "links": links, "wheel_links": wheels}
+    return {"summary": summary, "cells": cells}
+
+
+def render_markdown(summary, reports_dir):
+    return _templates().get_template("matrix.md.j2").render(**_view(summary, reports_dir))
+
+
+def render_html(summary, reports_dir):
+    return _templates().get_template("index.html.j2").render(**_view(summary, reports_dir))
+
+
+def write_reports(reports_dir, summary):
+    """Write ``summary.json``, ``matrix.md`` and ``index.html`` into ``reports_dir``."""
+    reports_dir = Path(reports_dir)
+    reports_dir.mkdir(parents=True, exist_ok=True)
+    (reports_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n",
+                                              encoding="utf-8")
+    (reports_dir / "matrix.md").write_text(render_markdown(summary, reports_dir),
+                                           encoding="utf-8")
+    (reports_dir / "index.html").write_text(render_html(summary, reports_dir), encoding="utf-8")

@@ -1,0 +1,113 @@
+"""One real cell, end to end: the local executor runs scripts/run_cell.sh, which builds the real
+wheel, installs it, and runs planted tests against it with the known failures applied.
+
+No download: the cell's virtualenv is made here beforehand and sees the development
+environment's packages (TensorFlow, pytest ...) through a .pth file, so the executor takes its
+"reuse" path.  Everything after that -- build, install, test, reports -- is the real thing.
+"""
+import io
+import json
+import shutil
+import subprocess
+import sysconfig
+
+import pytest
+import yaml
+
+from harness.environment import cell_requirements, read_pins
+from harness.matrix import load_matrix
+from harness.progress import Progress
+from harness.render import ROOT
+from harness.run import RunOptions, run_matrix
+from harness.source import stage_tree
+
+CELL = "tf2.21-cu12.5-py3.11"
+
+PLANTED = '''
+import pathlib, time
+
+import blocksparse
+
+
+def test_passes():
+    assert blocksparse.__file__
+
+
+def test_known():
+    assert False, "known bug"
+
+
+def test_new():
+    assert False, "new bug"
+
+
+def test_fixed():
+    pass
+
+
+def test_flaky():
+    mark = pathlib.Path(__file__).with_name("flaky-ran-once")
+    first = not mark.exists()
+    mark.touch()
+    assert not first
+
+
+def test_hangs():
+    time.sleep(120)
+'''
+
+KNOWN = [
+    {"test": "test/test_planted.py::test_known", "kind": "fail", "reason": "known bug"},
+    {"test": "test/test_planted.py::test_fixed", "kind": "fail", "reason": "was broken"},
+    {"test": "test/test_planted.py::test_flaky", "kind": "flaky", "reason": "races"},
+    {"test": "test/test_planted.py::test_hangs", "kind": "hang", "reason": "deadlock",
+     "timeout": 2},
+    {"test": "test/test_planted.py::test_*", "cells": "tf2\\.16", "kind": "fail",
+     "reason": "another cell only"},
+]
+
+
+@pytest.mark.slow
+def test_one_cell_end_to_end(tmp_path):
+    python = shutil.which("python3.11")
+    if python is None:
+        pytest.skip("python3.11 not on PATH")
+    project = stage_tree(ROOT, tmp_path / "project")
+    (project / "test" / "test_planted.py").write_text(PLANTED)
+    (project / "checks").mkdir()
+    (project / "checks" / "test_extra.py").write_text("def test_outside_test_dir():\n    pass\n")
+    (project / "ci" / "known_failures.yaml").write_text(yaml.safe_dump(KNOWN))
+    (cell,) = [c for c in load_matrix(project / "matrix.yaml") if c.name == CELL]
+    venv = project / ".matrix" / CELL / "venv"
+    subprocess.run([python, "-m", "venv", "--without-pip", str(venv)], check=True)
+    (next(venv.glob("lib/python3.11/site-packages")) / "dev-environment.pth").write_text(
+        sysconfig.get_paths()["purelib"] + "\n")
+    pins = read_pins(project / "requirements" / "dev.txt")
+    (venv / "cell-requirements.txt").write_text("\n".join(cell_requirements(cell, "cpu", pins))
+                                                + "\n")
+
+    out = io.StringIO()
+    extra = str(project / "checks" / "test_extra.py")  # absolute, outside test/
+    options = RunOptions(cells=f"^{CELL}$", test_timeout=60,
+                         pytest_args=("test/test_planted.py", extra))
+    code = run_matrix(project, options, progress=Progress(out, live=False), out=out)
+
+    log = (project / "reports" / CELL / "log.txt").read_text()
+    assert "local: reusing" in log
+    assert f"run_cell: testing {venv}/lib/python3.11/site-packages/blocksparse/__init__.py" in log
+    entry = json.loads((project / "reports" / "summary.json").read_text())["cells"][CELL]
+    assert code == 1, log
+    assert entry["status"] == "regressed", log
+    assert entry["regressions"] == ["test/test_planted.py::test_new"]
+    assert entry["known"] == ["test/test_planted.py::test_hangs",
+                              "test/test_planted.py::test_known"]
+    assert entry["fixed"] == ["test/test_planted.py::test_fixed"]
+    assert [e["entry"] for e in entry["fixed_entries"]] == [2]
+    assert entry["flaky"] == ["test/test_planted.py::test_flaky"]
+    assert (entry["passed"], entry["skipped"]) == (2, 0)
+    assert entry["wheels"] == [f"dist/{CELL}/blocksparse-2.21.0-py3-none-any.whl"]
+    junit = (project / "reports" / CELL / "junit.xml").read_text()
+    assert junit.count("<testcase ") == 7 and f'name="{CELL}"' in junit
+    assert not (project / "test" / "flaky-ran-once").exists()  # tests ran from a copy
+    steps = [line.split(" · ")[1] for line in out.getvalue().splitlines() if " · " in line]
+    assert steps == ["setup", "build", "install", "test"]

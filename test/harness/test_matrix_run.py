@@ -1,0 +1,191 @@
+"""`make matrix` end to end with a fake executor: planning, outputs, summary, exit code."""
+import json
+import subprocess
+
+import pytest
+import yaml
+
+from harness.cli import main
+from harness.errors import ConfigError, StaleFilesError
+from harness.executors import CellRun
+from harness.render import README_BEGIN, README_END
+from harness.run import RunOptions, rebuild_report, run_matrix
+from harness_support import BUILD, PINS
+
+MATRIX = {"builds": [{**BUILD, "python": ["3.11", "3.13"]},
+                     {**BUILD, "tensorflow": "2.20", "python": ["3.12"]}]}
+
+
+@pytest.fixture
+def project(tmp_path):
+    """A minimal project: matrix, known failures, pins, README, one source file."""
+    root = tmp_path / "project"
+    (root / "ci").mkdir(parents=True)
+    (root / "requirements").mkdir()
+    (root / "test").mkdir()
+    (root / "matrix.yaml").write_text(yaml.safe_dump(MATRIX))
+    (root / "ci" / "known_failures.yaml").write_text(yaml.safe_dump(
+        [{"test": "test/test_a.py::test_old", "kind": "fail", "reason": "old"}]))
+    (root / "requirements" / "dev.txt").write_text("\n".join(PINS.values()) + "\n")
+    (root / "README.md").write_text(f"{README_BEGIN}\n{README_END}\n")
+    (root / "test" / "test_a.py").write_text("def test_ok():\n    pass\n")
+    (root / ".venv").mkdir()
+    (root / ".venv" / "big").write_text("not for cells")
+    return root
+
+
+class FakeExecutor:
+    """Plays a cell: checks the staged input, writes what the script would, returns a result."""
+
+    name = "fake"
+
+    def __init__(self, outcomes):
+        self.outcomes = outcomes  # cell name -> (CellRun, tests or None)
+        self.jobs = []
+
+    def run(self, job, log):
+        self.jobs.append(job)
+        assert (job.stage / "src" / "test" / "test_a.py").is_file()
+        assert not (job.stage / "src" / ".venv").exists()
+        known = json.loads((job.stage / "known_failures.json").read_text())
+        assert known["entries"][0]["test"] == "test/test_a.py::test_old"
+        run, tests = self.outcomes[job.cell.name]
+        log("::cell-step:: build")
+        (job.dist / "blocksparse-2.21.0-py3-none-any.whl").write_bytes(b"")
+        if tests is not None:
+            log("::cell-step:: test")
+            (job.reports / "outcomes.json").write_text(json.dumps(
+                {"cell": job.cell.name, "source": "ci/known_failures.yaml", "exitstatus": 0,
+                 "tests": tests}))
+        return run
+
+
+class FakeProgress:
+    def __init__(self):
+        self.events = []
+
+    def start(self, total):
+        self.events.append(("start", total))
+
+    def start_cell(self, index, name):
+        self.events.append(("cell", index, name))
+
+    def step(self, name):
+        self.events.append(("step", name))
+
+    def finish_cell(self, status, detail=""):
+        self.events.append(("finish", status))
+
+    def message(self, text):
+        self.events.append(("message", text))
+
+    def close(self):
+        self.events.append(("close",))
+
+
+def passing(*names):
+    return {n: {"outcome": "passed", "entry": None, "attempts": 1, "message": ""} for n in names}
+
+
+OUTCOMES = {
+    "tf2.21-cu12.5-py3.11": (CellRun(returncode=0), passing("test/test_a.py::test_ok")),
+    "tf2.21-cu12.5-py3.13": (CellRun(skipped="python3.13 not found on PATH"), None),
+    "tf2.20-cu12.5-py3.12": (CellRun(returncode=1), {
+        "test/test_a.py::test_ok": {"outcome": "regression", "entry": None, "attempts": 1,
+                                    "message": "AssertionError"}}),
+}
+
+
+def test_run_writes_everything_and_fails_on_a_regression(project, capsys):
+    executor, progress = FakeExecutor(OUTCOMES), FakeProgress()
+    code = run_matrix(project, RunOptions(), executor=executor, progress=progress)
+    assert code == 1
+    summary = json.loads((project / "reports" / "summary.json").read_text())
+    assert summary["commit"] is None and summary["dirty"] is None  # not a git checkout
+    assert not summary["ok"] and summary["executor"] == "fake"
+    cells = summary["cells"]
+    assert list(cells) == list(OUTCOMES)
+    assert [c["status"] for c in cells.values()] == ["passed", "skipped", "regressed"]
+    assert cells["tf2.20-cu12.5-py3.12"]["regressions"] == ["test/test_a.py::test_ok"]
+    assert cells["tf2.21-cu12.5-py3.13"]["reason"] == "python3.13 not found on PATH"
+    for name in OUTCOMES:
+        assert json.loads((project / "reports" / name / "result.json").read_text()) == cells[name]
+        assert "::cell-step:: build" in (project / "reports" / name / "log.txt").read_text()
+    assert (project / "reports" / "matrix.md").is_file()
+    assert (project / "reports" / "index.html").is_file()
+    assert ("step", "test") in progress.events and progress.events[-1] == ("close",)
+    assert ("message", "    regression: test/test_a.py::test_ok: AssertionError") in \
+        progress.events
+    out = capsys.readouterr().out
+    assert "matrix: 3 cell(s), executor local, known-failure entries: 1" in out
+    assert "matrix: FAILED" in out
+
+
+def test_selection_and_pytest_args(project):
+    executor = FakeExecutor(OUTCOMES)
+    options = RunOptions(cells="tf2.21-.*py3.11",
+                         pytest_args=(f"{project}/test/test_a.py::test_ok", "-k", "ok"))
+    assert run_matrix(project, options, executor=executor, progress=FakeProgress()) == 0
+    (job,) = executor.jobs
+    assert job.cell.name == "tf2.21-cu12.5-py3.11"
+    assert job.pytest_args == ("test/test_a.py::test_ok", "-k", "ok")
+    summary = json.loads((project / "reports" / "summary.json").read_text())
+    assert list(summary["cells"]) == ["tf2.21-cu12.5-py3.11"] and summary["ok"]
+
+
+def test_commit_and_dirty_come_from_git(project):
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], cwd=project, check=True)
+    (project / ".gitignore").write_text(".venv/\nreports/\ndist/\n.matrix/\n")
+    subprocess.run([*git, "add", "-A"], cwd=project, check=True)
+    subprocess.run([*git, "commit", "-qm", "c"], cwd=project, check=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=project, check=True,
+                          capture_output=True, text=True).stdout.strip()
+    options = RunOptions(cells="py3.11")
+    run_matrix(project, options, executor=FakeExecutor(OUTCOMES), progress=FakeProgress())
+    summary = json.loads((project / "reports" / "summary.json").read_text())
+    assert (summary["commit"], summary["dirty"]) == (head, False)
+    (project / "test" / "test_a.py").write_text("# edited\n")
+    run_matrix(project, options, executor=FakeExecutor(OUTCOMES), progress=FakeProgress())
+    summary = json.loads((project / "reports" / "summary.json").read_text())
+    assert (summary["commit"], summary["dirty"]) == (head, True)
+
+
+def test_dry_run_touches_nothing(project, capsys):
+    executor = FakeExecutor(OUTCOMES)
+    assert run_matrix(project, RunOptions(dry_run=True), executor=executor) == 0
+    assert executor.jobs == []
+    assert not (project / "reports").exists() and not (project / ".matrix").exists()
+    out = capsys.readouterr().out
+    assert "tf2.20-cu12.5-py3.12" in out and "tensorflow-cpu==2.20.*" in out
+    assert "dry run: nothing built, nothing written" in out
+
+
+def test_checks_come_before_any_work(project):
+    executor = FakeExecutor(OUTCOMES)
+    with pytest.raises(StaleFilesError, match="stale generated Dockerfiles.*make render"):
+        run_matrix(project, RunOptions(executor="docker"), executor=executor)
+    with pytest.raises(ConfigError, match="EXECUTOR must be one of local, docker; got 'k8s'"):
+        run_matrix(project, RunOptions(executor="k8s"), executor=executor)
+    (project / "ci" / "known_failures.yaml").write_text("- test: x\n  kind: sometimes\n")
+    with pytest.raises(ConfigError, match="entry 1 \\(x\\): kind: expected one of"):
+        run_matrix(project, RunOptions(), executor=executor)
+    assert executor.jobs == [] and not (project / "reports").exists()
+
+
+def test_report_merges_cell_results(project, capsys):
+    run_matrix(project, RunOptions(), executor=FakeExecutor(OUTCOMES), progress=FakeProgress())
+    (project / "reports" / "summary.json").unlink()
+    assert rebuild_report(project) == 1
+    summary = json.loads((project / "reports" / "summary.json").read_text())
+    assert list(summary["cells"]) == list(OUTCOMES) and summary["executor"] == "fake"
+
+
+def test_cli_exit_codes(project, capsys):
+    assert main(["--root", str(project), "matrix", "--cells", "tf9", "--dry-run"]) == 2
+    assert "error: CELLS='tf9' matches no cell" in capsys.readouterr().err
+    assert main(["--root", str(project), "render", "--check"]) == 1
+    assert "stale: docker/generated/Dockerfile.tf2.20-cu12.5-py3.12" in capsys.readouterr().out
+    assert main(["--root", str(project), "render"]) == 0
+    assert main(["--root", str(project), "render", "--check"]) == 0
+    assert main(["--root", str(project), "matrix", "--executor", "docker", "--dry-run"]) == 0

@@ -1,0 +1,156 @@
+"""Collecting and checking the cells' wheels, against wheels written here by hand.
+
+The wheels are synthetic (a zip with a METADATA file), so these tests pin the checker's rules
+independently of setup.py; test_release.py checks that the real build passes them.
+"""
+import hashlib
+import zipfile
+
+import pytest
+
+from harness.release_dists import cell_tf_version, check_wheel, collect_wheels, write_manifest
+from harness.release_errors import ArtifactError
+
+CELL = "tf2.21-cu12.5-py3.11"
+
+
+def tf_requires(low="2.21", high="2.22"):
+    return [f'tensorflow<{high},>={low}; extra == "tensorflow"',
+            f'tensorflow-cpu<{high},>={low}; extra == "tensorflow-cpu"']
+
+
+def make_wheel(directory, version="2.21.0", *, requires=None, name="blocksparse",
+               meta_version=None, tag="py3-none-any", payload=b"x = 1\n"):
+    """Write a minimal wheel into ``directory``; returns its path."""
+    requires = tf_requires() if requires is None else requires
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}-{version}-{tag}.whl"
+    metadata = "\n".join([
+        "Metadata-Version: 2.1", f"Name: {name}", f"Version: {meta_version or version}",
+        "Requires-Dist: numpy>=1.26", *(f"Requires-Dist: {r}" for r in requires), "", ""])
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(f"{name}/__init__.py", payload)
+        zf.writestr(f"{name}-{version}.dist-info/METADATA", metadata)
+    return path
+
+
+@pytest.mark.parametrize("cell, expected", [
+    ("tf2.21-cu12.5-py3.11", (2, 21)), ("tf2.16-cu12.3-py3.10", (2, 16)), ("tf3.0", (3, 0))])
+def test_cell_tf_version(cell, expected):
+    assert cell_tf_version(cell) == expected
+
+
+@pytest.mark.parametrize("cell", ["cu12.5-tf2.21", "tf2-cu12", "tf2.21x-cu12", "nightly"])
+def test_cell_tf_version_rejects_other_names(cell):
+    with pytest.raises(ArtifactError, match=f"cell '{cell}'.*tfX.Y"):
+        cell_tf_version(cell)
+
+
+def test_good_wheel_passes(tmp_path):
+    path = make_wheel(tmp_path)
+    wheel = check_wheel(path, CELL)
+    assert str(wheel.version) == "2.21.0" and wheel.cells == (CELL,)
+    assert wheel.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(version="2.21.0+cu125"), "local label '+cu125'"),
+    (dict(version="2.20.0"), "does not match the cell's TensorFlow 2.21"),
+    (dict(version="2.21"), "does not match"),
+    (dict(version="2.21.0rc1"), "does not match"),
+    (dict(name="blocksparse_other"), "project is 'blocksparse-other'"),
+    (dict(meta_version="2.21.1"), "METADATA says version '2.21.1'"),
+    (dict(requires=tf_requires("2.20", "2.21")),
+     "extra [tensorflow] requires tensorflow<2.21,>=2.20, expected tensorflow<2.22,>=2.21"),
+    (dict(requires=tf_requires()[:1]), "extra [tensorflow-cpu] should require"),
+    (dict(requires=tf_requires() + ["tensorflow>=2.21,<2.22"]), "hard dependency on tensorflow"),
+    (dict(requires=tf_requires() + ['tensorflow>=2,<3; extra == "tensorflow"']),
+     "should require tensorflow<2.22,>=2.21 once"),
+    (dict(requires=[r.replace("extra", "python_version >= '3' or extra") for r in tf_requires()]),
+     "hard dependency"),
+], ids=["local", "wrong-minor", "two-part", "prerelease", "other-project", "metadata-version",
+        "wrong-window", "missing-extra", "hard-dep", "doubled", "marker-always-true"])
+def test_bad_wheel_is_refused(tmp_path, kwargs, words):
+    path = make_wheel(tmp_path, **kwargs)
+    with pytest.raises(ArtifactError, match=CELL) as info:
+        check_wheel(path, CELL)
+    assert words in str(info.value)
+
+
+def test_invalid_wheel_filename(tmp_path):
+    path = tmp_path / "blocksparse-2.21.0.whl"
+    path.write_bytes(b"")
+    with pytest.raises(ArtifactError, match="not a valid wheel filename"):
+        check_wheel(path, CELL)
+
+
+def test_corrupt_wheel(tmp_path):
+    path = tmp_path / "blocksparse-2.21.0-py3-none-any.whl"
+    path.write_bytes(b"not a zip")
+    with pytest.raises(ArtifactError, match="not a readable wheel"):
+        check_wheel(path, CELL)
+
+
+def test_collect_sorts_by_version_and_merges_identical_builds(tmp_path):
+    dist = tmp_path / "dist"
+    make_wheel(dist / "tf2.21-cu12.5-py3.11")
+    make_wheel(dist / "tf2.21-cu12.5-py3.12")   # same pure-Python wheel, same bytes
+    make_wheel(dist / "tf2.20-cu12.5-py3.11", "2.20.0", requires=tf_requires("2.20", "2.21"))
+    wheels = collect_wheels(dist, ["tf2.21-cu12.5-py3.11", "tf2.21-cu12.5-py3.12",
+                                   "tf2.20-cu12.5-py3.11"])
+    assert [str(w.version) for w in wheels] == ["2.20.0", "2.21.0"]
+    assert wheels[1].cells == ("tf2.21-cu12.5-py3.11", "tf2.21-cu12.5-py3.12")
+
+
+def test_collect_accepts_same_contents_with_other_zip_timestamps(tmp_path):
+    dist = tmp_path / "dist"
+    first = make_wheel(dist / "tf2.21-a")
+    second = dist / "tf2.21-b" / first.name
+    second.parent.mkdir()
+    with zipfile.ZipFile(first) as src, zipfile.ZipFile(second, "w") as dst:
+        for info in src.infolist():
+            info.date_time = (2001, 2, 3, 4, 5, 6)
+            dst.writestr(info, src.read(info))
+    assert first.read_bytes() != second.read_bytes()
+    (wheel,) = collect_wheels(dist, ["tf2.21-a", "tf2.21-b"])
+    assert wheel.cells == ("tf2.21-a", "tf2.21-b")
+
+
+def test_collect_refuses_conflicting_files_of_one_name(tmp_path):
+    dist = tmp_path / "dist"
+    make_wheel(dist / "tf2.21-cu12.5-py3.11", tag="cp311-cp311-linux_x86_64", payload=b"a")
+    make_wheel(dist / "tf2.21-cu12.8-py3.11", tag="cp311-cp311-linux_x86_64", payload=b"b")
+    with pytest.raises(ArtifactError, match="built by tf2.21-cu12.5-py3.11 and by "
+                                            "tf2.21-cu12.8-py3.11 with different contents"):
+        collect_wheels(dist, ["tf2.21-cu12.5-py3.11", "tf2.21-cu12.8-py3.11"])
+
+
+def test_collect_lists_every_problem(tmp_path):
+    dist = tmp_path / "dist"
+    make_wheel(dist / "tf2.21-a", "2.21.0+local")
+    make_wheel(dist / "tf2.20-b", "2.20.0", requires=tf_requires("2.20", "2.21"))
+    make_wheel(dist / "tf2.20-b", "2.20.1", requires=tf_requires("2.20", "2.21"))
+    (dist / "tf2.19-c").mkdir()
+    message = str(pytest.raises(ArtifactError, collect_wheels, dist,
+                                ["tf2.21-a", "tf2.20-b", "tf2.19-c", "tf2.18-d"]).value)
+    assert "tf2.21-a" in message and "local label" in message
+    assert "tf2.20-b: more than one wheel" in message
+    assert "tf2.19-c: passed, but no wheel" in message and "tf2.18-d: passed, but no wheel" in message
+
+
+def test_collect_refuses_mixed_patch_levels(tmp_path):
+    dist = tmp_path / "dist"
+    make_wheel(dist / "tf2.21-a", "2.21.1")
+    make_wheel(dist / "tf2.20-b", "2.20.0", requires=tf_requires("2.20", "2.21"))
+    with pytest.raises(ArtifactError, match="disagree on PATCH"):
+        collect_wheels(dist, ["tf2.21-a", "tf2.20-b"])
+
+
+def test_manifest_is_sha256sum_format(tmp_path):
+    files = [tmp_path / "b.whl", tmp_path / "a.tar.gz"]
+    for i, f in enumerate(files):
+        f.write_bytes(bytes([i]) * 1000)
+    manifest = write_manifest(files, tmp_path / "SHA256SUMS")
+    expected = "".join(f"{hashlib.sha256(f.read_bytes()).hexdigest()}  {f.name}\n"
+                       for f in sorted(files, key=lambda f: f.name))
+    assert manifest.read_text() == expected

@@ -1,0 +1,165 @@
+"""Cell results and the matrix report, built from recorded executor results and outcomes."""
+import json
+
+import pytest
+
+from harness.executors import CellRun
+from harness.report import (cell_result, exit_code, load_results, render_html, render_markdown,
+                            summarize, write_reports)
+from harness_support import make_cells
+
+FAIL_ENTRY = {"entry": 3, "test": "test/test_a.py::test_old", "cells": None, "kind": "fail",
+              "reason": "wrong on old TF", "link": "https://example.org/1", "reruns": None,
+              "timeout": None}
+
+RECORDED = {  # what the plugin writes for a run with one test of each outcome
+    "test/test_a.py::test_ok": {"outcome": "passed", "entry": None, "attempts": 1, "message": ""},
+    "test/test_a.py::test_ok2": {"outcome": "passed", "entry": None, "attempts": 1, "message": ""},
+    "test/test_a.py::test_gpu": {"outcome": "skipped", "entry": None, "attempts": 1,
+                                 "message": "needs a GPU"},
+    "test/test_a.py::test_new": {"outcome": "regression", "entry": None, "attempts": 1,
+                                 "message": "AssertionError: 1 != 2"},
+    "test/test_a.py::test_old": {"outcome": "known", "entry": FAIL_ENTRY, "attempts": 1,
+                                 "message": "AssertionError"},
+    "test/test_a.py::test_done": {"outcome": "fixed",
+                                  "entry": {**FAIL_ENTRY, "entry": 4,
+                                            "test": "test/test_a.py::test_done"},
+                                  "attempts": 1, "message": "[XPASS(strict)] ..."},
+    "test/test_a.py::test_race": {"outcome": "flaky", "entry": None, "attempts": 2, "message": ""},
+}
+
+
+def recorded(tmp_path, tests, exitstatus=1):
+    reports = tmp_path / "reports" / "c"
+    reports.mkdir(parents=True, exist_ok=True)
+    (reports / "outcomes.json").write_text(json.dumps(
+        {"cell": "c", "source": "ci/known_failures.yaml", "exitstatus": exitstatus,
+         "tests": tests}))
+    (reports / "junit.xml").write_text("<xml/>")
+    return reports
+
+
+def result(tmp_path, run, tests=None, cell=None):
+    cell = cell or make_cells()[0]
+    reports = recorded(tmp_path, tests) if tests is not None else tmp_path / "reports" / "c"
+    dist = tmp_path / "dist" / "c"
+    dist.mkdir(parents=True, exist_ok=True)
+    (dist / "blocksparse-2.21.0-py3-none-any.whl").write_bytes(b"")
+    return cell_result(cell, run, root=tmp_path, reports=reports, dist=dist, duration=61.26,
+                       run_timeout=600)
+
+
+def test_every_test_is_sorted(tmp_path):
+    entry = result(tmp_path, CellRun(returncode=1), RECORDED)
+    assert entry["status"] == "regressed"
+    assert (entry["passed"], entry["skipped"]) == (2, 1)
+    assert entry["regressions"] == ["test/test_a.py::test_new"]
+    assert entry["known"] == ["test/test_a.py::test_old"]
+    assert entry["fixed"] == ["test/test_a.py::test_done"]
+    assert entry["flaky"] == ["test/test_a.py::test_race"]
+    assert [e["entry"] for e in entry["fixed_entries"]] == [4]
+    assert entry["details"]["test/test_a.py::test_new"]["message"] == "AssertionError: 1 != 2"
+    assert entry["wheels"] == ["dist/c/blocksparse-2.21.0-py3-none-any.whl"]
+    assert entry["log"] == "reports/c/log.txt" and entry["junit"] == "reports/c/junit.xml"
+    assert (entry["tensorflow"], entry["python"], entry["matrix_status"]) == ("2.21", "3.11",
+                                                                              "supported")
+    assert entry["duration_s"] == 61.3
+
+
+def without(*outcomes):
+    return {k: v for k, v in RECORDED.items() if v["outcome"] not in outcomes}
+
+
+@pytest.mark.parametrize("run, tests, status, reason", [
+    (CellRun(returncode=0), without("regression", "fixed"), "passed", None),
+    (CellRun(returncode=1), without("regression"), "known-fixed",
+     "1 known failure(s) passed: delete their entries from ci/known_failures.yaml"),
+    (CellRun(returncode=2), {"test/test_b.py": {"outcome": "regression", "entry": None,
+                                                "attempts": 1, "message": "ImportError"}},
+     "regressed", "1 test(s) failed that are not known failures"),
+    (CellRun(returncode=5), {}, "error", "pytest exit status 5: no tests collected"),
+    (CellRun(returncode=1), without("regression", "fixed"), "error",
+     "pytest failed but recorded no failing test; see the log"),
+    (CellRun(returncode=3), None, "error", "the test run did not finish (exit 3); see the log"),
+    (CellRun(returncode=10), None, "build-failed", "the wheel did not build (see the log)"),
+    (CellRun(returncode=11), None, "build-failed", "the wheel did not install (see the log)"),
+    (CellRun(returncode=124), None, "error",
+     "the test run exceeded its time limit of 600 s and was stopped"),
+    (CellRun(skipped="python3.13 not found on PATH"), None, "skipped",
+     "python3.13 not found on PATH"),
+    (CellRun(setup_error="pip exit 1"), None, "error", "environment: pip exit 1"),
+], ids=["passed", "known-fixed", "collection-error", "no-tests", "inconsistent", "crashed",
+        "build-failed", "install-failed", "timed-out", "skipped", "setup-error"])
+def test_status(tmp_path, run, tests, status, reason):
+    entry = result(tmp_path, run, tests)
+    assert (entry["status"], entry["reason"]) == (status, reason)
+
+
+def test_compile_only_cell(tmp_path):
+    (cell,) = make_cells({"status": "compile-only"})
+    assert result(tmp_path, CellRun(returncode=0), cell=cell)["status"] == "built"
+    assert result(tmp_path, CellRun(returncode=10), cell=cell)["status"] == "build-failed"
+
+
+def test_allowed_to_fail_cell_keeps_its_outcome(tmp_path):
+    (cell,) = make_cells({"tensorflow": "nightly", "status": "allowed-to-fail"})
+    entry = result(tmp_path, CellRun(returncode=1), RECORDED, cell=cell)
+    assert (entry["status"], entry["outcome"], entry["gating"]) == ("allowed-failure",
+                                                                    "regressed", False)
+    assert result(tmp_path, CellRun(returncode=0), without("regression", "fixed"),
+                  cell=cell)["status"] == "passed"
+
+
+def test_summary_and_exit_code(tmp_path):
+    passed = result(tmp_path, CellRun(returncode=0), without("regression", "fixed"))
+    skipped = result(tmp_path, CellRun(skipped="python3.13 not found on PATH"))
+    summary = summarize({"a": passed, "b": skipped}, commit="abc123", dirty=False,
+                        executor="local")
+    assert summary["commit"] == "abc123" and summary["dirty"] is False and summary["ok"]
+    assert list(summary["cells"]) == ["a", "b"] and exit_code(summary) == 0
+    for key in ("status", "passed", "skipped", "regressions", "known", "fixed", "flaky"):
+        assert key in summary["cells"]["a"]
+    failed = summarize({"a": passed, "c": result(tmp_path, CellRun(returncode=1), RECORDED)},
+                       commit=None, dirty=None, executor="local")
+    assert not failed["ok"] and exit_code(failed) == 1
+
+
+def test_reports_on_disk(tmp_path):
+    regressed = result(tmp_path, CellRun(returncode=1), RECORDED)
+    summary = summarize({"tf2.21-cu12.5-py3.11": regressed}, commit="abc123", dirty=True,
+                        executor="local")
+    reports = tmp_path / "reports"
+    write_reports(reports, summary)
+    assert json.loads((reports / "summary.json").read_text()) == summary
+    md = (reports / "matrix.md").read_text()
+    row = ("| `tf2.21-cu12.5-py3.11` | ❌ regressed | 2 | 1 | 1 | 1 | 1 | 1 | 1:01 "
+           "| [log](c/log.txt) |")
+    assert row in md
+    assert "**FAILED**" in md and "with uncommitted changes" in md
+    assert "- **regression** `test/test_a.py::test_new` -- AssertionError: 1 != 2" in md
+    assert ("- **fixed** `test/test_a.py::test_done` -- passed: delete entry 4 "
+            "(`test/test_a.py::test_done`) from the known failures") in md
+    assert "- **known** `test/test_a.py::test_old` -- entry 3 (fail): wrong on old TF" in md
+    assert "- **flaky** `test/test_a.py::test_race` -- passed on attempt 2" in md
+    html = (reports / "index.html").read_text()
+    assert '<td class="status s-regressed">regressed</td>' in html
+    assert '<a href="c/log.txt">log</a>' in html and '<a href="c/junit.xml">junit</a>' in html
+    assert '<a href="../dist/c/blocksparse-2.21.0-py3-none-any.whl">wheel</a>' in html
+    assert "delete entry 4" in html and '<a href="https://example.org/1">link</a>' in html
+
+
+def test_html_escapes_test_output(tmp_path):
+    tests = {"test/t.py::test_x[<b>]": {"outcome": "regression", "entry": None, "attempts": 1,
+                                         "message": "<script>alert(1)</script>"}}
+    summary = summarize({"c": result(tmp_path, CellRun(returncode=1), tests)}, commit="a",
+                        dirty=False, executor="local")
+    html = render_html(summary, tmp_path / "reports")
+    assert "<script>alert" not in html and "&lt;script&gt;" in html
+    assert "test_x[<b>]" in render_markdown(summary, tmp_path / "reports")
+
+
+def test_load_results_in_matrix_order(tmp_path):
+    for name in ("b", "a", "z"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "result.json").write_text(json.dumps({"status": "passed", "n": name}))
+    assert list(load_results(tmp_path, order=["z", "b", "missing"])) == ["z", "b", "a"]
