@@ -29,9 +29,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-# Triton's CPU interpreter (TRITON_INTERPRET=1, set by the CPU test runs) cannot compile
-# kernels ahead of time: this script always needs the compiler.
-os.environ.pop("TRITON_INTERPRET", None)
 
 from blocksparse import _version  # noqa: E402
 from blocksparse.kernels.aot import build_sources, resolve_archs  # noqa: E402
@@ -163,6 +160,9 @@ def build(out, archs=None, jobs=None, build_dir=None, **filters):
 
 
 def main(argv=None):
+    # Triton's CPU interpreter (TRITON_INTERPRET=1, set by the CPU test runs) cannot compile
+    # kernels ahead of time: this script always needs the compiler
+    os.environ.pop("TRITON_INTERPRET", None)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(ROOT / "blocksparse"),
                         help="where _tf_ops.so and _build_info.json go (default: the package)")

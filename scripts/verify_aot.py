@@ -30,9 +30,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "test")]
-# Triton's CPU interpreter (TRITON_INTERPRET=1, set by the CPU test runs) cannot compile
-# kernels ahead of time: this script always needs the compiler.
-os.environ.pop("TRITON_INTERPRET", None)
 
 import numpy as np  # noqa: E402
 
@@ -102,10 +99,19 @@ class Problem:
         if spec["product"] == "fprop":
             c.x, c.w, c.y, c.headers, c.entries = p(self.x), p(self.w), p(out), *map(p, tables)
         elif spec["product"] == "bprop":
-            c.dy, c.w, c.dx, c.headers, c.entries = p(self.dy), p(self.w), p(out), *map(p, tables)
+            c.dy, c.w, c.dx, c.headers, c.entries = p(self.dy), p(self.bprop_weight(spec)), p(out), \
+                *map(p, tables)
         else:
             c.x, c.dy, c.dw, c.groups = p(self.x), p(self.dy), p(out), p(tables[0])
         return c
+
+    def bprop_weight(self, spec):
+        """The weight as a bprop kernel reads it: blocks transposed where ``trans_w`` is false."""
+        if spec["trans_w"]:
+            return self.w
+        if not hasattr(self, "_w_t"):
+            self._w_t = self.w.transpose(1, 2).contiguous()
+        return self._w_t
 
     def jit(self, spec, tables, split):
         """The same kernel and tile through the JIT launcher."""
@@ -119,10 +125,11 @@ class Problem:
                           cfg=cfg, split=split, precision="ieee", dw_dtype=self.torch.float32)
         cfg = configs.XpropConfig(**spec["config"])
         launch = _triton.xprop_tma if spec["kernel"] == "xprop_tma_kernel" else _triton.xprop_ptr
-        fprop = spec["product"] == "fprop"
-        return launch(self.x if fprop else self.dy, self.w, *tables,
-                      out_features=lay.K if fprop else lay.C, bs=bs, axis=self.axis,
-                      trans=not fprop, cfg=cfg, atomic=False, precision="ieee")
+        if spec["product"] == "fprop":
+            return launch(self.x, self.w, *tables, out_features=lay.K, bs=bs, axis=self.axis,
+                          trans=False, cfg=cfg, atomic=False, precision="ieee")
+        return launch(self.dy, self.bprop_weight(spec), *tables, out_features=lay.C, bs=bs,
+                      axis=self.axis, trans=spec["trans_w"], cfg=cfg, atomic=False, precision="ieee")
 
 
 def _time_us(torch, fn, repeats=20):
@@ -196,7 +203,8 @@ def check_dispatch(torch, lib, arch, rng):
         lay = Layout(random_layout(rng, max(2, 512 // bs), max(2, 384 // bs), 0.5), bs)
         for n in ((LARGE_N, 13) if axis == 0 else (LARGE_N,)):
             prob = Problem(torch, rng, lay, dtype, axis, n)
-            spec = {"product": product, "dtype": dtype, "group": group}
+            trans_w = next(s["trans_w"] for s in lib.specs if (s["product"], s["dtype"]) == (product, dtype))
+            spec = {"product": product, "dtype": dtype, "group": group, "trans_w": trans_w}
             tables = prob.tables(product, group)
             out = prob.output(product)
             call = prob.call(spec, out, tables, split=0)
@@ -279,6 +287,9 @@ def _write(out, result):
 
 
 def main(argv=None):
+    # Triton's CPU interpreter (TRITON_INTERPRET=1, set by the CPU test runs) cannot compile
+    # kernels ahead of time: this script always needs the compiler
+    os.environ.pop("TRITON_INTERPRET", None)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="directory for aot-verify.json / .md")
     parser.add_argument("--archs", default=",".join(f"sm_{a}" for a in DEFAULT_ARCHS))

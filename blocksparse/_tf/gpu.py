@@ -10,10 +10,11 @@ from functools import lru_cache
 
 import numpy as np
 
+from ..kernels import configs
 from . import tf
 from .backend import Products
 
-__all__ = ["cpu_requested", "device_arch", "in_xla", "products", "register_gradients"]
+__all__ = ["cpu_requested", "device_arch", "in_xla", "matmul_dx", "products", "register_gradients"]
 
 _DTYPES = {tf.float16: "fp16", tf.bfloat16: "bf16", tf.float32: "fp32"}
 _ATTRS = ("block_size", "axis", "blocks", "c_blocks", "k_blocks")
@@ -69,6 +70,14 @@ def _updat_table(layout, group):
     return np.ascontiguousarray(layout.updat_groups(group), dtype=np.int32)
 
 
+def matmul_dx(module, dy, w, headers, entries, attrs):
+    """``BlocksparseMatmulDX``; its float32 kernels read the weight's blocks transposed (as the
+    JIT launcher passes them), so those are transposed first."""
+    if configs.bprop_pretransposes_weight(w.dtype == tf.float32):
+        w = tf.transpose(w, [0, 2, 1])
+    return module.blocksparse_matmul_dx(dy, w, headers, entries, **attrs)
+
+
 def products(library, arch, layout, axis, dtype):
     """The :class:`Products` of ``library`` for this layout, axis and dtype on ``sm_{arch}``, or
     None where it has no kernels for them."""
@@ -87,8 +96,8 @@ def products(library, arch, layout, axis, dtype):
                                       _updat_table(layout, groups["updat"]), **_attrs(layout, axis))
 
     def bprop(dy, w, layout, axis):
-        return ops.blocksparse_matmul_dx(dy, w, *_xprop_tables(layout, "bprop", groups["bprop"]),
-                                         **_attrs(layout, axis))
+        return matmul_dx(ops, dy, w, *_xprop_tables(layout, "bprop", groups["bprop"]),
+                         _attrs(layout, axis))
 
     def updat(x, dy, layout, axis, dw_dtype):
         dw = ops.blocksparse_matmul_dw(x, dy, _updat_table(layout, groups["updat"]),
@@ -113,6 +122,6 @@ def register_gradients(module):
     def _matmul_grad(op, dy):
         x, w, _, _, dx_headers, dx_entries, dw_groups = op.inputs
         attrs = {name: op.get_attr(name) for name in _ATTRS}
-        dx = module.blocksparse_matmul_dx(dy, w, dx_headers, dx_entries, **attrs)
+        dx = matmul_dx(module, dy, w, dx_headers, dx_entries, attrs)
         dw = module.blocksparse_matmul_dw(x, dy, dw_groups, **attrs)
         return [dx, tf.cast(dw, w.dtype), None, None, None, None, None]

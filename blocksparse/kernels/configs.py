@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-__all__ = ["XpropConfig", "UpdatConfig", "xprop_config", "updat_config", "updat_split", "KERNEL_BLOCK_SIZES",
+__all__ = ["XpropConfig", "UpdatConfig", "xprop_config", "updat_config", "updat_split",
+           "bprop_pretransposes_weight", "KERNEL_BLOCK_SIZES",
            "INTERPRETER_XPROP", "INTERPRETER_UPDAT", "SMALL_N", "AotSpec", "AOT_DTYPES",
            "aot_specializations"]
 
@@ -118,6 +119,14 @@ def updat_config(block_size, n_tokens, *, float32=False, tma=True, interpret=Fal
     return cfg
 
 
+def bprop_pretransposes_weight(float32):
+    """Whether bprop reads the weight with every block transposed beforehand (``W[b].T``, packed)
+    instead of transposing tiles in the kernel: exact float32 products read transposed tiles
+    about 50x slower on sm_90, and one pass over the (small) weight costs less.  The JIT launcher
+    and the TensorFlow op library both follow this."""
+    return bool(float32)
+
+
 def updat_split(cfg, n_tokens, groups, sms):
     """Token slices of an updat call (reduced by float32 atomics when more than one): enough
     programs for about ``cfg.WAVES`` per SM, each slice at least ``4 * cfg.BK`` tokens long.
@@ -167,6 +176,12 @@ class AotSpec:
     def group(self):
         """``G`` of the lookup table the kernel reads."""
         return self.config.G
+
+    @property
+    def trans_w(self):
+        """``TRANS_W`` of the kernel: bprop transposes weight tiles itself, except where it reads
+        pre-transposed blocks (:func:`bprop_pretransposes_weight`)."""
+        return self.product == "bprop" and not bprop_pretransposes_weight(self.dtype == "fp32")
 
     @property
     def tma(self):

@@ -10,6 +10,7 @@ import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import _env
+from ..kernels import configs
 from ..kernels.updat import updat_kernel
 from ..kernels.updat_tma import updat_tma_kernel, updat_tma_stacked_kernel
 from ..kernels.xprop import xprop_kernel
@@ -27,9 +28,7 @@ def xprop(x, w, headers, entries, *, out_features, bs, axis, trans, cfg, atomic,
     ``headers``/``entries`` are the layout core's xprop table built with ``group=cfg.G``;
     ``atomic`` must be true when any output group has more than one segment.
     """
-    if trans and x.dtype == torch.float32:
-        # exact float32 products read a transposed weight tile very slowly (50x on sm_90);
-        # transposing the packed blocks once costs one pass over the (small) weight
+    if trans and configs.bprop_pretransposes_weight(x.dtype == torch.float32):
         w, trans = w.transpose(1, 2).contiguous(), False
     launch = xprop_tma if cfg.TMA and tma_ok(x, w) else xprop_ptr
     return launch(x, w, headers, entries, out_features=out_features, bs=bs, axis=axis, trans=trans,

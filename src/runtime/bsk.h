@@ -12,7 +12,9 @@
  * with C = c_blocks * bs, K = k_blocks * bs, activations transposed ((F, N)) when axis == 0.  The
  * tables are the layout core's (blocksparse/layout.py), int32, in device memory, built with the G
  * of the kernel that runs (the build manifest lists each specialisation's G).  Every pointer is a
- * device address aligned to 16 bytes.
+ * device address aligned to 16 bytes.  Where a bprop specialisation has "trans_w": false in the
+ * manifest (float32: blocksparse.kernels.configs.bprop_pretransposes_weight), `w` must hold every
+ * block transposed (W[b].T, packed), as the JIT launcher passes it too.
  */
 #ifndef BLOCKSPARSE_BSK_H_
 #define BLOCKSPARSE_BSK_H_

@@ -139,7 +139,8 @@ REGISTER_OP("BlocksparseMatmulDX")
     .Output("dx: T")
     .BLOCKSPARSE_ATTRS
     .SetShapeFn(MatmulDXShape)
-    .Doc("dx = dy @ W.T for a block-sparse W.");
+    .Doc("dx = dy @ W.T for a block-sparse W.  For T = float, w holds every block transposed "
+         "(W[b].T): the float32 kernels read it so (blocksparse/kernels/configs.py).");
 
 REGISTER_OP("BlocksparseMatmulDW")
     .Input("x: T")

@@ -100,6 +100,14 @@ def test_compile_args_name_every_kernel_parameter(spec):
     assert all(n.endswith("f" if spec.axis == 1 else "n") for n in unit)
     descs = [t for t in args.signature.values() if t.startswith("tensordesc")]
     assert bool(descs) == spec.tma
+    if spec.product != "updat":
+        assert args.constexprs["TRANS_W"] == spec.trans_w
+
+
+def test_bprop_reads_pretransposed_weight_in_float32_only():
+    """As the JIT launcher: float32 bprop multiplies by blocks transposed beforehand."""
+    for s in ALL:
+        assert s.trans_w == (s.product == "bprop" and s.dtype != "fp32"), s.name
 
 
 # ---------------------------------------------------------------------- archs

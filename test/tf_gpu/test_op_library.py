@@ -256,21 +256,30 @@ def test_gpu_path_honours_dw_dtype(op_library, gpu_arch):
     assert grads.get_concrete_function().structured_outputs.dtype == tf.bfloat16
 
 
-def test_registered_gradient_of_the_raw_op(op_library):
+@pytest.mark.parametrize("dtype", [tf.float16, tf.float32], ids=lambda d: d.name)
+def test_registered_gradient_of_the_raw_op(op_library, dtype):
     lay = Layout(MASK, 32)
 
-    @tf.function(input_signature=[tf.TensorSpec((None, lay.C), tf.float16),
-                                  tf.TensorSpec(lay.w_shape, tf.float16)])
+    @tf.function(input_signature=[tf.TensorSpec((None, lay.C), dtype),
+                                  tf.TensorSpec(lay.w_shape, dtype)])
     def grads(x, w):
         y = _call(op_library, "fprop", lay, 1, x, w)
         return tf.gradients(y, [x, w])
 
     concrete = grads.get_concrete_function()
     dx, dw = concrete.structured_outputs
-    assert dx.shape.as_list() == [None, lay.C] and dx.dtype == tf.float16
-    assert dw.shape.as_list() == list(lay.w_shape) and dw.dtype == tf.float16
+    assert dx.shape.as_list() == [None, lay.C] and dx.dtype == dtype
+    assert dw.shape.as_list() == list(lay.w_shape) and dw.dtype == dtype
     types = _graph_op_types(concrete)
     assert types.count("BlocksparseMatmulDX") == 1 and types.count("BlocksparseMatmulDW") == 1
+    # the float32 kernels read the weight's blocks transposed, as the JIT launcher passes them
+    dx_op = next(op for op in concrete.graph.get_operations() if op.type == "BlocksparseMatmulDX")
+    w_source = dx_op.inputs[1].op
+    if dtype == tf.float32:
+        assert w_source.type == "Transpose"
+        assert tf.get_static_value(w_source.inputs[1]).tolist() == [0, 2, 1]
+    else:
+        assert w_source.type == "Placeholder"
 
 
 def test_group_param_grads_merges_gpu_products(op_library, gpu_arch):

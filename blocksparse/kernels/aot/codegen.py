@@ -30,7 +30,8 @@ def manifest_entry(kernel: CompiledKernel):
     s = kernel.spec
     return {"name": s.name, "arch": s.arch, "product": s.product, "dtype": s.dtype,
             "block_size": s.block_size, "axis": s.axis, "kernel": s.kernel, "atomic": s.atomic,
-            "group": s.group, "config": asdict(s.config), "num_warps": kernel.num_warps,
+            "group": s.group, "trans_w": s.trans_w, "config": asdict(s.config),
+            "num_warps": kernel.num_warps,
             "shared": kernel.shared, "cubin_bytes": len(kernel.cubin)}
 
 

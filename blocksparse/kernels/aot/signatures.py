@@ -57,7 +57,7 @@ def _strides(axis, *tensors):
 def _xprop(spec):
     t, cfg, bs = spec.dtype, spec.config, spec.block_size
     out = "fp32" if spec.atomic else t
-    trans = spec.product == "bprop"
+    trans = spec.trans_w
     consts = dict(BS=bs, G=cfg.G, BM=cfg.BM, TRANS_W=trans, ATOMIC=spec.atomic, PRECISION=PRECISION)
     if spec.kernel == "xprop_kernel":
         types = {"X": f"*{t}", "W": f"*{t}", "Y": f"*{out}", "HEADERS": "*i32", "ENTRIES": "*i32",
