@@ -11,9 +11,10 @@ from .errors import ConfigError
 
 __all__ = ["CELL_TOOLS", "read_pins", "cell_requirements"]
 
-#: Besides TensorFlow: the test runner, the timeout plugin, and the wheel build backend
-#: (``pip wheel --no-build-isolation`` builds with what the environment holds).
-CELL_TOOLS = ("pytest", "pytest-timeout", "setuptools", "wheel")
+#: Besides TensorFlow: the test runner, the timeout plugin, the wheel build backend
+#: (``pip wheel --no-build-isolation`` builds with what the environment holds), and Triton, which
+#: compiles the GPU kernels of the TensorFlow op library ahead of time (scripts/build_ops.py).
+CELL_TOOLS = ("pytest", "pytest-timeout", "setuptools", "wheel", "triton")
 
 
 def _normal(name):

@@ -118,7 +118,9 @@ def build(out, archs=None, jobs=None, build_dir=None, **filters):
     compile_flags = tf.sysconfig.get_compile_flags()
     flags = [*compile_flags, "-O2", "-fPIC", "-std=c++17", "-Wall", "-Wno-sign-compare",
              f"-I{native.RUNTIME_DIR}", f"-I{ROOT / 'src' / 'tf'}", f"-I{native.cuda_include()}",
-             f'-DBLOCKSPARSE_TF_VERSION="{tf_version}"']
+             f'-DBLOCKSPARSE_TF_VERSION="{tf_version}"',
+             *native.path_maps(src=ROOT, build=work, tensorflow=tf.sysconfig.get_include(),
+                               cuda=native.cuda_include())]
     for name in TF_SOURCES:
         obj = work / "tf" / (Path(name).stem + ".o")
         obj.parent.mkdir(parents=True, exist_ok=True)

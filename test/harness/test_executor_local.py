@@ -69,7 +69,7 @@ def test_fresh_environment_then_the_script(cell, tmp_path, pins, monkeypatch):
         [REAL, "-m", "venv", str(venv)],
         [python, "-m", "pip", "install", "--disable-pip-version-check",
          "tensorflow-cpu==2.21.*", "pytest==8.4.2", "pytest-timeout==2.4.0",
-         "setuptools==80.9.0", "wheel==0.45.1"],
+         "setuptools==80.9.0", "wheel==0.45.1", "triton==3.6.0"],
         ["bash", str(tmp_path / "stage" / "src" / SCRIPT), "-k", "lut"],
     ]
     env = runner.calls[-1]["env"]

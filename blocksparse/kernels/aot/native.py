@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 __all__ = ["RUNTIME_DIR", "LINK_LIBS", "cuda_include", "cuda_version", "c_compiler", "compile_c",
-           "build_runtime_library", "NativeBuildError"]
+           "path_maps", "runtime_sources", "build_runtime_library", "NativeBuildError"]
 
 ROOT = Path(__file__).resolve().parents[3]
 RUNTIME_DIR = ROOT / "src" / "runtime"
@@ -69,13 +69,20 @@ def _check_runtime_sources():
                                "blocksparse source tree")
 
 
+def path_maps(**dirs):
+    """``-ffile-prefix-map`` flags: paths the compiler embeds (``__FILE__``) name no build
+    directory, so that builds of one source in different places give the same bytes."""
+    return [f"-ffile-prefix-map={Path(d).resolve()}={name}" for name, d in dirs.items()]
+
+
 def compile_c(sources, out_dir, cc=None, jobs=None):
-    """Compile C ``sources`` (the runtime's when None of them given) to objects in ``out_dir``."""
+    """Compile C ``sources`` to objects in ``out_dir``."""
     _check_runtime_sources()
     cc = cc or c_compiler()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    flags = [*C_FLAGS, f"-I{RUNTIME_DIR}", f"-I{cuda_include()}"]
+    flags = [*C_FLAGS, f"-I{RUNTIME_DIR}", f"-I{cuda_include()}",
+             *path_maps(src=ROOT, build=out_dir.parent, cuda=cuda_include())]
 
     def one(source):
         obj = out_dir / (Path(source).stem + ".o")
