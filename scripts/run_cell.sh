@@ -2,7 +2,7 @@
 # One matrix cell, inside its environment: build the wheel -> install it -> run the library test
 # suite against the installed wheel.  Both executors run this script (the local executor in a
 # virtualenv, the docker executor in the cell's container); the environment only provides Python,
-# TensorFlow, pytest and pytest-timeout.
+# TensorFlow, pytest, pytest-timeout and Triton (the kernels' ahead-of-time compiler).
 #
 # Usage: scripts/run_cell.sh [PYTEST ARGS...]      (arguments select tests, as for pytest)
 #
