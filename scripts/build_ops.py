@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from blocksparse import _version  # noqa: E402
-from blocksparse.kernels.aot import build_sources, resolve_archs  # noqa: E402
+from blocksparse.kernels.aot import build_sources, parse_filters, resolve_archs  # noqa: E402
 from blocksparse.kernels.aot import native  # noqa: E402
 
 LIBRARY = "_tf_ops.so"
@@ -174,11 +174,7 @@ def main(argv=None):
     parser.add_argument("--dtypes", help="only these kernel dtypes, e.g. bf16,fp32 (tests)")
     parser.add_argument("--block-sizes", help="only these block sizes, e.g. 32 (tests)")
     args = parser.parse_args(argv)
-    filters = {}
-    if args.dtypes:
-        filters["dtypes"] = tuple(args.dtypes.split(","))
-    if args.block_sizes:
-        filters["block_sizes"] = tuple(int(b) for b in args.block_sizes.split(","))
+    filters = parse_filters(args.dtypes, args.block_sizes)
     try:
         build(args.out, args.archs, args.jobs, args.build_dir, **filters)
     except ImportError as exc:

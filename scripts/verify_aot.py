@@ -34,7 +34,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "test")]
 import numpy as np  # noqa: E402
 
 from blocksparse.kernels import configs  # noqa: E402
-from blocksparse.kernels.aot import DEFAULT_ARCHS, build_sources, parse_archs  # noqa: E402
+from blocksparse.kernels.aot import DEFAULT_ARCHS, build_sources, parse_archs, parse_filters  # noqa: E402
 from blocksparse.kernels.aot.abi import DTYPES, PRODUCTS, BskCall, KernelLibrary  # noqa: E402
 from blocksparse.kernels.aot.native import build_runtime_library  # noqa: E402
 from blocksparse.layout import Layout  # noqa: E402
@@ -302,11 +302,7 @@ def main(argv=None):
     import torch
     import triton
 
-    filters = {}
-    if args.dtypes:
-        filters["dtypes"] = tuple(args.dtypes.split(","))
-    if args.block_sizes:
-        filters["block_sizes"] = tuple(int(b) for b in args.block_sizes.split(","))
+    filters = parse_filters(args.dtypes, args.block_sizes)
     if not args.dry_run and not torch.cuda.is_available():
         print("verify_aot: no CUDA GPU; use --dry-run to build and load only", file=sys.stderr)
         return 2

@@ -313,6 +313,18 @@ static int launch(const bsk_driver *cu, int index, const bsk_call *call, CUstrea
   return BSK_OK;
 }
 
+/* Compute capability (10 * major + minor) and SM count of the current context's device. */
+static CUresult current_device(const bsk_driver *cu, int *arch, int *sms) {
+  CUdevice device;
+  int major = 0, minor = 0;
+  CUresult err = cu->CtxGetDevice(&device);
+  if (!err) err = cu->DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device);
+  if (!err) err = cu->DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device);
+  if (!err) err = cu->DeviceGetAttribute(sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device);
+  *arch = 10 * major + minor;
+  return err;
+}
+
 static int check_kind(const bsk_call *call, char *message, size_t size) {
   if (!call) return fail(message, size, BSK_ERR_INVALID, "call must not be NULL");
   if (call->product < BSK_FPROP || call->product > BSK_UPDAT || call->dtype < BSK_FP16 ||
@@ -334,15 +346,12 @@ int bsk_run_spec(int index, const bsk_call *call, void *stream, char *message, s
   if (!cu) return fail(message, size, BSK_ERR_DRIVER, "%s", why);
   int pushed;
   if ((status = enter(cu, (CUstream)stream, &pushed, message, size))) return status;
-  CUdevice device;
-  int major = 0, minor = 0;
-  CUresult err = cu->CtxGetDevice(&device);
-  if (!err) err = cu->DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device);
-  if (!err) err = cu->DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device);
+  int arch = 0, sms = 0;
+  CUresult err = current_device(cu, &arch, &sms);
   if (err) status = cuda_fail(message, size, "querying the device", err);
-  else if (!serves(bsk_specs[index].arch, 10 * major + minor))
-    status = fail(message, size, BSK_ERR_UNSUPPORTED, "%s was compiled for sm_%d; this GPU is sm_%d%d",
-                  bsk_specs[index].name, bsk_specs[index].arch, major, minor);
+  else if (!serves(bsk_specs[index].arch, arch))
+    status = fail(message, size, BSK_ERR_UNSUPPORTED, "%s was compiled for sm_%d; this GPU is sm_%d",
+                  bsk_specs[index].name, bsk_specs[index].arch, arch);
   else status = launch(cu, index, call, (CUstream)stream, message, size);
   leave(cu, pushed);
   return status;
@@ -371,15 +380,10 @@ int bsk_run(const bsk_call *call, void *stream, char *message, size_t size) {
   if (!cu) return fail(message, size, BSK_ERR_DRIVER, "%s", why);
   int pushed;
   if ((status = enter(cu, (CUstream)stream, &pushed, message, size))) return status;
-  CUdevice device;
-  int major = 0, minor = 0, sms = 0;
-  CUresult err = cu->CtxGetDevice(&device);
-  if (!err) err = cu->DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device);
-  if (!err) err = cu->DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device);
-  if (!err) err = cu->DeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device);
+  int arch = 0, sms = 0;
+  CUresult err = current_device(cu, &arch, &sms);
   leave(cu, pushed);
   if (err) return cuda_fail(message, size, "querying the device", err);
-  int arch = 10 * major + minor;
   int index = bsk_select(call, arch, 0);
   bsk_call chosen = *call;
   if (index >= 0 && call->product == BSK_UPDAT) {

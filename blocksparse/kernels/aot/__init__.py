@@ -20,11 +20,22 @@ from ..configs import aot_specializations
 from .codegen import manifest_entry, write_sources
 from .compile import AotError, compile_specs
 
-__all__ = ["DEFAULT_ARCHS", "parse_archs", "resolve_archs", "build_sources", "AotError"]
+__all__ = ["DEFAULT_ARCHS", "parse_archs", "parse_filters", "resolve_archs", "build_sources",
+           "AotError"]
 
 #: Architectures compiled when nothing else says which.
 DEFAULT_ARCHS = (80, 90)
 MATRIX = Path(__file__).resolve().parents[3] / "matrix.yaml"
+
+
+def parse_filters(dtypes=None, block_sizes=None):
+    """Command-line subsets (``"bf16,fp32"``, ``"32,64"``) as :func:`build_sources` filters."""
+    filters = {}
+    if dtypes:
+        filters["dtypes"] = tuple(dtypes.split(","))
+    if block_sizes:
+        filters["block_sizes"] = tuple(int(b) for b in block_sizes.split(","))
+    return filters
 
 
 def parse_archs(text):
