@@ -334,6 +334,31 @@ static int check_kind(const bsk_call *call, char *message, size_t size) {
   return BSK_OK;
 }
 
+/* The driver, the stream's context entered (leave() it after), and its device's arch / SMs. */
+static int open_device(void *stream, const bsk_driver **cu, int *pushed, int *arch, int *sms,
+                       char *message, size_t size) {
+  const char *why = NULL;
+  *cu = bsk_driver_get(&why);
+  if (!*cu) return fail(message, size, BSK_ERR_DRIVER, "%s", why);
+  int status = enter(*cu, (CUstream)stream, pushed, message, size);
+  if (status) return status;
+  CUresult err = current_device(*cu, arch, sms);
+  if (err) {
+    leave(*cu, *pushed);
+    return cuda_fail(message, size, "querying the device", err);
+  }
+  return BSK_OK;
+}
+
+/* Launch a checked specialisation in an entered context of a device of `arch`. */
+static int run_opened(const bsk_driver *cu, int index, const bsk_call *call, void *stream, int arch,
+                      char *message, size_t size) {
+  if (!serves(bsk_specs[index].arch, arch))
+    return fail(message, size, BSK_ERR_UNSUPPORTED, "%s was compiled for sm_%d; this GPU is sm_%d",
+                bsk_specs[index].name, bsk_specs[index].arch, arch);
+  return launch(cu, index, call, (CUstream)stream, message, size);
+}
+
 int bsk_run_spec(int index, const bsk_call *call, void *stream, char *message, size_t size) {
   int status = check_kind(call, message, size);
   if (status) return status;
@@ -341,18 +366,10 @@ int bsk_run_spec(int index, const bsk_call *call, void *stream, char *message, s
     return fail(message, size, BSK_ERR_INVALID, "no specialisation %d (this build has %d)", index,
                 bsk_specs_count);
   if ((status = check_call(&bsk_specs[index], call, message, size))) return status;
-  const char *why = NULL;
-  const bsk_driver *cu = bsk_driver_get(&why);
-  if (!cu) return fail(message, size, BSK_ERR_DRIVER, "%s", why);
-  int pushed;
-  if ((status = enter(cu, (CUstream)stream, &pushed, message, size))) return status;
-  int arch = 0, sms = 0;
-  CUresult err = current_device(cu, &arch, &sms);
-  if (err) status = cuda_fail(message, size, "querying the device", err);
-  else if (!serves(bsk_specs[index].arch, arch))
-    status = fail(message, size, BSK_ERR_UNSUPPORTED, "%s was compiled for sm_%d; this GPU is sm_%d",
-                  bsk_specs[index].name, bsk_specs[index].arch, arch);
-  else status = launch(cu, index, call, (CUstream)stream, message, size);
+  const bsk_driver *cu;
+  int pushed, arch = 0, sms = 0;
+  if ((status = open_device(stream, &cu, &pushed, &arch, &sms, message, size))) return status;
+  status = run_opened(cu, index, call, stream, arch, message, size);
   leave(cu, pushed);
   return status;
 }
@@ -375,15 +392,9 @@ static int archs_text(char *out, size_t size) {
 int bsk_run(const bsk_call *call, void *stream, char *message, size_t size) {
   int status = check_kind(call, message, size);
   if (status) return status;
-  const char *why = NULL;
-  const bsk_driver *cu = bsk_driver_get(&why);
-  if (!cu) return fail(message, size, BSK_ERR_DRIVER, "%s", why);
-  int pushed;
-  if ((status = enter(cu, (CUstream)stream, &pushed, message, size))) return status;
-  int arch = 0, sms = 0;
-  CUresult err = current_device(cu, &arch, &sms);
-  leave(cu, pushed);
-  if (err) return cuda_fail(message, size, "querying the device", err);
+  const bsk_driver *cu;
+  int pushed, arch = 0, sms = 0;
+  if ((status = open_device(stream, &cu, &pushed, &arch, &sms, message, size))) return status;
   int index = bsk_select(call, arch, 0);
   bsk_call chosen = *call;
   if (index >= 0 && call->product == BSK_UPDAT) {
@@ -393,10 +404,13 @@ int bsk_run(const bsk_call *call, void *stream, char *message, size_t size) {
   if (index < 0) {
     char archs[128];
     archs_text(archs, sizeof(archs));
-    return fail(message, size, BSK_ERR_UNSUPPORTED,
-                "no compiled kernel for %s %s block_size=%d axis=%d G=%d on sm_%d (this build "
-                "has kernels for %s)", PRODUCTS[call->product], DTYPES[call->dtype],
-                call->block_size, call->axis, call->group, arch, archs);
+    status = fail(message, size, BSK_ERR_UNSUPPORTED,
+                  "no compiled kernel for %s %s block_size=%d axis=%d G=%d on sm_%d (this build "
+                  "has kernels for %s)", PRODUCTS[call->product], DTYPES[call->dtype],
+                  call->block_size, call->axis, call->group, arch, archs);
+  } else if (!(status = check_call(&bsk_specs[index], &chosen, message, size))) {
+    status = run_opened(cu, index, &chosen, stream, arch, message, size);
   }
-  return bsk_run_spec(index, &chosen, stream, message, size);
+  leave(cu, pushed);
+  return status;
 }
