@@ -35,10 +35,6 @@ def _x(BM, G, w, s, BK=0, UNROLL=1, BN=0):
     return X(BM, G, w, s, BK=BK, UNROLL=UNROLL, BN=BN)
 
 
-def _u(G, BK, w, s, STACK=False):
-    return U(G, BK, w, s, STACK=STACK)
-
-
 # Sweep 4.  Sweeps 1-3 (output groups, pointer vs TMA loads, tile sizes, reduction sub-steps,
 # unrolling, warp specialisation, output slices, stacked updat, float32) are in git history, their
 # results in bench/results/raw/.  Here: output groups G for few tokens (re-read activations, not

@@ -46,15 +46,13 @@ class XpropConfig:
 
 @dataclass(frozen=True)
 class UpdatConfig:
-    """updat tile: ``G`` blocks of one layout row x ``BK`` tokens per step.  ``STACK`` (TMA kernel)
-    stacks the ``G`` blocks into one product; ``WAVES`` as for :class:`XpropConfig`, by splitting
-    the tokens; ``TMA``: use the TMA kernel where it can run."""
+    """updat tile: ``G`` blocks of one layout row x ``BK`` tokens per step; ``WAVES`` as for
+    :class:`XpropConfig`, by splitting the tokens; ``TMA``: use the TMA kernel where it can run."""
 
     G: int
     BK: int
     num_warps: int
     num_stages: int
-    STACK: bool = False
     WAVES: int = 2
     TMA: bool = True
 
@@ -150,9 +148,9 @@ class AotSpec:
     ``arch``: compute capability as ``10 * major + minor`` (80, 90); ``product``: ``"fprop"``,
     ``"bprop"`` or ``"updat"``; ``dtype``: Triton's name of the activation / weight dtype;
     ``axis``: the feature axis of the activations; ``kernel``: the Triton kernel
-    (``xprop_kernel``, ``xprop_tma_kernel``, ``updat_kernel``, ``updat_tma_kernel``,
-    ``updat_tma_stacked_kernel``); ``atomic``: float32 atomic reduction of split token slices
-    (updat); ``config``: the tile.  The weight gradient is always written in float32.
+    (``xprop_kernel``, ``xprop_tma_kernel``, ``updat_kernel``, ``updat_tma_kernel``); ``atomic``:
+    float32 atomic reduction of split token slices (updat); ``config``: the tile.  The weight
+    gradient is always written in float32.
     """
 
     arch: int
@@ -210,7 +208,7 @@ def _aot_updat(arch, dtype, bs, axis):
     elif arch < 90:
         kernels = [("updat_kernel", _UPDAT_PTR[bs])]
     else:
-        kernels = [("updat_tma_stacked_kernel" if cfg.STACK else "updat_tma_kernel", cfg)]
+        kernels = [("updat_tma_kernel", cfg)]
         if axis == 0:  # as for xprop: unaligned (F, N) rows, same table
             kernels.append(("updat_kernel", replace(_UPDAT_PTR[bs], G=cfg.G)))
     return [AotSpec(arch, "updat", dtype, bs, axis, kernel, atomic, c)

@@ -5,8 +5,6 @@ with the ``[BK, BS]`` tiles of ``x`` and ``dy`` moved by tensor descriptors; eac
 blocks has its own ``[BS, BS]`` accumulator (``G`` in 1, 2, 4).  A padding entry (``k = -1``)
 reads zeros and is never stored.
 
-:func:`updat_tma_stacked_kernel` instead stacks the ``G`` tiles of ``dy`` into one operand.
-
 Descriptors: ``x_desc`` / ``dy_desc`` over the activations in storage order, block ``[BK, BS]``
 for (N, F) or ``[BS, BK]`` for (F, N) (``X_T``).  The gradient is written through pointers.
 """
@@ -76,59 +74,3 @@ def updat_tma_kernel(
         _put(DW, acc2, tl.load(row + 3 + G), BS, ATOMIC)
         _put(DW, acc3, tl.load(row + 4 + G), BS, ATOMIC)
 
-
-@triton.jit
-def _dy_t(dy_desc, n0, k, BK: tl.constexpr, BS: tl.constexpr, X_T: tl.constexpr):
-    """The transposed [BS, BK] tile of ``dy`` at layout column ``k`` (-1: zeros)."""
-    if X_T:
-        t = dy_desc.load([k * BS, n0])
-    else:
-        t = dy_desc.load([n0, k * BS]).T
-    return t
-
-
-@triton.jit
-def _stack(a, b):
-    """[R, C] on top of [R, C] -> [2R, C]."""
-    return tl.reshape(tl.permute(tl.join(a, b), (2, 0, 1)), (2 * a.shape[0], a.shape[1]))
-
-
-@triton.jit
-def updat_tma_stacked_kernel(
-    x_desc, dy_desc, DW, GROUPS, tokens_per_split, N,
-    BS: tl.constexpr, G: tl.constexpr, BK: tl.constexpr, X_T: tl.constexpr,
-    ATOMIC: tl.constexpr, PRECISION: tl.constexpr,
-):
-    """As :func:`updat_tma_kernel` for ``G`` in 2, 4, 8, but the ``G`` transposed ``dy`` tiles are
-    stacked into one ``[G*BS, BK]`` operand: one ``[G*BS, BS]`` product, so that the matrix units
-    see ``M = G*BS`` rows even for small blocks."""
-    i_g = tl.program_id(0)
-    i_s = tl.program_id(1)
-    row = GROUPS + i_g * (1 + 2 * G)
-    c = tl.load(row)
-    n_lo = i_s * tokens_per_split
-    n_hi = tl.minimum(n_lo + tokens_per_split, N)
-    acc = tl.zeros((G * BS, BS), dtype=tl.float32)
-    for n0 in range(n_lo, n_hi, BK):
-        a = _stack(_dy_t(dy_desc, n0, tl.load(row + 1), BK, BS, X_T),
-                   _dy_t(dy_desc, n0, tl.load(row + 2), BK, BS, X_T))
-        if G > 2:
-            a = _stack(a, _stack(_dy_t(dy_desc, n0, tl.load(row + 3), BK, BS, X_T),
-                                 _dy_t(dy_desc, n0, tl.load(row + 4), BK, BS, X_T)))
-        if G > 4:
-            a = _stack(a, _stack(_stack(_dy_t(dy_desc, n0, tl.load(row + 5), BK, BS, X_T),
-                                        _dy_t(dy_desc, n0, tl.load(row + 6), BK, BS, X_T)),
-                                 _stack(_dy_t(dy_desc, n0, tl.load(row + 7), BK, BS, X_T),
-                                        _dy_t(dy_desc, n0, tl.load(row + 8), BK, BS, X_T))))
-        # [G*BS, BK] @ [BK, BS] -> [G*BS, BS]
-        acc = tl.dot(a, _tile(x_desc, n0, c, BK, BS, X_T), acc, input_precision=PRECISION)
-
-    # acc[j*BS + kk, cc] = dw[blk_j][cc, kk]
-    o_o = tl.arange(0, G * BS)
-    blk = tl.load(row + 1 + G + o_o // BS).to(tl.int64)
-    o_cc = tl.arange(0, BS)
-    p_dw = DW + blk[:, None] * BS * BS + o_cc[None, :] * BS + (o_o % BS)[:, None]
-    if ATOMIC:
-        tl.atomic_add(p_dw, acc, mask=blk[:, None] >= 0, sem="relaxed")
-    else:
-        tl.store(p_dw, acc.to(DW.dtype.element_ty), mask=blk[:, None] >= 0)

@@ -12,7 +12,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from .. import _env
 from ..kernels import configs
 from ..kernels.updat import updat_kernel
-from ..kernels.updat_tma import updat_tma_kernel, updat_tma_stacked_kernel
+from ..kernels.updat_tma import updat_tma_kernel
 from ..kernels.xprop import xprop_kernel
 from ..kernels.xprop_tma import xprop_tma_kernel
 
@@ -105,8 +105,7 @@ def updat_tma(x, dy, groups, *, w_shape, bs, axis, cfg, split, precision, dw_dty
     n_tokens, atomic, dw = _updat_out(x, axis, w_shape, split, dw_dtype)
     if n_tokens:
         per_split, grid = _token_slices(n_tokens, split, cfg.BK, groups)
-        kernel = updat_tma_stacked_kernel if cfg.STACK else updat_tma_kernel
-        kernel[grid](
+        updat_tma_kernel[grid](
             _desc(x, axis, cfg.BK, bs), _desc(dy, axis, cfg.BK, bs), dw, groups, per_split, n_tokens,
             BS=bs, G=cfg.G, BK=cfg.BK, X_T=axis == 0, ATOMIC=atomic, PRECISION=precision,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,

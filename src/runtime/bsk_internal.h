@@ -8,8 +8,7 @@
 
 #define BSK_HIDDEN __attribute__((visibility("hidden")))
 
-/* Kernel families: how a kernel's arguments and grid are computed.  A family holds the kernels
- * with one parameter list (updat_tma_kernel and updat_tma_stacked_kernel share one). */
+/* Kernel families: how a kernel's arguments and grid are computed (one parameter list each). */
 enum { BSK_XPROP_PTR = 0, BSK_XPROP_TMA = 1, BSK_UPDAT_PTR = 2, BSK_UPDAT_TMA = 3 };
 
 /* A 2-D tensor a descriptor covers, in storage order; strides in elements. */
