@@ -33,8 +33,7 @@ def _target_tf_version():
                      "(or tensorflow-cpu) in the build environment or set BLOCKSPARSE_TF_VERSION=X.Y")
 
 
-def _minor(version):
-    return ".".join(version.split(".")[:2])
+_minor = _version["minor_text"]
 
 
 def _op_library_build():

@@ -3,19 +3,10 @@
 Importing this package imports TensorFlow and checks its version, so that every public module
 that needs TensorFlow fails the same clear way when it is missing or too old.
 """
-import re
-
-#: Oldest TensorFlow this frontend supports.
-MIN_TF = (2, 16)
+from .._version import MIN_TF, tf_minor
 
 _INSTALL_HINT = ("install it with `pip install blocksparse[tensorflow]` "
                  "(or `pip install blocksparse[tensorflow-cpu]` for the CPU-only build)")
-
-
-def _parse_version(text):
-    """``"2.16.1"`` / ``"2.17.0rc0"`` / ``"2.18.0-dev20240101"`` -> ``(2, 16)``; None if unreadable."""
-    match = re.match(r"\s*(\d+)\.(\d+)", str(text))
-    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 def _import_tensorflow():
@@ -27,7 +18,7 @@ def _import_tensorflow():
         raise ImportError(f"blocksparse's TensorFlow frontend needs TensorFlow >= "
                           f"{MIN_TF[0]}.{MIN_TF[1]}, which is not installed; {_INSTALL_HINT}") from exc
     found = getattr(tf, "__version__", "unknown")
-    parsed = _parse_version(found)
+    parsed = tf_minor(found)
     if parsed is None or parsed < MIN_TF:
         raise ImportError(f"blocksparse's TensorFlow frontend needs TensorFlow >= "
                           f"{MIN_TF[0]}.{MIN_TF[1]}; found TensorFlow {found}. Upgrade TensorFlow, "

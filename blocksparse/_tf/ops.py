@@ -15,6 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from .. import _env
+from .._version import minor_text as _minor
 from . import tf
 
 __all__ = ["LIBRARY_NAME", "OpLibrary", "OpLibraryWarning", "built_for", "library",
@@ -71,10 +72,6 @@ def built_for(path):
     """The TensorFlow version stamped into the library at ``path``, or None if it has no stamp."""
     match = _STAMP.search(Path(path).read_bytes())
     return match.group(1).decode() if match else None
-
-
-def _minor(version):
-    return ".".join(str(version).split(".")[:2])
 
 
 def _install_hint():

@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 
 from ... import _env
+from ..._version import minor_text
 from ..configs import aot_specializations
 from .codegen import manifest_entry, write_sources
 from .compile import AotError, compile_specs
@@ -64,7 +65,7 @@ def _matrix_archs(tf_version, matrix):
 
     data = yaml.safe_load(Path(matrix).read_text()) or {}
     archs = (data.get("defaults") or {}).get("archs")
-    minor = ".".join(str(tf_version).split(".")[:2]) if tf_version else None
+    minor = minor_text(tf_version) if tf_version else None
     for build in data.get("builds") or ():
         name = str(build.get("tensorflow"))
         if minor and (name == minor or (name == "nightly" and "dev" in str(tf_version))):
