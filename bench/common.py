@@ -1,7 +1,6 @@
 """Shared pieces of the GPU benchmarks: problems, float64 references, timers, ceilings."""
 from __future__ import annotations
 
-import contextlib
 import math
 
 import numpy as np
@@ -10,17 +9,16 @@ import triton
 import triton.language as tl
 
 from blocksparse.layout import Layout
+from blocksparse.testing import rel_error, tolerance  # noqa: F401  (used as common.tolerance)
+from blocksparse.testing.matmul import random_layout as _random_layout
+from blocksparse.testing.poison import poisoned_empty  # noqa: F401  (used as common.poisoned_empty)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def random_layout(CB, KB, density, seed):
     """Random layout at ``density`` with every output column (and row) holding a block."""
-    rng = np.random.default_rng(seed)
-    mask = rng.random((CB, KB)) < density
-    mask[rng.integers(0, CB, KB), np.arange(KB)] = True
-    mask[np.arange(CB), rng.integers(0, KB, CB)] = True
-    return mask
+    return _random_layout(np.random.default_rng(seed), CB, KB, density, cover=True).astype(bool)
 
 
 class Problem:
@@ -67,34 +65,12 @@ class Problem:
 
 
 def rel_err(got, ref):
-    got = got.double()
-    if not torch.isfinite(got).all():
-        return float("nan")
-    return ((got - ref).norm() / ref.norm()).item()
-
-
-def tolerance(dtype, tf32=False):
-    return {torch.bfloat16: 2e-2, torch.float16: 3e-3, torch.float32: 3e-3 if tf32 else 1e-4}[dtype]
-
-
-@contextlib.contextmanager
-def poisoned_empty():
-    """Make every fresh ``torch.empty``/``new_empty`` NaN-filled, so unwritten tiles show."""
-    saved = torch.empty, torch.empty_like, torch.Tensor.new_empty
-
-    def poison(factory):
-        def make(*a, **k):
-            t = factory(*a, **k)
-            if t.is_floating_point():
-                t.fill_(float("nan"))
-            return t
-        return make
-
-    torch.empty, torch.empty_like, torch.Tensor.new_empty = (poison(f) for f in saved)
+    """:func:`blocksparse.testing.rel_error`, NaN where ``got`` is not finite (the row is marked
+    failed instead of stopping the run)."""
     try:
-        yield
-    finally:
-        torch.empty, torch.empty_like, torch.Tensor.new_empty = saved
+        return rel_error(got, ref)
+    except AssertionError:
+        return float("nan")
 
 
 def time_ms(fn, warmup=25, rep=100):

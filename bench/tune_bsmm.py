@@ -1,6 +1,6 @@
 """Variant sweep of the matmul kernels on a GPU: every variant checked against float64, then timed.
 
-Produces the numbers behind ``blocksparse/kernels/configs.py``.  One run:
+Produces the numbers behind ``blocksparse/ops/matmul/configs.py``.  One run:
 
     python bench/tune_bsmm.py --out bench/results/tune-h200.json
 

@@ -21,7 +21,8 @@ import numpy as np
 from ._frontend import LayoutShapes, check_feature_axis
 from ._initializers import identity_blocks, ortho_blocks
 from ._tf import tf
-from ._tf import autodiff, backend, checks, grouping, sparse_proj, weights
+from ._tf import checks
+from ._tf.matmul import autodiff, backend, grouping, sparse_proj, weights
 from .layout import Layout
 
 __all__ = ["BlocksparseMatMul", "SparseProj", "group_param_grads"]

@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from blocksparse import _version  # noqa: E402
-from blocksparse.kernels.aot import build_sources, parse_filters, resolve_archs  # noqa: E402
-from blocksparse.kernels.aot import native  # noqa: E402
+from blocksparse.aot import build_sources, parse_filters, resolve_archs  # noqa: E402
+from blocksparse.aot import native  # noqa: E402
 
 LIBRARY = "_tf_ops.so"
 MANIFEST = "_build_info.json"

@@ -7,7 +7,7 @@
 Compiles every specialisation (``configs.aot_specializations``) for the archs, generates the C
 launchers and builds them with the kernel runtime into a shared library (system C compiler), loads
 it with ctypes, and calls every specialisation this GPU can run on PyTorch CUDA tensors: its output
-is compared with the JIT kernel (``blocksparse.torch._triton``, same kernel, tile and inputs) and
+is compared with the JIT kernel (``blocksparse.torch._matmul.launch``, same kernel, tile and inputs) and
 with a float64 reference.  Then ``bsk_run`` -- the entry point the TensorFlow ops call, which picks
 the kernel and the updat split itself -- is checked once per product, dtype, block size and axis.
 Needs torch, triton and a C compiler; no TensorFlow.  Writes ``DIR/aot-verify.json`` and
@@ -29,17 +29,18 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "test")]
+sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from blocksparse.kernels import configs  # noqa: E402
-from blocksparse.kernels.aot import DEFAULT_ARCHS, build_sources, parse_archs, parse_filters  # noqa: E402
-from blocksparse.kernels.aot.abi import DTYPES, PRODUCTS, BskCall, KernelLibrary  # noqa: E402
-from blocksparse.kernels.aot.native import build_runtime_library  # noqa: E402
+from blocksparse.ops.matmul import configs  # noqa: E402
+from blocksparse.aot import DEFAULT_ARCHS, build_sources, parse_archs, parse_filters  # noqa: E402
+from blocksparse.aot.abi import DTYPES, PRODUCTS, BskCall, KernelLibrary  # noqa: E402
+from blocksparse.aot.native import build_runtime_library  # noqa: E402
 from blocksparse.layout import Layout  # noqa: E402
-from bsmm_reference import TOLERANCE, dense_products  # noqa: E402  (test/: the float64 reference)
-from helpers import random_layout  # noqa: E402
+from blocksparse.testing import TOLERANCE  # noqa: E402
+from blocksparse.testing.matmul import dense_products  # noqa: E402
+from blocksparse.testing.matmul import random_layout  # noqa: E402
 
 TOL_NAMES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 LARGE_N = 1000   # tokens of the main case (a multiple of 8: (F, N) rows stay 16-byte aligned)
@@ -115,7 +116,7 @@ class Problem:
 
     def jit(self, spec, tables, split):
         """The same kernel and tile through the JIT launcher."""
-        from blocksparse.torch import _triton
+        from blocksparse.torch._matmul import launch as _triton
 
         lay, bs = self.layout, self.layout.block_size
         if spec["product"] == "updat":

@@ -21,3 +21,23 @@ def pytest_report_header(config):
 def rng(request):
     """A numpy Generator for this test: the run's base seed mixed with the test id."""
     return np.random.default_rng([BASE_SEED, zlib.crc32(request.node.nodeid.encode())])
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip ``gpu`` tests without a CUDA GPU, and ``interpreter`` tests unless Triton's
+    interpreter is on (CPU runs set it in ``test/torch_setup.py``)."""
+    marked = [item for item in items if "gpu" in item.keywords or "interpreter" in item.keywords]
+    if not marked:
+        return
+    try:
+        import torch
+
+        gpu = torch.cuda.is_available()
+    except ImportError:
+        gpu = False
+    interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    for item in marked:
+        if "gpu" in item.keywords and not gpu:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+        if "interpreter" in item.keywords and not interpret:
+            item.add_marker(pytest.mark.skip(reason="needs TRITON_INTERPRET=1 (CPU runs)"))

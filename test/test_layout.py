@@ -6,7 +6,7 @@ import pytest
 
 import blocksparse.layout as layout_mod
 from blocksparse.layout import BLOCK_SIZES, Layout, morton_key
-from helpers import random_layout
+from blocksparse.testing.matmul import random_layout
 
 
 def test_doctests():

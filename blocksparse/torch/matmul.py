@@ -7,7 +7,8 @@ from torch import nn
 
 from .._frontend import LayoutShapes, check_feature_axis
 from ..layout import Layout
-from . import _ops, _plan
+from ._matmul import ops as _ops
+from ._matmul import plan as _plan
 
 __all__ = ["BlocksparseMatMul", "BlocksparseLinear"]
 

@@ -1,7 +1,7 @@
 /* The runtime: choose a specialisation, compute its grid and arguments, launch.
  *
  * Grids, strides, descriptors and token splits are those of the JIT launchers
- * (blocksparse/torch/_triton.py) for the same tile configuration, so that both paths run the
+ * (blocksparse/torch/_matmul/launch.py) for the same tile configuration, so that both paths run the
  * same programs; scripts/verify_aot.py checks it on a GPU. */
 #include <pthread.h>
 #include <stdarg.h>
@@ -191,7 +191,7 @@ done:
   return err;
 }
 
-/* ---- arguments and grids, per family (as blocksparse/torch/_triton.py) --------------------- */
+/* ---- arguments and grids, per family (as blocksparse/torch/_matmul/launch.py) --------------------- */
 
 static bsk_tensor activations(CUdeviceptr base, int64_t n, int64_t features, int axis) {
   bsk_tensor t = {base, {0, 0}, {0, 0}};

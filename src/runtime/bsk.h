@@ -13,7 +13,7 @@
  * tables are the layout core's (blocksparse/layout.py), int32, in device memory, built with the G
  * of the kernel that runs (the build manifest lists each specialisation's G).  Every pointer is a
  * device address aligned to 16 bytes.  Where a bprop specialisation has "trans_w": false in the
- * manifest (float32: blocksparse.kernels.configs.bprop_pretransposes_weight), `w` must hold every
+ * manifest (float32: blocksparse.ops.matmul.configs.bprop_pretransposes_weight), `w` must hold every
  * block transposed (W[b].T, packed), as the JIT launcher passes it too.
  */
 #ifndef BLOCKSPARSE_BSK_H_

@@ -1,5 +1,5 @@
 /* Internals shared by the runtime (bsk.c, driver.c) and the generated specialisation table
- * (bsk_specs.c, written by blocksparse.kernels.aot.codegen). */
+ * (bsk_specs.c, written by blocksparse.aot.codegen). */
 #ifndef BLOCKSPARSE_BSK_INTERNAL_H_
 #define BLOCKSPARSE_BSK_INTERNAL_H_
 

@@ -2,7 +2,7 @@
 // kernels on TensorFlow's CUDA stream, through the kernel runtime (src/runtime/bsk.h).
 //
 // The CPU kernels only check their inputs and then report that the op runs on GPUs:
-// blocksparse's dispatcher (blocksparse/_tf/backend.py) takes the reference path on the CPU, so
+// blocksparse's dispatcher (blocksparse/_tf/dispatch.py) takes the reference path on the CPU, so
 // they serve the checks (tested on CPU-only machines) and a clear error for a misplaced op.
 #include "bsk.h"
 #include "problem.h"
@@ -18,7 +18,7 @@
 #error "BLOCKSPARSE_TF_VERSION (the TensorFlow version built against) must be defined"
 #endif
 
-// Read from the file (not through the dynamic loader) by blocksparse/_tf/ops.py, which loads
+// Read from the file (not through the dynamic loader) by blocksparse/_tf/loader.py, which loads
 // the library only into the TensorFlow it was built for.
 extern "C" __attribute__((used, visibility("default"))) const char blocksparse_tf_build[] =
     "blocksparse-tf-version=" BLOCKSPARSE_TF_VERSION "\n";

@@ -140,7 +140,7 @@ REGISTER_OP("BlocksparseMatmulDX")
     .BLOCKSPARSE_ATTRS
     .SetShapeFn(MatmulDXShape)
     .Doc("dx = dy @ W.T for a block-sparse W.  For T = float, w holds every block transposed "
-         "(W[b].T): the float32 kernels read it so (blocksparse/kernels/configs.py).");
+         "(W[b].T): the float32 kernels read it so (blocksparse/ops/matmul/configs.py).");
 
 REGISTER_OP("BlocksparseMatmulDW")
     .Input("x: T")

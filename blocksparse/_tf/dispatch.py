@@ -1,0 +1,66 @@
+"""The one place that decides, for any op family, whether the compiled GPU kernels serve an op.
+
+A family's frontend asks :func:`gpu_library` when it builds an op and takes the reference path
+(TensorFlow ops) when it gets None; the choice made then holds for the op's gradient too.
+``BLOCKSPARSE_BACKEND`` (see :mod:`blocksparse._env`): ``reference`` never loads the op library;
+``auto`` takes the GPU path where TensorFlow sees a GPU the library has kernels for (outside XLA
+and CPU device scopes), with one warning when the library cannot be used; ``triton`` insists and
+raises :class:`BackendUnavailableError` where the GPU path cannot serve.
+"""
+from __future__ import annotations
+
+import warnings
+
+from .. import _env
+from . import device, loader
+
+__all__ = ["BackendUnavailableError", "gpu_library", "no_kernels"]
+
+_warned = set()
+
+
+class BackendUnavailableError(RuntimeError):
+    """``BLOCKSPARSE_BACKEND`` asks for an implementation this installation cannot provide."""
+
+
+def _unavailable(why):
+    return BackendUnavailableError(
+        f"BLOCKSPARSE_BACKEND=triton asks for the GPU kernels (the compiled TensorFlow op "
+        f"library), which cannot serve here: {why}. Unset BLOCKSPARSE_BACKEND, or set it to "
+        "'auto' or 'reference', to use the reference path (TensorFlow ops only).")
+
+
+def gpu_library(eligible=True):
+    """``(OpLibrary, arch)`` when an op built now may run on the GPU kernels, else None.
+
+    ``eligible``: whether the family has kernels for this call at all (block size, dtype); when
+    false the reference path serves silently, whatever the backend.
+    """
+    choice = _env.backend()
+    if choice == "reference" or not eligible:
+        return None
+    arch = device.device_arch()
+    why_not = device.no_gpu_here(arch)
+    if why_not:  # the library is not even loaded: it could not serve
+        if choice == "auto":
+            return None
+        raise _unavailable(why_not)
+    library = loader.library(warn=choice == "auto")
+    if library is None:
+        if choice == "triton":
+            raise _unavailable(f"the op library is not used: {loader.unavailable_reason()}")
+        return None
+    return library, arch
+
+
+def no_kernels(library, arch, what):
+    """The library has no kernel for ``what`` (a description) on ``sm_{arch}``: raise under
+    ``BLOCKSPARSE_BACKEND=triton``, else warn once per architecture (the reference path serves)."""
+    archs = ", ".join(f"sm_{a}" for a in library.archs)
+    why = f"{library.path} has no kernels for this GPU (sm_{arch}) and {what}; it was built for {archs}"
+    if _env.backend() == "triton":
+        raise _unavailable(why)
+    if arch not in _warned:
+        _warned.add(arch)
+        warnings.warn(f"blocksparse: the reference path (TensorFlow ops) computes the products: "
+                      f"{why}", loader.OpLibraryWarning, stacklevel=4)

@@ -1,0 +1,130 @@
+"""The compiled TensorFlow op library (the GPU path): found, checked and loaded on first use.
+
+Generic: it knows no op family (each family's glue reads the kernels it needs from
+:attr:`OpLibrary.specs` and registers its gradients when it first builds ops).
+The library (``blocksparse/_tf_ops.so`` in a platform wheel, ``BLOCKSPARSE_TF_OPS`` to use another
+file) is tied to the TensorFlow it was built against.  :func:`library` loads it only into that
+TensorFlow (major.minor): the version is read from the file before anything is loaded.  Missing,
+built for another TensorFlow, or failing to load, it is not used; :func:`library` returns None,
+one :class:`OpLibraryWarning` says why (when asked to warn), and the reference path serves.
+"""
+from __future__ import annotations
+
+import re
+import warnings
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from .. import _env
+from .._version import minor_text as _minor
+from . import tf
+
+__all__ = ["LIBRARY_NAME", "OpLibrary", "OpLibraryWarning", "built_for", "library",
+           "library_path", "load", "unavailable_reason"]
+
+LIBRARY_NAME = "_tf_ops.so"
+_STAMP = re.compile(rb"blocksparse-tf-version=([0-9A-Za-z.+_-]+)\n")
+_warned = set()
+
+
+class OpLibraryWarning(RuntimeWarning):
+    """The compiled op library is not used; the message says why."""
+
+
+@dataclass(frozen=True)
+class OpLibrary:
+    """A loaded op library: its ``path``, the op wrappers (``module``) and the kernels it holds
+    (``specs``: the build manifest's records, see ``blocksparse.ops.matmul.configs.AotSpec``)."""
+
+    path: str
+    module: object
+    specs: tuple
+
+    @property
+    def archs(self):
+        """Compiled architectures, e.g. ``(80, 90)``."""
+        return tuple(sorted({s["arch"] for s in self.specs}))
+
+    def group(self, arch, product, dtype, block_size, axis):
+        """``G`` of the tables the kernels for this product read on a GPU of compute capability
+        ``arch`` (10 * major + minor), or None when no kernel serves it.
+
+        The specialisations of one product share their ``G`` (the pointer kernels that stand in
+        for TMA ones were compiled with it), so the tables do not depend on which one runs.
+        """
+        served = [s for s in self.specs if s["arch"] // 10 == arch // 10 and s["arch"] <= arch]
+        if not served:
+            return None
+        newest = max(s["arch"] for s in served)
+        groups = {s["group"] for s in served if s["arch"] == newest and s["product"] == product
+                  and s["dtype"] == dtype and s["block_size"] == block_size and s["axis"] == axis}
+        if len(groups) > 1:
+            raise RuntimeError(f"{self.path}: the kernels for {product} {dtype} bs={block_size} "
+                               f"axis={axis} on sm_{newest} read tables of different G {groups}")
+        return groups.pop() if groups else None
+
+
+def library_path():
+    """``BLOCKSPARSE_TF_OPS`` if set, else the library inside the installed package."""
+    return Path(_env.tf_ops_path() or Path(__file__).resolve().parents[1] / LIBRARY_NAME)
+
+
+def built_for(path):
+    """The TensorFlow version stamped into the library at ``path``, or None if it has no stamp."""
+    match = _STAMP.search(Path(path).read_bytes())
+    return match.group(1).decode() if match else None
+
+
+def _install_hint():
+    minor = _minor(tf.__version__)
+    return (f"install the blocksparse wheel built for TensorFlow {minor} "
+            f"(pip install 'blocksparse[tensorflow]~={minor}.0'), or build one with `make compile`")
+
+
+@lru_cache(maxsize=None)
+def load(path):
+    """``(OpLibrary, None)`` or ``(None, why it cannot be used)`` for the library at ``path``.
+
+    Once per path: TensorFlow hands out the op wrappers only the first time a library is
+    loaded into the process.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return None, f"it is not installed ({path} not found); {_install_hint()}"
+    stamp = built_for(path)
+    if stamp is None:
+        return None, f"{path} is not a blocksparse op library (it carries no build stamp)"
+    if _minor(stamp) != _minor(tf.__version__):
+        return None, (f"{path} was built for TensorFlow {stamp} and this is TensorFlow "
+                      f"{tf.__version__}; {_install_hint()}")
+    try:
+        module = tf.load_op_library(str(path))
+        from ..aot.abi import KernelLibrary
+
+        specs = tuple(KernelLibrary(path).specs)
+    except Exception as exc:  # TensorFlow's NotFoundError, OSError, KernelError: all mean unusable
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return None, f"{path} could not be loaded: {first}"
+    if not hasattr(module, "blocksparse_matmul"):
+        return None, (f"{path} registered no ops: another library had registered blocksparse's "
+                      "ops in this process first")
+    return OpLibrary(str(path), module, specs), None
+
+
+def library(warn=True):
+    """The loaded :class:`OpLibrary`, or None.  The first time a library cannot be used, and
+    ``warn`` is true, one :class:`OpLibraryWarning` says why."""
+    path = str(library_path())
+    lib, why = load(path)
+    if lib is None and warn and path not in _warned:
+        _warned.add(path)
+        warnings.warn(f"blocksparse: the TensorFlow GPU op library is not used, so the reference "
+                      f"path (TensorFlow ops) computes the products: {why}", OpLibraryWarning,
+                      stacklevel=3)
+    return lib
+
+
+def unavailable_reason():
+    """Why :func:`library` returns None (None when it loads)."""
+    return load(str(library_path()))[1]

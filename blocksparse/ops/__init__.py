@@ -1,0 +1,26 @@
+"""Op families: one folder each, framework-neutral (Triton kernels on pointers, strides and lookup
+tables; tile tables; ahead-of-time specialisations).
+
+=========  =================================================================================
+family     holds
+=========  =================================================================================
+matmul     block-sparse ``y = x @ W``: fprop / bprop (``xprop*``), updat (``updat*``), tiles
+common     what several families share (the interpreter fix)
+=========  =================================================================================
+
+A family's frontends live beside the public modules: ``blocksparse/torch/_<family>/`` (PyTorch
+launchers and custom ops) and ``blocksparse/_tf/<family>/`` (TensorFlow glue and reference path).
+Families that compile kernels ahead of time for the TensorFlow op library are listed in
+:data:`AOT_FAMILIES`; see the README's "Adding an op family".
+"""
+import importlib
+
+__all__ = ["AOT_FAMILIES", "family"]
+
+#: Families whose kernels the TensorFlow op library compiles ahead of time.
+AOT_FAMILIES = ("matmul",)
+
+
+def family(name):
+    """The module ``blocksparse.ops.<name>``."""
+    return importlib.import_module(f"{__name__}.{name}")

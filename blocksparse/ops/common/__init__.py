@@ -1,0 +1,1 @@
+"""Pieces several op families share."""

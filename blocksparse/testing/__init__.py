@@ -1,0 +1,11 @@
+"""What the tests, the benchmarks and the GPU verification scripts share: float64 references,
+tolerances, NaN poisoning.  Imports no framework at import time (the torch helpers import torch
+when called).
+
+:mod:`.numerics`   ``rel_error``, ``TOLERANCE``, ``tolerance``
+:mod:`.poison`     ``poisoned_empty`` -- NaN-filled ``torch.empty`` so unwritten outputs show
+:mod:`.matmul`     float64 references of the block-sparse matmul, random layouts
+"""
+from .numerics import TOLERANCE, rel_error, tolerance
+
+__all__ = ["TOLERANCE", "rel_error", "tolerance"]

@@ -1,0 +1,126 @@
+"""Kernel logic (LUT walks, output groups, segments + atomics, split reductions, edge masks)
+through Triton's interpreter on small shapes, against float64 references."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from blocksparse.ops.matmul.configs import UpdatConfig, XpropConfig  # noqa: E402
+from blocksparse.layout import Layout  # noqa: E402
+from blocksparse.torch._matmul import launch as _triton  # noqa: E402
+from blocksparse.testing import TOLERANCE as TOL  # noqa: E402
+from blocksparse.testing.matmul import dense_products as products  # noqa: E402
+from blocksparse.testing import rel_error as rel_err  # noqa: E402
+from blocksparse.testing.matmul import random_layout  # noqa: E402
+
+pytestmark = pytest.mark.interpreter
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _setup(rng, bs, axis, n, dtype, CB=3, KB=5, density=0.5):
+    lay = Layout(random_layout(rng, CB, KB, density, empty_rows=1, empty_cols=1), bs)
+    shape_x = (n, lay.C) if axis == 1 else (lay.C, n)
+    shape_y = (n, lay.K) if axis == 1 else (lay.K, n)
+    x, dy = rng.standard_normal(shape_x), rng.standard_normal(shape_y)
+    w = rng.standard_normal(lay.w_shape) / np.sqrt(bs)
+    t = lambda a: torch.from_numpy(a).to(DTYPES[dtype])  # noqa: E731
+    ref = products(lay, t(x).double().numpy(), t(w).double().numpy(), t(dy).double().numpy(), axis)
+    return lay, t(x), t(w), t(dy), ref
+
+
+def _lut(lay, kind, max_segment, group):
+    lut = getattr(lay, kind)(max_segment, group=group)
+    return torch.from_numpy(np.array(lut.headers)), torch.from_numpy(np.array(lut.entries)), lut
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("axis", [1, 0])
+@pytest.mark.parametrize("bs, group, n", [(16, 1, 1), (16, 2, 7), (32, 1, 33), (16, 4, 19)],
+                         ids=["bs16-G1-n1", "bs16-G2-n7", "bs32-G1-n33", "bs16-G4-n19"])
+@pytest.mark.parametrize("max_segment", [None, 1], ids=["whole", "split"])
+def test_xprop(rng, dtype, axis, bs, group, n, max_segment):
+    lay, x, w, dy, (y_ref, dx_ref, _) = _setup(rng, bs, axis, n, dtype)
+    cfg = XpropConfig(BM=16, G=group, num_warps=4, num_stages=1)
+    for kind, inp, out_features, ref in (("fprop", x, lay.K, y_ref), ("bprop", dy, lay.C, dx_ref)):
+        headers, entries, lut = _lut(lay, kind, max_segment, group)
+        atomic = lut.num_segments > lut.num_groups
+        got = _triton.xprop_ptr(inp, w, headers, entries, out_features=out_features, bs=bs, axis=axis,
+                            trans=kind == "bprop", cfg=cfg, atomic=atomic, precision="ieee")
+        assert got.dtype == inp.dtype
+        assert rel_err(got.double().numpy(), ref) < TOL[dtype], kind
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("axis", [1, 0])
+@pytest.mark.parametrize("bs, group, n, split", [(16, 1, 1, 1), (16, 2, 37, 3), (32, 4, 20, 2),
+                                                 (16, 4, 50, 1)],
+                         ids=["bs16-G1-n1", "bs16-G2-n37-split3", "bs32-G4-n20-split2", "bs16-G4-n50"])
+def test_updat(rng, dtype, axis, bs, group, n, split):
+    lay, x, w, dy, (_, _, dw_ref) = _setup(rng, bs, axis, n, dtype)
+    groups = torch.from_numpy(np.array(lay.updat_groups(group)))
+    cfg = UpdatConfig(G=group, BK=16, num_warps=4, num_stages=1)
+    for dw_dtype in (torch.float32, DTYPES[dtype]):
+        got = _triton.updat_ptr(x, dy, groups, w_shape=lay.w_shape, bs=bs, axis=axis, cfg=cfg,
+                            split=split, precision="ieee", dw_dtype=dw_dtype)
+        assert got.dtype == dw_dtype
+        assert rel_err(got.double().numpy(), dw_ref) < TOL[dtype]
+
+
+def test_strided_activations(rng):
+    """Kernels read activations through arbitrary strides (a column slice of a wider tensor)."""
+    lay, x, w, dy, (y_ref, _, _) = _setup(rng, 16, 1, 9, "float32")
+    wide = torch.randn(9, lay.C + 16)
+    wide[:, 8:8 + lay.C] = x
+    headers, entries, _ = _lut(lay, "fprop", None, 1)
+    got = _triton.xprop_ptr(wide[:, 8:8 + lay.C], w, headers, entries, out_features=lay.K, bs=16, axis=1,
+                        trans=False, cfg=XpropConfig(16, 1, 4, 1), atomic=False, precision="ieee")
+    assert rel_err(got.numpy(), y_ref) < TOL["float32"]
+
+
+def test_no_tokens():
+    lay = Layout([[1, 1]], 16)
+    headers, entries, _ = _lut(lay, "fprop", None, 1)
+    x, w = torch.empty(0, 16), torch.randn(lay.w_shape)
+    y = _triton.xprop_ptr(x, w, headers, entries, out_features=32, bs=16, axis=1, trans=False,
+                      cfg=XpropConfig(16, 1, 4, 1), atomic=False, precision="ieee")
+    assert y.shape == (0, 32)
+    groups = torch.from_numpy(np.array(lay.updat_groups(1)))
+    dw = _triton.updat_ptr(x, torch.empty(0, 32), groups, w_shape=lay.w_shape, bs=16, axis=1,
+                       cfg=UpdatConfig(1, 16, 4, 1), split=1, precision="ieee", dw_dtype=torch.float32)
+    assert torch.equal(dw, torch.zeros(lay.w_shape))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("axis", [1, 0])
+@pytest.mark.parametrize("bs, group, bk, bn, n, max_segment",
+                         [(16, 1, 0, 0, 8, None), (16, 2, 0, 0, 24, 1), (32, 4, 0, 0, 40, None),
+                          (32, 1, 16, 16, 24, None), (32, 2, 16, 0, 8, 2), (32, 1, 0, 16, 17, 1)],
+                         ids=["bs16-G1", "bs16-G2-split", "bs32-G4", "bs32-BK16-BN16", "bs32-G2-BK16-split",
+                              "bs32-BN16-split"])
+def test_xprop_tma(rng, dtype, axis, bs, group, bk, bn, n, max_segment):
+    n = n if axis == 1 else -(-n // 8) * 8  # (F, N) rows must be 16-byte aligned for descriptors
+    lay, x, w, dy, (y_ref, dx_ref, _) = _setup(rng, bs, axis, n, dtype, KB=6)
+    cfg = XpropConfig(BM=16, G=group, num_warps=4, num_stages=1, BK=bk, BN=bn)
+    assert _triton.tma_ok(x, dy)
+    for kind, inp, out_features, ref in (("fprop", x, lay.K, y_ref), ("bprop", dy, lay.C, dx_ref)):
+        headers, entries, lut = _lut(lay, kind, max_segment, group)
+        got = _triton.xprop_tma(inp, w, headers, entries, out_features=out_features, bs=bs, axis=axis,
+                                trans=kind == "bprop", cfg=cfg,
+                                atomic=lut.num_segments > lut.num_groups, precision="ieee")
+        assert rel_err(got.double().numpy(), ref) < TOL[dtype], kind
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("axis", [1, 0])
+@pytest.mark.parametrize("bs, group, n, split", [(16, 1, 8, 1), (16, 2, 40, 2), (32, 4, 24, 1)],
+                         ids=["bs16-G1", "bs16-G2-split2", "bs32-G4"])
+def test_updat_tma(rng, dtype, axis, bs, group, n, split):
+    lay, x, w, dy, (_, _, dw_ref) = _setup(rng, bs, axis, n, dtype, KB=9)
+    groups = torch.from_numpy(np.array(lay.updat_groups(group)))
+    got = _triton.updat_tma(x, dy, groups, w_shape=lay.w_shape, bs=bs, axis=axis,
+                            cfg=UpdatConfig(G=group, BK=16, num_warps=4, num_stages=1),
+                            split=split,
+                            precision="ieee", dw_dtype=torch.float32)
+    assert rel_err(got.double().numpy(), dw_ref) < TOL[dtype]

@@ -1,0 +1,206 @@
+"""blocksparse.torch: BlocksparseMatMul / BlocksparseLinear values and gradients against float64,
+backend selection, torch.compile, autocast, and bad input."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from blocksparse.layout import Layout  # noqa: E402
+from blocksparse.torch import BlocksparseLinear, BlocksparseMatMul  # noqa: E402
+from blocksparse.testing import TOLERANCE as TOL  # noqa: E402
+from blocksparse.testing.matmul import dense_products as products  # noqa: E402
+from blocksparse.testing import rel_error as rel_err  # noqa: E402
+from blocksparse.testing.matmul import random_layout  # noqa: E402
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "float64": torch.float64}
+
+
+def _run(bsmm, x, w, dy):
+    x, w = x.clone().requires_grad_(), w.clone().requires_grad_()
+    y = bsmm(x, w)
+    y.backward(dy)
+    return y.detach(), x.grad, w.grad
+
+
+def _check(bsmm, rng, n, dtype):
+    t = lambda a: torch.from_numpy(a).to(DTYPES[dtype])  # noqa: E731
+    x = t(rng.standard_normal(bsmm.i_shape(n)))
+    w = t(rng.standard_normal(bsmm.w_shape) / np.sqrt(bsmm.block_size))
+    dy = t(rng.standard_normal(bsmm.o_shape(n)))
+    y, dx, dw = _run(bsmm, x, w, dy)
+    assert (y.dtype, dx.dtype, dw.dtype) == (x.dtype,) * 3
+    refs = products(bsmm.layout, x.double().numpy(), w.double().numpy(), dy.double().numpy(), bsmm.axis)
+    for name, got, ref in zip(("y", "dx", "dw"), (y, dx, dw), refs):
+        assert rel_err(got.double().numpy(), ref) < TOL[dtype], name
+
+
+@pytest.mark.parametrize("bs", [8, 16, 32, 64, 128])
+@pytest.mark.parametrize("axis", [1, 0])
+def test_reference_block_sizes(rng, monkeypatch, bs, axis):
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "reference")
+    bsmm = BlocksparseMatMul(random_layout(rng, 4, 3, 0.5, empty_rows=1, empty_cols=1), bs, axis)
+    _check(bsmm, rng, 7, "float32")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
+@pytest.mark.parametrize("n", [1, 7, 64, 257])
+def test_reference_dtypes_and_sizes(rng, monkeypatch, dtype, n):
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "reference")
+    bsmm = BlocksparseMatMul(random_layout(rng, 5, 6, 0.4, empty_rows=1, empty_cols=2), 16,
+                             feature_axis=n % 2)
+    _check(bsmm, rng, n, dtype)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("bs, axis, n, dtype", [(16, 1, 7, "float32"), (32, 0, 20, "bfloat16"),
+                                                (16, 0, 1, "float16"), (8, 1, 5, "float32")],
+                         ids=["bs16-nc", "bs32-cn-bf16", "bs16-cn-fp16-n1", "bs8-fallback"])
+def test_triton_backend_through_module(rng, monkeypatch, bs, axis, n, dtype):
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "triton")
+    bsmm = BlocksparseMatMul(random_layout(rng, 3, 4, 0.5, empty_cols=1), bs, axis, z_order=True)
+    _check(bsmm, rng, n, dtype)
+
+
+def test_backend_choice(monkeypatch):
+    from blocksparse.torch._matmul.ops import use_triton
+
+    cpu = torch.zeros(1)
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "auto")
+    assert use_triton(cpu, 32) is False  # auto: CPU tensors take the reference path
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "reference")
+    assert use_triton(cpu, 32) is False
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert use_triton(cpu, 32) is True
+    assert use_triton(cpu, 8) is False  # block size 8 always takes the reference path
+    assert use_triton(cpu.double(), 32) is False
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        use_triton(cpu, 32)
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "fast")
+    with pytest.raises(ValueError, match="BLOCKSPARSE_BACKEND"):
+        use_triton(cpu, 32)
+
+
+def test_weights_share_a_layout(rng):
+    bsmm = BlocksparseMatMul(random_layout(rng, 3, 3, 0.6), 16)
+    x = torch.randn(5, bsmm.C, dtype=torch.float64)
+    w1, w2 = (torch.randn(bsmm.w_shape, dtype=torch.float64) for _ in range(2))
+    for w in (w1, w2):
+        ref = x.numpy() @ bsmm.layout.dense(w.numpy())
+        assert rel_err(bsmm(x, w).numpy(), ref) < 1e-12
+
+
+def test_shape_helpers():
+    bsmm = BlocksparseMatMul(np.array([[1, 0, 1], [0, 1, 0]]), 32, feature_axis=0, z_order=True)
+    assert bsmm.w_shape == (3, 32, 32) and (bsmm.C, bsmm.K) == (64, 96)
+    assert bsmm.i_shape(7) == (64, 7) and bsmm.o_shape(7) == (96, 7)
+    assert sorted(bsmm.block_coord(b) for b in range(3)) == [(0, 0), (0, 2), (1, 1)]
+    assert BlocksparseMatMul([[1]], 16).i_shape(3) == (3, 16)
+
+
+# ---------------------------------------------------------------- BlocksparseLinear
+
+def test_linear_forward_backward(rng):
+    mask = random_layout(rng, 3, 4, 0.5, empty_cols=1)
+    lin = BlocksparseLinear(mask, block_size=16, dtype=torch.float64)
+    assert lin.weight.shape == lin.bsmm.w_shape and lin.bias.shape == (64,)
+    x = torch.randn(2, 5, 48, dtype=torch.float64, requires_grad=True)
+    y = lin(x)
+    assert y.shape == (2, 5, 64)
+    W = lin.layout.dense(lin.weight.detach().numpy())
+    ref = x.detach().numpy().reshape(-1, 48) @ W + lin.bias.detach().numpy()
+    assert rel_err(y.detach().numpy().reshape(-1, 64), ref) < 1e-12
+    y.square().sum().backward()
+    assert x.grad.shape == x.shape and lin.weight.grad.shape == lin.weight.shape
+    assert lin.bias.grad is not None
+    assert "blocks=" in repr(lin)
+
+
+def test_linear_init_bounds():
+    mask = np.zeros((4, 2), dtype=int)
+    mask[:, 0] = 1  # column 0: fan-in 4 blocks; column 1: fan-in 1 block
+    mask[0, 1] = 1
+    lin = BlocksparseLinear(mask, block_size=16, bias=False)
+    assert lin.bias is None
+    bound = {0: 1 / np.sqrt(64), 1: 1 / np.sqrt(16)}
+    for b in range(lin.layout.blocks):
+        k = lin.layout.block_coord(b)[1]
+        wb = lin.weight[b].detach().abs()
+        assert wb.max() <= bound[k] and wb.max() > 0.5 * bound[k]
+
+
+def test_linear_no_bias_and_dtype():
+    lin = BlocksparseLinear(np.ones((2, 2)), block_size=16, bias=False, dtype=torch.bfloat16)
+    assert lin.weight.dtype == torch.bfloat16 and lin.bias is None
+    assert lin(torch.randn(3, 32, dtype=torch.bfloat16)).dtype == torch.bfloat16
+    assert sum(p.numel() for p in lin.parameters()) == 4 * 16 * 16
+
+
+def test_torch_compile_fullgraph(rng):
+    lin = BlocksparseLinear(random_layout(rng, 2, 3, 0.7), block_size=16)
+    x = torch.randn(4, 32, requires_grad=True)
+    compiled = torch.compile(lin, fullgraph=True, backend="aot_eager")
+    y = compiled(x)
+    y.sum().backward()
+    torch.testing.assert_close(y, lin(x))
+    g_compiled = x.grad.clone()
+    x.grad = None
+    lin(x).sum().backward()
+    torch.testing.assert_close(g_compiled, x.grad)
+
+
+def test_autocast_cpu(rng):
+    lin = BlocksparseLinear(random_layout(rng, 2, 2, 0.7), block_size=16)
+    x = torch.randn(3, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = lin(x)
+    assert y.dtype == torch.bfloat16
+    assert rel_err(y.float().detach().numpy(), lin(x).detach().numpy()) < TOL["bfloat16"]
+
+
+# ---------------------------------------------------------------- bad input
+
+@pytest.fixture
+def bsmm():
+    return BlocksparseMatMul([[1, 0], [1, 1]], 16)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, err, words", [
+    ((4, 31), (3, 16, 16), ValueError, "x must have 32 features"),
+    ((4, 32, 1), (3, 16, 16), ValueError, "x must be 2-D"),
+    ((4, 32), (2, 16, 16), ValueError, r"w must have shape \(3, 16, 16\)"),
+    ((4, 32), (3, 16, 8), ValueError, r"w must have shape \(3, 16, 16\)"),
+], ids=["features", "rank", "w-blocks", "w-block-size"])
+def test_bad_shapes(bsmm, x_shape, w_shape, err, words):
+    with pytest.raises(err, match=words):
+        bsmm(torch.randn(x_shape), torch.randn(w_shape))
+
+
+def test_bad_dtypes(bsmm):
+    with pytest.raises(TypeError, match="x must be floating point"):
+        bsmm(torch.ones(4, 32, dtype=torch.int32), torch.randn(3, 16, 16))
+    with pytest.raises(TypeError, match="w must be floating point"):
+        bsmm(torch.randn(4, 32), torch.ones(3, 16, 16, dtype=torch.int64))
+    with pytest.raises(TypeError, match="same dtype"):
+        bsmm(torch.randn(4, 32), torch.randn(3, 16, 16, dtype=torch.float64))
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        bsmm(np.ones((4, 32)), torch.randn(3, 16, 16))
+
+
+def test_bad_constructor_args():
+    with pytest.raises(ValueError, match=r"feature_axis must be 0 \(activations \(C, N\)\) or 1"):
+        BlocksparseMatMul([[1]], 16, feature_axis=2)
+    with pytest.raises(ValueError, match="layout"):
+        BlocksparseMatMul([[0, 0]], 16)
+    with pytest.raises(ValueError, match="block_size"):
+        BlocksparseLinear([[1]], block_size=12)
+    with pytest.raises(ValueError, match="block_size must match"):
+        BlocksparseMatMul(Layout([[1]], 16), block_size=32)
+
+
+def test_linear_bad_input():
+    lin = BlocksparseLinear([[1]], block_size=16)
+    with pytest.raises(ValueError, match=r"\(\.\.\., 16\)"):
+        lin(torch.randn(3, 17))

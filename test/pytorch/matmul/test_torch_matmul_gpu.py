@@ -1,0 +1,72 @@
+"""blocksparse.torch on a CUDA GPU: the Triton kernels (TMA and pointer paths) through the public
+API against float64, torch.compile, autocast.  Skipped without a GPU."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from blocksparse.torch import BlocksparseLinear, BlocksparseMatMul  # noqa: E402
+from blocksparse.testing import TOLERANCE, rel_error  # noqa: E402
+from blocksparse.testing.matmul import dense_products  # noqa: E402
+from blocksparse.testing.matmul import random_layout  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def _check(bsmm, rng, n, dtype, tol=None):
+    t = lambda a: torch.from_numpy(a).to(DTYPES[dtype]).cuda()  # noqa: E731
+    x = t(rng.standard_normal(bsmm.i_shape(n))).requires_grad_()
+    w = t(rng.standard_normal(bsmm.w_shape) / np.sqrt(bsmm.block_size)).requires_grad_()
+    dy = t(rng.standard_normal(bsmm.o_shape(n)))
+    y = bsmm(x, w)
+    y.backward(dy)
+    refs = dense_products(bsmm.layout, *(a.detach().double().cpu().numpy() for a in (x, w, dy)), bsmm.axis)
+    for name, got, ref in zip(("y", "dx", "dw"), (y, x.grad, w.grad), refs):
+        assert got.dtype == x.dtype
+        assert rel_error(got.detach().double().cpu().numpy(), ref) < (tol or TOLERANCE[dtype]), name
+
+
+@pytest.mark.parametrize("n", [7, 257, 2048])
+@pytest.mark.parametrize("axis", [1, 0])
+@pytest.mark.parametrize("bs", [16, 32, 64, 128])
+def test_bf16_block_sizes(rng, bs, axis, n):
+    mask = random_layout(rng, 1024 // bs, 768 // bs, 0.3, empty_rows=1, empty_cols=1)
+    _check(BlocksparseMatMul(mask, bs, axis), rng, n, "bfloat16")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("n", [64, 2048])
+@pytest.mark.parametrize("bs", [32, 128])
+def test_other_dtypes(rng, dtype, n, bs):
+    mask = random_layout(rng, 512 // bs, 1024 // bs, 0.4, empty_cols=1)
+    _check(BlocksparseMatMul(mask, bs), rng, n, dtype)
+
+
+def test_tf32_flag(rng):
+    mask = random_layout(rng, 8, 8, 0.5)
+    _check(BlocksparseMatMul(mask, 64, allow_tf32=True), rng, 512, "float32", tol=3e-3)
+
+
+def test_block_size_8_reference_on_gpu(rng):
+    _check(BlocksparseMatMul(random_layout(rng, 6, 5, 0.5), 8), rng, 33, "float32")
+
+
+def test_unaligned_tokens_fall_back_to_pointer_kernels(rng):
+    """(C, N) activations with N * 2 bytes not a multiple of 16: no tensor descriptors."""
+    _check(BlocksparseMatMul(random_layout(rng, 4, 6, 0.5), 32, feature_axis=0), rng, 13, "bfloat16")
+
+
+def test_linear_compiled_and_autocast(rng):
+    lin = BlocksparseLinear(random_layout(rng, 8, 4, 0.5), block_size=64, device="cuda")
+    x = torch.randn(4, 100, 512, device="cuda", requires_grad=True)
+    compiled = torch.compile(lin, fullgraph=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = compiled(x)
+        ref = lin(x)
+    assert y.dtype == torch.bfloat16
+    # the compiled graph may round the bias add differently: bfloat16 tolerances
+    torch.testing.assert_close(y, ref, atol=4e-3, rtol=1.6e-2)
+    y.float().square().mean().backward()
+    assert torch.isfinite(lin.weight.grad).all() and torch.isfinite(x.grad).all()

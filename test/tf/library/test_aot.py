@@ -1,0 +1,330 @@
+"""The ahead-of-time side of the TensorFlow GPU path, without a GPU: the specialisation list,
+the compile arguments, the arch resolution, the kernel runtime's choices and checks (through
+ctypes), the wheel's platform tag, and scripts/verify_aot.py --dry-run."""
+import importlib.util
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from blocksparse.ops.matmul import configs
+from blocksparse.aot import DEFAULT_ARCHS, parse_archs, resolve_archs
+from blocksparse.ops.matmul.aot import compile_args, kernel_function
+from blocksparse.ops.matmul.configs import KERNEL_BLOCK_SIZES, UpdatConfig, aot_specializations
+
+from tf_op_build import BUILD_SCRIPT, ROOT, can_build
+
+ALL = aot_specializations((80, 90))
+
+
+# ------------------------------------------------------------------- the list
+
+
+def test_every_product_has_kernels_on_every_arch():
+    for arch in (80, 90):
+        for dtype in configs.AOT_DTYPES:
+            for bs in KERNEL_BLOCK_SIZES:
+                for axis in (1, 0):
+                    mine = [s for s in ALL if (s.arch, s.dtype, s.block_size, s.axis) == (arch, dtype, bs, axis)]
+                    for product in ("fprop", "bprop"):
+                        assert [s.atomic for s in mine if s.product == product][:1] == [False]
+                    assert {s.atomic for s in mine if s.product == "updat"} == {False, True}
+
+
+def test_names_are_unique_c_identifiers():
+    names = [s.name for s in ALL]
+    assert len(set(names)) == len(names) == 224
+    assert all(n.isidentifier() for n in names)
+
+
+def test_no_tma_kernel_before_sm90_and_no_split_xprop():
+    assert not [s for s in ALL if s.arch < 90 and s.tma]
+    assert not [s for s in ALL if s.product != "updat" and s.atomic]
+
+
+def test_pointer_kernels_stand_in_for_tma_ones_with_the_same_group():
+    """(F, N) activations whose rows descriptors cannot address run on pointer kernels that read
+    the same tables: every product has one G per arch."""
+    by_key = {}
+    for s in ALL:
+        by_key.setdefault((s.arch, s.product, s.dtype, s.block_size, s.axis), []).append(s)
+    for key, specs in by_key.items():
+        assert len({s.group for s in specs}) == 1, key
+        if key[0] == 90 and key[4] == 0 and any(s.tma for s in specs):
+            assert any(not s.tma for s in specs), key
+
+
+def test_the_list_uses_the_many_token_tiles():
+    for s in ALL:
+        float32 = s.dtype == "fp32"
+        if s.product == "updat":
+            tiles = configs.updat_config(s.block_size, configs.SMALL_N + 1, float32=float32, tma=s.arch >= 90)
+            if not s.tma and tiles.TMA:  # the pointer stand-in
+                tiles = replace(configs.updat_config(s.block_size, configs.SMALL_N + 1, float32=float32,
+                                                     tma=False), G=s.group)
+        else:
+            tiles = configs.xprop_config(s.block_size, configs.SMALL_N + 1, float32=float32,
+                                         tma=s.arch >= 90 and s.tma)
+            tiles = replace(tiles, G=s.group)
+        assert s.config == tiles, s.name
+
+
+def test_filters():
+    specs = aot_specializations((90,), dtypes=("fp32",), block_sizes=(128,))
+    assert {(s.dtype, s.block_size) for s in specs} == {("fp32", 128)}
+
+
+def test_updat_split_formula():
+    cfg = UpdatConfig(G=1, BK=64, num_warps=4, num_stages=3, WAVES=2)
+    assert configs.updat_split(cfg, 10_000, 10, 132) == 26      # by waves: 2 * 132 // 10
+    assert configs.updat_split(cfg, 1_000, 10, 132) == 4        # by tokens: ceil(1000 / 256)
+    assert configs.updat_split(cfg, 0, 10, 132) == 1
+    assert configs.updat_split(cfg, 10_000, 1_000, 132) == 1
+
+
+# ------------------------------------------------------------ compile arguments
+
+
+@pytest.mark.parametrize("spec", ALL, ids=lambda s: s.name)
+def test_compile_args_name_every_kernel_parameter(spec):
+    pytest.importorskip("triton")
+    args = compile_args(spec)
+    fn = kernel_function(spec.kernel)
+    assert list(args.signature) == list(fn.arg_names)
+    assert set(args.constexprs) == {n for n, t in args.signature.items() if t == "constexpr"}
+    assert args.divisible <= {n for n, t in args.signature.items() if t != "constexpr"}
+    unit = [n for n, v in args.constexprs.items() if n.startswith("stride_")]
+    assert all(args.constexprs[n] == 1 for n in unit)
+    assert all(n.endswith("f" if spec.axis == 1 else "n") for n in unit)
+    descs = [t for t in args.signature.values() if t.startswith("tensordesc")]
+    assert bool(descs) == spec.tma
+    if spec.product != "updat":
+        assert args.constexprs["TRANS_W"] == spec.trans_w
+
+
+def test_bprop_reads_pretransposed_weight_in_float32_only():
+    """As the JIT launcher: float32 bprop multiplies by blocks transposed beforehand."""
+    for s in ALL:
+        assert s.trans_w == (s.product == "bprop" and s.dtype != "fp32"), s.name
+
+
+# ---------------------------------------------------------------------- archs
+
+
+@pytest.mark.parametrize("text, archs", [("sm_80,sm_90", (80, 90)), ("90 80 90", (80, 90)),
+                                         (["sm_90a"], (90,)), ("sm_100", (100,))])
+def test_parse_archs(text, archs):
+    assert parse_archs(text) == archs
+
+
+@pytest.mark.parametrize("text, message", [("sm_75", "sm_80 or newer"), ("compute_90", "like sm_80"),
+                                           ("", "at least one")])
+def test_parse_archs_refuses(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_archs(text)
+
+
+def test_resolve_archs(monkeypatch, tmp_path):
+    pytest.importorskip("yaml")
+    matrix = tmp_path / "matrix.yaml"
+    matrix.write_text("defaults:\n  archs: [sm_80]\nbuilds:\n  - tensorflow: '2.21'\n    archs: [sm_90]\n"
+                      "  - tensorflow: '2.20'\n")
+    monkeypatch.delenv("BLOCKSPARSE_CUDA_ARCHS", raising=False)
+    assert resolve_archs(None, "2.21.0", matrix) == (90,)
+    assert resolve_archs(None, "2.20.1", matrix) == (80,)
+    assert resolve_archs(None, "2.19.0", matrix) == (80,)
+    assert resolve_archs(None, "2.21.0", tmp_path / "absent.yaml") == DEFAULT_ARCHS
+    monkeypatch.setenv("BLOCKSPARSE_CUDA_ARCHS", "sm_80,sm_90")
+    assert resolve_archs(None, "2.21.0", matrix) == (80, 90)
+    assert resolve_archs("sm_90", "2.21.0", matrix) == (90,)
+
+
+# ------------------------------------------------------- the runtime, through ctypes
+
+
+@pytest.fixture(scope="module")
+def kernels(op_library_path):
+    """The op library's kernel runtime, through ctypes (loaded by TensorFlow first: it needs
+    libtensorflow_framework)."""
+    pytest.importorskip("tensorflow")
+    from blocksparse._tf import loader as ops
+    from blocksparse.aot.abi import KernelLibrary
+
+    lib, why = ops.load(str(op_library_path))
+    assert lib is not None, why
+    return KernelLibrary(op_library_path)
+
+
+def _call(product="fprop", dtype="bf16", bs=32, axis=1, n=64, group=None, split=0, **fields):
+    from blocksparse.aot.abi import DTYPES, PRODUCTS, BskCall
+
+    group = group if group is not None else (8 if product == "updat" else 1)
+    call = BskCall(product=PRODUCTS[product], dtype=DTYPES[dtype], block_size=bs, axis=axis,
+                   group=group, split=split, n_tokens=n, c_blocks=4, k_blocks=3, blocks=6, table_rows=4)
+    for name, value in {"x": 1 << 20, "dy": 2 << 20, "w": 3 << 20, "y": 4 << 20, "dx": 5 << 20,
+                        "dw": 6 << 20, "headers": 7 << 20, "entries": 8 << 20, "groups": 9 << 20,
+                        **fields}.items():
+        setattr(call, name, value)
+    return call
+
+
+def _expected(specs, product, dtype, bs, axis, arch, atomic, n):
+    """The spec a GPU of ``arch`` should run, from the manifest alone."""
+    served = [s for s in specs if s["arch"] // 10 == arch // 10 and s["arch"] <= arch
+              and (s["product"], s["dtype"], s["block_size"], s["axis"], s["atomic"])
+              == (product, dtype, bs, axis, atomic)]
+    if not served:
+        return None
+    newest = max(s["arch"] for s in served)
+    aligned = axis == 1 or n * (4 if dtype == "fp32" else 2) % 16 == 0
+    ranked = sorted((s for s in served if s["arch"] == newest and (aligned or "_tma" not in s["kernel"])),
+                    key=lambda s: "_tma" not in s["kernel"])
+    return ranked[0]["name"] if ranked else None
+
+
+@pytest.mark.parametrize("arch", [80, 86, 89, 90, 100])
+@pytest.mark.parametrize("axis, n", [(1, 13), (0, 13), (0, 16), (0, 1)])
+@pytest.mark.parametrize("product, atomic", [("fprop", False), ("bprop", False), ("updat", False),
+                                             ("updat", True)])
+def test_runtime_selects_the_specialisation(kernels, arch, axis, n, product, atomic):
+    spec = kernels.specs[-1]
+    dtype, bs = spec["dtype"], spec["block_size"]
+    group = next(s["group"] for s in kernels.specs if (s["product"], s["dtype"], s["block_size"],
+                                                       s["axis"]) == (product, dtype, bs, axis))
+    index = kernels.select(_call(product, dtype, bs, axis, n, group), arch, atomic)
+    want = _expected(kernels.specs, product, dtype, bs, axis, arch, atomic, n)
+    assert (kernels.specs[index]["name"] if index >= 0 else None) == want
+
+
+def test_runtime_refuses_calls_it_has_no_kernel_for(kernels):
+    spec = next(s for s in kernels.specs if s["product"] == "fprop" and s["arch"] == 90)
+    call = _call("fprop", spec["dtype"], spec["block_size"], spec["axis"], group=spec["group"])
+    assert kernels.select(call, 90) >= 0
+    call.group = spec["group"] + 2  # tables built for another G
+    assert kernels.select(call, 90) == -1
+    call.group, call.block_size = spec["group"], 8
+    assert kernels.select(call, 90) == -1
+    call.block_size, call.dtype = spec["block_size"], 7
+    assert kernels.select(call, 90) == -1
+
+
+def test_runtime_updat_split_is_the_python_formula(kernels):
+    for index, spec in enumerate(kernels.specs):
+        if spec["product"] != "updat":
+            continue
+        cfg = UpdatConfig(**spec["config"])
+        for n in (0, 1, 255, 4096, 100_000):
+            for rows in (1, 7, 500):
+                for sms in (1, 108, 132):
+                    assert kernels.updat_split(index, n, rows, sms) == configs.updat_split(cfg, n, rows, sms)
+
+
+def _index(kernels, **match):
+    return next(i for i, s in enumerate(kernels.specs) if all(s[k] == v for k, v in match.items()))
+
+
+@pytest.mark.parametrize("case, fields, message", [
+    ("misaligned", {"x": (1 << 20) + 8}, "x must be a device address aligned to 16 bytes"),
+    ("null-weight", {"w": 0}, "w must be a device address"),
+    ("wrong-spec", {"axis": 0}, r"serves fprop \w+ bs=\d+ axis=1 G=1; the call is fprop .* axis=0"),
+    ("too-many-blocks", {"blocks": 13}, r"blocks must be in \[1, 12\]"),
+    ("negative-tokens", {"n_tokens": -1}, "n_tokens must be in"),
+])
+def test_runtime_checks_a_call_before_touching_the_gpu(kernels, case, fields, message):
+    from blocksparse.aot.abi import KernelError
+
+    index = _index(kernels, product="fprop", axis=1, arch=90)
+    spec = kernels.specs[index]
+    call = _call(dtype=spec["dtype"], bs=spec["block_size"], group=spec["group"])
+    for name, value in fields.items():
+        setattr(call, name, value)
+    with pytest.raises(KernelError, match=message) as info:
+        kernels.run_spec(index, call)
+    assert info.value.status == 1
+
+
+def test_runtime_refuses_descriptors_on_unaligned_rows(kernels):
+    from blocksparse.aot.abi import KernelError
+
+    index = _index(kernels, product="bprop", axis=0, arch=90, kernel="xprop_tma_kernel")
+    spec = kernels.specs[index]
+    with pytest.raises(KernelError, match="not a multiple of 16 bytes"):
+        kernels.run_spec(index, _call("bprop", spec["dtype"], spec["block_size"], 0, n=13,
+                                      group=spec["group"]))
+
+
+def test_runtime_updat_split_must_match_the_variant(kernels):
+    from blocksparse.aot.abi import KernelError
+
+    index = _index(kernels, product="updat", axis=1, arch=90, atomic=False)
+    spec = kernels.specs[index]
+    with pytest.raises(KernelError, match="needs split == 1; got 3"):
+        kernels.run_spec(index, _call("updat", spec["dtype"], spec["block_size"], 1, split=3,
+                                      group=spec["group"]))
+
+
+def test_runtime_without_a_driver_says_so(kernels):
+    """On this CPU-only machine a valid call gets as far as opening libcuda."""
+    from blocksparse.aot.abi import KernelError
+
+    spec = kernels.specs[0]
+    call = _call(spec["product"], spec["dtype"], spec["block_size"], spec["axis"], group=spec["group"],
+                 split=1)
+    if importlib.util.find_spec("torch") and __import__("torch").cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(KernelError, match="libcuda.so.1|cuInit") as info:
+        kernels.run(call)
+    assert info.value.status == 3
+
+
+# ------------------------------------------------------------------ platform tag
+
+
+@pytest.fixture(scope="module")
+def build_ops():
+    spec = importlib.util.spec_from_file_location("build_ops", BUILD_SCRIPT)
+    if not BUILD_SCRIPT.is_file():
+        pytest.skip("needs the source tree")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("versions, tag", [
+    ({"GLIBC": "2.14", "GLIBCXX": "3.4.19", "CXXABI": "1.3.7"}, "manylinux_2_17_x86_64"),
+    ({"GLIBC": "2.14", "GLIBCXX": "3.4.21", "CXXABI": "1.3.9"}, "manylinux_2_24_x86_64"),
+    ({"GLIBC": "2.27", "GLIBCXX": "3.4.22"}, "manylinux_2_27_x86_64"),
+    ({"GLIBC": "2.34", "GLIBCXX": "3.4.29", "GCC": "3.0"}, "manylinux_2_34_x86_64"),
+    ({"GLIBC": "2.36", "GLIBCXX": "3.4.30"}, "manylinux_2_36_x86_64"),
+    ({"GLIBC": "2.17", "GLIBCXX": "3.4.32"}, "manylinux_2_39_x86_64"),
+])
+def test_platform_tag_follows_symbol_versions(build_ops, versions, tag):
+    assert build_ops.platform_tag(versions, machine="x86_64") == tag
+
+
+def test_platform_tag_elsewhere_is_plain_linux(build_ops):
+    assert build_ops.platform_tag({"GLIBC": "2.17"}, machine="aarch64") == "linux_aarch64"
+
+
+def test_platform_tag_refuses_what_no_policy_allows(build_ops):
+    with pytest.raises(build_ops.BuildError, match="newer than every manylinux policy"):
+        build_ops.platform_tag({"GLIBCXX": "3.4.99"}, machine="x86_64")
+
+
+# ------------------------------------------------------------- verify_aot --dry-run
+
+
+@pytest.mark.skipif(not can_build(), reason="needs the source tree, Triton and a C compiler")
+def test_verify_script_dry_run(tmp_path):
+    pytest.importorskip("torch")
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "verify_aot.py"), "--dry-run",
+                           "--archs", "sm_90", "--dtypes", "fp16", "--block-sizes", "64",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    result = json.loads((tmp_path / "aot-verify.json").read_text())
+    assert result["dry_run"] is True and result["gpu"] is None
+    assert len(result["kernels"]) == len(aot_specializations((90,), dtypes=("fp16",), block_sizes=(64,)))
+    assert all(k["status"] == "compiled" for k in result["kernels"])
+    assert "dry run" in (tmp_path / "aot-verify.md").read_text()

@@ -1,0 +1,16 @@
+"""Where the op library's build script is, and whether this machine can run it (shared by the
+tests of this folder; import as ``from tf_op_build import ...``)."""
+import importlib.util
+import shutil
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+BUILD_SCRIPT = ROOT / "scripts" / "build_ops.py"
+#: What the test build compiles: both archs, TMA and pointer kernels, one dtype and block size.
+TEST_BUILD = ("--archs", "sm_80,sm_90", "--dtypes", "bf16", "--block-sizes", "32")
+
+
+def can_build():
+    """Whether this machine can build the op library: the sources, Triton, compilers."""
+    return (BUILD_SCRIPT.is_file() and importlib.util.find_spec("triton") is not None
+            and any(shutil.which(c) for c in ("c++", "g++")) and shutil.which("objdump"))
