@@ -1,0 +1,8 @@
+"""Layout builders: 0/1 block masks for common structures (numpy only, no framework import).
+
+The masks feed :class:`blocksparse.layout.Layout` (matmul weights) or the attention layouts
+``(heads, q_blocks, k_blocks)``.
+
+:mod:`.attention`  causal, Sparse-Transformer "fixed", sliding window, BigBird, user masks
+:mod:`.butterfly`  flat block butterfly (pixelfly), random layouts with fixed blocks per row
+"""
