@@ -63,6 +63,14 @@ class BlocksparseMatMul(LayoutShapes):
     def __repr__(self):
         return f"BlocksparseMatMul({self.layout!r}, feature_axis={self.axis})"
 
+    def __getstate__(self):
+        # the layout handle is an index into this process's registry: never send it elsewhere
+        return {k: v for k, v in self.__dict__.items() if k != "_handle"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._handle = _plan.handle(self.layout)
+
     # ------------------------------------------------------------------ the product
     def __call__(self, x, w):
         """``y = x @ W``; see the class docstring for shapes."""
