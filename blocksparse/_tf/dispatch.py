@@ -9,15 +9,10 @@ raises :class:`BackendUnavailableError` where the GPU path cannot serve.
 """
 from __future__ import annotations
 
-import warnings
-
 from .. import _env
 from . import device, loader
 
 __all__ = ["BackendUnavailableError", "gpu_library", "no_kernels"]
-
-_warned = set()
-
 
 class BackendUnavailableError(RuntimeError):
     """``BLOCKSPARSE_BACKEND`` asks for an implementation this installation cannot provide."""
@@ -60,7 +55,5 @@ def no_kernels(library, arch, what):
     why = f"{library.path} has no kernels for this GPU (sm_{arch}) and {what}; it was built for {archs}"
     if _env.backend() == "triton":
         raise _unavailable(why)
-    if arch not in _warned:
-        _warned.add(arch)
-        warnings.warn(f"blocksparse: the reference path (TensorFlow ops) computes the products: "
-                      f"{why}", loader.OpLibraryWarning, stacklevel=4)
+    loader.warn_once(("arch", arch), f"blocksparse: the reference path (TensorFlow ops) computes "
+                     f"the products: {why}", stacklevel=4)

@@ -25,11 +25,30 @@ __all__ = ["LIBRARY_NAME", "OpLibrary", "OpLibraryWarning", "built_for", "librar
 
 LIBRARY_NAME = "_tf_ops.so"
 _STAMP = re.compile(rb"blocksparse-tf-version=([0-9A-Za-z.+_-]+)\n")
-_warned = set()
 
 
 class OpLibraryWarning(RuntimeWarning):
     """The compiled op library is not used; the message says why."""
+
+
+class WarnOnce:
+    """Issues each :class:`OpLibraryWarning` once per key for the life of the process (the one
+    registry of "already said"; :meth:`reset` forgets, for tests)."""
+
+    def __init__(self):
+        self._said = set()
+
+    def __call__(self, key, message, stacklevel):
+        if key not in self._said:
+            self._said.add(key)
+            warnings.warn(message, OpLibraryWarning, stacklevel=stacklevel + 1)
+
+    def reset(self):
+        self._said.clear()
+
+
+#: Every "the GPU path is not used" warning of the TensorFlow frontend goes through this.
+warn_once = WarnOnce()
 
 
 @dataclass(frozen=True)
@@ -117,11 +136,9 @@ def library(warn=True):
     ``warn`` is true, one :class:`OpLibraryWarning` says why."""
     path = str(library_path())
     lib, why = load(path)
-    if lib is None and warn and path not in _warned:
-        _warned.add(path)
-        warnings.warn(f"blocksparse: the TensorFlow GPU op library is not used, so the reference "
-                      f"path (TensorFlow ops) computes the products: {why}", OpLibraryWarning,
-                      stacklevel=3)
+    if lib is None and warn:
+        warn_once(("library", path), f"blocksparse: the TensorFlow GPU op library is not used, so "
+                  f"the reference path (TensorFlow ops) computes the products: {why}", stacklevel=3)
     return lib
 
 

@@ -315,7 +315,7 @@ def test_block_size_8_takes_the_reference_path_even_with_triton(op_library, gpu_
 
 def test_a_gpu_without_kernels_warns_once_and_uses_the_reference_path(op_library, gpu_arch,
                                                                       monkeypatch):
-    monkeypatch.setattr(dispatch, "_warned", set())
+    ops.warn_once.reset()
     gpu_arch(100)
     lay = Layout(MASK, 32)
     with pytest.warns(ops.OpLibraryWarning, match=r"no kernels for this GPU \(sm_100\)"):
@@ -333,7 +333,7 @@ def test_missing_kernels_for_a_dtype_fall_back(op_library, gpu_arch, monkeypatch
     """The test build holds bf16 kernels of block size 32 only (a wheel holds them all)."""
     if op_library.group(90, "fprop", "fp16", 64, 1) is not None:
         pytest.skip("this library has the fp16 / 64 kernels")
-    monkeypatch.setattr(dispatch, "_warned", set())
+    ops.warn_once.reset()
     gpu_arch(90)
     with pytest.warns(ops.OpLibraryWarning, match="float16 blocks of 64"):
         assert backend.select(Layout(MASK, 64), 1, tf.float16) is backend.REFERENCE
