@@ -1,0 +1,93 @@
+"""Argument checks of the PyTorch functions (layer norm, LSTM gates): user mistakes become
+``TypeError`` / ``ValueError`` naming the argument, with what was expected and what was given."""
+import numbers
+
+import torch
+
+#: Activation dtypes accepted (float64 runs the reference path).
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+#: dtypes autocast lowers (as torch's own autocast does, float64 is left alone).
+_AUTOCAST_FROM = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def activations(name, t, ndim=2):
+    """``t`` after checking it is a floating ``ndim``-D tensor."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
+    if t.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float16, bfloat16, float32 or float64; got {t.dtype}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-D; got shape {tuple(t.shape)}")
+    return t
+
+
+def param(name, p, features, x):
+    """``p`` (None, or a tensor of ``features`` elements) as shape ``(features,)``.
+
+    Its dtype must be ``x``'s or float32 (parameters kept in float32 for low-precision
+    activations), on ``x``'s device.
+    """
+    if p is None:
+        return None
+    if not isinstance(p, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None; got {type(p).__name__}")
+    if p.dtype not in (x.dtype, torch.float32):
+        raise TypeError(f"{name} must have the dtype of the activations ({x.dtype}) or float32; got {p.dtype}")
+    if p.numel() != features:
+        raise ValueError(f"{name} must have {features} elements (shape ({features},)); got shape {tuple(p.shape)}")
+    same_device(name, p, x)
+    return p.reshape(features)
+
+
+def same_device(name, t, x):
+    if t.device != x.device:
+        raise ValueError(f"{name} must be on the activations' device {x.device}; got {t.device}")
+
+
+def axis(value):
+    """The feature axis of 2-D activations as 0 or 1 (-1 and -2 count from the end)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"axis must be an int, 1 (activations (N, C)) or 0 ((C, N)); got {value!r}")
+    if value not in (-2, -1, 0, 1):
+        raise ValueError(f"axis must be 1 (activations (N, C)) or 0 ((C, N)); got {value}")
+    return int(value) % 2
+
+
+def count(name, value):
+    """A positive int."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be a positive int; got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be a positive int; got {value}")
+    return int(value)
+
+
+def real(name, value, minimum=None):
+    """A finite real number as float (at least ``minimum`` when given)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number; got {value!r}")
+    value = float(value)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"{name} must be finite; got {value}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}; got {value}")
+    return value
+
+
+def flag(name, value):
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool; got {value!r}")
+    return value
+
+
+def autocast(activations, params):
+    """Under ``torch.autocast``: activations in the autocast dtype, parameters that are neither
+    float32 nor that dtype cast to it.  Outside it, everything as given."""
+    device = activations[0].device.type
+    if not torch.is_autocast_enabled(device):
+        return activations, params
+    dtype = torch.get_autocast_dtype(device)
+    activations = [t.to(dtype) if t.dtype in _AUTOCAST_FROM else t for t in activations]
+    params = [p.to(dtype) if isinstance(p, torch.Tensor) and p.dtype in _AUTOCAST_FROM
+              and p.dtype not in (dtype, torch.float32) else p for p in params]
+    return activations, params
