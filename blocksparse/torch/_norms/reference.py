@@ -14,16 +14,16 @@ def stats_dtype(dtype):
 def _grouped(t, axis, segments, dtype):
     """Activations of either layout as ``(N, segments, features per segment)`` in ``dtype``."""
     if axis == 1:
-        return t.reshape(t.shape[0], segments, -1).to(dtype)
-    return t.reshape(segments, -1, t.shape[1]).permute(2, 0, 1).to(dtype)
+        return t.reshape(t.shape[0], segments, t.shape[1] // segments).to(dtype)
+    return t.reshape(segments, t.shape[0] // segments, t.shape[1]).permute(2, 0, 1).to(dtype)
 
 
 def _ungrouped(t, axis, dtype):
     """Inverse of :func:`_grouped` (a fresh contiguous tensor)."""
-    n = t.shape[0]
+    n, c = t.shape[0], t.shape[1] * t.shape[2]
     if axis == 1:
-        return t.reshape(n, -1).to(dtype)
-    return t.permute(1, 2, 0).reshape(-1, n).to(dtype).contiguous()
+        return t.reshape(n, c).to(dtype)
+    return t.permute(1, 2, 0).reshape(c, n).to(dtype).contiguous()
 
 
 def _param(p, segments, dtype):
