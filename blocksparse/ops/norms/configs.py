@@ -12,7 +12,9 @@ tile is loaded once and kept in registers (``one_chunk``); longer segments are w
 
 The backward runs persistent programs (``programs_per_sm`` per SM), each folding its tokens' ``dg``
 and ``db`` into one row of a partial buffer (deterministic; summed by
-:func:`blocksparse.ops.common.reduce.sum_rows_kernel`).
+:func:`blocksparse.ops.common.reduce.sum_rows_kernel`).  Those rows cost ``8 P / (3 N e)`` of the
+backward's traffic (``P`` programs, ``N`` tokens, ``e``-byte elements): few programs, enough to
+keep ~64 KB of loads in flight per SM.
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ class NormConfig:
     BN: int
     BC: int
     num_warps: int
-    programs_per_sm: int = 4
+    programs_per_sm: int = 2
 
     def one_chunk(self, segment_features):
         """Whether a segment of ``segment_features`` fits one tile (kept in registers)."""
@@ -61,4 +63,4 @@ def layer_norm_config(axis, segment_features, element_size, backward=False):
         bn = TOKEN_BYTES // element_size
         bc = min(row, TILE // bn)
     return NormConfig(BN=bn, BC=bc, num_warps=_warps(bn * bc, backward),
-                      programs_per_sm=4 if bn * bc <= TILE else 2)
+                      programs_per_sm=2 if bn * bc <= TILE else 1)
