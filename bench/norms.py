@@ -330,14 +330,7 @@ def main():
     hbm = None if CPU else common.hbm_bandwidth_gbs()
     meta = dict(device="CPU (Triton interpreter)" if CPU else torch.cuda.get_device_name(), torch=torch.__version__,
                 triton=triton.__version__, date=time.strftime("%Y-%m-%d"), hbm_gbs=hbm, quick=args.quick)
-    os.makedirs(args.out, exist_ok=True)
-
-    def save(rows):
-        with open(os.path.join(args.out, "norms-h200.json"), "w") as f:
-            json.dump(dict(meta, rows=rows), f, indent=1)
-        with open(os.path.join(args.out, "norms-h200.md"), "w") as f:
-            f.write(markdown(meta, rows))
-
+    save = common.result_writer(args.out, "norms-h200", meta, markdown)
     rows = measure(args, hbm, save)
     save(rows)
     bad = [r for r in rows if r.get("impl") == "blocksparse" and not (r.get("ok") and "ms" in r)]

@@ -117,13 +117,7 @@ def main():
     hbm = None if CPU else common.hbm_bandwidth_gbs()
     meta = dict(device="CPU" if CPU else torch.cuda.get_device_name(), torch=torch.__version__,
                 date=time.strftime("%Y-%m-%d"), hbm_gbs=hbm)
-    os.makedirs(args.out, exist_ok=True)
-
-    def save(rows):
-        with open(os.path.join(args.out, "tune-norms-h200.json"), "w") as f:
-            json.dump(dict(meta, rows=rows), f, indent=1)
-
-    rows = sweep(hbm, save)
+    rows = sweep(hbm, common.result_writer(args.out, "tune-norms-h200", meta))
     for key, group in itertools.groupby(rows, key=lambda r: (r["N"], r["C"], r["axis"], r["kernel"])):
         group = [r for r in group if r.get("ok")]
         table = next((r for r in group if r["table"]), None)

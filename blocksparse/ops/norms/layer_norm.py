@@ -126,6 +126,21 @@ def _grads_in(X, DY, b_mean, b_rstd, b_g, b_b, o_n, o_f, m, stride_xn, stride_xf
 
 
 @triton.jit
+def _chunk_grads(X, G, B, DY, b_mean, b_rstd, o_n, m_n, f0, c0, CS, stride_xn, stride_xf, stride_dn, stride_df,
+                 BC: tl.constexpr, HAS_G: tl.constexpr, HAS_B: tl.constexpr, RELU: tl.constexpr):
+    """:func:`_grads_in` of the chunk of features ``[c0, c0 + BC)`` of a segment, with its offsets
+    and masks: ``(o_c, m_c, m, xhat, dy, dxhat)``."""
+    o_c = c0 + tl.arange(0, BC)
+    m_c = o_c < CS
+    m = m_n[:, None] & m_c[None, :]
+    b_g = _load_param(G, f0 + o_c, m_c, HAS_G)
+    b_b = _load_param(B, f0 + o_c, m_c, HAS_B)
+    b_xhat, b_dy, b_dxhat = _grads_in(X, DY, b_mean, b_rstd, b_g, b_b, o_n, f0 + o_c, m,
+                                      stride_xn, stride_xf, stride_dn, stride_df, HAS_G, HAS_B, RELU)
+    return o_c, m_c, m, b_xhat, b_dy, b_dxhat
+
+
+@triton.jit
 def layer_norm_bwd_kernel(
     X, G, B, DY, DX, MEAN, RSTD, DG_PART, DB_PART,
     N, CS,
@@ -177,27 +192,17 @@ def layer_norm_bwd_kernel(
             b_c1 = tl.zeros((BN,), dtype=tl.float32)
             b_c2 = tl.zeros((BN,), dtype=tl.float32)
             for c0 in range(0, CS, BC):
-                o_c = c0 + tl.arange(0, BC)
-                m_c = o_c < CS
-                m = m_n[:, None] & m_c[None, :]
-                b_g = _load_param(G, f0 + o_c, m_c, HAS_G)
-                b_b = _load_param(B, f0 + o_c, m_c, HAS_B)
-                b_xhat, b_dy, b_dxhat = _grads_in(X, DY, b_mean, b_rstd, b_g, b_b, o_n, f0 + o_c, m,
-                                                  stride_xn, stride_xf, stride_dyn, stride_dyf,
-                                                  HAS_G, HAS_B, RELU)
+                o_c, m_c, m, b_xhat, b_dy, b_dxhat = _chunk_grads(
+                    X, G, B, DY, b_mean, b_rstd, o_n, m_n, f0, c0, CS, stride_xn, stride_xf, stride_dyn, stride_dyf,
+                    BC, HAS_G, HAS_B, RELU)
                 b_c1 += tl.sum(b_xhat * b_dxhat, 1)
                 b_c2 += tl.sum(b_dxhat, 1)
             b_c1 = b_c1 / CS
             b_c2 = b_c2 / CS
             for c0 in range(0, CS, BC):
-                o_c = c0 + tl.arange(0, BC)
-                m_c = o_c < CS
-                m = m_n[:, None] & m_c[None, :]
-                b_g = _load_param(G, f0 + o_c, m_c, HAS_G)
-                b_b = _load_param(B, f0 + o_c, m_c, HAS_B)
-                b_xhat, b_dy, b_dxhat = _grads_in(X, DY, b_mean, b_rstd, b_g, b_b, o_n, f0 + o_c, m,
-                                                  stride_xn, stride_xf, stride_dyn, stride_dyf,
-                                                  HAS_G, HAS_B, RELU)
+                o_c, m_c, m, b_xhat, b_dy, b_dxhat = _chunk_grads(
+                    X, G, B, DY, b_mean, b_rstd, o_n, m_n, f0, c0, CS, stride_xn, stride_xf, stride_dyn, stride_dyf,
+                    BC, HAS_G, HAS_B, RELU)
                 b_dx = (b_dxhat - b_xhat * b_c1[:, None] - b_c2[:, None]) * b_rstd[:, None]
                 _store_tile(DX, b_dx, o_n, f0 + o_c, m, stride_dxn, stride_dxf)
                 tl.debug_barrier()
