@@ -130,7 +130,10 @@ class LstmCase:
         self.impls = ("blocksparse", "torch") + (("torch.compile",) if compiled else ())
         self.compiled = compiled
         g = torch.Generator(device=device).manual_seed(n + k)
-        rand = lambda *shape, scale=1.0: (scale * torch.randn(*shape, device=device, generator=g)).to(dtype)  # noqa: E731
+
+        def rand(*shape, scale=1.0):
+            return (scale * torch.randn(*shape, device=device, generator=g)).to(dtype)
+
         self.tensors = (rand(n, k).requires_grad_(), rand(n, 4 * k, scale=1.5).requires_grad_(),
                         rand(4 * k, scale=0.5).requires_grad_(), rand(n, k), rand(n, k))
         self.label = dict(op="lstm_gates", N=n, C=k, axis=1, relu=False)

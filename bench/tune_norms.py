@@ -15,6 +15,7 @@ per time over the copy bandwidth measured in this run.  The table's own choice i
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import math
@@ -94,9 +95,9 @@ def sweep(hbm, save):
                     row["ms"] = float("nan")
                 else:
                     copies = max(2, math.ceil(4 * 60 * 2**20 / (2 * nbytes)))
-                    make = lambda: [lambda t=tuple(t.clone() for t in tensors): run(axis, n, c, backward, cfg, t, False)  # noqa: E731
-                                    for _ in range(copies)]
-                    row["ms"] = common.time_rotating_ms(make)
+                    row["ms"] = common.time_rotating_ms(lambda: [
+                        functools.partial(run, axis, n, c, backward, cfg, tuple(t.clone() for t in tensors), False)
+                        for _ in range(copies)])
                     row["hbm_frac"] = nbytes / row["ms"] / 1e6 / hbm
             except Exception as exc:  # recorded; the sweep goes on
                 row["error"] = repr(exc)[:300]

@@ -21,12 +21,26 @@ def _gates(h, merged):
     return list(h.split(h.shape[1] // 4, dim=1)) if merged else [t.contiguous() for t in h.split(h.shape[1] // 4, 1)]
 
 
+SHAPES = {"n5-k24": (5, 24), "n1-k40": (1, 40), "n13-k8": (13, 8)}
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n, k", [(5, 24), (1, 40), (13, 8)], ids=["n5-k24", "n1-k40", "n13-k8"])
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("cfg", [None, SMALL], ids=["table", "small"])
+def test_dtypes(rng, dtype, shape, cfg):
+    _check(rng, dtype, *SHAPES[shape], True, True, cfg)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("merged", [True, False], ids=["merged", "four"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
 @pytest.mark.parametrize("cfg", [None, SMALL], ids=["table", "small"])
-def test_lstm_gates(rng, dtype, n, k, merged, bias, cfg):
+def test_packings(rng, shape, merged, bias, cfg):
+    """Merged or separate gates, with or without the bias (and its partial sums)."""
+    _check(rng, "float32", *SHAPES[shape], merged, bias, cfg)
+
+
+def _check(rng, dtype, n, k, merged, bias, cfg):
     c, h, b, dcn, dhn = (torch.from_numpy(a).to(DTYPES[dtype]) for a in ref.draw(rng, n, k))
     b = b if bias else None
     f64 = lambda t: None if t is None else t.double().numpy()  # noqa: E731
