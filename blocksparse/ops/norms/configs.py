@@ -26,8 +26,8 @@ __all__ = ["NormConfig", "layer_norm_config", "TILE", "MAX_ROW", "TOKEN_BYTES"]
 
 #: Elements per program tile (per tensor held).
 TILE = 8192
-#: Longest (power-of-two) segment a ``(N, C)`` tile holds whole, forward / backward.
-MAX_ROW = {False: 16384, True: 16384}
+#: Longest (power-of-two) segment a ``(N, C)`` tile holds whole.
+MAX_ROW = 16384
 #: Contiguous bytes per feature row of a ``(C, N)`` tile.
 TOKEN_BYTES = 64
 
@@ -57,7 +57,7 @@ def layer_norm_config(axis, segment_features, element_size, backward=False):
     """The tile for segments of ``segment_features`` features of ``element_size``-byte activations."""
     row = triton.next_power_of_2(segment_features)
     if axis == 1:
-        bc = min(row, MAX_ROW[backward])
+        bc = min(row, MAX_ROW)
         bn = max(1, TILE // bc)
     else:
         bn = TOKEN_BYTES // element_size

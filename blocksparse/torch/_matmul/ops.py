@@ -15,15 +15,33 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ... import _env
 from ...ops.matmul.configs import KERNEL_BLOCK_SIZES
-from .._backend import kernels_serve
 from . import plan as _plan
 from . import reference as _reference
+
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def use_triton(t: Tensor, block_size: int) -> bool:
     """Whether the Triton kernels serve a call on ``t`` (else the reference path does)."""
-    return block_size in KERNEL_BLOCK_SIZES and kernels_serve(t)
+    backend = _env.backend()
+    if backend == "reference" or block_size not in KERNEL_BLOCK_SIZES or t.dtype not in KERNEL_DTYPES:
+        return False
+    if backend == "triton":
+        if not (t.is_cuda or _env.triton_interpret()):
+            raise RuntimeError("BLOCKSPARSE_BACKEND=triton needs CUDA tensors, or TRITON_INTERPRET=1 "
+                               f"to run the kernels on the CPU; got a tensor on {t.device}")
+        return True
+    return t.is_cuda and _triton_importable()
+
+
+def _triton_importable():
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _tokens(t, axis):
