@@ -22,17 +22,15 @@ def activations(name, t, ndim=2):
 
 
 def param(name, p, features, x):
-    """``p`` (None, or a tensor of ``features`` elements) as shape ``(features,)``.
-
-    Its dtype must be ``x``'s or float32 (parameters kept in float32 for low-precision
-    activations), on ``x``'s device.
-    """
+    """``p`` (None, or a floating tensor of ``features`` elements on ``x``'s device) as shape
+    ``(features,)``.  Any float dtype (e.g. float32 parameters with bfloat16 activations): the
+    kernels compute in float32 and return its gradient in its own dtype."""
     if p is None:
         return None
     if not isinstance(p, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor or None; got {type(p).__name__}")
-    if p.dtype not in (x.dtype, torch.float32):
-        raise TypeError(f"{name} must have the dtype of the activations ({x.dtype}) or float32; got {p.dtype}")
+    if p.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float16, bfloat16, float32 or float64; got {p.dtype}")
     if p.numel() != features:
         raise ValueError(f"{name} must have {features} elements (shape ({features},)); got shape {tuple(p.shape)}")
     same_device(name, p, x)
@@ -62,15 +60,13 @@ def count(name, value):
     return int(value)
 
 
-def real(name, value, minimum=None):
-    """A finite real number as float (at least ``minimum`` when given)."""
+def real(name, value):
+    """A finite real number as float."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number; got {value!r}")
     value = float(value)
     if value != value or value in (float("inf"), float("-inf")):
         raise ValueError(f"{name} must be finite; got {value}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}; got {value}")
     return value
 
 
@@ -80,14 +76,11 @@ def flag(name, value):
     return value
 
 
-def autocast(activations, params):
-    """Under ``torch.autocast``: activations in the autocast dtype, parameters that are neither
-    float32 nor that dtype cast to it.  Outside it, everything as given."""
+def autocast(*activations):
+    """The activations in the autocast dtype under ``torch.autocast`` (parameters, which may have
+    any float dtype, stay as they are); as given outside it."""
     device = activations[0].device.type
     if not torch.is_autocast_enabled(device):
-        return activations, params
+        return activations
     dtype = torch.get_autocast_dtype(device)
-    activations = [t.to(dtype) if t.dtype in _AUTOCAST_FROM else t for t in activations]
-    params = [p.to(dtype) if isinstance(p, torch.Tensor) and p.dtype in _AUTOCAST_FROM
-              and p.dtype not in (dtype, torch.float32) else p for p in params]
-    return activations, params
+    return tuple(t.to(dtype) if t.dtype in _AUTOCAST_FROM else t for t in activations)

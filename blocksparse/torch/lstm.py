@@ -24,7 +24,7 @@ def fused_lstm_gates(c, *gates, bias=None, forget_bias=1.0):
         Either one merged ``(N, 4K)`` tensor holding ``i, j, f, o`` in that order along the
         features, or the four ``(N, K)`` tensors ``i, j, f, o``; ``c``'s dtype and device.
     bias : Tensor of 4K elements, optional
-        Added to the gates first (``i, j, f, o`` order); ``c``'s dtype or float32.
+        Added to the gates first (``i, j, f, o`` order); any float dtype.
     forget_bias : float
         Added to the forget gate before its sigmoid.
 
@@ -55,7 +55,7 @@ def fused_lstm_gates(c, *gates, bias=None, forget_bias=1.0):
             raise TypeError(f"{name} must have c's dtype {c.dtype}; got {t.dtype}")
         _checks.same_device(name, t, c)
     forget_bias = _checks.real("forget_bias", forget_bias)
-    (c, *gates), (bias,) = _checks.autocast([c, *gates], [bias])
+    c, *gates = _checks.autocast(c, *gates)
     bias = _checks.param("bias", bias, 4 * k, c)
     if len(gates) == 1:
         return _ops.lstm_gates(c, gates[0], bias, forget_bias)

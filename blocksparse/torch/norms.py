@@ -20,11 +20,12 @@ def layer_norm(x, g, b, axis=1, epsilon=1e-6, relu=False, *, segments=1):
         Activations in either block-sparse matmul layout (``feature_axis``); float16, bfloat16,
         float32 (Triton kernels on CUDA) or float64.  Any strides.
     g, b : Tensor of C elements, or None
-        Gain and bias per feature (None: no gain / no bias), in ``x``'s dtype or float32.
+        Gain and bias per feature (None: no gain / no bias), any float dtype (float32
+        parameters with bfloat16 activations is the usual mix); gradients in their dtypes.
     axis : {1, 0}
         The feature axis of ``x`` (-1 and -2 are accepted).
     epsilon : float
-        Added to the variance.
+        Added to the variance (> 0).
     relu : bool
         Apply ``max(y, 0)`` after the gain and bias.
     segments : int
@@ -55,9 +56,11 @@ def layer_norm(x, g, b, axis=1, epsilon=1e-6, relu=False, *, segments=1):
     segments = _checks.count("segments", segments)
     if features % segments:
         raise ValueError(f"segments must divide the {features} features of x (axis {axis}); got {segments}")
-    epsilon = _checks.real("epsilon", epsilon, minimum=0.0)
+    epsilon = _checks.real("epsilon", epsilon)
+    if epsilon <= 0:
+        raise ValueError(f"epsilon must be > 0; got {epsilon}")
     relu = _checks.flag("relu", relu)
-    (x,), (g, b) = _checks.autocast([x], [g, b])
+    (x,) = _checks.autocast(x)
     g, b = _checks.param("g", g, features, x), _checks.param("b", b, features, x)
     y, _, _ = _ops.layer_norm(x, g, b, axis, epsilon, relu, segments)
     return y
