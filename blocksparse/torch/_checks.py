@@ -10,13 +10,17 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _AUTOCAST_FROM = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def activations(name, t, ndim=2):
-    """``t`` after checking it is a floating ``ndim``-D tensor."""
+def _floating(name, t, kind="a torch.Tensor"):
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
+        raise TypeError(f"{name} must be {kind}; got {type(t).__name__}")
     if t.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{name} must be float16, bfloat16, float32 or float64; got {t.dtype}")
-    if t.dim() != ndim:
+    return t
+
+
+def activations(name, t, ndim=2):
+    """``t`` after checking it is a floating ``ndim``-D tensor."""
+    if _floating(name, t).dim() != ndim:
         raise ValueError(f"{name} must be {ndim}-D; got shape {tuple(t.shape)}")
     return t
 
@@ -27,11 +31,7 @@ def param(name, p, features, x):
     kernels compute in float32 and return its gradient in its own dtype."""
     if p is None:
         return None
-    if not isinstance(p, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor or None; got {type(p).__name__}")
-    if p.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name} must be float16, bfloat16, float32 or float64; got {p.dtype}")
-    if p.numel() != features:
+    if _floating(name, p, "a torch.Tensor or None").numel() != features:
         raise ValueError(f"{name} must have {features} elements (shape ({features},)); got shape {tuple(p.shape)}")
     same_device(name, p, x)
     return p.reshape(features)
