@@ -1,8 +1,11 @@
 """Layer norm and fused LSTM gates on a GPU: ours vs PyTorch, as a fraction of HBM bandwidth.
 
     python bench/norms.py --out bench/results            # the full run: about 2 minutes on an H200
-    python bench/norms.py --out /tmp/smoke --quick       # one shape per dtype: about 20 seconds
+    python bench/norms.py --out /tmp/smoke --quick       # one shape per dtype: under a minute
     python bench/norms.py --out /tmp/cpu --quick --cpu   # tiny shapes through Triton's interpreter
+
+Of the full run's time, ~20 s compile our kernels (in ``--workers`` processes, first) and ~30 s
+the ``torch.compile`` baseline (``--no-compile`` skips it); ``--ops layer_norm`` runs one family.
 
 One run, for tokens N in {4096, 8192, 16384} x features C (layer norm) or cell size K (LSTM) in
 {1024, 4096, 8192}, bfloat16 and float32, forward and forward + backward:
