@@ -5,8 +5,6 @@ when called).
 :mod:`.numerics`   ``rel_error``, ``TOLERANCE``, ``tolerance``
 :mod:`.poison`     ``poisoned_empty`` -- NaN-filled ``torch.empty`` so unwritten outputs show
 :mod:`.matmul`     float64 references of the block-sparse matmul, random layouts
-:mod:`.layer_norm` float64 references of layer norm (numpy, or torch for GPU checks), inputs
-:mod:`.lstm_gates` float64 references of the fused LSTM gates, inputs
 """
 from .numerics import TOLERANCE, rel_error, tolerance
 
