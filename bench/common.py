@@ -1,7 +1,9 @@
 """Shared pieces of the GPU benchmarks: problems, float64 references, timers, ceilings."""
 from __future__ import annotations
 
+import json
 import math
+import os
 
 import numpy as np
 import torch
@@ -62,6 +64,21 @@ class Problem:
                 r = full[self.coords[:, 0], :, self.coords[:, 1], :]
             self._refs[op] = r
         return self._refs[op]
+
+
+def result_writer(out_dir, stem, meta, markdown=None):
+    """``save(rows)``: writes ``<stem>.json`` (``meta`` and the rows) and, given ``markdown(meta,
+    rows)``, ``<stem>.md`` into ``out_dir`` -- after every problem, so an interrupted run keeps its rows."""
+    os.makedirs(out_dir, exist_ok=True)
+
+    def save(rows):
+        with open(os.path.join(out_dir, f"{stem}.json"), "w") as f:
+            json.dump(dict(meta, rows=rows), f, indent=1)
+        if markdown is not None:
+            with open(os.path.join(out_dir, f"{stem}.md"), "w") as f:
+                f.write(markdown(meta, rows))
+
+    return save
 
 
 def rel_err(got, ref):

@@ -5,7 +5,9 @@ tables; tile tables; ahead-of-time specialisations).
 family     holds
 =========  =================================================================================
 matmul     block-sparse ``y = x @ W``: fprop / bprop (``xprop*``), updat (``updat*``), tiles
-common     what several families share (the interpreter fix)
+norms      layer norm over either activation layout (segments, fused relu), tiles
+lstm       the fused LSTM gates (one step's nonlinearities and cell update)
+common     what several families share (the interpreter fix, deterministic partial-row sums)
 =========  =================================================================================
 
 A family's frontends live beside the public modules: ``blocksparse/torch/_<family>/`` (PyTorch

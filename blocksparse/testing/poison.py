@@ -17,7 +17,8 @@ def poisoned_empty():
         def make(*args, **kwargs):
             t = factory(*args, **kwargs)
             if t.is_floating_point():
-                t.fill_(float("nan"))
+                with torch.no_grad():  # also for torch.empty(..., requires_grad=True)
+                    t.fill_(float("nan"))
             return t
         return make
 

@@ -1,4 +1,5 @@
-"""PyTorch frontend: :class:`BlocksparseMatMul` and :class:`BlocksparseLinear`.
+"""PyTorch frontend: :class:`BlocksparseMatMul`, :class:`BlocksparseLinear`, :func:`layer_norm`,
+:func:`fused_lstm_gates`.
 
 Requires PyTorch (``pip install blocksparse[torch]``).  On CUDA tensors the Triton kernels run;
 elsewhere (and for block size 8) the reference path does.  ``BLOCKSPARSE_BACKEND`` forces a path
@@ -9,6 +10,8 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without torch
     raise ImportError("blocksparse.torch needs PyTorch >= 2.4: pip install 'blocksparse[torch]'") from exc
 
+from .lstm import fused_lstm_gates
 from .matmul import BlocksparseLinear, BlocksparseMatMul
+from .norms import layer_norm
 
-__all__ = ["BlocksparseMatMul", "BlocksparseLinear"]
+__all__ = ["BlocksparseMatMul", "BlocksparseLinear", "layer_norm", "fused_lstm_gates"]

@@ -28,3 +28,19 @@ def test_torch_example():
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-4
     assert x.grad is not None and layer.weight.grad.shape == bsmm.w_shape
     assert out.shape == (32, bsmm.K)
+
+
+def test_torch_norms_example():
+    from blocksparse.testing import layer_norm as ln_ref
+    from blocksparse.testing import lstm_gates as lstm_ref
+
+    scope = {}
+    exec(compile(_example("torch-norms"), "README:torch-norms", "exec"), scope)
+    gates, gates_ln, c, c_next, h_next, y = (scope[k] for k in ("gates", "gates_ln", "c", "c_next", "h_next", "y"))
+    f64 = lambda t: t.detach().double().cpu().numpy()  # noqa: E731
+    ones, zeros = np.ones(gates.shape[1]), np.zeros(gates.shape[1])
+    assert np.allclose(f64(gates_ln), ln_ref.layer_norm(f64(gates), ones, zeros, segments=4), atol=1e-4)
+    for got, want in zip((c_next, h_next), lstm_ref.lstm_gates(f64(c), f64(gates_ln))):
+        assert np.allclose(f64(got), want, atol=1e-5)
+    assert np.allclose(f64(y), ln_ref.layer_norm(f64(gates).T, ones, zeros, axis=0, relu=True), atol=1e-4)
+    assert gates.grad is not None and scope["g"].grad is not None and scope["b"].grad is not None

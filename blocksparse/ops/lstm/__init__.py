@@ -1,0 +1,5 @@
+"""The LSTM family: the fused gate nonlinearities and cell update of one LSTM step.
+
+:mod:`.gates`    forward and backward kernels
+:mod:`.configs`  tile table
+"""

@@ -1,0 +1,121 @@
+"""Fused LSTM gates: one step's nonlinearities and cell update in one pass over memory.
+
+With the four gate pre-activations ``i, j, f, o`` (each ``(N, K)``, bias already added by the
+kernel when given) and the cell state ``c``::
+
+    i = sigmoid(i)   j = tanh(j)   f = sigmoid(f + forget_bias)   o = sigmoid(o)
+    c_next = f * c + i * j
+    h_next = o * tanh(c_next)
+
+The gates arrive as four pointers with their own row strides, so one merged ``(N, 4K)`` tensor
+(four column views) and four separate tensors take the same kernel; features are contiguous
+(column stride 1).  The bias is ``(4K,)``: gate ``g`` of feature ``k`` adds ``bias[g * K + k]``.
+
+Accumulation is float32; outputs take the dtype of their buffers.  Bytes moved per cell element
+(``e`` = element size): forward reads ``c`` and four gates, writes ``c_next`` and ``h_next``: ``7e``;
+backward reads ``c``, four gates, ``dc_next`` and ``dh_next`` and writes ``dc`` and four gate
+gradients: ``12e`` (the activations are recomputed, never stored).
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _tanh(x):
+    # 1 - 2 / (exp(2x) + 1): exact limits at +-inf, and one exp like the sigmoids
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+
+@triton.jit
+def _gate(P, o_n, o_k, m, stride, BIAS, offset, m_k, HAS_BIAS: tl.constexpr):
+    """Load one gate's ``[BN, BK]`` pre-activation in float32, its bias added."""
+    b = tl.load(P + o_n[:, None].to(tl.int64) * stride + o_k[None, :], mask=m, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        b += tl.load(BIAS + offset + o_k, mask=m_k, other=0.0).to(tl.float32)[None, :]
+    return b
+
+
+@triton.jit
+def _activations(C, I, J, F, O, BIAS, o_n, o_k, m, m_k, K, forget_bias,
+                 stride_c, stride_i, stride_j, stride_f, stride_o, HAS_BIAS: tl.constexpr):
+    """``(c, i, j, f, o, c_next)`` of a tile, gates activated, in float32."""
+    b_c = tl.load(C + o_n[:, None].to(tl.int64) * stride_c + o_k[None, :], mask=m, other=0.0).to(tl.float32)
+    b_i = tl.sigmoid(_gate(I, o_n, o_k, m, stride_i, BIAS, 0, m_k, HAS_BIAS))
+    b_j = _tanh(_gate(J, o_n, o_k, m, stride_j, BIAS, K, m_k, HAS_BIAS))
+    b_f = tl.sigmoid(_gate(F, o_n, o_k, m, stride_f, BIAS, 2 * K, m_k, HAS_BIAS) + forget_bias)
+    b_o = tl.sigmoid(_gate(O, o_n, o_k, m, stride_o, BIAS, 3 * K, m_k, HAS_BIAS))
+    return b_c, b_i, b_j, b_f, b_o, b_f * b_c + b_i * b_j
+
+
+@triton.jit
+def _store(P, b, o_n, o_k, m, stride):
+    tl.store(P + o_n[:, None].to(tl.int64) * stride + o_k[None, :], b.to(P.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def lstm_gates_fwd_kernel(
+    C, I, J, F, O, BIAS, C_NEXT, H_NEXT,
+    N, K, forget_bias,
+    stride_c, stride_i, stride_j, stride_f, stride_o, stride_cn, stride_hn,
+    BN: tl.constexpr, BK: tl.constexpr, HAS_BIAS: tl.constexpr,
+):
+    i_n, i_k = tl.program_id(0), tl.program_id(1)
+    o_n = i_n * BN + tl.arange(0, BN)
+    o_k = i_k * BK + tl.arange(0, BK)
+    m_k = o_k < K
+    m = (o_n < N)[:, None] & m_k[None, :]
+    b_c, b_i, b_j, b_f, b_o, b_cn = _activations(C, I, J, F, O, BIAS, o_n, o_k, m, m_k, K, forget_bias,
+                                                 stride_c, stride_i, stride_j, stride_f, stride_o, HAS_BIAS)
+    _store(C_NEXT, b_cn, o_n, o_k, m, stride_cn)
+    _store(H_NEXT, b_o * _tanh(b_cn), o_n, o_k, m, stride_hn)
+
+
+@triton.jit
+def lstm_gates_bwd_kernel(
+    C, I, J, F, O, BIAS, DC_NEXT, DH_NEXT, DC, DI, DJ, DF, DO, DBIAS_PART,
+    N, K, forget_bias,
+    stride_c, stride_i, stride_j, stride_f, stride_o, stride_dcn, stride_dhn,
+    stride_dc, stride_di, stride_dj, stride_df, stride_do,
+    BN: tl.constexpr, BK: tl.constexpr, HAS_BIAS: tl.constexpr,
+):
+    # program i_p takes token tiles i_p, i_p + P, ... of feature tile i_k and owns row i_p of the
+    # (P, 4K) dbias partial buffer
+    i_p, i_k = tl.program_id(0), tl.program_id(1)
+    n_p = tl.num_programs(0)
+    o_k = i_k * BK + tl.arange(0, BK)
+    m_k = o_k < K
+    b_dbi = tl.zeros((BK,), dtype=tl.float32)
+    b_dbj = tl.zeros((BK,), dtype=tl.float32)
+    b_dbf = tl.zeros((BK,), dtype=tl.float32)
+    b_dbo = tl.zeros((BK,), dtype=tl.float32)
+    for i_n in range(i_p, tl.cdiv(N, BN), n_p):
+        o_n = i_n * BN + tl.arange(0, BN)
+        m = (o_n < N)[:, None] & m_k[None, :]
+        b_c, b_i, b_j, b_f, b_o, b_cn = _activations(C, I, J, F, O, BIAS, o_n, o_k, m, m_k, K, forget_bias,
+                                                     stride_c, stride_i, stride_j, stride_f, stride_o,
+                                                     HAS_BIAS)
+        o_row = o_n[:, None].to(tl.int64)
+        b_dcn = tl.load(DC_NEXT + o_row * stride_dcn + o_k[None, :], mask=m, other=0.0).to(tl.float32)
+        b_dh = tl.load(DH_NEXT + o_row * stride_dhn + o_k[None, :], mask=m, other=0.0).to(tl.float32)
+        b_t = _tanh(b_cn)
+        b_dcn += b_dh * b_o * (1.0 - b_t * b_t)
+        b_di = b_dcn * b_j * b_i * (1.0 - b_i)
+        b_dj = b_dcn * b_i * (1.0 - b_j * b_j)
+        b_df = b_dcn * b_c * b_f * (1.0 - b_f)
+        b_do = b_dh * b_t * b_o * (1.0 - b_o)
+        _store(DC, b_dcn * b_f, o_n, o_k, m, stride_dc)
+        _store(DI, b_di, o_n, o_k, m, stride_di)
+        _store(DJ, b_dj, o_n, o_k, m, stride_dj)
+        _store(DF, b_df, o_n, o_k, m, stride_df)
+        _store(DO, b_do, o_n, o_k, m, stride_do)
+        if HAS_BIAS:
+            b_dbi += tl.sum(b_di, 0)
+            b_dbj += tl.sum(b_dj, 0)
+            b_dbf += tl.sum(b_df, 0)
+            b_dbo += tl.sum(b_do, 0)
+    if HAS_BIAS:
+        p_part = DBIAS_PART + i_p.to(tl.int64) * 4 * K + o_k
+        tl.store(p_part, b_dbi, mask=m_k)
+        tl.store(p_part + K, b_dbj, mask=m_k)
+        tl.store(p_part + 2 * K, b_dbf, mask=m_k)
+        tl.store(p_part + 3 * K, b_dbo, mask=m_k)

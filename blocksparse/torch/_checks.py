@@ -1,0 +1,86 @@
+"""Argument checks of the PyTorch functions (layer norm, LSTM gates): user mistakes become
+``TypeError`` / ``ValueError`` naming the argument, with what was expected and what was given."""
+import numbers
+
+import torch
+
+#: Activation dtypes accepted (float64 runs the reference path).
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+#: dtypes autocast lowers (as torch's own autocast does, float64 is left alone).
+_AUTOCAST_FROM = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _floating(name, t, kind="a torch.Tensor"):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be {kind}; got {type(t).__name__}")
+    if t.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float16, bfloat16, float32 or float64; got {t.dtype}")
+    return t
+
+
+def activations(name, t, ndim=2):
+    """``t`` after checking it is a floating ``ndim``-D tensor."""
+    if _floating(name, t).dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-D; got shape {tuple(t.shape)}")
+    return t
+
+
+def param(name, p, features, x):
+    """``p`` (None, or a floating tensor of ``features`` elements on ``x``'s device) as shape
+    ``(features,)``.  Any float dtype (e.g. float32 parameters with bfloat16 activations): the
+    kernels compute in float32 and return its gradient in its own dtype."""
+    if p is None:
+        return None
+    if _floating(name, p, "a torch.Tensor or None").numel() != features:
+        raise ValueError(f"{name} must have {features} elements (shape ({features},)); got shape {tuple(p.shape)}")
+    same_device(name, p, x)
+    return p.reshape(features)
+
+
+def same_device(name, t, x):
+    if t.device != x.device:
+        raise ValueError(f"{name} must be on the activations' device {x.device}; got {t.device}")
+
+
+def axis(value):
+    """The feature axis of 2-D activations as 0 or 1 (-1 and -2 count from the end)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"axis must be an int, 1 (activations (N, C)) or 0 ((C, N)); got {value!r}")
+    if value not in (-2, -1, 0, 1):
+        raise ValueError(f"axis must be 1 (activations (N, C)) or 0 ((C, N)); got {value}")
+    return int(value) % 2
+
+
+def count(name, value):
+    """A positive int."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be a positive int; got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be a positive int; got {value}")
+    return int(value)
+
+
+def real(name, value):
+    """A finite real number as float."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number; got {value!r}")
+    value = float(value)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"{name} must be finite; got {value}")
+    return value
+
+
+def flag(name, value):
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool; got {value!r}")
+    return value
+
+
+def autocast(*activations):
+    """The activations in the autocast dtype under ``torch.autocast`` (parameters, which may have
+    any float dtype, stay as they are); as given outside it."""
+    device = activations[0].device.type
+    if not torch.is_autocast_enabled(device):
+        return activations
+    dtype = torch.get_autocast_dtype(device)
+    return tuple(t.to(dtype) if t.dtype in _AUTOCAST_FROM else t for t in activations)

@@ -1,0 +1,72 @@
+"""Launchers of the layer-norm kernels on torch tensors: read dims, allocate, grid, launch.
+
+``x`` is ``(N, C)`` (``axis=1``) or ``(C, N)`` (``axis=0``), any strides; outputs are allocated
+contiguous in the same layout.  ``mean`` / ``rstd`` are float32 ``(segments, N)``.  ``cfg``
+overrides the tile table (:func:`blocksparse.ops.norms.configs.layer_norm_config`).
+"""
+import torch
+import triton
+
+from ...ops.norms.configs import layer_norm_config
+from ...ops.norms.layer_norm import layer_norm_bwd_kernel, layer_norm_fwd_kernel
+from .._backend import sm_count
+from .._reduce import sum_rows
+
+
+def _strides(t, axis):
+    """(token stride, feature stride) of activations in either layout."""
+    return (t.stride(0), t.stride(1)) if axis == 1 else (t.stride(1), t.stride(0))
+
+
+def _dims(x, axis, segments):
+    """(tokens, features, features per segment)."""
+    n, c = (x.shape[0], x.shape[1]) if axis == 1 else (x.shape[1], x.shape[0])
+    return n, c, c // segments
+
+
+def layer_norm_fwd(x, g, b, *, axis, epsilon, relu, segments, cfg=None):
+    """``(y, mean, rstd)`` of ``relu?((x - mean) * rstd * g + b)`` per segment."""
+    n, _, cs = _dims(x, axis, segments)
+    cfg = cfg or layer_norm_config(axis, cs, x.element_size())
+    y = x.new_empty(x.shape)
+    mean = x.new_empty((segments, n), dtype=torch.float32)
+    rstd = x.new_empty((segments, n), dtype=torch.float32)
+    if n:
+        layer_norm_fwd_kernel[(triton.cdiv(n, cfg.BN), segments)](
+            x, x if g is None else g, x if b is None else b, y, mean, rstd,
+            n, cs, epsilon,
+            *_strides(x, axis), *_strides(y, axis),
+            BN=cfg.BN, BC=cfg.BC, ONE_CHUNK=cfg.one_chunk(cs),
+            HAS_G=g is not None, HAS_B=b is not None, RELU=relu,
+            num_warps=cfg.num_warps,
+        )
+    return y, mean, rstd
+
+
+def layer_norm_bwd(dy, x, g, b, mean, rstd, *, axis, relu, segments, cfg=None):
+    """``(dx, dg, db)`` (``dg`` / ``db`` None where ``g`` / ``b`` is) from the forward's statistics."""
+    n, c, cs = _dims(x, axis, segments)
+    cfg = cfg or layer_norm_config(axis, cs, x.element_size(), backward=True)
+    dx = x.new_empty(x.shape)
+    if not n:
+        return dx, *(None if p is None else torch.zeros_like(p) for p in (g, b))
+    one_chunk = cfg.one_chunk(cs)
+    programs = max(1, min(triton.cdiv(n, cfg.BN), cfg.programs_per_sm * sm_count(x.device) // segments))
+    # one chunk: every program writes its whole row once; chunked: rows are accumulated into
+    alloc = x.new_empty if one_chunk else x.new_zeros
+    dg_part = None if g is None else alloc((programs, c), dtype=torch.float32)
+    db_part = None if b is None else alloc((programs, c), dtype=torch.float32)
+    layer_norm_bwd_kernel[(programs, segments)](
+        x, x if g is None else g, x if b is None else b, dy, dx, mean, rstd,
+        mean if dg_part is None else dg_part, mean if db_part is None else db_part,
+        n, cs,
+        *_strides(x, axis), *_strides(dy, axis), *_strides(dx, axis),
+        BN=cfg.BN, BC=cfg.BC, ONE_CHUNK=one_chunk,
+        HAS_G=g is not None, HAS_B=b is not None, RELU=relu,
+        num_warps=cfg.num_warps,
+    )
+    wanted = [(part, t.dtype) for part, t in ((dg_part, g), (db_part, b)) if t is not None]
+    sums = sum_rows(wanted) if wanted else []
+    dg = sums.pop(0) if g is not None else None
+    db = sums.pop(0) if b is not None else None
+    return dx, dg, db

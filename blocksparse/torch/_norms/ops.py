@@ -1,0 +1,84 @@
+"""PyTorch custom ops of layer norm.
+
+``blocksparse::layer_norm``      ``(y, mean, rstd)``      (differentiable in x, g, b: registered autograd)
+``blocksparse::layer_norm_bwd``  ``(dx, dg, db)``         (``dg`` / ``db`` empty ``(0,)`` for an absent g / b)
+
+Both choose at run time between the Triton kernels and the reference path
+(:func:`blocksparse.torch._backend.kernels_serve`); fake (shape) functions let ``torch.compile``
+trace them without graph breaks.  ``mean`` / ``rstd`` are ``(segments, N)``, float32 (float64 for
+float64 activations).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .._backend import kernels_serve
+from . import reference as _reference
+
+
+def _tokens(x, axis):
+    return x.shape[0] if axis == 1 else x.shape[1]
+
+
+def _stats_like(x, axis, segments):
+    return x.new_empty((segments, _tokens(x, axis)), dtype=_reference.stats_dtype(x.dtype))
+
+
+@torch.library.custom_op("blocksparse::layer_norm", mutates_args=())
+def layer_norm(x: Tensor, g: Optional[Tensor], b: Optional[Tensor], axis: int, epsilon: float, relu: bool,
+               segments: int) -> tuple[Tensor, Tensor, Tensor]:
+    kw = dict(axis=axis, epsilon=epsilon, relu=relu, segments=segments)
+    if kernels_serve(x):
+        from . import launch
+        return launch.layer_norm_fwd(x, g, b, **kw)
+    return _reference.layer_norm_fwd(x, g, b, **kw)
+
+
+@layer_norm.register_fake
+def _(x, g, b, axis, epsilon, relu, segments):
+    return x.new_empty(x.shape), _stats_like(x, axis, segments), _stats_like(x, axis, segments)
+
+
+@torch.library.custom_op("blocksparse::layer_norm_bwd", mutates_args=())
+def layer_norm_bwd(dy: Tensor, x: Tensor, g: Optional[Tensor], b: Optional[Tensor], mean: Tensor, rstd: Tensor,
+                   axis: int, relu: bool, segments: int) -> tuple[Tensor, Tensor, Tensor]:
+    kw = dict(axis=axis, relu=relu, segments=segments)
+    if kernels_serve(x):
+        from . import launch
+        dx, dg, db = launch.layer_norm_bwd(dy, x, g, b, mean, rstd, **kw)
+    else:
+        dx, dg, db = _reference.layer_norm_bwd(dy, x, g, b, mean, rstd, **kw)
+    return dx, _or_empty(dg, x), _or_empty(db, x)
+
+
+def _or_empty(t, like):
+    # custom ops return tensors only: an absent parameter's gradient is an empty placeholder
+    return like.new_empty((0,)) if t is None else t
+
+
+@layer_norm_bwd.register_fake
+def _(dy, x, g, b, mean, rstd, axis, relu, segments):
+    return (x.new_empty(x.shape), _or_empty(None if g is None else g.new_empty(g.shape), x),
+            _or_empty(None if b is None else b.new_empty(b.shape), x))
+
+
+def _setup_context(ctx, inputs, output):
+    x, g, b, axis, epsilon, relu, segments = inputs
+    _, mean, rstd = output
+    ctx.mark_non_differentiable(mean, rstd)
+    ctx.save_for_backward(x, g, b, mean, rstd)
+    ctx.meta = (axis, relu, segments)
+
+
+def _backward(ctx, dy, _dmean, _drstd):
+    x, g, b, mean, rstd = ctx.saved_tensors
+    dx, dg, db = layer_norm_bwd(dy, x, g, b, mean, rstd, *ctx.meta)
+    need = ctx.needs_input_grad
+    return (dx if need[0] else None, dg if g is not None and need[1] else None,
+            db if b is not None and need[2] else None, None, None, None, None)
+
+
+layer_norm.register_autograd(_backward, setup_context=_setup_context)

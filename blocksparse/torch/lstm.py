@@ -1,0 +1,62 @@
+"""Public PyTorch API of the fused LSTM gates: :func:`fused_lstm_gates`."""
+from __future__ import annotations
+
+from . import _checks
+from ._lstm import ops as _ops
+
+__all__ = ["fused_lstm_gates"]
+
+
+def fused_lstm_gates(c, *gates, bias=None, forget_bias=1.0):
+    """One LSTM step's gate nonlinearities and cell update, fused.
+
+    ::
+
+        i, j, f, o = gates (+ bias)            # pre-activations, split along the features
+        c_next = sigmoid(f + forget_bias) * c + sigmoid(i) * tanh(j)
+        h_next = sigmoid(o) * tanh(c_next)
+
+    Parameters
+    ----------
+    c : Tensor, shape (N, K)
+        The cell state; float16, bfloat16, float32 (Triton kernels on CUDA) or float64.
+    *gates : Tensor
+        Either one merged ``(N, 4K)`` tensor holding ``i, j, f, o`` in that order along the
+        features, or the four ``(N, K)`` tensors ``i, j, f, o``; ``c``'s dtype and device.
+    bias : Tensor of 4K elements, optional
+        Added to the gates first (``i, j, f, o`` order); any float dtype.
+    forget_bias : float
+        Added to the forget gate before its sigmoid.
+
+    Returns
+    -------
+    (c_next, h_next) : tuple of Tensor, each (N, K)
+        In ``c``'s dtype.  Differentiable in ``c``, the gates and ``bias``; traceable by
+        ``torch.compile(fullgraph=True)``.  Under ``torch.autocast`` the state and the gates are
+        cast to the autocast dtype.
+
+    Examples
+    --------
+    >>> c, h = torch.zeros(8, 32), torch.randn(8, 128)
+    >>> c_next, h_next = fused_lstm_gates(c, h, forget_bias=1.0)
+    >>> c_next, h_next = fused_lstm_gates(c, *h.split(32, dim=1))     # four gate tensors
+    """
+    if len(gates) not in (1, 4):
+        raise TypeError(f"gates must be one merged (N, 4K) tensor or four (N, K) tensors; got {len(gates)}")
+    c = _checks.activations("c", c)
+    names = ("h",) if len(gates) == 1 else ("i", "j", "f", "o")
+    gates = [_checks.activations(name, t) for name, t in zip(names, gates)]
+    n, k = c.shape
+    width = 4 * k if len(gates) == 1 else k
+    for name, t in zip(names, gates):
+        if tuple(t.shape) != (n, width):
+            raise ValueError(f"{name} must have shape ({n}, {width}) for c of shape {(n, k)}; got {tuple(t.shape)}")
+        if t.dtype != c.dtype:
+            raise TypeError(f"{name} must have c's dtype {c.dtype}; got {t.dtype}")
+        _checks.same_device(name, t, c)
+    forget_bias = _checks.real("forget_bias", forget_bias)
+    c, *gates = _checks.autocast(c, *gates)
+    bias = _checks.param("bias", bias, 4 * k, c)
+    if len(gates) == 1:
+        return _ops.lstm_gates(c, gates[0], bias, forget_bias)
+    return _ops.lstm_gates4(c, *gates, bias, forget_bias)

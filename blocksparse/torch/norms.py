@@ -1,0 +1,66 @@
+"""Public PyTorch API of layer normalisation: :func:`layer_norm`."""
+from __future__ import annotations
+
+from . import _checks
+from ._norms import ops as _ops
+
+__all__ = ["layer_norm"]
+
+
+def layer_norm(x, g, b, axis=1, epsilon=1e-6, relu=False, *, segments=1):
+    """Layer normalisation over the feature axis of 2-D activations, with an optional fused relu.
+
+    ``y = relu?((x - mean) / sqrt(var + epsilon) * g + b)``, with ``mean`` and ``var`` (biased)
+    taken over the features of each token -- over each of ``segments`` equal slices of the
+    features separately.
+
+    Parameters
+    ----------
+    x : Tensor, shape (N, C) for ``axis=1`` or (C, N) for ``axis=0``
+        Activations in either block-sparse matmul layout (``feature_axis``); float16, bfloat16,
+        float32 (Triton kernels on CUDA) or float64.  Any strides.
+    g, b : Tensor of C elements, or None
+        Gain and bias per feature (None: no gain / no bias), any float dtype (float32
+        parameters with bfloat16 activations is the usual mix); gradients in their dtypes.
+    axis : {1, 0}
+        The feature axis of ``x`` (-1 and -2 are accepted).
+    epsilon : float
+        Added to the variance (> 0).
+    relu : bool
+        Apply ``max(y, 0)`` after the gain and bias.
+    segments : int
+        Normalise ``segments`` equal slices of the features separately (``C % segments == 0``),
+        as the LSTM gates of the original package do.
+
+    Returns
+    -------
+    Tensor
+        ``y``, shape and layout of ``x`` (contiguous), dtype of ``x``.  Differentiable in ``x``,
+        ``g`` and ``b``; traceable by ``torch.compile(fullgraph=True)``.  Under ``torch.autocast``
+        ``x`` is cast to the autocast dtype (statistics are float32 either way).
+
+    Examples
+    --------
+    >>> x = torch.randn(8, 96)
+    >>> g, b = torch.ones(96), torch.zeros(96)
+    >>> layer_norm(x, g, b, segments=4, relu=True).shape
+    torch.Size([8, 96])
+    >>> layer_norm(x.t(), g, b, axis=0).shape      # (C, N) activations
+    torch.Size([96, 8])
+    """
+    x = _checks.activations("x", x)
+    axis = _checks.axis(axis)
+    features = x.shape[axis]
+    if features == 0:
+        raise ValueError(f"x must have at least one feature on axis {axis}; got shape {tuple(x.shape)}")
+    segments = _checks.count("segments", segments)
+    if features % segments:
+        raise ValueError(f"segments must divide the {features} features of x (axis {axis}); got {segments}")
+    epsilon = _checks.real("epsilon", epsilon)
+    if epsilon <= 0:
+        raise ValueError(f"epsilon must be > 0; got {epsilon}")
+    relu = _checks.flag("relu", relu)
+    (x,) = _checks.autocast(x)
+    g, b = _checks.param("g", g, features, x), _checks.param("b", b, features, x)
+    y, _, _ = _ops.layer_norm(x, g, b, axis, epsilon, relu, segments)
+    return y

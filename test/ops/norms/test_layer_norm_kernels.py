@@ -1,0 +1,156 @@
+"""Layer-norm kernel logic (segments, both layouts, one-chunk and chunked tiles, edge masks, the
+persistent backward and its partial sums) through Triton's interpreter on small shapes, against
+float64 references."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from blocksparse.ops.norms.configs import NormConfig, layer_norm_config  # noqa: E402
+from blocksparse.testing import rel_error, tolerance  # noqa: E402
+from blocksparse.testing import layer_norm as ref  # noqa: E402
+from blocksparse.torch._norms import launch  # noqa: E402
+from blocksparse.torch._reduce import sum_rows  # noqa: E402
+
+pytestmark = pytest.mark.interpreter
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+#: tiles smaller than the segments: several chunks per segment, a partial last chunk
+CHUNKED = NormConfig(BN=4, BC=32, num_warps=4, programs_per_sm=1)
+SHAPES = [(7, 96, 1), (1, 200, 4), (10, 80, 2)]
+
+
+def _run(rng, dtype, axis, n, c, segments, relu, cfg, *, affine=(True, True), offset=0.0):
+    """Forward and backward through the launchers; returns (got, reference) pairs by name."""
+    t = lambda a: torch.from_numpy(a).to(DTYPES[dtype])  # noqa: E731
+    x, g, b, dy = (t(a) for a in ref.draw(rng, n, c, axis, offset))
+    g, b = (p if keep else None for p, keep in zip((g, b), affine))
+    f64 = lambda a: None if a is None else a.double().numpy()  # noqa: E731
+    kw = dict(axis=axis, epsilon=1e-5, relu=relu, segments=segments)
+    y_ref = ref.layer_norm(f64(x), f64(g), f64(b), **kw)
+    dy = t(ref.relu_safe(f64(dy), y_ref)) if relu else dy
+    grads_ref = ref.layer_norm_grads(f64(dy), f64(x), f64(g), f64(b), **kw)
+    cs = c // segments
+    fwd_cfg = cfg or layer_norm_config(axis, cs, x.element_size())
+    bwd_cfg = cfg or layer_norm_config(axis, cs, x.element_size(), backward=True)
+    y, mean, rstd = launch.layer_norm_fwd(x, g, b, cfg=fwd_cfg, **kw)
+    del kw["epsilon"]
+    dx, dg, db = launch.layer_norm_bwd(dy, x, g, b, mean, rstd, cfg=bwd_cfg, **kw)
+    assert y.dtype == dx.dtype == x.dtype
+    for p, dp in ((g, dg), (b, db)):
+        assert (p is None and dp is None) or dp.dtype == p.dtype
+    xs = f64(x if axis == 1 else x.t()).reshape(n, segments, cs)
+    stats_ref = xs.mean(-1).T, 1 / np.sqrt(xs.var(-1) + 1e-5).T
+    return dict(zip(("y", "mean", "rstd", "dx", "dg", "db"),
+                    zip((y, mean, rstd, dx, dg, db), (y_ref, *stats_ref, *grads_ref))))
+
+
+def _check(results, dtype):
+    for name, (got, want) in results.items():
+        if want is None:
+            assert got is None, name
+            continue
+        bound = tolerance("float32") if name in ("mean", "rstd") else tolerance(dtype)
+        assert rel_error(got, want) < bound, name
+
+
+SHAPE_IDS = [f"n{n}-c{c}-s{s}" for n, c, s in SHAPES]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("axis", [1, 0], ids=["NC", "CN"])
+@pytest.mark.parametrize("n, c, segments", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.parametrize("cfg", [None, CHUNKED], ids=["table", "chunked"])
+def test_layer_norm(rng, dtype, axis, n, c, segments, cfg):
+    _check(_run(rng, dtype, axis, n, c, segments, False, cfg), dtype)
+
+
+@pytest.mark.parametrize("axis", [1, 0], ids=["NC", "CN"])
+@pytest.mark.parametrize("n, c, segments", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.parametrize("cfg", [None, CHUNKED], ids=["table", "chunked"])
+def test_fused_relu(rng, axis, n, c, segments, cfg):
+    """The relu after the affine; the backward masks by the recomputed output."""
+    _check(_run(rng, "float32", axis, n, c, segments, True, cfg), "float32")
+
+
+@pytest.mark.parametrize("affine", [(True, False), (False, True), (False, False)], ids=["g", "b", "none"])
+@pytest.mark.parametrize("cfg", [None, CHUNKED], ids=["table", "chunked"])
+@pytest.mark.parametrize("axis", [1, 0], ids=["NC", "CN"])
+def test_without_gain_or_bias(rng, affine, cfg, axis):
+    _check(_run(rng, "float32", axis, 9, 48, 3, True, cfg, affine=affine), "float32")
+
+
+@pytest.mark.parametrize("cfg", [None, CHUNKED], ids=["table", "chunked"])
+def test_large_mean(rng, cfg):
+    """A mean far from zero: statistics from centred values (chunks merged pairwise).
+
+    With mean 300 and std 2, float32 itself bounds the result to ~eps * 300 / 2 ~ 1e-5 (the mean
+    is rounded), while E[x^2] - E[x]^2 would lose ~eps * 300^2 / 4 ~ 1e-3: the bound sits between.
+    """
+    for name, (got, want) in _run(rng, "float32", 1, 5, 80, 1, False, cfg, offset=300.0).items():
+        assert rel_error(got, want) < 1e-4, name
+
+
+@pytest.mark.parametrize("axis", [1, 0], ids=["NC", "CN"])
+def test_strided_activations(rng, axis):
+    """The kernels read any strides: a slice of a wider tensor, in either layout."""
+    x64, g64, b64, dy64 = ref.draw(rng, 6, 40, axis)
+    wide = torch.randn(6, 56) if axis == 1 else torch.randn(40, 20)
+    x = wide[:, 8:48] if axis == 1 else wide[:, 4:10]
+    x.copy_(torch.from_numpy(x64))
+    dy = torch.from_numpy(dy64).float().t().contiguous().t()  # the other memory order
+    g, b = torch.from_numpy(g64).float(), torch.from_numpy(b64).float()
+    y, mean, rstd = launch.layer_norm_fwd(x, g, b, axis=axis, epsilon=1e-6, relu=False, segments=2)
+    dx, dg, db = launch.layer_norm_bwd(dy, x, g, b, mean, rstd, axis=axis, relu=False, segments=2)
+    kw = dict(axis=axis, segments=2)
+    assert rel_error(y, ref.layer_norm(x64, g64, b64, **kw)) < tolerance("float32")
+    for got, want in zip((dx, dg, db), ref.layer_norm_grads(dy64, x64, g64, b64, **kw)):
+        assert rel_error(got, want) < tolerance("float32")
+
+
+def test_float32_parameters_with_bfloat16_activations(rng):
+    x64, g64, b64, dy64 = ref.draw(rng, 5, 32, 1)
+    x, dy = (torch.from_numpy(a).bfloat16() for a in (x64, dy64))
+    g, b = torch.from_numpy(g64).float(), torch.from_numpy(b64).float()
+    y, mean, rstd = launch.layer_norm_fwd(x, g, b, axis=1, epsilon=1e-6, relu=False, segments=1)
+    dx, dg, db = launch.layer_norm_bwd(dy, x, g, b, mean, rstd, axis=1, relu=False, segments=1)
+    assert (y.dtype, dx.dtype, dg.dtype, db.dtype) == (torch.bfloat16,) * 2 + (torch.float32,) * 2
+    x64, dy64 = x.double().numpy(), dy.double().numpy()
+    assert rel_error(y, ref.layer_norm(x64, g64, b64)) < tolerance("bfloat16")
+    _, dg_ref, db_ref = ref.layer_norm_grads(dy64, x64, g64, b64)
+    assert rel_error(dg, dg_ref) < tolerance("float32")
+    assert rel_error(db, db_ref) < tolerance("float32")
+
+
+def test_backward_is_deterministic(rng):
+    """Partial sums per program, added in a fixed order: the same bits on every run."""
+    x, g, b, dy = (torch.from_numpy(a).float() for a in ref.draw(rng, 37, 24, 1))
+    y, mean, rstd = launch.layer_norm_fwd(x, g, b, axis=1, epsilon=1e-6, relu=False, segments=1)
+    cfg = NormConfig(BN=2, BC=32, num_warps=4, programs_per_sm=3)
+    runs = [launch.layer_norm_bwd(dy, x, g, b, mean, rstd, axis=1, relu=False, segments=1, cfg=cfg)
+            for _ in range(2)]
+    for first, second in zip(*runs):
+        assert torch.equal(first, second)
+
+
+def test_empty_batch():
+    x = torch.empty(0, 16)
+    g, b = torch.ones(16), torch.zeros(16)
+    y, mean, rstd = launch.layer_norm_fwd(x, g, b, axis=1, epsilon=1e-6, relu=False, segments=1)
+    assert y.shape == (0, 16) and mean.shape == (1, 0)
+    dx, dg, db = launch.layer_norm_bwd(y, x, g, b, mean, rstd, axis=1, relu=False, segments=1)
+    assert dx.shape == (0, 16) and torch.equal(dg, torch.zeros(16)) and torch.equal(db, torch.zeros(16))
+
+
+@pytest.mark.parametrize("P, M", [(3, 10), (600, 20)], ids=["one-step", "looped"])
+def test_sum_rows(rng, P, M):
+    """Column sums of partial buffers, one or two at a time, more rows than one step holds."""
+    a, b = rng.standard_normal((P, M)), rng.standard_normal((P, M))
+    ta, tb = torch.from_numpy(a).float(), torch.from_numpy(b).float()
+    sa, sb = sum_rows([(ta, torch.float32), (tb, torch.bfloat16)])
+    assert sb.dtype == torch.bfloat16
+    assert rel_error(sa, a.sum(0)) < tolerance("float32")
+    assert rel_error(sb, b.sum(0)) < tolerance("bfloat16")
+    (single,) = sum_rows([(tb, torch.float32)])
+    assert rel_error(single, b.sum(0)) < tolerance("float32")
