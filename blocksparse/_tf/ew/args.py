@@ -132,8 +132,11 @@ def channel_vector(value, size, name, what):
 
     ``(size,)`` is the documented shape; any shape holding ``size`` elements along one axis and
     ones elsewhere (``(1, C, 1, 1)``, ``(C, 1)``, as the original package accepted) is flattened.
-    ``what`` says which axis of which input ``size`` comes from, for error messages.
+    ``what`` says which axis of which input ``size`` comes from, for error messages.  Numpy arrays
+    and Python lists are parameters computed in float32 anyway: they are converted to float32.
     """
+    if isinstance(value, (np.ndarray, list, tuple)) and np.asarray(value).dtype.kind in "fiu":
+        value = np.asarray(value, dtype=np.float32)
     v = float_tensor(value, name)
     shape = v.shape
     if shape.rank is not None and shape.is_fully_defined():
