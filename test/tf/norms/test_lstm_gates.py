@@ -8,7 +8,7 @@ import blocksparse.ew as ew
 from blocksparse.lstm import concat4, fused_lstm_gates, split4
 from blocksparse.testing import norms as ref
 from blocksparse.testing import rel_error, tolerance
-from tf_modes import run
+from tf_modes import MODES, run
 
 DTYPES = {"fp32": tf.float32, "fp16": tf.float16, "bf16": tf.bfloat16}
 
@@ -119,15 +119,17 @@ def test_xla(rng):
     assert rel_error(grads[2], want[5]) < 1e-5
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
-def test_split4_concat4(rng, dtype):
+def test_split4_concat4(rng, dtype, mode):
     x = rng.standard_normal((5, 4 * 6))
-    res = run("eager", split4, [x], [dtype], [rng.standard_normal((5, 6)) for _ in range(4)])
+    res = run(mode, split4, [x], [dtype], [rng.standard_normal((5, 6)) for _ in range(4)], unknown={0: (0,)})
     for got, want in zip(res.outputs, np.split(res.inputs[0], 4, axis=-1)):
         np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(res.grads[0], np.concatenate(res.grad_ys, axis=-1))
     parts = [rng.standard_normal((2, 3, 5)) for _ in range(4)]
-    res = run("graph", concat4, parts, [dtype] * 4, [rng.standard_normal((2, 3, 20))], unknown={0: (0,)})
+    res = run(mode, concat4, parts, [dtype] * 4, [rng.standard_normal((2, 3, 20))],
+              unknown={i: (0,) for i in range(4)})
     np.testing.assert_array_equal(res.outputs[0], np.concatenate(res.inputs, axis=-1))
     for got, want in zip(res.grads, np.split(res.grad_ys[0], 4, axis=-1)):
         np.testing.assert_array_equal(got, want)

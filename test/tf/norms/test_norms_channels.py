@@ -99,6 +99,28 @@ def test_cwise_linear(rng, dtype, parts, mode):
         assert_close(np.reshape(got, w.shape), w, tol, "grad")
 
 
+def test_xla(rng):
+    x, dz = (rng.standard_normal((4, 3, 5, 2)).astype(np.float32) for _ in range(2))
+    g, b, a = (rng.standard_normal(3).astype(np.float32) for _ in range(3))
+
+    @tf.function(jit_compile=True)
+    def step(x, g, b, a, dz):
+        with tf.GradientTape() as tape:
+            tape.watch([x, g])
+            y, mean, var = batch_norm(x, g, b)
+            z = cwise_linear(y, a=a, b=b)
+        return y, mean, var, z, tape.gradient(z, [x, g], output_gradients=dz)
+
+    y, mean, var, z, (dx, dg) = step(x, g, b, a, dz)
+    for got, want in zip((y, mean, var), ref.batch_norm(x, g, b)):
+        assert_close(got, want, 1e-5, "batch_norm")
+    assert_close(z, ref.cwise_linear(ref.batch_norm(x, g, b)[0], a, b), 1e-5, "cwise_linear")
+    dy = dz * a.reshape(1, 3, 1, 1)  # through cwise_linear
+    want_dx, want_dg, _ = ref.batch_norm_grad(dy, None, None, x, g, b)
+    assert_close(dx, want_dx, 1e-5, "dx")
+    assert_close(dg, want_dg, 1e-5, "dg")
+
+
 X = tf.ones([2, 3, 4, 4])
 V3 = tf.ones([3])
 BAD = {
