@@ -39,14 +39,6 @@ def _check_int(value, name, low, high=None):
     return value
 
 
-def _check_name(name, default):
-    if name is None:
-        return default
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"name must be a non-empty str or None; got {name!r}")
-    return name
-
-
 class BlocksparseMatMul(LayoutShapes):
     """``y = x @ W`` for a weight ``W`` of shape ``(C, K)`` made of ``bs x bs`` blocks.
 
@@ -88,7 +80,7 @@ class BlocksparseMatMul(LayoutShapes):
             raise TypeError(f"z_order must be a bool; got {z_order!r}")
         self.layout = Layout(layout, block_size, z_order=bool(z_order))
         self.z_order = self.layout.z_order
-        self.name = _check_name(name, "BlocksparseMatMul")
+        self.name = checks.op_name(name, "BlocksparseMatMul")
         self.bsize = self.layout.block_size
         self.blocks = self.layout.blocks
         self.CB, self.KB = self.layout.CB, self.layout.KB
@@ -186,7 +178,7 @@ class BlocksparseMatMul(LayoutShapes):
         W = checks.float_tensor(W, "W")
         checks.same_dtype(I, W, "I", "W")
         products = backend.select(self.layout, self.axis, I.dtype)
-        with tf.name_scope(_check_name(name, self.name)):
+        with tf.name_scope(checks.op_name(name, self.name)):
             hint = f" = {'(N, C)' if self.axis else '(C, N)'} for feature_axis={self.axis}"
             I = checks.checked(I, checks.shape_assertions(I, self.i_shape(None), "I", rank_hint=hint))
             W = checks.checked(W, checks.shape_assertions(W, self.w_shape, "W",
@@ -265,7 +257,7 @@ class SparseProj:
                  name=None):
         self.nhidden = _check_int(nhidden, "nhidden", 1)
         block_size = _check_int(block_size, "block_size", 1)
-        self.name = _check_name(name, "SparseProj")
+        self.name = checks.op_name(name, "SparseProj")
         if gather_lut is not None:
             gather_lut = self._check_gather_lut(gather_lut)
             if nproj is not None and nproj != gather_lut.size:

@@ -7,10 +7,10 @@ shapes and ``tf.gradients``.  Inputs are fed as float32 and cast to the dtypes u
 so every mode sees the same rounded values; those values come back with the results (the
 references use them, so only the op's own error is measured).
 """
-import contextlib
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 MODES = ("eager", "function", "graph")
@@ -137,6 +137,9 @@ def run(mode, fn, xs, dtypes, grad_ys, *, unknown=None):
     return Run(_f64(outs), _f64(grads), _f64(xt), _f64(full_gys), out_dtypes, grad_dtypes)
 
 
-def graph_context(mode):
-    """A fresh ``tf.compat.v1`` graph for ``"graph"``, nothing (eager) otherwise."""
-    return tf.Graph().as_default() if mode == "graph" else contextlib.nullcontext()
+def assert_raises(case):
+    """``case = (call, error, pattern)``: ``call()`` raises ``error`` with a message matching
+    ``pattern`` (the bad-argument tables of the TensorFlow tests)."""
+    call, error, pattern = case
+    with pytest.raises(error, match=pattern):
+        call()

@@ -9,24 +9,15 @@ import numbers
 import numpy as np
 
 from .. import tf
-from ..checks import checked, float_tensor, same_dtype
+from ..checks import checked, float_tensor, op_name, same_dtype
 
-__all__ = ["channel_vector", "channels_first", "feature_axis", "feature_size", "known_rank", "op_name", "operand_pair", "real",
-           "same_shape", "to_compute"]
+__all__ = ["channel_vector", "channels_first", "feature_axis", "feature_size", "known_rank", "op_name",
+           "operand_pair", "real", "same_shape", "to_compute"]
 
 
 def to_compute(t):
     """``t`` in the dtype the ops compute in: float16 / bfloat16 widened to float32."""
     return t if t.dtype == tf.float32 else tf.cast(t, tf.float32)
-
-
-def op_name(name, default):
-    """The name scope of an op: ``name`` if given (a non-empty str), else ``default``."""
-    if name is None:
-        return default
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"name must be a non-empty str or None; got {name!r}")
-    return name
 
 
 def real(value, name, *, low=None, high=None, low_open=False):

@@ -7,7 +7,7 @@ import tensorflow as tf
 import blocksparse.ew as ew
 from blocksparse.testing import rel_error, tolerance
 from blocksparse.testing import ew as ref
-from tf_modes import MODES, run
+from tf_modes import MODES, assert_raises, run
 
 DTYPES = {"fp32": tf.float32, "fp16": tf.float16, "bf16": tf.bfloat16}
 #: ops whose input must be positive
@@ -295,9 +295,7 @@ BAD = {
 
 @pytest.mark.parametrize("case", BAD.values(), ids=BAD.keys())
 def test_bad_arguments(case):
-    call, error, match = case
-    with pytest.raises(error, match=match):
-        call()
+    assert_raises(case)
 
 
 def test_bad_arguments_in_graph_mode():

@@ -8,7 +8,7 @@ import blocksparse.ew as ew
 from blocksparse.lstm import concat4, fused_lstm_gates, split4
 from blocksparse.testing import norms as ref
 from blocksparse.testing import rel_error, tolerance
-from tf_modes import MODES, run
+from tf_modes import MODES, assert_raises, run
 
 DTYPES = {"fp32": tf.float32, "fp16": tf.float16, "bf16": tf.bfloat16}
 
@@ -159,9 +159,7 @@ BAD = {
 
 @pytest.mark.parametrize("case", BAD.values(), ids=BAD.keys())
 def test_bad_arguments(case):
-    call, error, match = case
-    with pytest.raises(error, match=match):
-        call()
+    assert_raises(case)
 
 
 def test_unknown_gate_shape_checked_when_the_graph_runs():

@@ -8,7 +8,7 @@ from blocksparse.conv import cwise_linear
 from blocksparse.norms import batch_norm, batch_norm_inference
 from blocksparse.testing import norms as ref
 from blocksparse.testing import rel_error, tolerance
-from tf_modes import run
+from tf_modes import assert_raises, run
 
 DTYPES = {"fp32": tf.float32, "fp16": tf.float16, "bf16": tf.bfloat16}
 SHAPES = {"NC": (16, 6), "NCW": (4, 5, 7), "NCHW": (3, 4, 5, 6), "NCDHW": (2, 3, 4, 3, 5)}
@@ -139,9 +139,7 @@ BAD = {
 
 @pytest.mark.parametrize("case", BAD.values(), ids=BAD.keys())
 def test_bad_arguments(case):
-    call, error, match = case
-    with pytest.raises(error, match=match):
-        call()
+    assert_raises(case)
 
 
 def test_unknown_channels_are_an_error_in_graphs():
