@@ -31,12 +31,12 @@ __all__ = ["add", "multiply", "subtract", "divide", "maximum", "minimum",
 def _binary(op, x, y, name, default):
     with tf.name_scope(args.op_name(name, default)):
         x, y = args.operand_pair(x, y)
-        return math.binary(math.BINARY[op], x, y)
+        return math.binary(op, x, y)
 
 
-def _unary(fn, x, name, default, *params):
+def _unary(op, x, name, default, *params):
     with tf.name_scope(args.op_name(name, default)):
-        return math.unary(fn, float_tensor(x, "x"), *params)
+        return math.unary(op, float_tensor(x, "x"), *params)
 
 
 def add(x, y, name=None):
@@ -71,65 +71,65 @@ def minimum(x, y, name=None):
 
 def negative(x, name=None):
     """``-x``."""
-    return _unary(math.UNARY["negative"], x, name, "Neg")
+    return _unary("negative", x, name, "Neg")
 
 
 def reciprocal(x, name=None):
     """``1 / x``."""
-    return _unary(math.UNARY["reciprocal"], x, name, "Rcp")
+    return _unary("reciprocal", x, name, "Rcp")
 
 
 def square(x, name=None):
     """``x * x``."""
-    return _unary(math.UNARY["square"], x, name, "Sqr")
+    return _unary("square", x, name, "Sqr")
 
 
 def sqrt(x, name=None):
     """``sqrt(x)``."""
-    return _unary(math.UNARY["sqrt"], x, name, "Sqrt")
+    return _unary("sqrt", x, name, "Sqrt")
 
 
 def exp(x, name=None):
     """``exp(x)``."""
-    return _unary(math.UNARY["exp"], x, name, "Exp")
+    return _unary("exp", x, name, "Exp")
 
 
 def log(x, name=None):
     """Natural logarithm."""
-    return _unary(math.UNARY["log"], x, name, "Log")
+    return _unary("log", x, name, "Log")
 
 
 def sigmoid(x, name=None):
     """``1 / (1 + exp(-x))``."""
-    return _unary(math.UNARY["sigmoid"], x, name, "Sig")
+    return _unary("sigmoid", x, name, "Sig")
 
 
 def tanh(x, name=None):
     """Hyperbolic tangent."""
-    return _unary(math.UNARY["tanh"], x, name, "Tanh")
+    return _unary("tanh", x, name, "Tanh")
 
 
 def relu(x, name=None):
     """``max(x, 0)`` (gradient 0 at 0)."""
-    return _unary(math.UNARY["relu"], x, name, "Relu")
+    return _unary("relu", x, name, "Relu")
 
 
 def elu(x, alpha=1.0, name=None):
     """``x`` where ``x > 0``, else ``alpha * (exp(x) - 1)``."""
     alpha = args.real(alpha, "alpha")
-    return _unary(math.elu, x, name, "Elu", alpha)
+    return _unary("elu", x, name, "Elu", alpha)
 
 
 def gelu(x, alpha=0.044715, name=None):
     """GELU, tanh approximation: ``x/2 * (1 + tanh(sqrt(2/pi) * (x + alpha * x**3)))``."""
     alpha = args.real(alpha, "alpha")
-    return _unary(math.gelu, x, name, "Gelu", alpha)
+    return _unary("gelu", x, name, "Gelu", alpha)
 
 
 def swish(x, alpha=1.0, name=None):
     """``x * sigmoid(alpha * x)``."""
     alpha = args.real(alpha, "alpha")
-    return _unary(math.swish, x, name, "Swish", alpha)
+    return _unary("swish", x, name, "Swish", alpha)
 
 
 def fast_gelu(x, name=None):

@@ -4,13 +4,20 @@ float16 / bfloat16 inputs are widened to float32, computed and rounded once, as 
 package's kernels did (one rounding per op instead of one per intermediate, e.g. in ``gelu``).
 Gradients come from TensorFlow's autodiff of these formulas (the casts included), so they too are
 computed in float32 and arrive in the input's dtype.
+
+The exception, :data:`NATIVE`: ops that IEEE arithmetic already rounds once in any format
+(``a + b``, ``a * b``, max, negation, ...) run in the input's dtype when no operand is broadcast.
+Their result is the same as in float32 rounded to the format (float32 holds every exact sum,
+product and difference of two float16 / bfloat16 values to within one rounding that cannot
+change the final one), their gradients involve no reduction, and they stay one TensorFlow kernel
+instead of three (widen, compute, round).
 """
 import math
 
 from .. import tf
 from .args import to_compute
 
-__all__ = ["BINARY", "UNARY", "add_n", "binary", "elu", "gelu", "swish", "unary"]
+__all__ = ["BINARY", "NATIVE", "UNARY", "add_n", "binary", "elu", "gelu", "swish", "unary"]
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
@@ -58,17 +65,29 @@ BINARY = {
 }
 
 
+#: Ops computed in the input's dtype (operands of one shape): the same results, one kernel.
+NATIVE = frozenset(["add", "subtract", "multiply", "maximum", "minimum", "negative", "relu", "square"])
+
+
 def _in_dtype(value, dtype):
     return value if value.dtype == dtype else tf.cast(value, dtype)
 
 
-def unary(fn, x, *params):
-    """``fn(x, *params)`` computed in float32, in the dtype of the checked tensor ``x``."""
+def unary(op, x, *params):
+    """The op named ``op`` (a key of :data:`UNARY`, or ``elu`` / ``gelu`` / ``swish``) of the
+    checked tensor ``x``, in its dtype."""
+    fn = UNARY.get(op) or {"elu": elu, "gelu": gelu, "swish": swish}[op]
+    if op in NATIVE:
+        return fn(x, *params)
     return _in_dtype(fn(to_compute(x), *params), x.dtype)
 
 
-def binary(fn, x, y):
-    """``fn(x, y)`` computed in float32 (``x`` and ``y`` share a dtype and broadcast)."""
+def binary(op, x, y):
+    """The op named ``op`` (a key of :data:`BINARY`) of ``x`` and ``y`` (checked: one dtype,
+    shapes that broadcast), in their dtype."""
+    fn = BINARY[op]
+    if op in NATIVE and x.shape.is_fully_defined() and x.shape == y.shape:
+        return fn(x, y)
     return _in_dtype(fn(to_compute(x), to_compute(y)), x.dtype)
 
 

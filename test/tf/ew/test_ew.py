@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 import blocksparse.ew as ew
+from blocksparse._tf.ew.math import NATIVE
 from blocksparse.testing import rel_error, tolerance
 from blocksparse.testing import ew as ref
 from tf_modes import MODES, assert_raises, run
@@ -117,6 +118,18 @@ def test_low_precision_is_rounded_once(rng):
     want = ref.UNARY["gelu"][0](x64, 0.044715)
     ulp = 2.0 ** (np.floor(np.log2(np.maximum(np.abs(want), 1e-30))) - 7)
     assert np.all(np.abs(got - want) <= 0.5 * ulp + 1e-30)
+
+
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("op", sorted(NATIVE))
+def test_native_ops_equal_float32_rounded_once(rng, op, dtype):
+    """The ops run in the input's dtype give exactly the float32 result rounded to it."""
+    x, y = (tf.cast(tf.constant(rng.standard_normal((64, 64)) * 100), dtype) for _ in range(2))
+    operands = (x, y) if op in ref.BINARY else (x,)
+    got = getattr(ew, op)(*operands)
+    want = tf.cast(getattr(ew, op)(*(tf.cast(t, tf.float32) for t in operands)), dtype)
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(tf.cast(got, tf.float32).numpy(), tf.cast(want, tf.float32).numpy())
 
 
 def test_xla(rng):
