@@ -3,7 +3,7 @@
 >>> import numpy as np, keras
 >>> from blocksparse.keras import BlocksparseDense
 >>> layer = BlocksparseDense(np.eye(4, dtype=int), block_size=8, activation="relu")
->>> layer(np.ones((2, 32), "float32")).shape
+>>> tuple(layer(np.ones((2, 32), "float32")).shape)
 (2, 32)
 
 Runs on Keras's TensorFlow backend (through :class:`blocksparse.matmul.BlocksparseMatMul`) and

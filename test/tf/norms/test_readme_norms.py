@@ -1,8 +1,12 @@
-"""The README's ``tf-ew-norms`` example runs as printed and its gradients match float64 numpy."""
+"""The README's ``tf-ew-norms`` example runs as printed and its gradients match float64 numpy; the
+docstring examples of the modules run too."""
+import doctest
+import importlib
 import re
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from blocksparse.testing import norms as ref
 from blocksparse.testing import rel_error, tolerance
@@ -29,3 +33,9 @@ def test_readme_ew_norms_example():
     _, dg, db = ref.layer_norm_grad(np.concatenate(dgates, axis=1), z, g, b, axis=1, segments=4)
     assert rel_error(scope["dg"], dg) < tolerance("bfloat16")
     assert rel_error(scope["db"], db) < tolerance("bfloat16")
+
+
+@pytest.mark.parametrize("module", ["blocksparse.ew", "blocksparse.lstm", "blocksparse.norms", "blocksparse.keras"])
+def test_doctests(module):
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.attempted > 0 and result.failed == 0
