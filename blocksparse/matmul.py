@@ -22,10 +22,11 @@ from ._frontend import LayoutShapes, check_feature_axis
 from ._initializers import identity_blocks, ortho_blocks
 from ._tf import tf
 from ._tf import checks
-from ._tf.matmul import autodiff, backend, grouping, sparse_proj, weights
-from .layout import Layout
+from ._tf.matmul import autodiff, backend, graph_edit, grouping, sparse_proj, weights
+from .layout import BLOCK_SIZES, Layout
 
-__all__ = ["BlocksparseMatMul", "SparseProj", "group_param_grads"]
+__all__ = ["BlocksparseMatMul", "SparseProj", "add_control_input", "get_parents", "group_param_grads",
+           "largest_block"]
 
 
 def _check_int(value, name, low, high=None):
@@ -36,14 +37,6 @@ def _check_int(value, name, low, high=None):
         allowed = f">= {low}" if high is None else f"in {low}..{high}"
         raise ValueError(f"{name} must be {allowed}; got {value}")
     return value
-
-
-def _check_name(name, default):
-    if name is None:
-        return default
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"name must be a non-empty str or None; got {name!r}")
-    return name
 
 
 class BlocksparseMatMul(LayoutShapes):
@@ -87,7 +80,7 @@ class BlocksparseMatMul(LayoutShapes):
             raise TypeError(f"z_order must be a bool; got {z_order!r}")
         self.layout = Layout(layout, block_size, z_order=bool(z_order))
         self.z_order = self.layout.z_order
-        self.name = _check_name(name, "BlocksparseMatMul")
+        self.name = checks.op_name(name, "BlocksparseMatMul")
         self.bsize = self.layout.block_size
         self.blocks = self.layout.blocks
         self.CB, self.KB = self.layout.CB, self.layout.KB
@@ -185,7 +178,7 @@ class BlocksparseMatMul(LayoutShapes):
         W = checks.float_tensor(W, "W")
         checks.same_dtype(I, W, "I", "W")
         products = backend.select(self.layout, self.axis, I.dtype)
-        with tf.name_scope(_check_name(name, self.name)):
+        with tf.name_scope(checks.op_name(name, self.name)):
             hint = f" = {'(N, C)' if self.axis else '(C, N)'} for feature_axis={self.axis}"
             I = checks.checked(I, checks.shape_assertions(I, self.i_shape(None), "I", rank_hint=hint))
             W = checks.checked(W, checks.shape_assertions(W, self.w_shape, "W",
@@ -264,7 +257,7 @@ class SparseProj:
                  name=None):
         self.nhidden = _check_int(nhidden, "nhidden", 1)
         block_size = _check_int(block_size, "block_size", 1)
-        self.name = _check_name(name, "SparseProj")
+        self.name = checks.op_name(name, "SparseProj")
         if gather_lut is not None:
             gather_lut = self._check_gather_lut(gather_lut)
             if nproj is not None and nproj != gather_lut.size:
@@ -364,3 +357,85 @@ class SparseProj:
         with tf.name_scope(self.name + "_scatter_mul"):
             x, y = self._pair(x, y)
             return sparse_proj.scatter_mul(x, y, self.gather_lut)
+
+
+def largest_block(dim, *, block_sizes=(32, 16, 8)):
+    """The largest block size that divides ``dim``, and the number of blocks.
+
+    Parameters
+    ----------
+    dim : int
+        A feature dimension (> 0).
+    block_sizes : sequence of int, keyword-only
+        Candidates, tried largest first; the original's 32, 16, 8 by default (64 and 128 are
+        also block sizes here: pass them to allow larger blocks).
+
+    Returns
+    -------
+    (block_size, dim // block_size)
+
+    >>> largest_block(96), largest_block(40)
+    ((32, 3), (8, 5))
+    """
+    dim = _check_int(dim, "dim", 1)
+    sizes = sorted({_check_int(b, "block_sizes", 1) for b in block_sizes}, reverse=True)
+    if not sizes or any(b not in BLOCK_SIZES for b in sizes):
+        raise ValueError(f"block_sizes must be a non-empty subset of {BLOCK_SIZES}; got {tuple(block_sizes)}")
+    for size in sizes:
+        if dim % size == 0:
+            return size, dim // size
+    raise ValueError(f"dim must be a multiple of one of the block sizes {tuple(sizes)}; got {dim}")
+
+
+def _graph_op(value, name):
+    """The graph op of ``value`` (an op, a graph tensor or a variable update in a graph)."""
+    if isinstance(value, tf.Operation):
+        return value
+    op = getattr(value, "op", None)  # graph tensors and variable updates; eager tensors have none
+    if isinstance(op, tf.Operation):
+        return op
+    raise TypeError(f"{name} must be a graph tensor or op (tf.compat.v1 graphs, tf.function); got "
+                    f"{type(value).__name__}: eager execution has no ops")
+
+
+def get_parents(grad, op_type):
+    """The ops of type ``op_type`` that the tensor ``grad`` is computed from.
+
+    Walks back through data inputs, nearest ops first, and stops at each op found (the original's
+    helper, e.g. ``get_parents(h_grad, "BlocksparseMatmulDX")`` to find the products behind a
+    gradient).  ``BlocksparseMatmulDX`` / ``BlocksparseMatmulDW`` find the block-sparse matmul's
+    gradient products on the GPU path (ops of those types) and on the reference path (``Identity``
+    ops of those names that end them).
+
+    Parameters
+    ----------
+    grad : graph tensor or tf.Operation
+    op_type : str
+        An op type, e.g. ``"MatMul"``.
+
+    Returns
+    -------
+    list of tf.Operation
+        ``[grad.op]`` when that op has the type; empty when none is found.
+    """
+    if not isinstance(op_type, str) or not op_type:
+        raise TypeError(f"op_type must be a non-empty str; got {op_type!r}")
+    return graph_edit.get_parents(_graph_op(grad, "grad"), op_type)
+
+
+def add_control_input(op, control_input):
+    """Make the existing op ``op`` run only after ``control_input`` (a control dependency added
+    after the fact, as the original's examples do to delay a product until it is needed).
+
+    Parameters
+    ----------
+    op, control_input : tf.Operation or graph tensor (its op)
+        Of the same graph.  ``control_input`` must not depend on ``op`` (that would deadlock):
+        ``ValueError`` says so.
+    """
+    op = _graph_op(op, "op")
+    control_input = _graph_op(control_input, "control_input")
+    if op.graph is not control_input.graph:
+        raise ValueError(f"op and control_input must belong to the same graph; {op.name!r} and "
+                         f"{control_input.name!r} do not")
+    graph_edit.add_control_input(op, control_input)

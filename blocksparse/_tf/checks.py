@@ -43,6 +43,15 @@ def same_dtype(a, b, name_a, name_b):
                         f"{a.dtype.name} and {name_b} {b.dtype.name}")
 
 
+def op_name(name, default):
+    """The name (scope) of ops being built: ``name`` if given (a non-empty str), else ``default``."""
+    if name is None:
+        return default
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be a non-empty str or None; got {name!r}")
+    return name
+
+
 def positive_float(value, name):
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a positive number; got {type(value).__name__}")

@@ -5,6 +5,8 @@ when called).
 :mod:`.numerics`   ``rel_error``, ``TOLERANCE``, ``tolerance``
 :mod:`.poison`     ``poisoned_empty`` -- NaN-filled ``torch.empty`` so unwritten outputs show
 :mod:`.matmul`     float64 references of the block-sparse matmul, random layouts
+:mod:`.ew`         float64 references of the elementwise ops (values and derivatives)
+:mod:`.norms`      float64 references of layer norm, the LSTM gates, batch norm, ``cwise_linear``
 """
 from .numerics import TOLERANCE, rel_error, tolerance
 

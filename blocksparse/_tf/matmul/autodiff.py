@@ -4,7 +4,9 @@ In graph mode (``tf.compat.v1`` graphs, ``tf.function``) every dW product is an 
 named ``BlocksparseMatmulDW`` whose inputs are recorded on its graph (an :class:`UpdatRecord`
 keyed by op name, in a dict stored as an attribute of the graph object).  That is what lets
 :func:`blocksparse.matmul.group_param_grads` find the products of one weight and merge them;
-the record lives and dies with its graph.
+the record lives and dies with its graph.  Where the dx product is not already a
+``BlocksparseMatmulDX`` op (the reference path), it ends in an ``Identity`` op of that name, so
+that :func:`blocksparse.matmul.get_parents` finds it on either path.
 """
 from dataclasses import dataclass
 
@@ -12,10 +14,12 @@ from ...layout import Layout
 from .. import tf
 from .products import Products
 
-__all__ = ["DW_OP_NAME", "UpdatRecord", "matmul", "updat_record"]
+__all__ = ["DW_OP_NAME", "DX_OP_NAME", "UpdatRecord", "matmul", "updat_record"]
 
 #: Name (last path component, before TensorFlow's uniquifying suffix) of every dW product.
 DW_OP_NAME = "BlocksparseMatmulDW"
+#: Type of the GPU path's dx op, and the name of the reference path's dx marker.
+DX_OP_NAME = "BlocksparseMatmulDX"
 _REGISTRY = "_blocksparse_updat_records"
 
 
@@ -51,6 +55,12 @@ def _mark_updat(dw, record):
     return dw
 
 
+def _mark_dx(dx):
+    if tf.executing_eagerly() or dx.op.type == DX_OP_NAME:
+        return dx
+    return tf.identity(dx, name=DX_OP_NAME)
+
+
 def matmul(x, w, layout, axis, dw_dtype, products):
     """``y = products.fprop(x, w)`` with gradients ``dx = bprop(dy, w)``, ``dW = updat(x, dy)``.
 
@@ -62,7 +72,7 @@ def matmul(x, w, layout, axis, dw_dtype, products):
         y = products.fprop(x, w, layout, axis)
 
         def grad(dy):
-            dx = products.bprop(dy, w, layout, axis)
+            dx = _mark_dx(products.bprop(dy, w, layout, axis))
             dw = products.updat(x, dy, layout, axis, dw_dtype)
             return dx, _mark_updat(dw, UpdatRecord(x, dy, layout, axis, dw_dtype, products))
 

@@ -1,0 +1,143 @@
+"""Argument checks of the elementwise, normalisation and gate ops (the TensorFlow frontend).
+
+Static facts are checked when an op is built (``TypeError`` / ``ValueError`` naming the argument,
+expected vs got); sizes unknown until the graph runs become assertions that raise
+``tf.errors.InvalidArgumentError`` then (see :mod:`blocksparse._tf.checks`).
+"""
+import numbers
+
+import numpy as np
+
+from .. import tf
+from ..checks import checked, float_tensor, op_name, same_dtype
+
+__all__ = ["channel_vector", "channels_first", "feature_axis", "feature_size", "known_rank", "op_name",
+           "operand_pair", "real", "same_shape", "to_compute"]
+
+
+def to_compute(t):
+    """``t`` in the dtype the ops compute in: float16 / bfloat16 widened to float32."""
+    return t if t.dtype == tf.float32 else tf.cast(t, tf.float32)
+
+
+def real(value, name, *, low=None, high=None, low_open=False):
+    """``value`` (a Python or numpy real number) as a float, within ``[low, high]`` (``(low, high]``
+    with ``low_open``)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number; got {value!r} of type {type(value).__name__}")
+    value = float(value)
+    bounds = [] if low is None else [f"{'>' if low_open else '>='} {low}"]
+    bounds += [] if high is None else [f"<= {high}"]
+    inside = (low is None or (value > low if low_open else value >= low)) and (high is None or value <= high)
+    if not (np.isfinite(value) and inside):
+        raise ValueError(f"{name} must be a finite number{' ' if bounds else ''}{' and '.join(bounds)}; "
+                         f"got {value}")
+    return value
+
+
+def _is_number(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def operand_pair(x, y):
+    """The operands of a binary op as tensors of one floating dtype.
+
+    A Python number takes the other operand's dtype (``ew.add(x, 1.0)`` works for a float16
+    ``x``); tensors must already share theirs.  Their static shapes must broadcast.
+    """
+    if _is_number(y) and not _is_number(x):
+        x = float_tensor(x, "x")
+        y = tf.constant(y, dtype=x.dtype)
+    elif _is_number(x) and not _is_number(y):
+        y = float_tensor(y, "y")
+        x = tf.constant(x, dtype=y.dtype)
+    else:
+        x, y = float_tensor(x, "x"), float_tensor(y, "y")
+    same_dtype(x, y, "x", "y")
+    try:
+        tf.broadcast_static_shape(x.shape, y.shape)
+    except ValueError:
+        raise ValueError(f"x and y must have shapes that broadcast (TensorFlow's rules); got x "
+                         f"{_text(x.shape)} and y {_text(y.shape)}") from None
+    return x, y
+
+
+def _text(shape):
+    if shape.rank is None:
+        return "<unknown rank>"
+    return "(" + ", ".join("None" if d is None else str(d) for d in shape.as_list()) + ")"
+
+
+def known_rank(t, name, minimum=1):
+    """The static rank of ``t``; it must be known and at least ``minimum``."""
+    rank = t.shape.rank
+    if rank is None:
+        raise ValueError(f"{name} must have a known rank (at least {minimum}); got a tensor of "
+                         "unknown rank: give the placeholder or input signature a shape")
+    if rank < minimum:
+        raise ValueError(f"{name} must have rank >= {minimum}; got rank {rank} with shape {_text(t.shape)}")
+    return rank
+
+
+def feature_axis(axis, rank, name="axis"):
+    """``axis`` (an int in ``[-rank, rank)``) as a non-negative axis of a rank-``rank`` tensor."""
+    if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, numbers.Integral):
+        raise TypeError(f"{name} must be an int; got {axis!r} of type {type(axis).__name__}")
+    if not -rank <= axis < rank:
+        raise ValueError(f"{name} must be in [{-rank}, {rank}) for a rank-{rank} input; got {axis}")
+    return int(axis) % rank
+
+
+def feature_size(t, axis, name):
+    """The static size of ``t`` on ``axis``; it must be known."""
+    size = t.shape[axis]
+    if size is None:
+        raise ValueError(f"{name} must have a known size on the feature axis {axis}; got shape "
+                         f"{_text(t.shape)}")
+    return size
+
+
+def channels_first(x):
+    """``x`` as a float tensor ``(N, C, *spatial)`` with a known ``C``, and ``C``."""
+    x = float_tensor(x, "x")
+    known_rank(x, "x", minimum=2)
+    return x, feature_size(x, 1, "x (N, C, ...)")
+
+
+def same_shape(t, ref, name, ref_name):
+    """``t``, after checking it has the shape of ``ref`` (at run time for sizes unknown now)."""
+    if t.shape.rank is not None and ref.shape.rank is not None:
+        if not t.shape.is_compatible_with(ref.shape):
+            raise ValueError(f"{name} must have the shape of {ref_name} {_text(ref.shape)}; got "
+                             f"{_text(t.shape)}")
+        if t.shape.is_fully_defined() and ref.shape.is_fully_defined():
+            return t
+    if tf.executing_eagerly():
+        return t
+    return checked(t, [tf.debugging.assert_equal(
+        tf.shape(t), tf.shape(ref), message=f"{name} must have the shape of {ref_name}")])
+
+
+def channel_vector(value, size, name, what):
+    """``value`` as a float tensor of shape ``(size,)``.
+
+    ``(size,)`` is the documented shape; any shape holding ``size`` elements along one axis and
+    ones elsewhere (``(1, C, 1, 1)``, ``(C, 1)``, as the original package accepted) is flattened.
+    ``what`` says which axis of which input ``size`` comes from, for error messages.  Numpy arrays
+    and Python lists are parameters computed in float32 anyway: they are converted to float32.
+    """
+    if isinstance(value, (np.ndarray, list, tuple)) and np.asarray(value).dtype.kind in "fiu":
+        value = np.asarray(value, dtype=np.float32)
+    v = float_tensor(value, name)
+    shape = v.shape
+    if shape.rank is not None and shape.is_fully_defined():
+        dims = shape.as_list()
+        if int(np.prod(dims)) != size or sum(d != 1 for d in dims) > 1:
+            raise ValueError(f"{name} must have shape ({size},) ({what}); got {_text(shape)}")
+        return tf.reshape(v, [size]) if dims != [size] else v
+    if shape.rank is not None and sum(d not in (None, 1) for d in shape.as_list()) > 1:
+        raise ValueError(f"{name} must have shape ({size},) ({what}); got {_text(shape)}")
+    if not tf.executing_eagerly():
+        v = checked(v, [tf.debugging.assert_equal(
+            tf.size(v), size, message=f"{name} must have shape ({size},) ({what})")])
+    return tf.reshape(v, [size])

@@ -1,0 +1,109 @@
+"""Fused LSTM gates for TensorFlow (the original ``blocksparse.lstm`` API, also in
+:mod:`blocksparse.ew`).
+
+>>> import numpy as np, tensorflow as tf
+>>> from blocksparse.lstm import fused_lstm_gates
+>>> c = tf.zeros([2, 3])
+>>> h = tf.constant(np.full([2, 12], 10.0, np.float32))      # i, j, f, o: all open
+>>> c_next, h_next = fused_lstm_gates(c, h, forget_bias=1.0)
+>>> np.round(c_next.numpy()[0], 3).tolist()
+[1.0, 1.0, 1.0]
+
+Gate layout: the merged tensor holds the gates ``i, j, f, o`` (input, candidate, forget, output)
+one after the other along its last axis, each ``K`` wide, as ``tf.nn.rnn_cell.BasicLSTMCell``
+and the original's final kernels lay them out; the four-tensor form takes them in that order.
+"""
+from ._tf import tf
+from ._tf.checks import float_tensor, same_dtype
+from ._tf.ew import args as ewargs
+from ._tf.norms import backend
+
+__all__ = ["fused_lstm_gates", "split4", "concat4"]
+
+
+def _gates(c, gate_args):
+    """The gates ``(i, j, f, o)`` (checked) and ``K``, from one merged tensor or four."""
+    if len(gate_args) == 1:
+        h = float_tensor(gate_args[0], "h")
+        same_dtype(c, h, "c", "h")
+        rank = ewargs.known_rank(h, "h")
+        if h.shape[-1] is not None and h.shape[-1] % 4:
+            raise ValueError(f"h (the merged gates) must have a last dimension divisible by 4 "
+                             f"(i, j, f, o); got shape {tuple(h.shape.as_list())}")
+        if c.shape.rank is not None and c.shape.rank != rank:
+            raise ValueError(f"c must have the rank of h ({rank}); got shape {tuple(c.shape.as_list())}")
+        gates = tf.split(h, 4, axis=-1)
+    elif len(gate_args) == 4:
+        gates = [float_tensor(t, name) for t, name in zip(gate_args, "ijfo")]
+        for gate, name in zip(gates, "ijfo"):
+            same_dtype(c, gate, "c", name)
+    else:
+        raise TypeError(f"fused_lstm_gates takes the gates as one merged tensor h (..., 4K) or four "
+                        f"tensors i, j, f, o (..., K) after c; got {len(gate_args)} gate arguments")
+    names = "ijfo" if len(gate_args) == 4 else ["each of the 4 gates of h (..., 4K)"] * 4
+    return [ewargs.same_shape(g, c, name, "c") for g, name in zip(gates, names)]
+
+
+def fused_lstm_gates(c, *args, bias=None, forget_bias=1.0, name=None):
+    """The LSTM cell update, fused: ``(c_next, h_next)`` from the cell state and the gates.
+
+    ``i = sigmoid(i)``, ``j = tanh(j)``, ``f = sigmoid(f + forget_bias)``, ``o = sigmoid(o)``,
+    ``c_next = f * c + i * j``, ``h_next = o * tanh(c_next)``, computed in float32.
+
+    Parameters
+    ----------
+    c : tensor, shape (..., K)
+        Cell state, float32, float16 or bfloat16.
+    *args : one tensor (..., 4K), or four tensors (..., K)
+        The gate pre-activations: merged, ``i, j, f, o`` one after the other along the last axis
+        (``(N, 4K)`` for activations ``(N, C)``), or as four tensors ``i, j, f, o`` of the shape of
+        ``c`` (any layout: the four-tensor form is elementwise, e.g. ``(K, N)`` activations of a
+        feature_axis=0 model).  Same dtype as ``c``.  (The original's first release took the
+        four tensors as ``i, f, o, j``; its final one, and this, as ``i, j, f, o``.)
+    bias : tensor, shape (4K,), optional
+        Added to the gates (``i, j, f, o`` biases one after the other) before the nonlinearities;
+        any float dtype.
+    forget_bias : float
+        Added to the forget gate before its sigmoid.
+    name : str, optional
+        Name scope (default ``"LSTMGates"``).
+
+    Returns
+    -------
+    c_next, h_next : tensors, shape and dtype of ``c``
+        Differentiable in ``c``, the gates and ``bias``.
+    """
+    forget_bias = ewargs.real(forget_bias, "forget_bias")
+    with tf.name_scope(ewargs.op_name(name, "LSTMGates")):
+        c = float_tensor(c, "c")
+        gates = _gates(c, args)
+        if bias is not None:
+            if c.shape.rank is None or c.shape[-1] is None:
+                raise ValueError("c must have a known last dimension K when a bias (4K,) is given; "
+                                 f"got shape {c.shape}")
+            k = c.shape[-1]
+            bias = ewargs.channel_vector(bias, 4 * k, "bias", f"4K = 4 * {k}: the biases of i, j, f, o")
+        impl = backend.select(backend.lstm_gates_eligible(c.dtype), "LSTM gates")
+        return impl.lstm_gates(c, tuple(gates), bias, forget_bias)
+
+
+def split4(x, name=None):
+    """Split the last axis of ``x`` (..., 4K) into four tensors (..., K): the gates i, j, f, o."""
+    with tf.name_scope(ewargs.op_name(name, "Split4")):
+        x = float_tensor(x, "x")
+        ewargs.known_rank(x, "x")
+        if x.shape[-1] is not None and x.shape[-1] % 4:
+            raise ValueError(f"x must have a last dimension divisible by 4; got shape "
+                             f"{tuple(x.shape.as_list())}")
+        return tuple(tf.split(x, 4, axis=-1))
+
+
+def concat4(x0, x1, x2, x3, name=None):
+    """Concatenate four tensors (..., K) of one shape and dtype along the last axis: (..., 4K)."""
+    with tf.name_scope(ewargs.op_name(name, "Concat4")):
+        xs = [float_tensor(x, f"x{i}") for i, x in enumerate((x0, x1, x2, x3))]
+        ewargs.known_rank(xs[0], "x0")
+        for i, x in enumerate(xs[1:], 1):
+            same_dtype(xs[0], x, "x0", f"x{i}")
+            xs[i] = ewargs.same_shape(x, xs[0], f"x{i}", "x0")
+        return tf.concat(xs, axis=-1)

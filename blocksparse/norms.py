@@ -1,0 +1,145 @@
+"""Layer norm and batch norm for TensorFlow (the original ``blocksparse.norms`` API).
+
+>>> import numpy as np, tensorflow as tf
+>>> from blocksparse.norms import layer_norm
+>>> x = tf.constant([[1.0, 2.0, 3.0, 4.0]])
+>>> y = layer_norm(x, g=tf.ones([4]), b=tf.zeros([4]), axis=1)
+>>> [round(float(v), 3) for v in y.numpy()[0]]
+[-1.342, -0.447, 0.447, 1.342]
+
+Statistics and gradients are computed in float32 for float16 / bfloat16 inputs, outputs come in
+the input's dtype.  Works in eager mode, inside ``tf.function`` (unknown minibatch) and in
+``tf.compat.v1`` graphs, on any device and under XLA.
+"""
+import numbers
+
+from ._tf import tf
+from ._tf.checks import float_tensor, positive_float
+from ._tf.ew import args as ewargs
+from ._tf.norms import backend, channels
+
+__all__ = ["layer_norm", "batch_norm", "batch_norm_inference"]
+
+
+def _bool(value, name):
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool; got {value!r}")
+    return value
+
+
+def layer_norm(x, g, b, axis=1, epsilon=1e-6, relu=False, *, segments=1, name=None):
+    """Normalise every feature vector of ``x`` to zero mean and unit variance, then scale,
+    shift and (optionally) apply a relu.
+
+    ``y = relu?(g * (x - mean) / sqrt(var + epsilon) + b)`` with ``mean`` and ``var`` (biased)
+    over the ``C`` features on ``axis``, for every position of the other axes.
+
+    Parameters
+    ----------
+    x : tensor
+        float32, float16 or bfloat16, of known rank.  The two activation layouts of
+        ``BlocksparseMatMul``: ``(N, C)`` with ``axis=1`` (feature_axis=1) and ``(C, N)`` with
+        ``axis=0`` (feature_axis=0).  Any rank works: features on ``axis``, every other axis
+        (e.g. batch and time of ``(N, T, C)`` with ``axis=-1``) is a separate position.
+    g, b : tensors, shape (C,)
+        Gain and bias per feature, any float dtype (float32 parameters with float16
+        activations is the usual mix).  ``(C, 1)`` / ``(1, C)`` are accepted too.
+    axis : int
+        The feature axis.
+    epsilon : float
+        Added to the variance.
+    relu : bool
+        Apply ``max(., 0)`` after the gain and bias.
+    segments : int, keyword-only
+        Split the features into this many equal consecutive slices and normalise each on its own
+        (``segments=4`` normalises the four gates of a merged LSTM pre-activation separately).
+    name : str, optional
+        Name scope (default ``"LayerNorm"``).
+
+    Returns
+    -------
+    tensor, shape and dtype of ``x``
+        Differentiable in ``x``, ``g`` and ``b`` (gradients in their dtypes).
+    """
+    epsilon = positive_float(epsilon, "epsilon")
+    relu = _bool(relu, "relu")
+    if isinstance(segments, bool) or not isinstance(segments, numbers.Integral):
+        raise TypeError(f"segments must be an int; got {segments!r} of type {type(segments).__name__}")
+    if segments < 1:
+        raise ValueError(f"segments must be >= 1; got {segments}")
+    segments = int(segments)
+    with tf.name_scope(ewargs.op_name(name, "LayerNorm")):
+        x = float_tensor(x, "x")
+        rank = ewargs.known_rank(x, "x")
+        axis = ewargs.feature_axis(axis, rank)
+        size = ewargs.feature_size(x, axis, "x")
+        if size % segments:
+            raise ValueError(f"segments must divide the {size} features of x on axis {axis}; got "
+                             f"segments={segments}")
+        what = f"C = {size}, the size of x on axis {axis}"
+        g = ewargs.channel_vector(g, size, "g", what)
+        b = ewargs.channel_vector(b, size, "b", what)
+        impl = backend.select(backend.layer_norm_eligible(x.dtype, axis, rank), "layer_norm")
+        return impl.layer_norm(x, g, b, axis, segments, epsilon, relu)
+
+
+def batch_norm(x, g, b, epsilon=1e-6, name=None):
+    """Batch norm in training mode on channels-first tensors (NCHW, NCDHW, also NC / NCW).
+
+    Parameters
+    ----------
+    x : tensor, shape (N, C, *spatial)
+        float32, float16 or bfloat16.
+    g, b : tensors, shape (C,)
+        Gain and bias per channel, any float dtype (``(1, C, 1, 1)`` accepted too).
+    epsilon : float
+        Added to the variance.
+    name : str, optional
+        Name scope (default ``"BatchNorm"``).
+
+    Returns
+    -------
+    y : tensor, shape and dtype of ``x``
+        ``g * (x - mean) / sqrt(var + epsilon) + b``.
+    mean, var : float32 tensors, shape (C,)
+        The statistics over N and the spatial axes; ``var`` is the biased variance (divided by
+        ``N * prod(spatial)``), as the original's op returned them (e.g. to update moving
+        averages for :func:`batch_norm_inference`).
+
+    All three are differentiable in ``x``, ``g`` and ``b``.
+    """
+    epsilon = positive_float(epsilon, "epsilon")
+    with tf.name_scope(ewargs.op_name(name, "BatchNorm")):
+        x, size = ewargs.channels_first(x)
+        what = f"C = {size}, the channels of x"
+        g = ewargs.channel_vector(g, size, "g", what)
+        b = ewargs.channel_vector(b, size, "b", what)
+        return channels.batch_norm(x, g, b, epsilon)
+
+
+def batch_norm_inference(x, g, b, m, v, epsilon=1e-6, name=None):
+    """Batch norm with given statistics on channels-first tensors (NCHW, NCDHW, also NC / NCW).
+
+    Parameters
+    ----------
+    x : tensor, shape (N, C, *spatial)
+        float32, float16 or bfloat16.
+    g, b, m, v : tensors, shape (C,)
+        Gain, bias, mean and variance per channel, any float dtype.
+    epsilon : float
+        Added to the variance.
+    name : str, optional
+        Name scope (default ``"BatchNormInference"``).
+
+    Returns
+    -------
+    tensor, shape and dtype of ``x``
+        ``g * (x - m) / sqrt(v + epsilon) + b``, computed in float32; differentiable in every
+        input.
+    """
+    epsilon = positive_float(epsilon, "epsilon")
+    with tf.name_scope(ewargs.op_name(name, "BatchNormInference")):
+        x, size = ewargs.channels_first(x)
+        what = f"C = {size}, the channels of x"
+        g, b, m, v = (ewargs.channel_vector(t, size, n, what) for t, n in zip((g, b, m, v), "gbmv"))
+        return channels.batch_norm_inference(x, g, b, m, v, epsilon)

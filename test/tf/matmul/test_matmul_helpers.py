@@ -1,0 +1,123 @@
+"""The original examples' matmul helpers: largest_block, get_parents, add_control_input."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from blocksparse.matmul import BlocksparseMatMul, add_control_input, get_parents, largest_block
+
+
+@pytest.mark.parametrize("dim, expect", [(96, (32, 3)), (48, (16, 3)), (40, (8, 5)), (32, (32, 1))])
+def test_largest_block(dim, expect):
+    assert largest_block(dim) == expect
+
+
+def test_largest_block_with_larger_blocks():
+    assert largest_block(256, block_sizes=(128, 64, 32)) == (128, 2)
+    assert largest_block(192, block_sizes=(8, 128, 64)) == (64, 3)
+
+
+@pytest.mark.parametrize("args, error, match", [
+    ((12,), ValueError, "multiple of one of the block sizes"),
+    ((0,), ValueError, "dim must be >= 1"),
+    ((32.0,), TypeError, "dim must be an int"),
+], ids=["not-a-multiple", "zero", "float"])
+def test_largest_block_bad(args, error, match):
+    with pytest.raises(error, match=match):
+        largest_block(*args)
+
+
+def test_largest_block_bad_sizes():
+    with pytest.raises(ValueError, match="block_sizes"):
+        largest_block(48, block_sizes=(24,))
+    with pytest.raises(ValueError, match="block_sizes"):
+        largest_block(48, block_sizes=())
+
+
+def _two_step_graph(rng):
+    """h2 = bsmm(bsmm(x, w), w) in a fresh graph: two uses of one weight."""
+    bsmm = BlocksparseMatMul(np.ones((2, 2), np.int32), block_size=8)
+    x = tf.compat.v1.placeholder(tf.float32, [None, 16])
+    w = tf.constant(rng.standard_normal(bsmm.w_shape), tf.float32)
+    h = bsmm(bsmm(x, w), w)
+    return x, w, h
+
+
+def test_get_parents_finds_the_gradient_products(rng):
+    with tf.Graph().as_default():
+        x, w, h = _two_step_graph(rng)
+        dx, dw = tf.gradients(tf.reduce_sum(h), [x, w])
+        dx_ops = get_parents(dx, "BlocksparseMatmulDX")
+        assert len(dx_ops) == 1 and dx_ops[0] is dx.op  # dx of the first use is the last product
+        dw_ops = get_parents(dw, "BlocksparseMatmulDW")
+        assert len(dw_ops) == 2 and all(op.name.split("/")[-1].startswith("BlocksparseMatmulDW")
+                                        for op in dw_ops)
+        # the first use's dW is computed from the second use's dx (its output gradient)
+        inner = get_parents(dw, "BlocksparseMatmulDX")
+        assert len(inner) == 1 and inner[0] is not dx.op
+        assert get_parents(h, "Nothing") == []
+
+
+def test_get_parents_of_plain_ops():
+    with tf.Graph().as_default():
+        a = tf.compat.v1.placeholder(tf.float32, [3, 3])
+        m1, m2 = tf.matmul(a, a), tf.matmul(a, tf.transpose(a))
+        total = tf.tanh(m1 + m2) + tf.matmul(m1, m2)
+        found = get_parents(total, "MatMul")
+        assert len(found) == 3 and len(set(found)) == 3
+        assert get_parents(m1.op, "MatMul") == [m1.op]
+        assert set(get_parents(tf.tanh(m1 + m2), "MatMul")) == {m1.op, m2.op}
+
+
+def test_get_parents_in_tf_function(rng):
+    bsmm = BlocksparseMatMul(np.eye(2, dtype=np.int32), block_size=8)
+    w = tf.constant(rng.standard_normal(bsmm.w_shape), tf.float32)
+    found = []
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 16], tf.float32)])
+    def f(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = bsmm(x, w)
+        dx = tape.gradient(y, x)
+        found.extend(get_parents(dx, "BlocksparseMatmulDX"))
+        return dx
+
+    f(np.ones((3, 16), np.float32))
+    assert len(found) == 1
+
+
+def test_add_control_input_orders_ops():
+    with tf.Graph().as_default():
+        v = tf.compat.v1.Variable(1.0, use_resource=True)
+        read = tf.identity(v.read_value())
+        assign = v.assign(5.0)
+        add_control_input(read, assign)  # a tensor gives its op
+        add_control_input(read.op, assign.op)  # twice is the same as once
+        assert list(read.op.control_inputs).count(assign.op) == 1
+        with tf.compat.v1.Session() as sess:
+            sess.run(v.initializer)
+            assert sess.run(read) == 5.0
+
+
+def test_add_control_input_refuses_a_cycle():
+    with tf.Graph().as_default():
+        a = tf.constant(1.0)
+        b = a * 2.0
+        c = b + 1.0
+        with pytest.raises(ValueError, match="deadlock"):
+            add_control_input(b.op, c.op)
+
+
+def test_graph_helpers_need_graphs():
+    with pytest.raises(TypeError, match="eager"):
+        get_parents(tf.ones([2]), "MatMul")
+    with pytest.raises(TypeError, match="op_type"):
+        get_parents(tf.ones([2]), 3)
+    with pytest.raises(TypeError, match="eager"):
+        add_control_input(tf.ones([2]), tf.ones([2]))
+    with tf.Graph().as_default():
+        a = tf.constant(1.0)
+    with tf.Graph().as_default():
+        b = tf.constant(2.0)
+        with pytest.raises(ValueError, match="same graph"):
+            add_control_input(b, a)
