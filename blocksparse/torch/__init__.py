@@ -1,4 +1,5 @@
-"""PyTorch frontend: :class:`BlocksparseMatMul` and :class:`BlocksparseLinear`.
+"""PyTorch frontend: :class:`BlocksparseMatMul`, :class:`BlocksparseLinear` and
+:class:`BlocksparseTransformer`.
 
 Requires PyTorch (``pip install blocksparse[torch]``).  On CUDA tensors the Triton kernels run;
 elsewhere (and for block size 8) the reference path does.  ``BLOCKSPARSE_BACKEND`` forces a path
@@ -10,5 +11,6 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
     raise ImportError("blocksparse.torch needs PyTorch >= 2.4: pip install 'blocksparse[torch]'") from exc
 
 from .matmul import BlocksparseLinear, BlocksparseMatMul
+from .transformer import BlocksparseTransformer
 
-__all__ = ["BlocksparseMatMul", "BlocksparseLinear"]
+__all__ = ["BlocksparseMatMul", "BlocksparseLinear", "BlocksparseTransformer"]
