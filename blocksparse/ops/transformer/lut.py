@@ -158,6 +158,12 @@ class BlockMasks:
         """Every block's mask, ``(lut_heads, blocks, bs, bs)`` booleans (tests and references)."""
         return self.distinct()[self.index]
 
+    def head_index(self, heads):
+        """``index`` of every head, ``(heads * blocks,)`` int64 (shared masks repeated), with ``-1``
+        pointing at the last of :meth:`distinct`."""
+        index = self.index[np.arange(heads) % self.index.shape[0]].reshape(-1).astype(np.int64)
+        return np.where(index < 0, self.bits.shape[0], index)
+
 
 class AttentionLayout:
     """A validated attention layout with its block order and lookup tables.
@@ -216,6 +222,15 @@ class AttentionLayout:
     def tn_max(self):
         """Most blocks in one key column (the longest walk of ``tn``)."""
         return int(np.diff(self.col_offsets, axis=1).max())
+
+    @cached_property
+    def flat_ids(self):
+        """``(q_ids, k_ids)``, int64 ``(heads * blocks,)``: ``h * QB + q`` and ``h * KB + k`` of block
+        ``b`` of head ``h`` at ``h * blocks + b`` (every head, shared layouts repeated) -- the rows
+        of the reference paths' gathers and segment sums over ``(heads, blocks)``."""
+        h = np.arange(self.heads)[:, None]
+        c = self.coords[np.arange(self.heads) % self.lut_heads].astype(np.int64)
+        return tuple(_readonly((h * n + c[:, :, i]).reshape(-1), np.int64) for i, n in ((0, self.QB), (1, self.KB)))
 
     def block_coord(self, block, head=0):
         """``(q, k)`` of block id ``block`` of ``head``."""

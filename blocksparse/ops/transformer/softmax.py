@@ -75,7 +75,7 @@ def bst_softmax_kernel(
         b_m = b_m_new
 
     b_shift = tl.where(b_m == float("-inf"), 0.0, b_m)
-    b_inv = tl.where(b_l > 0.0, 1.0 / b_l, 0.0)
+    b_inv = 1.0 / tl.where(b_l > 0.0, b_l, float("inf"))  # an empty row: 0, not 0 / 0
     for i_b in range(start, end):
         b_s = _scores(COORDS, MASK_INDEX, MASK_BITS, i_b, lut_h * blocks + i_b, p_x, o_r, scale, ar_key,
                       BS, WORDS, HAS_MASK, AUTOREGRESS)

@@ -50,15 +50,8 @@ class _State:
         return self._memo(("tables", str(device)), make)
 
     def flat_ids(self, device):
-        """``(q_ids, k_ids)``: ``h * QB + q`` and ``h * KB + k`` of every block of every head, in
-        the order of the packed scores' ``(heads, blocks)`` axes (int64, for index_select)."""
-        def make():
-            lay = self.layout
-            h = np.arange(lay.heads)[:, None]
-            c = lay.coords[np.arange(lay.heads) % lay.lut_heads].astype(np.int64)
-            return tuple(torch.from_numpy((h * n + c[:, :, i]).reshape(-1)).to(device)
-                         for i, n in ((0, lay.QB), (1, lay.KB)))
-        return self._memo(("ids", str(device)), make)
+        """:attr:`AttentionLayout.flat_ids` on ``device`` (int64, for index_select)."""
+        return self._memo(("ids", str(device)), lambda: tuple(_long(a, device) for a in self.layout.flat_ids))
 
     def keep(self, device, masked, autoregress_at_key):
         """``(heads * blocks, bs, bs)`` booleans of the kept elements, or None when all are kept."""
@@ -66,10 +59,7 @@ class _State:
         base = None
         if masked and self.masks is not None:
             def make():
-                heads = np.arange(lay.heads) % lay.lut_heads
-                distinct = torch.from_numpy(self.masks.distinct()).to(device)
-                index = torch.from_numpy(self.masks.index[heads].astype(np.int64).reshape(-1)).to(device)
-                return distinct[index]
+                return torch.from_numpy(self.masks.distinct()[self.masks.head_index(lay.heads)]).to(device)
             base = self._memo(("keep", str(device)), make)
         if autoregress_at_key is None:
             return base
@@ -82,7 +72,11 @@ class _State:
 
 
 def _int32(array, device):
-    return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int32).reshape(-1)).to(device)
+    return torch.from_numpy(np.array(array, dtype=np.int32).reshape(-1)).to(device)  # a writable copy
+
+
+def _long(array, device):
+    return torch.from_numpy(np.array(array, dtype=np.int64)).to(device)
 
 
 _lock = threading.Lock()
