@@ -2,6 +2,7 @@
 helpers, the original's attribute names and its numpy ``*_test`` helpers (no framework import)."""
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -15,7 +16,7 @@ def check_scale(scale):
     """``scale`` as a float (a finite real number)."""
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(f"scale must be a real number; got {scale!r} of type {type(scale).__name__}")
-    if not np.isfinite(scale):
+    if not math.isfinite(scale):
         raise ValueError(f"scale must be finite; got {scale}")
     return float(scale)
 
