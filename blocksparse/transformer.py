@@ -21,6 +21,10 @@ from .ops.transformer.frontend import TransformerBase
 
 __all__ = ["BlocksparseTransformer", "clear_bst_constants"]
 
+# The ops have no Python control flow on tensors; converting the library's code inside a user's
+# tf.function (AutoGraph's default) would only cost seconds per trace.
+_as_is = tf.autograph.experimental.do_not_convert
+
 
 def clear_bst_constants():
     """Kept for compatibility: the original cached lookup-table constants per graph; nothing is
@@ -65,22 +69,27 @@ class BlocksparseTransformer(TransformerBase):
         return f"BlocksparseTransformer({self.layout!r}, masked={self.masks is not None}, name={self.name!r})"
 
     # ------------------------------------------------------------------ the products
+    @_as_is
     def query_key_op(self, q, k, name=None, bench=0):
         """Scores ``q_h k_hᵀ`` on the layout's blocks: ``(N, ctx_q, F), (N, ctx_k, F) -> w_shape(N)``."""
         return self._nt(("q", q), ("k", k), name, bench)
 
+    @_as_is
     def weight_value_op(self, w, v, name=None, bench=0):
         """``w_h v_h`` for probabilities ``w`` (``w_shape(N)``) and values ``(N, ctx_k, F)``: ``(N, ctx_q, F)``."""
         return self._xn(("w", w), ("v", v), False, name, bench)
 
+    @_as_is
     def nt_op(self, a, b, name=None, bench=0):
         """``a (N, ctx_q, F)`` times ``b (N, ctx_k, F)`` transposed, per head, on the layout's blocks."""
         return self._nt(("a", a), ("b", b), name, bench)
 
+    @_as_is
     def nn_op(self, a, b, name=None, bench=0):
         """Packed ``a`` (``w_shape(N)``) times ``b (N, ctx_k, F)``, per head: ``(N, ctx_q, F)``."""
         return self._xn(("a", a), ("b", b), False, name, bench)
 
+    @_as_is
     def tn_op(self, a, b, name=None, bench=0):
         """Packed ``a`` (``w_shape(N)``) transposed times ``b (N, ctx_q, F)``, per head: ``(N, ctx_k, F)``."""
         return self._xn(("a", a), ("b", b), True, name, bench)
@@ -102,6 +111,7 @@ class BlocksparseTransformer(TransformerBase):
             return autodiff.xn(w_t, x_t, self.layout, backend.select(self.block_size, x_t.dtype), trans)
 
     # ------------------------------------------------------------------ the softmax
+    @_as_is
     def masked_softmax(self, x, scale=1.0, autoregress_at_key=None, dtype=None):
         """Softmax of ``scale * x`` along each query row over its kept elements.
 
@@ -125,6 +135,7 @@ class BlocksparseTransformer(TransformerBase):
         """
         return self._softmax(x, scale, arguments.autoregress_at_key(autoregress_at_key), dtype, self.masks)
 
+    @_as_is
     def softmax(self, x, scale=1.0, dtype=None):
         """Softmax of ``scale * x`` along each query row over whole blocks (no in-block mask)."""
         return self._softmax(x, scale, None, dtype, None)
