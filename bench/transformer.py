@@ -201,9 +201,10 @@ def measure(spec):
 
 
 def markdown(meta, rows):
+    heads, block = (rows[0].get("heads", "?"), rows[0].get("block", "?")) if rows else ("?", "?")
     lines = [f"# BlocksparseTransformer (unfused ops) on {meta['device']}", "",
-             f"{meta['when']}, torch {meta['torch']}, triton {meta['triton']}; bf16, {rows[0]['heads'] if rows else '?'}"
-             f" heads, block {rows[0]['block'] if rows else '?'}, causal inside the layout.  ms = median; "
+             f"{meta['when']}, torch {meta['torch']}, triton {meta['triton']}; bf16, {heads}"
+             f" heads, block {block}, causal inside the layout.  ms = median; "
              "speedup = baseline ms / our ms (> 1: we are faster).", "",
              "| S | D | layout (kept) | ours fwd / fwd+bwd | Flex fwd / fwd+bwd | flash SDPA causal fwd / fwd+bwd "
              "| vs Flex | vs SDPA | err o / dq |", "|---|---|---|---|---|---|---|---|---|"]

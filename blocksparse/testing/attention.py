@@ -11,8 +11,8 @@ elements, and a row with none is all zeros.
 """
 import numpy as np
 
-__all__ = ["attention", "causal_layout", "kept_mask", "nn", "nt", "pack", "present_mask", "random_layout",
-           "softmax", "softmax_grad", "split_heads", "merge_heads", "tn", "unpack"]
+__all__ = ["BAD_QUERY_KEY", "attention", "causal_layout", "diagonal_causal", "kept_mask", "merge_heads", "nn", "nt",
+           "pack", "present_mask", "random_layout", "softmax", "softmax_grad", "split_heads", "tn", "unpack"]
 
 
 def random_layout(rng, heads, QB, KB, density, *, empty_rows=0):
@@ -33,6 +33,23 @@ def causal_layout(QB, heads=None):
     """Lower-triangular ``(QB, QB)`` layout, or ``(heads, QB, QB)`` when ``heads`` is given."""
     lay = np.tril(np.ones((QB, QB), dtype=np.int32))
     return lay if heads is None else np.repeat(lay[None], heads, axis=0)
+
+
+def diagonal_causal(blk_shape, head, q, k, blk):
+    """A ``mask_callback``: causal inside the diagonal blocks, everything elsewhere (the original
+    package's test callback)."""
+    return np.tril(np.ones(blk_shape, dtype=bool)) if q == k else np.ones(blk_shape, dtype=bool)
+
+
+#: Query / key shapes every frontend must reject with ``ValueError`` (and the message) for
+#: ``causal_layout(2)``, block size 16, 2 heads, by case name.
+BAD_QUERY_KEY = {
+    "features": ((2, 32, 8), (2, 32, 6), "q and k must have the same features"),
+    "ctx": ((2, 30, 8), (2, 32, 8), r"q must have shape \(batch, ctx_q = 32, .*got 30 positions"),
+    "head-dim": ((2, 32, 7), (2, 32, 7), "7 features on axis 2, not a positive multiple of 2"),
+    "rank": ((32, 8), (32, 8), "q must be 3-D"),
+    "batch": ((2, 32, 8), (3, 32, 8), "same batch size; got 2 and 3"),
+}
 
 
 def split_heads(x, heads):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ops.transformer.frontend import TransformerBase, check_autoregress_at_key, check_scale
+from ..ops.transformer.frontend import TransformerBase, check_autoregress_at_key, check_bench, check_scale
 from ._transformer import ops as _ops
 from ._transformer import state as _state
 
@@ -13,29 +13,11 @@ _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 class BlocksparseTransformer(TransformerBase):
-    """Attention restricted to a block layout: scores, masked softmax and weighted values.
-
-    Parameters
-    ----------
-    layout : array_like, shape (heads, q_blocks, k_blocks) or (q_blocks, k_blocks)
-        0/1 block layout: query block ``q`` of head ``h`` attends to key block ``k`` where
-        ``layout[h, q, k] == 1``.  Every head holds the same number of blocks.  A 2-D layout (or
-        one of shape ``(1, q_blocks, k_blocks)``) is shared by ``heads`` heads.
-    block_size : int
-        8, 16, 32, 64 or 128 (8 takes the reference path).
-    heads : int, optional
-        Number of heads; required with a 2-D layout.
-    mask_callback : callable, optional
-        ``mask_callback(blk_shape, head, q_blk, k_blk, blk_id) -> (bs, bs)`` 0/1 array: the elements
-        of block ``blk_id`` (query row ``i``, key column ``j``) that :meth:`masked_softmax` keeps.
-        Called once per block of each layout head when the object is made.
-
-    Shapes (``N`` = batch, ``ctx_q = q_blocks * bs``, ``ctx_k = k_blocks * bs``): queries
-    ``(N, ctx_q, heads * d)``, keys and values ``(N, ctx_k, heads * d)`` (values may have another
-    ``d``); scores and probabilities are packed ``(N, heads, blocks, bs, bs)`` (:meth:`w_shape`), block
-    ``b`` of head ``h`` at ``block_coord(b, h)``, blocks in row-major ``(q, k)`` order.  Every op is
-    differentiable, traceable by ``torch.compile(fullgraph=True)`` and works under ``torch.autocast``.
-    On CUDA tensors the Triton kernels run, elsewhere the reference path (PyTorch ops).
+    __doc__ = TransformerBase.__doc__.split("    This class holds")[0] + """\
+    PyTorch (``name`` and the ``name`` / ``bench`` arguments of the ops are accepted for the same
+    API, and unused): on CUDA tensors the Triton kernels run, elsewhere (and for block size 8 and float64)
+    the reference path (PyTorch ops).  Every op is traceable by ``torch.compile(fullgraph=True)``;
+    under ``torch.autocast`` the products run in the autocast dtype.
 
     Examples
     --------
@@ -48,75 +30,26 @@ class BlocksparseTransformer(TransformerBase):
     torch.Size([3, 64, 16])
     """
 
-    def __init__(self, layout, block_size=64, heads=None, mask_callback=None):
-        super().__init__(layout, block_size, heads, mask_callback)
+    def __init__(self, layout, block_size=64, heads=None, mask_callback=None, name=None):
+        super().__init__(layout, block_size, heads, mask_callback, name)
         self._handle = _state.handle(self.layout, self.masks)
 
-    def __repr__(self):
-        return f"BlocksparseTransformer({self.layout!r}, masked={self.masks is not None})"
-
-    # ------------------------------------------------------------------ the products
-    def query_key_op(self, q, k):
-        """Scores ``q_h k_hᵀ`` on the layout's blocks: ``(N, ctx_q, F), (N, ctx_k, F) -> w_shape(N)``."""
-        return self._nt(("q", q), ("k", k))
-
-    def weight_value_op(self, w, v):
-        """``w_h v_h`` for probabilities ``w`` (``w_shape(N)``) and values ``(N, ctx_k, F)``: ``(N, ctx_q, F)``."""
-        return self._xn(("w", w), ("v", v), trans=False)
-
-    def nt_op(self, a, b):
-        """``a (N, ctx_q, F)`` times ``b (N, ctx_k, F)`` transposed, per head, on the layout's blocks."""
-        return self._nt(("a", a), ("b", b))
-
-    def nn_op(self, a, b):
-        """Packed ``a`` (``w_shape(N)``) times ``b (N, ctx_k, F)``, per head: ``(N, ctx_q, F)``."""
-        return self._xn(("a", a), ("b", b), trans=False)
-
-    def tn_op(self, a, b):
-        """Packed ``a`` (``w_shape(N)``) transposed times ``b (N, ctx_q, F)``, per head: ``(N, ctx_k, F)``."""
-        return self._xn(("a", a), ("b", b), trans=True)
-
-    def _nt(self, a, b):
+    def _nt(self, a, b, name, bench):
+        check_bench(bench)
         a_t, b_t = self._operands((*a, "dense", self.ctx_q), (*b, "dense", self.ctx_k))
         if a_t.shape[2] != b_t.shape[2]:
             raise ValueError(f"{a[0]} and {b[0]} must have the same features (heads * head_dim); got "
                              f"{a_t.shape[2]} and {b_t.shape[2]}")
         return _ops.bst_nt(a_t, b_t, self._handle)
 
-    def _xn(self, w, x, trans):
+    def _xn(self, w, x, trans, name, bench):
+        check_bench(bench)
         w_t, x_t = self._operands((*w, "scores", None), (*x, "dense", self.ctx_q if trans else self.ctx_k))
         return (_ops.bst_tn if trans else _ops.bst_nn)(w_t, x_t, self._handle)
 
-    # ------------------------------------------------------------------ the softmax
-    def masked_softmax(self, x, scale=1.0, autoregress_at_key=None, dtype=None):
-        """Softmax of ``scale * x`` along each query row over its kept elements.
-
-        Parameters
-        ----------
-        x : Tensor, shape ``w_shape(N)``
-            Packed scores.
-        scale : float
-            Multiplies the scores before the softmax.
-        autoregress_at_key : int, optional
-            Also drop key position ``kp`` for query position ``qp`` where ``kp > qp`` and
-            ``kp >= autoregress_at_key`` (0: causal; a prefix of that many keys stays visible).
-        dtype : torch.dtype, optional
-            Dtype of the result (default: ``x``'s).
-
-        Returns
-        -------
-        Tensor, shape ``w_shape(N)``
-            Probabilities; 0 where an element is dropped, and a whole row of 0 where a query row
-            keeps nothing (never NaN).  In-block masks come from ``mask_callback``.
-        """
-        return self._softmax(x, scale, check_autoregress_at_key(autoregress_at_key), dtype, masked=True)
-
-    def softmax(self, x, scale=1.0, dtype=None):
-        """Softmax of ``scale * x`` along each query row over whole blocks (no in-block mask)."""
-        return self._softmax(x, scale, None, dtype, masked=False)
-
     def _softmax(self, x, scale, autoregress_at_key, dtype, masked):
         scale = check_scale(scale)
+        autoregress_at_key = check_autoregress_at_key(autoregress_at_key)
         (x,) = self._operands(("x", x, "scores", None), autocast=False)
         if dtype is None:
             dtype = x.dtype
@@ -124,7 +57,6 @@ class BlocksparseTransformer(TransformerBase):
             raise TypeError(f"dtype must be one of {', '.join(map(str, _OUT_DTYPES))} or None; got {dtype!r}")
         return _ops.bst_softmax(x, self._handle, scale, autoregress_at_key, masked, dtype)
 
-    # ------------------------------------------------------------------ checks
     def _operands(self, *specs, autocast=True):
         """Check ``(name, tensor, kind, ctx)`` operands; cast to the autocast dtype if on."""
         tensors = []

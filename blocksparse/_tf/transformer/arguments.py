@@ -4,12 +4,10 @@ What is known when the op is built is checked then (``TypeError`` / ``ValueError
 frontend's messages); sizes unknown until the graph runs become assertions
 (``tf.errors.InvalidArgumentError``) that the result depends on.
 """
-import numbers
-
 from ...ops.transformer.frontend import check_autoregress_at_key, check_scale
 from .. import checks, tf
 
-__all__ = ["autoregress_at_key", "bench", "dense", "pair", "scale", "scores"]
+__all__ = ["autoregress_at_key", "dense", "pair", "scale", "scores"]
 
 
 def _static(t):
@@ -80,9 +78,3 @@ def autoregress_at_key(value):
         return tf.cast(value, tf.int32)
     value = check_autoregress_at_key(value)
     return None if value is None else tf.constant(value, tf.int32)
-
-
-def bench(value):
-    """The original's ``bench`` argument: an int, accepted and ignored."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"bench must be an int (it is accepted for compatibility and ignored); got {value!r}")

@@ -9,7 +9,7 @@ import numpy as np
 
 from .lut import AttentionLayout
 
-__all__ = ["TransformerBase", "check_autoregress_at_key", "check_scale"]
+__all__ = ["TransformerBase", "check_autoregress_at_key", "check_bench", "check_scale"]
 
 
 def check_scale(scale):
@@ -32,25 +32,52 @@ def check_autoregress_at_key(value):
     return int(value)
 
 
+def check_bench(value):
+    """The original's ``bench`` argument: an int, accepted and ignored."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"bench must be an int (it is accepted for compatibility and ignored); got {value!r}")
+
+
 class TransformerBase:
-    """Layout, in-block masks and shape rules of a block-sparse attention (see the frontends).
+    """Attention restricted to a block layout: scores, masked softmax and weighted values.
 
     Parameters
     ----------
     layout : array_like, shape (heads, q_blocks, k_blocks) or (q_blocks, k_blocks)
-        0/1 block layout; a 2-D one (or one of shape ``(1, QB, KB)``) is shared by ``heads`` heads.
+        0/1 block layout: query block ``q`` of head ``h`` attends to key block ``k`` where
+        ``layout[h, q, k] == 1``.  Every head holds the same number of blocks.  A 2-D layout (or
+        one of shape ``(1, q_blocks, k_blocks)``) is shared by ``heads`` heads.
     block_size : int
         8, 16, 32, 64 or 128.
     heads : int, optional
         Number of heads; required with a 2-D layout.
     mask_callback : callable, optional
-        ``mask_callback(blk_shape, head, q_blk, k_blk, blk_id) -> (bs, bs)`` 0/1 array, called once
-        per block of each layout head: the elements of the block :meth:`masked_softmax` keeps.
+        ``mask_callback(blk_shape, head, q_blk, k_blk, blk_id) -> (bs, bs)`` 0/1 array: the elements
+        of block ``blk_id`` (query row ``i``, key column ``j``) that :meth:`masked_softmax` keeps.
+        Called once per block of each layout head when the object is made.
+    name : str, optional
+        Name of the object; TensorFlow's name scope of the ops (default ``"BlocksparseTransformer"``).
+
+    Shapes (``N`` = batch, ``ctx_q = q_blocks * bs``, ``ctx_k = k_blocks * bs``): queries
+    ``(N, ctx_q, heads * d)``, keys and values ``(N, ctx_k, heads * d)`` (values may have another
+    ``d``); scores and probabilities are packed ``(N, heads, blocks, bs, bs)`` (:meth:`w_shape`),
+    block ``b`` of head ``h`` at ``block_coord(b, h)``, blocks in row-major ``(q, k)`` order.
+    float32, float16 and bfloat16, computed in float32; every op is differentiable.
+
+    This class holds what both frontends share; ``blocksparse.transformer.BlocksparseTransformer``
+    (TensorFlow) and ``blocksparse.torch.BlocksparseTransformer`` (PyTorch) implement the ops.
     """
 
-    def __init__(self, layout, block_size=64, heads=None, mask_callback=None):
+    def __init__(self, layout, block_size=64, heads=None, mask_callback=None, name=None):
         self.layout = AttentionLayout(layout, block_size, heads)
         self.masks = None if mask_callback is None else self.layout.block_masks(mask_callback)
+        if name is not None and (not isinstance(name, str) or not name):
+            raise TypeError(f"name must be a non-empty str or None; got {name!r}")
+        self.name = name or "BlocksparseTransformer"
+
+    def __repr__(self):
+        return (f"{type(self).__name__}({self.layout!r}, masked={self.masks is not None}, "
+                f"name={self.name!r})")
 
     # ------------------------------------------------------------------ the original's attributes
     blk_size = block_size = property(lambda self: self.layout.block_size)
@@ -88,6 +115,81 @@ class TransformerBase:
     def block_coord(self, block, head=0):
         """Layout coordinate ``(q, k)`` of block id ``block`` of ``head``."""
         return self.layout.block_coord(block, head)
+
+    # ------------------------------------------------------------------ the ops
+    def query_key_op(self, q, k, name=None, bench=0):
+        """Scores ``q_h k_hᵀ`` on the layout's blocks.
+
+        Parameters
+        ----------
+        q : tensor, shape ``(N, ctx_q, heads * d)``
+        k : tensor, shape ``(N, ctx_k, heads * d)``, the dtype of ``q``
+        name : str, optional
+            Name scope of the ops (TensorFlow; ignored by PyTorch).
+        bench : int
+            The original's benchmarking switch: accepted, ignored.
+
+        Returns
+        -------
+        tensor, shape ``w_shape(N)``, the dtype of ``q``
+        """
+        return self._nt(("q", q), ("k", k), name, bench)
+
+    def weight_value_op(self, w, v, name=None, bench=0):
+        """Probabilities ``w`` (``w_shape(N)``) times values ``v`` ``(N, ctx_k, heads * d)``, per
+        head: ``(N, ctx_q, heads * d)``.  ``name``, ``bench``: as :meth:`query_key_op`."""
+        return self._xn(("w", w), ("v", v), False, name, bench)
+
+    def nt_op(self, a, b, name=None, bench=0):
+        """``a (N, ctx_q, F)`` times ``b (N, ctx_k, F)`` transposed, per head, on the layout's
+        blocks: ``w_shape(N)`` (the op behind :meth:`query_key_op`)."""
+        return self._nt(("a", a), ("b", b), name, bench)
+
+    def nn_op(self, a, b, name=None, bench=0):
+        """Packed ``a`` (``w_shape(N)``) times ``b (N, ctx_k, F)``, per head: ``(N, ctx_q, F)`` (the op
+        behind :meth:`weight_value_op`)."""
+        return self._xn(("a", a), ("b", b), False, name, bench)
+
+    def tn_op(self, a, b, name=None, bench=0):
+        """Packed ``a`` (``w_shape(N)``) transposed times ``b (N, ctx_q, F)``, per head: ``(N, ctx_k, F)``
+        (what gradients need: ``dv = wᵀ do``, ``dk = dsᵀ q``)."""
+        return self._xn(("a", a), ("b", b), True, name, bench)
+
+    def masked_softmax(self, x, scale=1.0, autoregress_at_key=None, dtype=None):
+        """Softmax of ``scale * x`` along each query row over its kept elements.
+
+        Parameters
+        ----------
+        x : tensor, shape ``w_shape(N)``
+            Packed scores.
+        scale : float
+            Multiplies the scores before the softmax (TensorFlow: also a scalar tensor, which gets
+            its gradient).
+        autoregress_at_key : int, optional
+            Also drop key position ``kp`` for query position ``qp`` where ``kp > qp`` and
+            ``kp >= autoregress_at_key`` (0: causal; a prefix of that many keys stays visible).
+            TensorFlow: also a scalar integer tensor.
+        dtype : dtype, optional
+            Dtype of the result (default: ``x``'s).
+
+        Returns
+        -------
+        tensor, shape ``w_shape(N)``
+            Probabilities; 0 where an element is dropped, and a whole row of 0 where a query row
+            keeps nothing (never NaN).  In-block masks come from ``mask_callback``.
+        """
+        return self._softmax(x, scale, autoregress_at_key, dtype, masked=True)
+
+    def softmax(self, x, scale=1.0, dtype=None):
+        """Softmax of ``scale * x`` along each query row over whole blocks (no in-block mask)."""
+        return self._softmax(x, scale, None, dtype, masked=False)
+
+    def _unimplemented(self, *args, **kwargs):
+        raise NotImplementedError("the TensorFlow and PyTorch frontends implement the ops")
+
+    # the frontends' hooks: _nt((name, a), (name, b), name, bench), _xn((name, w), (name, x), trans, name,
+    # bench) -- nn, or tn with trans -- and _softmax(x, scale, autoregress_at_key, dtype, masked)
+    _nt = _xn = _softmax = _unimplemented
 
     # ------------------------------------------------------------------ shape helpers
     def w_shape(self, N):

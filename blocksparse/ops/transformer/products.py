@@ -18,6 +18,16 @@ import triton.language as tl
 
 
 @triton.jit
+def walk(OFFSETS, i_o, i_nh, heads, lut_heads, out_blocks):
+    """``(lut_h, start, end)``: the lut head of program row ``i_nh`` (batch * heads + head) and the
+    range of output block ``i_o``'s entries in a CSR table (``row_offsets`` or ``col_offsets``).
+    int64 bounds, so that loop counters times block sizes cannot overflow."""
+    lut_h = (i_nh % heads) % lut_heads
+    p_off = OFFSETS + lut_h * (out_blocks + 1) + i_o
+    return lut_h, tl.load(p_off).to(tl.int64), tl.load(p_off + 1).to(tl.int64)
+
+
+@triton.jit
 def bst_nt_kernel(
     A, B, C, COORDS,
     blocks, heads, lut_heads, head_dim,
@@ -62,10 +72,7 @@ def bst_xn_kernel(
     i_nh = tl.program_id(1)
     i_d = tl.program_id(2)
     i_n, i_h = i_nh // heads, i_nh % heads
-    lut_h = i_h % lut_heads
-    p_off = OFFSETS + lut_h * (out_blocks + 1) + i_o
-    start = tl.load(p_off).to(tl.int64)  # int64 loop counter: block offsets may pass 2**31
-    end = tl.load(p_off + 1).to(tl.int64)
+    lut_h, start, end = walk(OFFSETS, i_o, i_nh, heads, lut_heads, out_blocks)
 
     o_r = tl.arange(0, BS)
     o_d = i_d * BD + tl.arange(0, BD)

@@ -14,6 +14,8 @@ Gradient: ``dx = (dy - sum_row(dy * y)) * y * scale``.
 import triton
 import triton.language as tl
 
+from .products import walk
+
 
 @triton.jit
 def _keep(MASK_INDEX, MASK_BITS, lut_b, i_q, i_k, ar_key, o_r,
@@ -54,10 +56,7 @@ def bst_softmax_kernel(
 ):
     i_q = tl.program_id(0)
     i_nh = tl.program_id(1)
-    lut_h = (i_nh % heads) % lut_heads
-    p_off = ROW_OFFSETS + lut_h * (q_blocks + 1) + i_q
-    start = tl.load(p_off).to(tl.int64)  # int64 loop counters: block offsets may pass 2**31
-    end = tl.load(p_off + 1).to(tl.int64)
+    lut_h, start, end = walk(ROW_OFFSETS, i_q, i_nh, heads, lut_heads, q_blocks)
 
     o_r = tl.arange(0, BS)
     o_blk = o_r[:, None] * BS + o_r[None, :]
@@ -91,10 +90,7 @@ def bst_softmax_grad_kernel(
 ):
     i_q = tl.program_id(0)
     i_nh = tl.program_id(1)
-    lut_h = (i_nh % heads) % lut_heads
-    p_off = ROW_OFFSETS + lut_h * (q_blocks + 1) + i_q
-    start = tl.load(p_off).to(tl.int64)  # int64 loop counters: block offsets may pass 2**31
-    end = tl.load(p_off + 1).to(tl.int64)
+    _, start, end = walk(ROW_OFFSETS, i_q, i_nh, heads, lut_heads, q_blocks)
 
     o_r = tl.arange(0, BS)
     o_blk = i_nh.to(tl.int64) * blocks * BS * BS + o_r[:, None] * BS + o_r[None, :]

@@ -1,7 +1,6 @@
 """blocksparse.torch.BlocksparseTransformer on a CUDA GPU: the Triton kernels through the public API
 against float64 dense attention, every op against the reference path, torch.compile (inductor).
 Skipped without a GPU."""
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -13,10 +12,6 @@ from blocksparse.torch import BlocksparseTransformer  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-def diagonal_causal(blk_shape, head, q, k, blk):
-    return np.tril(np.ones(blk_shape, dtype=bool)) if q == k else np.ones(blk_shape, dtype=bool)
 
 
 def _inputs(rng, bst, dtype, head_dim, batch):
@@ -43,7 +38,7 @@ def _check(rng, bst, dtype, head_dim, batch=2, autoregress_at_key=None):
 @pytest.mark.parametrize("head_dim", [64, 128, 40])
 @pytest.mark.parametrize("bs", [16, 32, 64, 128])
 def test_bf16_causal(rng, bs, head_dim):
-    bst = BlocksparseTransformer(ref.causal_layout(1024 // bs), bs, heads=4, mask_callback=diagonal_causal)
+    bst = BlocksparseTransformer(ref.causal_layout(1024 // bs), bs, heads=4, mask_callback=ref.diagonal_causal)
     _check(rng, bst, "bfloat16", head_dim)
 
 
@@ -77,7 +72,7 @@ def test_block_size_8_reference_on_gpu(rng):
 
 
 def test_torch_compile_inductor(rng):
-    bst = BlocksparseTransformer(ref.causal_layout(8), 64, heads=4, mask_callback=diagonal_causal)
+    bst = BlocksparseTransformer(ref.causal_layout(8), 64, heads=4, mask_callback=ref.diagonal_causal)
     q, k, v, _ = _inputs(rng, bst, "bfloat16", 64, 2)
 
     def attend(q, k, v):
