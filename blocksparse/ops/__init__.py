@@ -1,12 +1,14 @@
 """Op families: one folder each, framework-neutral (Triton kernels on pointers, strides and lookup
 tables; tile tables; ahead-of-time specialisations).
 
-=========  =================================================================================
-family     holds
-=========  =================================================================================
-matmul     block-sparse ``y = x @ W``: fprop / bprop (``xprop*``), updat (``updat*``), tiles
-common     what several families share (the interpreter fix)
-=========  =================================================================================
+===========  ===============================================================================
+family       holds
+===========  ===============================================================================
+matmul       block-sparse ``y = x @ W``: fprop / bprop (``xprop*``), updat (``updat*``), tiles
+transformer  block-sparse attention ops: attention lookup tables (``lut``), ``nt`` / ``nn`` / ``tn``
+             products, the masked softmax, the frontends' shared API (``frontend``)
+common       what several families share (the interpreter fix)
+===========  ===============================================================================
 
 A family's frontends live beside the public modules: ``blocksparse/torch/_<family>/`` (PyTorch
 launchers and custom ops) and ``blocksparse/_tf/<family>/`` (TensorFlow glue and reference path).

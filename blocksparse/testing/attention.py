@@ -46,6 +46,7 @@ def diagonal_causal(blk_shape, head, q, k, blk):
 BAD_QUERY_KEY = {
     "features": ((2, 32, 8), (2, 32, 6), "q and k must have the same features"),
     "ctx": ((2, 30, 8), (2, 32, 8), r"q must have shape \(batch, ctx_q = 32, .*got 30 positions"),
+    "k-ctx": ((2, 32, 8), (2, 48, 8), r"k must have shape \(batch, ctx_k = 32, .*got 48 positions"),
     "head-dim": ((2, 32, 7), (2, 32, 7), "7 features on axis 2, not a positive multiple of 2"),
     "rank": ((32, 8), (32, 8), "q must be 3-D"),
     "batch": ((2, 32, 8), (3, 32, 8), "same batch size; got 2 and 3"),

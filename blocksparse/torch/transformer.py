@@ -36,7 +36,7 @@ class BlocksparseTransformer(TransformerBase):
 
     def _nt(self, a, b, name, bench):
         check_bench(bench)
-        a_t, b_t = self._operands((*a, "dense", self.ctx_q), (*b, "dense", self.ctx_k))
+        a_t, b_t = self._operands((*a, "ctx_q"), (*b, "ctx_k"))
         if a_t.shape[2] != b_t.shape[2]:
             raise ValueError(f"{a[0]} and {b[0]} must have the same features (heads * head_dim); got "
                              f"{a_t.shape[2]} and {b_t.shape[2]}")
@@ -44,13 +44,13 @@ class BlocksparseTransformer(TransformerBase):
 
     def _xn(self, w, x, trans, name, bench):
         check_bench(bench)
-        w_t, x_t = self._operands((*w, "scores", None), (*x, "dense", self.ctx_q if trans else self.ctx_k))
+        w_t, x_t = self._operands((*w, "scores"), (*x, "ctx_q" if trans else "ctx_k"))
         return (_ops.bst_tn if trans else _ops.bst_nn)(w_t, x_t, self._handle)
 
     def _softmax(self, x, scale, autoregress_at_key, dtype, masked):
         scale = check_scale(scale)
         autoregress_at_key = check_autoregress_at_key(autoregress_at_key)
-        (x,) = self._operands(("x", x, "scores", None), autocast=False)
+        (x,) = self._operands(("x", x, "scores"), autocast=False)
         if dtype is None:
             dtype = x.dtype
         elif dtype not in _OUT_DTYPES:
@@ -58,17 +58,18 @@ class BlocksparseTransformer(TransformerBase):
         return _ops.bst_softmax(x, self._handle, scale, autoregress_at_key, masked, dtype)
 
     def _operands(self, *specs, autocast=True):
-        """Check ``(name, tensor, kind, ctx)`` operands; cast to the autocast dtype if on."""
+        """Check ``(name, tensor, kind)`` operands (kind: ``"scores"`` or the context, ``"ctx_q"`` /
+        ``"ctx_k"``, of activations); cast to the autocast dtype if on."""
         tensors = []
-        for name, t, kind, ctx in specs:
+        for name, t, kind in specs:
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
             if not t.is_floating_point():
                 raise TypeError(f"{name} must be floating point (float16, bfloat16, float32, float64); got {t.dtype}")
-            if kind == "dense":
-                error = self.dense_shape_error(name, tuple(t.shape), ctx, "ctx_q" if ctx == self.ctx_q else "ctx_k")
-            else:
+            if kind == "scores":
                 error = self.scores_shape_error(name, tuple(t.shape))
+            else:
+                error = self.dense_shape_error(name, tuple(t.shape), getattr(self, kind), kind)
             if error:
                 raise ValueError(error)
             tensors.append(t)

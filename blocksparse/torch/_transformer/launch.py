@@ -31,13 +31,21 @@ def _warps(bs):
     return 4 if bs <= 32 else 8
 
 
+def _rows(n, heads):
+    """The grid's second axis, one program row per (batch, head): CUDA allows 65535."""
+    if n * heads > 65535:
+        raise ValueError(f"the transformer kernels take at most 65535 batch * heads; got {n} * {heads}: "
+                         "split the batch")
+    return n * heads
+
+
 def nt(a, b, tables, *, heads, lut_heads, blocks, bs, precision):
     """Packed scores ``(N, heads, blocks, bs, bs)`` of ``a`` (N, ctx_q, F) and ``b`` (N, ctx_k, F)."""
     n, _, features = a.shape
     head_dim = features // heads
     c = a.new_empty((n, heads, blocks, bs, bs))
     if n:
-        bst_nt_kernel[(blocks, n * heads)](
+        bst_nt_kernel[(blocks, _rows(n, heads))](
             a, b, c, tables.coords,
             blocks, heads, lut_heads, head_dim,
             a.stride(0), a.stride(1), b.stride(0), b.stride(1),
@@ -56,7 +64,7 @@ def xn(w, x, tables, *, trans, out_ctx, heads, lut_heads, bs, precision):
     offsets = tables.col_offsets if trans else tables.row_offsets
     if n:
         bd = _head_slice(head_dim, bs)
-        bst_xn_kernel[(out_ctx // bs, n * heads, triton.cdiv(head_dim, bd))](
+        bst_xn_kernel[(out_ctx // bs, _rows(n, heads), triton.cdiv(head_dim, bd))](
             w, x, y, offsets, tables.col_blocks, tables.coords,
             blocks, heads, lut_heads, out_ctx // bs, head_dim,
             x.stride(0), x.stride(1), y.stride(0), y.stride(1),
@@ -70,7 +78,7 @@ def softmax(x, tables, *, scale, autoregress_at_key, masked, lut_heads, q_blocks
     n, heads, blocks, bs, _ = x.shape
     y = torch.empty(x.shape, dtype=dtype, device=x.device)
     if n:
-        bst_softmax_kernel[(q_blocks, n * heads)](
+        bst_softmax_kernel[(q_blocks, _rows(n, heads))](
             x, y, tables.row_offsets, tables.coords, tables.mask_index, tables.mask_bits,
             float(scale), 0 if autoregress_at_key is None else int(autoregress_at_key),
             blocks, heads, lut_heads, q_blocks,
@@ -85,7 +93,7 @@ def softmax_grad(dy, y, tables, *, scale, lut_heads, q_blocks, dtype):
     n, heads, blocks, bs, _ = y.shape
     dx = torch.empty(y.shape, dtype=dtype, device=y.device)
     if n:
-        bst_softmax_grad_kernel[(q_blocks, n * heads)](
+        bst_softmax_grad_kernel[(q_blocks, _rows(n, heads))](
             dy, y, dx, tables.row_offsets,
             float(scale), blocks, heads, lut_heads, q_blocks,
             BS=bs, num_warps=_warps(bs),

@@ -96,3 +96,12 @@ def test_softmax_rows_that_keep_nothing(rng):
     y_ref = ref.softmax(lay, _np(x), 1.0, masks)
     assert torch.isfinite(y).all() and rel_error(y, y_ref) < tolerance("float32")
     assert (ref.unpack(lay, y_ref).sum(axis=-1) == 0).any()  # the case really has empty rows
+
+
+def test_too_many_program_rows(rng):
+    """CUDA grids allow 65535 program rows (batch * heads): a clear error instead of a failed launch."""
+    lay, _, tables, _ = _setup(rng, "bs16-per-head-d24")
+    a = torch.zeros(65536 // lay.heads + 1, lay.ctx_q, lay.heads)
+    with pytest.raises(ValueError, match="at most 65535 batch \\* heads"):
+        launch.nt(a, a[:, :lay.ctx_k], tables, heads=lay.heads, lut_heads=lay.lut_heads, blocks=lay.blocks,
+                  bs=lay.block_size, precision="ieee")

@@ -256,6 +256,8 @@ def test_attributes_and_helpers():
     assert bst.block_coord(2) == (1, 1) and bst.nt_list == [[(0, 0), (1, 0), (1, 1)]]
     assert bst.w_shape(None) == (None, 4, 3, 32, 32) and bst.q_shape(2, 8) == (2, 64, 8)
     assert "name='attn'" in repr(bst)
+    import blocksparse  # the original's `import blocksparse as bs; bs.BlocksparseTransformer(...)`
+    assert blocksparse.BlocksparseTransformer is BlocksparseTransformer
 
 
 # ---------------------------------------------------------------- bad input and backends
