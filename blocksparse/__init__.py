@@ -11,6 +11,16 @@ from .layout import BLOCK_SIZES, Layout
 
 __all__ = ["BLOCK_SIZES", "Layout", "__version__", "build_info"]
 
+#: Names the original package exported at its top level, imported (with their framework) on first use.
+_LAZY = {"BlocksparseTransformer": "transformer"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        from importlib import import_module
+        return getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 def _installed_version():
     from importlib import metadata

@@ -1,14 +1,16 @@
 """Op families: one folder each, framework-neutral (Triton kernels on pointers, strides and lookup
 tables; tile tables; ahead-of-time specialisations).
 
-=========  =================================================================================
-family     holds
-=========  =================================================================================
-matmul     block-sparse ``y = x @ W``: fprop / bprop (``xprop*``), updat (``updat*``), tiles
-norms      layer norm over either activation layout (segments, fused relu), tiles
-lstm       the fused LSTM gates (one step's nonlinearities and cell update)
-common     what several families share (the interpreter fix, deterministic partial-row sums)
-=========  =================================================================================
+===========  ===============================================================================
+family       holds
+===========  ===============================================================================
+matmul       block-sparse ``y = x @ W``: fprop / bprop (``xprop*``), updat (``updat*``), tiles
+norms        layer norm over either activation layout (segments, fused relu), tiles
+lstm         the fused LSTM gates (one step's nonlinearities and cell update)
+transformer  block-sparse attention ops: attention lookup tables (``lut``), ``nt`` / ``nn`` / ``tn``
+             products, the masked softmax, the frontends' shared API (``frontend``)
+common       what several families share (the interpreter fix, deterministic partial-row sums)
+===========  ===============================================================================
 
 A family's frontends live beside the public modules: ``blocksparse/torch/_<family>/`` (PyTorch
 launchers and custom ops) and ``blocksparse/_tf/<family>/`` (TensorFlow glue and reference path).

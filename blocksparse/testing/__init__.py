@@ -7,6 +7,7 @@ when called).
 :mod:`.matmul`     float64 references of the block-sparse matmul, random layouts
 :mod:`.ew`         float64 references of the elementwise ops (values and derivatives)
 :mod:`.norms`      float64 references of layer norm, the LSTM gates, batch norm, ``cwise_linear``
+:mod:`.attention`  float64 dense references of block-sparse attention (block + in-block masks)
 """
 from .numerics import TOLERANCE, rel_error, tolerance
 

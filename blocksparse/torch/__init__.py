@@ -1,5 +1,5 @@
-"""PyTorch frontend: :class:`BlocksparseMatMul`, :class:`BlocksparseLinear`, :func:`layer_norm`,
-:func:`fused_lstm_gates`.
+"""PyTorch frontend: :class:`BlocksparseMatMul`, :class:`BlocksparseLinear`,
+:class:`BlocksparseTransformer`, :func:`layer_norm`, :func:`fused_lstm_gates`.
 
 Requires PyTorch (``pip install blocksparse[torch]``).  On CUDA tensors the Triton kernels run;
 elsewhere (and for block size 8) the reference path does.  ``BLOCKSPARSE_BACKEND`` forces a path
@@ -13,5 +13,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
 from .lstm import fused_lstm_gates
 from .matmul import BlocksparseLinear, BlocksparseMatMul
 from .norms import layer_norm
+from .transformer import BlocksparseTransformer
 
-__all__ = ["BlocksparseMatMul", "BlocksparseLinear", "layer_norm", "fused_lstm_gates"]
+__all__ = ["BlocksparseMatMul", "BlocksparseLinear", "BlocksparseTransformer", "layer_norm",
+           "fused_lstm_gates"]

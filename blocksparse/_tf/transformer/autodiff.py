@@ -1,0 +1,52 @@
+"""The transformer ops as differentiable TensorFlow ops (``tf.custom_gradient``).
+
+The three products are closed under differentiation -- ``d(nt) = (nn, tn)``, ``d(nn) = (nt, tn)``,
+``d(tn) = (nt, nn)`` -- so each gradient is built from these differentiable ops again (second order
+works).  The softmax gradient is ``(dy - sum_row(dy * y)) * y * scale``; a tensor ``scale`` also gets
+its gradient.
+"""
+from .. import tf
+
+__all__ = ["nt", "softmax", "xn"]
+
+
+def nt(a, b, layout, products):
+    """Packed ``a_h b_hᵀ`` on the layout's blocks, with gradients."""
+    @tf.custom_gradient
+    def blocksparse_transformer_nt(a, b):
+        def grad(dc):
+            return xn(dc, b, layout, products, trans=False), xn(dc, a, layout, products, trans=True)
+        return products.nt(a, b, layout), grad
+
+    return blocksparse_transformer_nt(a, b)
+
+
+def xn(w, x, layout, products, trans):
+    """``nn`` (``w_h x_h``) or, with ``trans``, ``tn`` (``w_hᵀ x_h``), with gradients."""
+    @tf.custom_gradient
+    def blocksparse_transformer_xn(w, x):
+        def grad(dy):
+            dw = nt(x, dy, layout, products) if trans else nt(dy, x, layout, products)
+            return dw, xn(w, dy, layout, products, trans=not trans)
+        return products.xn(w, x, layout, trans), grad
+
+    return blocksparse_transformer_xn(w, x)
+
+
+def softmax(x, scale, keep, layout, products, dtype, scale_grad):
+    """Masked softmax of ``scale * x`` (``scale``: float32 scalar tensor) in ``dtype``; the gradient
+    of ``scale`` is computed only when ``scale_grad``."""
+    @tf.custom_gradient
+    def blocksparse_masked_softmax(x, scale):
+        y = products.softmax(x, scale, keep, layout, dtype)
+
+        def grad(dy):
+            dx = products.softmax_grad(dy, y, scale, layout, x.dtype)
+            if not scale_grad:
+                return dx, None
+            ds = products.softmax_grad(dy, y, 1.0, layout, tf.float32)
+            return dx, tf.reduce_sum(ds * tf.cast(x, tf.float32))
+
+        return y, grad
+
+    return blocksparse_masked_softmax(x, scale)

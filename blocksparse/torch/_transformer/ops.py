@@ -1,0 +1,165 @@
+"""PyTorch custom ops of the block-sparse transformer.
+
+``blocksparse::bst_nt``            scores = a·bᵀ on the layout's blocks   (N, H, blocks, bs, bs)
+``blocksparse::bst_nn``            y = w·v                                (N, ctx_q, F)
+``blocksparse::bst_tn``            y = wᵀ·x                               (N, ctx_k, F)
+``blocksparse::bst_softmax``       masked softmax along query rows
+``blocksparse::bst_softmax_grad``  its gradient
+
+The three products are closed under differentiation (``d(nt) = nn, tn``; ``d(nn) = nt, tn``;
+``d(tn) = nt, nn``), so their registered backward passes call these ops again and second order
+works.  The softmax gradient op has no gradient of its own.  Each op takes a layout handle
+(:func:`.state.handle`) and chooses at run time between the Triton kernels and the reference path
+(:func:`blocksparse.torch._matmul.ops.use_triton`, the same rule as the matmul); a fake function
+per op lets ``torch.compile`` trace them without graph breaks.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .._matmul.ops import use_triton
+from . import reference as _reference
+from . import state as _state
+
+PRECISION = "ieee"  # float32 products are exact (no TF32)
+
+
+def _dense(t):
+    """Unit stride along features (the kernels' addressing), other strides free."""
+    return t if t.stride(-1) == 1 and 0 not in t.stride() else t.contiguous()
+
+
+def _kernels():
+    from . import launch
+    return launch
+
+
+@torch.library.custom_op("blocksparse::bst_nt", mutates_args=())
+def bst_nt(a: Tensor, b: Tensor, layout: int) -> Tensor:
+    st = _state.state(layout)
+    lay = st.layout
+    if use_triton(a, lay.block_size):
+        return _kernels().nt(_dense(a), _dense(b), st.tables(a.device), heads=lay.heads, lut_heads=lay.lut_heads,
+                             blocks=lay.blocks, bs=lay.block_size, precision=PRECISION)
+    q_ids, k_ids = st.flat_ids(a.device)
+    return _reference.nt(a, b, q_ids, k_ids, lay.heads, lay.block_size)
+
+
+@bst_nt.register_fake
+def _(a, b, layout):
+    lay = _state.state(layout).layout
+    return a.new_empty((a.shape[0], lay.heads, lay.blocks, lay.block_size, lay.block_size))
+
+
+def _xn(w, x, layout, trans):
+    st = _state.state(layout)
+    lay = st.layout
+    out_ctx = lay.ctx_k if trans else lay.ctx_q
+    if use_triton(x, lay.block_size):
+        return _kernels().xn(w.contiguous(), _dense(x), st.tables(x.device), trans=trans, out_ctx=out_ctx,
+                             heads=lay.heads, lut_heads=lay.lut_heads, bs=lay.block_size, precision=PRECISION)
+    q_ids, k_ids = st.flat_ids(x.device)
+    gather, scatter, out_blocks = (q_ids, k_ids, lay.KB) if trans else (k_ids, q_ids, lay.QB)
+    return _reference.xn(w, x, gather, scatter, out_blocks, lay.heads, lay.block_size, trans)
+
+
+def _xn_fake(w, x, layout, trans):
+    lay = _state.state(layout).layout
+    return x.new_empty((x.shape[0], lay.ctx_k if trans else lay.ctx_q, x.shape[2]))
+
+
+@torch.library.custom_op("blocksparse::bst_nn", mutates_args=())
+def bst_nn(w: Tensor, v: Tensor, layout: int) -> Tensor:
+    return _xn(w, v, layout, trans=False)
+
+
+@torch.library.custom_op("blocksparse::bst_tn", mutates_args=())
+def bst_tn(w: Tensor, x: Tensor, layout: int) -> Tensor:
+    return _xn(w, x, layout, trans=True)
+
+
+bst_nn.register_fake(lambda w, v, layout: _xn_fake(w, v, layout, trans=False))
+bst_tn.register_fake(lambda w, x, layout: _xn_fake(w, x, layout, trans=True))
+
+
+@torch.library.custom_op("blocksparse::bst_softmax", mutates_args=())
+def bst_softmax(x: Tensor, layout: int, scale: float, autoregress_at_key: Optional[int], masked: bool,
+                dtype: torch.dtype) -> Tensor:
+    st = _state.state(layout)
+    lay = st.layout
+    masked = masked and st.masks is not None
+    if use_triton(x, lay.block_size):
+        return _kernels().softmax(x.contiguous(), st.tables(x.device), scale=scale,
+                                  autoregress_at_key=autoregress_at_key, masked=masked, lut_heads=lay.lut_heads,
+                                  q_blocks=lay.QB, dtype=dtype)
+    keep = st.keep(x.device, masked, autoregress_at_key)
+    return _reference.softmax(x, st.flat_ids(x.device)[0], keep, scale, lay.heads * lay.QB, dtype)
+
+
+@bst_softmax.register_fake
+def _(x, layout, scale, autoregress_at_key, masked, dtype):
+    return x.new_empty(x.shape, dtype=dtype)
+
+
+@torch.library.custom_op("blocksparse::bst_softmax_grad", mutates_args=())
+def bst_softmax_grad(dy: Tensor, y: Tensor, layout: int, scale: float, dtype: torch.dtype) -> Tensor:
+    st = _state.state(layout)
+    lay = st.layout
+    if use_triton(y, lay.block_size):
+        return _kernels().softmax_grad(dy.contiguous(), y.contiguous(), st.tables(y.device), scale=scale,
+                                       lut_heads=lay.lut_heads, q_blocks=lay.QB, dtype=dtype)
+    return _reference.softmax_grad(dy, y, st.flat_ids(y.device)[0], scale, lay.heads * lay.QB, dtype)
+
+
+@bst_softmax_grad.register_fake
+def _(dy, y, layout, scale, dtype):
+    return y.new_empty(y.shape, dtype=dtype)
+
+
+# ---------------------------------------------------------------- autograd
+
+def _save_operands(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], inputs[1])
+    ctx.layout = inputs[2]
+
+
+def _nt_backward(ctx, dc):
+    a, b = ctx.saved_tensors
+    da = bst_nn(dc, b, ctx.layout) if ctx.needs_input_grad[0] else None
+    db = bst_tn(dc, a, ctx.layout) if ctx.needs_input_grad[1] else None
+    return da, db, None
+
+
+def _nn_backward(ctx, dy):
+    w, v = ctx.saved_tensors
+    dw = bst_nt(dy, v, ctx.layout) if ctx.needs_input_grad[0] else None
+    dv = bst_tn(w, dy, ctx.layout) if ctx.needs_input_grad[1] else None
+    return dw, dv, None
+
+
+def _tn_backward(ctx, dy):
+    w, x = ctx.saved_tensors
+    dw = bst_nt(x, dy, ctx.layout) if ctx.needs_input_grad[0] else None
+    dx = bst_nn(w, dy, ctx.layout) if ctx.needs_input_grad[1] else None
+    return dw, dx, None
+
+
+def _softmax_setup(ctx, inputs, output):
+    x, layout, scale = inputs[:3]
+    ctx.save_for_backward(output)
+    ctx.meta = (layout, scale, x.dtype)
+
+
+def _softmax_backward(ctx, dy):
+    (y,) = ctx.saved_tensors
+    layout, scale, x_dtype = ctx.meta
+    return bst_softmax_grad(dy, y, layout, scale, x_dtype), None, None, None, None, None
+
+
+bst_nt.register_autograd(_nt_backward, setup_context=_save_operands)
+bst_nn.register_autograd(_nn_backward, setup_context=_save_operands)
+bst_tn.register_autograd(_tn_backward, setup_context=_save_operands)
+bst_softmax.register_autograd(_softmax_backward, setup_context=_softmax_setup)

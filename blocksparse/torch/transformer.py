@@ -1,0 +1,90 @@
+"""Public PyTorch API of block-sparse attention: :class:`BlocksparseTransformer`."""
+from __future__ import annotations
+
+import torch
+
+from ..ops.transformer.frontend import TransformerBase, check_autoregress_at_key, check_bench, check_scale
+from ._transformer import ops as _ops
+from ._transformer import state as _state
+
+__all__ = ["BlocksparseTransformer"]
+
+_OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+class BlocksparseTransformer(TransformerBase):
+    __doc__ = TransformerBase.__doc__.split("    This class holds")[0] + """\
+    PyTorch (``name`` and the ``name`` / ``bench`` arguments of the ops are accepted for the same
+    API, and unused): on CUDA tensors the Triton kernels run, elsewhere (and for block size 8 and float64)
+    the reference path (PyTorch ops).  Every op is traceable by ``torch.compile(fullgraph=True)``;
+    under ``torch.autocast`` the products run in the autocast dtype.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> bst = BlocksparseTransformer(np.tril(np.ones((4, 4))), block_size=16, heads=2)
+    >>> q, k, v = (torch.randn(3, 64, 2 * 8) for _ in range(3))
+    >>> w = bst.query_key_op(q, k)                    # (3, 2, 10, 16, 16)
+    >>> p = bst.masked_softmax(w, scale=8 ** -0.5)
+    >>> bst.weight_value_op(p, v).shape
+    torch.Size([3, 64, 16])
+    """
+
+    def __init__(self, layout, block_size=64, heads=None, mask_callback=None, name=None):
+        super().__init__(layout, block_size, heads, mask_callback, name)
+        self._handle = _state.handle(self.layout, self.masks)
+
+    def _nt(self, a, b, name, bench):
+        check_bench(bench)
+        a_t, b_t = self._operands((*a, "ctx_q"), (*b, "ctx_k"))
+        if a_t.shape[2] != b_t.shape[2]:
+            raise ValueError(f"{a[0]} and {b[0]} must have the same features (heads * head_dim); got "
+                             f"{a_t.shape[2]} and {b_t.shape[2]}")
+        return _ops.bst_nt(a_t, b_t, self._handle)
+
+    def _xn(self, w, x, trans, name, bench):
+        check_bench(bench)
+        w_t, x_t = self._operands((*w, "scores"), (*x, "ctx_q" if trans else "ctx_k"))
+        return (_ops.bst_tn if trans else _ops.bst_nn)(w_t, x_t, self._handle)
+
+    def _softmax(self, x, scale, autoregress_at_key, dtype, masked):
+        scale = check_scale(scale)
+        autoregress_at_key = check_autoregress_at_key(autoregress_at_key)
+        (x,) = self._operands(("x", x, "scores"), autocast=False)
+        if dtype is None:
+            dtype = x.dtype
+        elif dtype not in _OUT_DTYPES:
+            raise TypeError(f"dtype must be one of {', '.join(map(str, _OUT_DTYPES))} or None; got {dtype!r}")
+        return _ops.bst_softmax(x, self._handle, scale, autoregress_at_key, masked, dtype)
+
+    def _operands(self, *specs, autocast=True):
+        """Check ``(name, tensor, kind)`` operands (kind: ``"scores"`` or the context, ``"ctx_q"`` /
+        ``"ctx_k"``, of activations); cast to the autocast dtype if on."""
+        tensors = []
+        for name, t, kind in specs:
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
+            if not t.is_floating_point():
+                raise TypeError(f"{name} must be floating point (float16, bfloat16, float32, float64); got {t.dtype}")
+            if kind == "scores":
+                error = self.scores_shape_error(name, tuple(t.shape))
+            else:
+                error = self.dense_shape_error(name, tuple(t.shape), getattr(self, kind), kind)
+            if error:
+                raise ValueError(error)
+            tensors.append(t)
+        first = tensors[0]
+        for (name, *_), t in zip(specs[1:], tensors[1:]):
+            if t.device != first.device:
+                raise ValueError(f"{specs[0][0]} and {name} must be on one device; got {first.device} and {t.device}")
+            if t.shape[0] != first.shape[0]:
+                raise ValueError(f"{specs[0][0]} and {name} must have the same batch size; got {first.shape[0]} "
+                                 f"and {t.shape[0]}")
+        if autocast and torch.is_autocast_enabled(first.device.type):
+            dtype = torch.get_autocast_dtype(first.device.type)
+            tensors = [t.to(dtype) for t in tensors]
+        for (name, *_), t in zip(specs[1:], tensors[1:]):
+            if t.dtype != tensors[0].dtype:
+                raise TypeError(f"{specs[0][0]} and {name} must have the same dtype; got {tensors[0].dtype} "
+                                f"and {t.dtype}")
+        return tensors

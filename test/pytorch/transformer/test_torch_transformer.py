@@ -1,0 +1,266 @@
+"""blocksparse.torch.BlocksparseTransformer: attention values and gradients against float64 dense
+attention with the same masks, every op and its gradients, the Triton path, torch.compile,
+autocast, and bad input."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from blocksparse.testing import attention as ref  # noqa: E402
+from blocksparse.testing import rel_error, tolerance  # noqa: E402
+from blocksparse.torch import BlocksparseTransformer  # noqa: E402
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "float64": torch.float64}
+
+
+
+def _layout(rng, kind, heads, QB):
+    if kind == "causal":
+        return ref.causal_layout(QB), heads
+    if kind == "shared":
+        return ref.random_layout(rng, 1, QB, QB, 0.5, empty_rows=1)[0], heads
+    return ref.random_layout(rng, heads, QB, QB, 0.5, empty_rows=1), None
+
+
+def _attention(bst, q, k, v, do, scale, autoregress_at_key=None):
+    """Run the chain and its backward; return (o, dq, dk, dv) and the inputs as the op saw them."""
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    w = bst.query_key_op(leaves[0], leaves[1])
+    p = bst.masked_softmax(w, scale=scale, autoregress_at_key=autoregress_at_key)
+    o = bst.weight_value_op(p, leaves[2])
+    o.backward(do)
+    return (o.detach(), *(t.grad for t in leaves))
+
+
+def _check_attention(rng, bst, dtype, head_dim=8, batch=2, scale=0.35, autoregress_at_key=None, rel=1.0):
+    t = lambda shape: torch.from_numpy(rng.standard_normal(shape)).to(DTYPES[dtype])  # noqa: E731
+    q = t((batch, bst.ctx_q, bst.heads * head_dim))
+    k, v = t((batch, bst.ctx_k, bst.heads * head_dim)), t((batch, bst.ctx_k, bst.heads * head_dim))
+    do = t((batch, bst.ctx_q, bst.heads * head_dim))
+    got = _attention(bst, q, k, v, do, scale, autoregress_at_key)
+    want = ref.attention(bst.layout, *(x.double().numpy() for x in (q, k, v, do)), scale, bst.masks,
+                         autoregress_at_key)
+    for name, g, w in zip(("o", "dq", "dk", "dv"), got, want):
+        assert g.dtype == DTYPES[dtype], name
+        # three products and a softmax in a row, each rounding to dtype
+        assert rel_error(g, w) < 3 * rel * tolerance(dtype), name
+    return got
+
+
+@pytest.mark.parametrize("kind", ["per-head", "shared", "causal"])
+@pytest.mark.parametrize("masked", [False, True], ids=["blocks", "callback"])
+def test_attention_reference(rng, kind, masked):
+    layout, heads = _layout(rng, kind, 3, 5)
+    bst = BlocksparseTransformer(layout, 16, heads=heads, mask_callback=ref.diagonal_causal if masked else None)
+    _check_attention(rng, bst, "float64")
+
+
+@pytest.mark.parametrize("bs", [8, 16, 32, 64, 128])
+def test_attention_block_sizes(rng, bs):
+    bst = BlocksparseTransformer(ref.random_layout(rng, 2, 3, 2, 0.5), bs,
+                                 mask_callback=lambda s, *_: rng.random(s) < 0.8)
+    _check_attention(rng, bst, "float32", head_dim=5, batch=1)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_attention_dtypes(rng, dtype):
+    bst = BlocksparseTransformer(ref.causal_layout(4), 16, heads=2, mask_callback=ref.diagonal_causal)
+    _check_attention(rng, bst, dtype)
+
+
+@pytest.mark.parametrize("autoregress_at_key", [0, 20, 1000])
+def test_autoregress_at_key(rng, autoregress_at_key):
+    """Key kp stays visible to query qp where kp <= qp or kp < autoregress_at_key."""
+    bst = BlocksparseTransformer(np.ones((3, 3)), 16, heads=2, mask_callback=lambda s, *_: rng.random(s) < 0.9)
+    _check_attention(rng, bst, "float64", autoregress_at_key=autoregress_at_key)
+    plain = BlocksparseTransformer(np.ones((3, 3)), 16, heads=2)  # without a callback too
+    _check_attention(rng, plain, "float64", autoregress_at_key=autoregress_at_key)
+
+
+def test_ctx_q_and_ctx_k_differ_and_values_have_their_own_head_dim(rng):
+    bst = BlocksparseTransformer(ref.random_layout(rng, 2, 2, 5, 0.6), 16)
+    q, k = (torch.randn(2, ctx, 2 * 4, dtype=torch.float64) for ctx in (bst.ctx_q, bst.ctx_k))
+    v = torch.randn(2, bst.ctx_k, 2 * 7, dtype=torch.float64)
+    y = bst.weight_value_op(bst.softmax(bst.query_key_op(q, k), 0.5), v)
+    want = ref.nn(bst.layout, ref.softmax(bst.layout, ref.nt(bst.layout, q.numpy(), k.numpy()), 0.5), v.numpy())
+    assert y.shape == (2, bst.ctx_q, 14) and rel_error(y, want) < 1e-12
+
+
+def test_rows_that_keep_nothing_give_zeros(rng):
+    """A query block without key blocks, an in-block mask that drops whole rows: zeros, never NaN,
+    and zero gradients."""
+    layout = np.array([[1, 0, 0], [0, 0, 0], [1, 1, 1]])
+    bst = BlocksparseTransformer(layout, 16, heads=1, mask_callback=lambda s, h, q, k, b: np.triu(np.ones(s), 1))
+    x = torch.randn(bst.w_shape(2), dtype=torch.float64, requires_grad=True)
+    y = bst.masked_softmax(x, scale=2.0)
+    assert torch.isfinite(y).all()
+    assert (y[:, :, 0, 15] == 0).all()  # the last row of block (0, 0) keeps nothing
+    assert rel_error(y, ref.softmax(bst.layout, x.detach().numpy(), 2.0, bst.masks)) < 1e-12
+    y.backward(torch.randn_like(y))
+    assert torch.isfinite(x.grad).all() and (x.grad[:, :, 0, 15] == 0).all()
+    o = bst.weight_value_op(y, torch.randn(2, 48, 8, dtype=torch.float64))
+    assert (o[:, 16:32] == 0).all()  # query block 1 has no key block
+
+
+# ---------------------------------------------------------------- every op, every gradient
+
+def _op_grads(fn, inputs, dout):
+    leaves = [x.clone().requires_grad_() for x in inputs]
+    out = fn(*leaves)
+    out.backward(dout)
+    return out.detach(), [x.grad for x in leaves]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
+def test_products_and_their_gradients(rng, dtype):
+    bst = BlocksparseTransformer(ref.random_layout(rng, 2, 3, 4, 0.5, empty_rows=1), 16)
+    lay = bst.layout
+    t = lambda shape: torch.from_numpy(rng.standard_normal(shape)).to(DTYPES[dtype])  # noqa: E731
+    a, x = t((2, bst.ctx_q, 12)), t((2, bst.ctx_q, 12))
+    b, w = t((2, bst.ctx_k, 12)), t(bst.w_shape(2))
+    dc, dy_q, dy_k = t(bst.w_shape(2)), t((2, bst.ctx_q, 12)), t((2, bst.ctx_k, 12))
+    n = lambda z: z.double().numpy()  # noqa: E731
+    tol = tolerance(dtype)
+    cases = {  # op, inputs, output gradient, (output, input gradients) in float64
+        "nt": (bst.nt_op, (a, b), dc, (ref.nt(lay, n(a), n(b)), ref.nn(lay, n(dc), n(b)), ref.tn(lay, n(dc), n(a)))),
+        "nn": (bst.nn_op, (w, b), dy_q, (ref.nn(lay, n(w), n(b)), ref.nt(lay, n(dy_q), n(b)),
+                                         ref.tn(lay, n(w), n(dy_q)))),
+        "tn": (bst.tn_op, (w, x), dy_k, (ref.tn(lay, n(w), n(x)), ref.nt(lay, n(x), n(dy_k)),
+                                         ref.nn(lay, n(w), n(dy_k)))),
+    }
+    for name, (fn, inputs, dout, want) in cases.items():
+        out, grads = _op_grads(fn, inputs, dout)
+        for what, got, exp in zip(("out", "d0", "d1"), (out, *grads), want):
+            assert got.dtype == DTYPES[dtype]
+            assert rel_error(got, exp) < tol, (name, what)
+    y, (dx,) = _op_grads(lambda z: bst.softmax(z, 0.5), (w,), dc)
+    assert rel_error(dx, ref.softmax_grad(lay, n(dc), n(y), 0.5)) < tol
+
+
+def test_second_order_gradients(rng):
+    bst = BlocksparseTransformer(ref.random_layout(rng, 2, 2, 2, 0.6), 8)
+    a = torch.randn(1, 16, 4, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(1, 16, 4, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(bst.w_shape(1), dtype=torch.float64, requires_grad=True)
+    for op, inputs in ((bst.nt_op, (a, b)), (bst.nn_op, (w, b)), (bst.tn_op, (w, a))):
+        assert torch.autograd.gradgradcheck(op, inputs, fast_mode=True)
+    masked = BlocksparseTransformer(ref.causal_layout(2), 8, heads=2, mask_callback=ref.diagonal_causal)
+    x = torch.randn(masked.w_shape(1), dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda z: masked.masked_softmax(z, 0.7, autoregress_at_key=3), (x,),
+                                    fast_mode=True)
+
+
+def test_softmax_dtype_argument(rng):
+    bst = BlocksparseTransformer(ref.causal_layout(2), 16, heads=1)
+    x = torch.randn(bst.w_shape(2), dtype=torch.float32, requires_grad=True)
+    y = bst.masked_softmax(x, dtype=torch.bfloat16)
+    assert y.dtype == torch.bfloat16
+    assert rel_error(y, ref.softmax(bst.layout, x.detach().numpy())) < tolerance("bfloat16")
+    y.float().sum().backward()
+    assert x.grad.dtype == torch.float32
+
+
+# ---------------------------------------------------------------- Triton, compile, autocast
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("dtype, shared", [("float32", False), ("bfloat16", True)], ids=["fp32", "bf16-shared"])
+def test_triton_backend_through_the_class(rng, monkeypatch, dtype, shared):
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "triton")
+    layout, heads = _layout(rng, "shared" if shared else "per-head", 2, 3)
+    bst = BlocksparseTransformer(layout, 16, heads=heads, mask_callback=lambda s, *_: rng.random(s) < 0.8)
+    # the interpreter rounds bfloat16 stores toward zero: twice the error of round-to-nearest
+    _check_attention(rng, bst, dtype, autoregress_at_key=7, rel=2.0)
+
+
+def test_torch_compile_fullgraph(rng):
+    bst = BlocksparseTransformer(ref.causal_layout(3), 16, heads=2, mask_callback=ref.diagonal_causal)
+
+    def attend(q, k, v):
+        p = bst.masked_softmax(bst.query_key_op(q, k), scale=0.5, autoregress_at_key=4)
+        return bst.weight_value_op(p, v)
+
+    q, k, v = (torch.randn(2, 48, 2 * 8, requires_grad=True) for _ in range(3))
+    compiled = torch.compile(attend, fullgraph=True, backend="aot_eager")
+    out = compiled(q, k, v)
+    out.square().sum().backward()
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    expect = attend(q, k, v)
+    expect.square().sum().backward()
+    torch.testing.assert_close(out, expect)
+    for g, t in zip(grads, (q, k, v)):
+        torch.testing.assert_close(g, t.grad)
+
+
+def test_autocast_cpu(rng):
+    bst = BlocksparseTransformer(ref.causal_layout(2), 16, heads=2)
+    q, k, v = (torch.randn(2, 32, 16) for _ in range(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        w = bst.query_key_op(q, k)
+        y = bst.weight_value_op(bst.softmax(w), v)
+    assert w.dtype == y.dtype == torch.bfloat16
+    want = ref.nn(bst.layout, ref.softmax(bst.layout, ref.nt(bst.layout, q.numpy(), k.numpy())), v.numpy())
+    assert rel_error(y, want) < 3 * tolerance("bfloat16")
+
+
+def test_equal_layouts_share_a_handle(rng):
+    layout = ref.random_layout(rng, 2, 3, 3, 0.5)
+    a, b = BlocksparseTransformer(layout, 16), BlocksparseTransformer(layout.copy(), 16)
+    c = BlocksparseTransformer(layout, 16, mask_callback=ref.diagonal_causal)
+    assert a._handle == b._handle != c._handle
+    assert "masked=True" in repr(c)
+
+
+# ---------------------------------------------------------------- bad input
+
+@pytest.fixture
+def bst():
+    return BlocksparseTransformer(ref.causal_layout(2), 16, heads=2)
+
+
+@pytest.mark.parametrize("case", ref.BAD_QUERY_KEY)
+def test_bad_query_key(bst, case):
+    q_shape, k_shape, words = ref.BAD_QUERY_KEY[case]
+    with pytest.raises(ValueError, match=words):
+        bst.query_key_op(torch.randn(q_shape), torch.randn(k_shape))
+
+
+def test_bad_types_and_dtypes(bst):
+    q = torch.randn(2, 32, 8)
+    with pytest.raises(TypeError, match="q and k must have the same dtype"):
+        bst.query_key_op(q, q.double())
+    with pytest.raises(TypeError, match="k must be floating point"):
+        bst.query_key_op(q, q.int())
+    with pytest.raises(TypeError, match="q must be a torch.Tensor"):
+        bst.query_key_op(q.numpy(), q)
+    w = torch.randn(bst.w_shape(2))
+    with pytest.raises(ValueError, match=r"w must have shape \(batch, heads, blocks, bs, bs\) = \('batch', 2, 3"):
+        bst.weight_value_op(w[:, :, :2], q)
+    with pytest.raises(ValueError, match="v must have shape"):
+        bst.weight_value_op(w, torch.randn(2, 48, 8))
+    with pytest.raises(TypeError, match="dtype must be one of"):
+        bst.softmax(w, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("kwargs, err, words", [
+    (dict(scale="2"), TypeError, "scale must be a real number"),
+    (dict(scale=float("nan")), ValueError, "scale must be finite"),
+    (dict(autoregress_at_key=-1), ValueError, "autoregress_at_key must be >= 0"),
+    (dict(autoregress_at_key=2.5), TypeError, "autoregress_at_key must be an int"),
+], ids=["scale-type", "scale-nan", "ar-negative", "ar-float"])
+def test_bad_softmax_arguments(bst, kwargs, err, words):
+    with pytest.raises(err, match=words):
+        bst.masked_softmax(torch.randn(bst.w_shape(1)), **kwargs)
+
+
+def test_bad_constructor_arguments():
+    with pytest.raises(ValueError, match="heads must be given with a 2-D layout"):
+        BlocksparseTransformer(np.ones((2, 2)), 16)
+    with pytest.raises(ValueError, match="layout has 2 heads"):
+        BlocksparseTransformer(np.ones((2, 2, 2)), 16, heads=3)
+    with pytest.raises(ValueError, match="block_size must be one of"):
+        BlocksparseTransformer(np.ones((2, 2)), 48, heads=1)
+    with pytest.raises(ValueError, match=r"mask_callback must return an array of shape blk_shape = \(16, 16\)"):
+        BlocksparseTransformer(np.ones((2, 2)), 16, heads=1, mask_callback=lambda *a: np.ones((16, 15)))
