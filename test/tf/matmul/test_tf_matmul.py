@@ -543,3 +543,14 @@ def test_import_with_old_tensorflow_is_refused(tmp_path):
     """, tmp_path, extra_path=fake.parent)
     assert res.returncode == 0, res.stderr
     assert ">= 2.16" in res.stdout and "found TensorFlow 2.15.1" in res.stdout
+
+
+def test_autograph_leaves_the_library_alone():
+    """Inside a user's tf.function AutoGraph must not convert blocksparse's own code (it is graph
+    code already; converting it made tracing a product with its gradient ~20x slower)."""
+    from tensorflow.python.autograph.impl import conversion
+
+    import blocksparse.norms
+
+    assert conversion.is_allowlisted(BlocksparseMatMul.__call__)
+    assert conversion.is_allowlisted(blocksparse.norms.layer_norm)
