@@ -5,6 +5,7 @@ when called).
 :mod:`.numerics`   ``rel_error``, ``TOLERANCE``, ``tolerance``
 :mod:`.poison`     ``poisoned_empty`` -- NaN-filled ``torch.empty`` so unwritten outputs show
 :mod:`.matmul`     float64 references of the block-sparse matmul, random layouts
+:mod:`.flash`      float64 reference of the fused block-sparse attention (masks, output, gradients)
 """
 from .numerics import TOLERANCE, rel_error, tolerance
 
