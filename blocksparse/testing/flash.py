@@ -33,10 +33,17 @@ def keep_mask(mask, *, causal=False, seqlens=None):
     return keep
 
 
+def _f64(t):
+    if hasattr(t, "detach"):  # torch: any device, any dtype (bfloat16 has no numpy twin)
+        t = t.detach().double().cpu()
+    return np.asarray(t, dtype=np.float64)
+
+
 def attention_grads(q, k, v, keep, scale, do=None):
     """``o`` (and ``dq, dk, dv`` given ``do``) in float64 for ``q (B, HQ, S, D)``, ``k, v (B, HK, S, D)``
-    and a keep mask broadcastable to ``(B, HQ, S, S)``; rows that keep nothing give zeros."""
-    q, k, v = (np.asarray(t, dtype=np.float64) for t in (q, k, v))
+    (numpy or torch) and a keep mask broadcastable to ``(B, HQ, S, S)``; rows that keep nothing
+    give zeros."""
+    q, k, v = (_f64(t) for t in (q, k, v))
     B, HQ, S, D = q.shape
     group = HQ // k.shape[1]
     kx, vx = (np.repeat(t, group, axis=1) for t in (k, v))
@@ -50,7 +57,7 @@ def attention_grads(q, k, v, keep, scale, do=None):
     o = np.einsum("bhqk,bhkd->bhqd", p, vx)
     if do is None:
         return o
-    do = np.asarray(do, dtype=np.float64)
+    do = _f64(do)
     dv = np.einsum("bhqk,bhqd->bhkd", p, do)
     dp = np.einsum("bhqd,bhkd->bhqk", do, vx)
     ds = p * (dp - (do * o).sum(-1, keepdims=True))
