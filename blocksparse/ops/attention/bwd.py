@@ -1,17 +1,21 @@
-"""Fused block-sparse attention, backward: two kernels, no atomics.
+"""Fused block-sparse attention, backward.
 
 With ``P = exp2(qk_scale * q k^T - lse)`` recomputed from the forward's log-sum-exp,
 ``delta = rowsum(o * do)``, ``dS = P * (do v^T - delta)``:
 
-``attn_bwd_dq_kernel``    per query tile (row lists, like the forward): ``delta`` (written for the
-                          next kernel) and ``dq = scale * dS k``.  Computing ``delta`` here, where
-                          ``o`` and ``do`` tiles are loaded anyway, saves the separate
-                          preprocessing pass over them.
-``attn_bwd_dkdv_kernel``  per key tile of a key/value head (column lists): ``dv = P^T do`` and
-                          ``dk = scale * dS^T q``, summed over the query heads of its group (GQA)
-                          in registers, each head walking its own layout's column list.
+``attn_bwd_dq_kernel``     per query tile (row lists, like the forward): ``delta`` (written for the
+                           next kernel) and ``dq = scale * dS k``.  Computing ``delta`` here, where
+                           ``o`` and ``do`` tiles are loaded anyway, saves a separate pass over them.
+``attn_bwd_dkdv_kernel``   per key tile of a key/value head (column lists): ``dv = P^T do`` and
+                           ``dk = scale * dS^T q``, summed over the query heads of its group (GQA)
+                           in registers, each head walking its own layout's column list.
 
-Both walk full blocks without masking work, then partial ones.  A row that attends to nothing
+Two ways to run them (``BwdConfig.atomic_dq``): the dq kernel, then dk/dv (seven products per
+tile pair, no atomics: ``S`` and ``dP`` are recomputed in both); or ``attn_bwd_delta_kernel``, then
+dk/dv with ``ATOMIC_DQ``, which also adds each tile pair's ``dS k`` into a float32 ``dq`` with
+atomics (five products, and atomic traffic).  The tile-config sweep measures both.
+
+All walk full blocks without masking work, then partial ones.  A row that attends to nothing
 (``lse = -inf``: empty, fully masked, or past a ragged batch's length) is read as ``lse = +inf``:
 ``P = 0`` there, so it adds nothing and its ``dq`` is zero, never NaN.
 """
@@ -22,11 +26,30 @@ from .tiles import keep_mask, load_rows, store_rows
 
 
 @triton.jit
-def _load_stats(LSE, DELTA, i_bh, o_m, S):
-    """Log-sum-exp (``-inf`` read as ``+inf``) and delta of query rows ``o_m``: [BM], [BM]."""
+def _load_lse(LSE, i_bh, o_m, S):
+    """Log-sum-exp of query rows ``o_m``, ``-inf`` (nothing attended) read as ``+inf``: [BM]."""
     lse = tl.load(LSE + i_bh.to(tl.int64) * S + o_m)
-    lse = tl.where(lse == float("-inf"), float("inf"), lse)
-    return lse, tl.load(DELTA + i_bh.to(tl.int64) * S + o_m)
+    return tl.where(lse == float("-inf"), float("inf"), lse)
+
+
+@triton.jit
+def _delta_rows(O, DO, DELTA, i_b, i_hq, i_bh, q0, S, stride_ob, stride_oh, stride_os,
+                stride_dob, stride_doh, stride_dos, BM: tl.constexpr, D: tl.constexpr, TMA: tl.constexpr):
+    """Write ``delta = rowsum(o * do)`` of rows ``q0 .. q0 + BM - 1``; return the do tile and delta."""
+    b_do = load_rows(DO, i_b, i_hq, q0, stride_dob, stride_doh, stride_dos, BM, D, TMA)
+    b_o = load_rows(O, i_b, i_hq, q0, stride_ob, stride_oh, stride_os, BM, D, TMA)
+    delta = tl.sum(b_o.to(tl.float32) * b_do.to(tl.float32), 1)
+    tl.store(DELTA + i_bh.to(tl.int64) * S + q0 + tl.arange(0, BM), delta)
+    return b_do, delta
+
+
+@triton.jit
+def attn_bwd_delta_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_os, stride_dob, stride_doh, stride_dos,
+                          S, HQ, BM: tl.constexpr, D: tl.constexpr, TMA: tl.constexpr):
+    # programs: (S // BM, B * HQ)
+    i_bh = tl.program_id(1)
+    _delta_rows(O, DO, DELTA, i_bh // HQ, i_bh % HQ, i_bh, tl.program_id(0) * BM, S, stride_ob, stride_oh,
+                stride_os, stride_dob, stride_doh, stride_dos, BM, D, TMA)
 
 
 @triton.jit
@@ -63,12 +86,9 @@ def attn_bwd_dq_kernel(
     o_m = q0 + tl.arange(0, BM)
 
     b_q = load_rows(Q, i_b, i_hq, q0, stride_qb, stride_qh, stride_qs, BM, D, TMA)
-    b_do = load_rows(DO, i_b, i_hq, q0, stride_dob, stride_doh, stride_dos, BM, D, TMA)
-    b_o = load_rows(O, i_b, i_hq, q0, stride_ob, stride_oh, stride_os, BM, D, TMA)
-    delta = tl.sum(b_o.to(tl.float32) * b_do.to(tl.float32), 1)
-    tl.store(DELTA + i_bh.to(tl.int64) * S + o_m, delta)
-    lse = tl.load(LSE + i_bh.to(tl.int64) * S + o_m)
-    lse = tl.where(lse == float("-inf"), float("inf"), lse)
+    b_do, delta = _delta_rows(O, DO, DELTA, i_b, i_hq, i_bh, q0, S, stride_ob, stride_oh, stride_os,
+                              stride_dob, stride_doh, stride_dos, BM, D, TMA)
+    lse = _load_lse(LSE, i_bh, o_m, S)
 
     p_h = HEADERS + (i_hl * NB + q_blk) * 3
     start = tl.load(p_h)
@@ -102,33 +122,42 @@ def attn_bwd_dq_kernel(
 
 
 @triton.jit
-def _dkdv_step(b_dk, b_dv, b_k, b_v, Q, DO, LSE, DELTA, i_b, i_hq, i_bh, q0, S,
+def _dkdv_step(b_dk, b_dv, b_k, b_v, Q, DO, DQ, LSE, DELTA, i_b, i_hq, i_bh, q0, S,
                stride_qb, stride_qh, stride_qs, stride_dob, stride_doh, stride_dos,
-               qk_scale, keep, BM: tl.constexpr, D: tl.constexpr, TMA: tl.constexpr, MASKED: tl.constexpr):
-    """Add the contribution of query rows ``q0 .. q0 + BM - 1`` of head ``i_hq`` to dk and dv."""
+               qk_scale, sm_scale, keep, BM: tl.constexpr, D: tl.constexpr, TMA: tl.constexpr,
+               MASKED: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+    """Add the contribution of query rows ``q0 .. q0 + BM - 1`` of head ``i_hq`` to dk and dv (and, with
+    ``ATOMIC_DQ``, theirs to the float32 ``DQ``)."""
+    o_m = q0 + tl.arange(0, BM)
     b_q = load_rows(Q, i_b, i_hq, q0, stride_qb, stride_qh, stride_qs, BM, D, TMA)
     b_do = load_rows(DO, i_b, i_hq, q0, stride_dob, stride_doh, stride_dos, BM, D, TMA)
-    lse, delta = _load_stats(LSE, DELTA, i_bh, q0 + tl.arange(0, BM), S)
+    lse = _load_lse(LSE, i_bh, o_m, S)
+    delta = tl.load(DELTA + i_bh.to(tl.int64) * S + o_m)
     b_st = tl.dot(b_k, tl.trans(b_q)) * qk_scale         # [BN, D] @ [D, BM] -> [BN, BM]
     b_pt = tl.math.exp2(b_st - lse[None, :])
     if MASKED:
         b_pt = tl.where(keep, b_pt, 0.0)
     b_dv = tl.dot(b_pt.to(b_do.dtype), b_do, b_dv)       # [BN, BM] @ [BM, D] -> [BN, D]
     b_dpt = tl.dot(b_v, tl.trans(b_do))                  # [BN, D] @ [D, BM] -> [BN, BM]
-    b_dst = b_pt * (b_dpt - delta[None, :])
-    b_dk = tl.dot(b_dst.to(b_q.dtype), b_q, b_dk)        # [BN, BM] @ [BM, D] -> [BN, D]
+    b_dst = (b_pt * (b_dpt - delta[None, :])).to(b_q.dtype)
+    b_dk = tl.dot(b_dst, b_q, b_dk)                      # [BN, BM] @ [BM, D] -> [BN, D]
+    if ATOMIC_DQ:  # DQ: contiguous float32 (B, HQ, S, D)
+        b_dq = tl.dot(tl.trans(b_dst), b_k) * sm_scale   # [BM, BN] @ [BN, D] -> [BM, D]
+        p_dq = DQ + (i_bh.to(tl.int64) * S + o_m[:, None]) * D + tl.arange(0, D)[None, :]
+        tl.atomic_add(p_dq, b_dq, sem="relaxed")
     return b_dk, b_dv
 
 
 @triton.jit
 def attn_bwd_dkdv_kernel(
-    Q, K, V, DO, DK, DV, LSE, DELTA, SEQLENS, HEADERS, ENTRIES, ORDER, MASKS,
+    Q, K, V, DO, DK, DV, DQ, LSE, DELTA, SEQLENS, HEADERS, ENTRIES, ORDER, MASKS,
     stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos,
     stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
     S, HQ, HL, NB, GROUP, qk_scale, sm_scale,
     BS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_SEQLENS: tl.constexpr, HAS_MASKS: tl.constexpr, TMA: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
 ):
     RN: tl.constexpr = BS // BN    # key tiles per block
     MS: tl.constexpr = BS // BM    # query steps per block
@@ -160,9 +189,9 @@ def attn_bwd_dkdv_kernel(
             n_part = tl.where(k0 < seqlen, n_part, 0)
         for t in tl.range(start * MS, (start + n_full) * MS):
             q0 = tl.load(ENTRIES + (t // MS) * 2) * BS + (t % MS) * BM
-            b_dk, b_dv = _dkdv_step(b_dk, b_dv, b_k, b_v, Q, DO, LSE, DELTA, i_b, i_hq, i_bh, q0, S,
+            b_dk, b_dv = _dkdv_step(b_dk, b_dv, b_k, b_v, Q, DO, DQ, LSE, DELTA, i_b, i_hq, i_bh, q0, S,
                                     stride_qb, stride_qh, stride_qs, stride_dob, stride_doh, stride_dos,
-                                    qk_scale, o_n[:, None] < seqlen, BM, D, TMA, HAS_SEQLENS)
+                                    qk_scale, sm_scale, o_n[:, None] < seqlen, BM, D, TMA, HAS_SEQLENS, ATOMIC_DQ)
         for t in tl.range((start + n_full) * MS, (start + n_full + n_part) * MS):
             p_e = ENTRIES + (t // MS) * 2
             q_blk = tl.load(p_e)
@@ -170,9 +199,9 @@ def attn_bwd_dkdv_kernel(
             o_m = q0 + tl.arange(0, BM)
             keep = keep_mask(o_m[None, :], o_n[:, None], seqlen, q_blk, k_blk, tl.load(p_e + 1), MASKS,
                              BS, CAUSAL, HAS_SEQLENS, HAS_MASKS)
-            b_dk, b_dv = _dkdv_step(b_dk, b_dv, b_k, b_v, Q, DO, LSE, DELTA, i_b, i_hq, i_bh, q0, S,
+            b_dk, b_dv = _dkdv_step(b_dk, b_dv, b_k, b_v, Q, DO, DQ, LSE, DELTA, i_b, i_hq, i_bh, q0, S,
                                     stride_qb, stride_qh, stride_qs, stride_dob, stride_doh, stride_dos,
-                                    qk_scale, keep, BM, D, TMA, True)
+                                    qk_scale, sm_scale, keep, BM, D, TMA, True, ATOMIC_DQ)
 
     store_rows(DK, b_dk * sm_scale, i_b, i_hk, k0, stride_dkb, stride_dkh, stride_dks, BN, D, TMA)
     store_rows(DV, b_dv, i_b, i_hk, k0, stride_dvb, stride_dvh, stride_dvs, BN, D, TMA)

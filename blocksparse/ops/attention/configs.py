@@ -39,7 +39,9 @@ class FwdConfig:
 @dataclass(frozen=True)
 class BwdConfig:
     """Backward: ``dq`` programs own ``BM2`` query rows and walk keys ``BN2`` at a time; ``dk``/``dv``
-    programs own ``BN1`` keys and walk the query blocks that attend to them ``BM1`` rows at a time."""
+    programs own ``BN1`` keys and walk the query blocks that attend to them ``BM1`` rows at a time.
+    ``atomic_dq``: no dq programs; the dk/dv programs add dq with float32 atomics (``BM2`` then
+    only tiles the pass that computes ``delta``)."""
 
     BM1: int = 64
     BN1: int = 128
@@ -48,6 +50,7 @@ class BwdConfig:
     num_warps: int = 8
     num_stages: int = 3
     tma: bool = True
+    atomic_dq: bool = False
 
     def fit(self, block_size):
         """This config with tiles no larger than ``block_size``."""

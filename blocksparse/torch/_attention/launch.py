@@ -13,7 +13,7 @@ import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ... import _env
-from ...ops.attention.bwd import attn_bwd_dkdv_kernel, attn_bwd_dq_kernel
+from ...ops.attention.bwd import attn_bwd_delta_kernel, attn_bwd_dkdv_kernel, attn_bwd_dq_kernel
 from ...ops.attention.fwd import attn_fwd_kernel
 
 if _env.triton_interpret():
@@ -51,28 +51,36 @@ def bwd(do, q, k, v, o, lse, seqlens, tables, *, block_size, causal, scale, cfg)
     do, q, k, v = (_unit_stride(t) for t in (do, q, k, v))
     B, HQ, S, D = q.shape
     HK = k.shape[1]
-    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)
+    # float32 zeros that the dk/dv programs add into, or the dq programs' output
+    dq = q.new_zeros(q.shape, dtype=torch.float32) if cfg.atomic_dq else q.new_empty(q.shape)
     delta = lse.new_empty(lse.shape)
     rows, cols = tables.rows, tables.cols
     tma = cfg.tma and tma_ok(q, k, v, o, do)
     common = dict(BS=block_size, D=D, CAUSAL=causal, HAS_SEQLENS=seqlens is not None,
                   HAS_MASKS=tables.has_masks, TMA=tma, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     nb = rows.order.shape[0]
-    attn_bwd_dq_kernel[(nb * (block_size // cfg.BM2), B * HQ)](
-        *_operands(tma, (q, cfg.BM2), (k, cfg.BN2), (v, cfg.BN2), (o, cfg.BM2), (do, cfg.BM2), (dq, cfg.BM2)),
-        lse, delta, _seqlens_arg(seqlens, rows), rows.headers, rows.entries, rows.order, tables.masks,
-        *_strides(q, k, v, o, do, dq),
-        S, HQ, rows.heads, nb, HQ // HK, scale * LOG2E, scale,
-        BM=cfg.BM2, BN=cfg.BN2, **common,
-    )
+    if cfg.atomic_dq:
+        attn_bwd_delta_kernel[(S // cfg.BM2, B * HQ)](
+            *_operands(tma, (o, cfg.BM2), (do, cfg.BM2)), delta, *_strides(o, do), S, HQ,
+            BM=cfg.BM2, D=D, TMA=tma, num_warps=cfg.num_warps,
+        )
+    else:
+        attn_bwd_dq_kernel[(nb * (block_size // cfg.BM2), B * HQ)](
+            *_operands(tma, (q, cfg.BM2), (k, cfg.BN2), (v, cfg.BN2), (o, cfg.BM2), (do, cfg.BM2), (dq, cfg.BM2)),
+            lse, delta, _seqlens_arg(seqlens, rows), rows.headers, rows.entries, rows.order, tables.masks,
+            *_strides(q, k, v, o, do, dq),
+            S, HQ, rows.heads, nb, HQ // HK, scale * LOG2E, scale,
+            BM=cfg.BM2, BN=cfg.BN2, **common,
+        )
     attn_bwd_dkdv_kernel[(nb * (block_size // cfg.BN1), B * HK)](
         *_operands(tma, (q, cfg.BM1), (k, cfg.BN1), (v, cfg.BN1), (do, cfg.BM1), (dk, cfg.BN1), (dv, cfg.BN1)),
-        lse, delta, _seqlens_arg(seqlens, cols), cols.headers, cols.entries, cols.order, tables.masks,
+        dq, lse, delta, _seqlens_arg(seqlens, cols), cols.headers, cols.entries, cols.order, tables.masks,
         *_strides(q, k, v, do, dk, dv),
         S, HQ, cols.heads, nb, HQ // HK, scale * LOG2E, scale,
-        BM=cfg.BM1, BN=cfg.BN1, **common,
+        BM=cfg.BM1, BN=cfg.BN1, ATOMIC_DQ=cfg.atomic_dq, **common,
     )
-    return dq, dk, dv
+    return (dq.to(q.dtype) if cfg.atomic_dq else dq), dk, dv
 
 
 def tma_ok(*tensors):

@@ -22,7 +22,8 @@ CASES = {
     # name: (block size, forward config, backward config)
     "bs32-ksteps-tma": (32, FwdConfig(BM=32, BN=16, tma=True), BwdConfig(BM1=16, BN1=32, BM2=32, BN2=16, tma=True)),
     "bs32-qtiles-ptr": (32, FwdConfig(BM=16, BN=32, tma=False), BwdConfig(BM1=32, BN1=16, BM2=16, BN2=32, tma=False)),
-    "bs16-ws": (16, FwdConfig(BM=16, BN=16, warp_specialize=True), BwdConfig(BM1=16, BN1=16, BM2=16, BN2=16)),
+    "bs16-ws-atomic": (16, FwdConfig(BM=16, BN=16, warp_specialize=True),
+                       BwdConfig(BM1=16, BN1=16, BM2=16, BN2=16, atomic_dq=True)),
 }
 
 
@@ -68,7 +69,7 @@ def test_configs(rng, case, causal):
          causal=causal)
 
 
-@pytest.mark.parametrize("case", ["bs32-ksteps-tma", "bs32-qtiles-ptr"])
+@pytest.mark.parametrize("case", ["bs32-ksteps-tma", "bs32-qtiles-ptr", "bs16-ws-atomic"])
 def test_ragged_gqa_and_empty_rows(rng, case):
     bs = CASES[case][0]
     layout = layouts.sliding_window(64 // bs, 1)
@@ -87,5 +88,5 @@ def test_element_masks(rng):
     dense[0, 5, :] = False                         # a fully masked row inside a kept block row
     layout, bm = layouts.from_mask(dense, bs, return_block_masks=True)
     assert (bm.index >= 0).any()
-    o, *_ = _run(rng, case="bs16-ws", layout=layout, block_masks=bm, dense=dense, causal=True)
+    o, *_ = _run(rng, case="bs16-ws-atomic", layout=layout, block_masks=bm, dense=dense, causal=True)
     assert (o[:, 0, 5] == 0).all()
