@@ -240,3 +240,21 @@ def test_bad_input(rng, reference, case):
     q, k, v, _ = _inputs(rng, 1, 4, 2, 64, 16, "float32")
     with pytest.raises(error, match=match):
         call(q, k, v, AttentionLayout(layouts.causal(4), 16))
+
+
+def test_readme_example():
+    import pathlib
+    import re
+
+    readme = (pathlib.Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8")
+    code = re.search(r"<!-- example: torch-attention -->\s*```python\n(.*?)```", readme, re.S).group(1)
+    scope = {}
+    exec(compile(code, "README:torch-attention", "exec"), scope)
+    q, k, v, o, o2, S, bs = (scope[n] for n in ("q", "k", "v", "o", "o2", "S", "bs"))
+    assert o.shape == q.shape and q.grad is not None and k.grad.shape == k.shape
+    # the padded second sequence, query heads 0-1 (key/value head 0)
+    sub = [t[1:, :2].detach() for t in (q, k[:, :1], v[:, :1])]
+    keep = keep_mask(element_mask(layouts.fixed(S // bs, 4), bs), causal=True, seqlens=[300])
+    assert rel_error(o[1:, :2], attention_grads(*sub, keep, 0.125)) < tolerance(o.dtype)
+    keep2 = keep_mask(scope["mask"])
+    assert rel_error(o2[1:, :2], attention_grads(*sub, keep2, 0.125)) < tolerance(o.dtype)
