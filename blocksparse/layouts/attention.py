@@ -33,7 +33,7 @@ import numpy as np
 
 from ..layout import check_block_size
 
-__all__ = ["BlockMasks", "bigbird", "causal", "fixed", "from_mask", "sliding_window"]
+__all__ = ["BlockMasks", "bigbird", "causal", "check_attention_layout", "fixed", "from_mask", "sliding_window"]
 
 
 # --------------------------------------------------------------------------- validation helpers
@@ -49,6 +49,44 @@ def _int(value, name, minimum, maximum=None):
 
 def _heads(heads):
     return None if heads is None else _int(heads, "heads", 1)
+
+
+def _zero_one(value, name, what):
+    """``value`` as a boolean array after checking it holds booleans or 0/1 numbers."""
+    try:
+        arr = np.asarray(value)
+    except Exception as exc:  # ragged nested lists and the like
+        raise ValueError(f"{name} must be {what}; could not convert it: {exc}") from exc
+    if arr.dtype == np.bool_:
+        return arr
+    if not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
+        raise TypeError(f"{name} must hold booleans or 0/1 numbers; got dtype {arr.dtype}")
+    if not np.isin(arr, (0, 1)).all():
+        raise ValueError(f"{name} must hold only booleans or 0 and 1")
+    return arr != 0
+
+
+def check_attention_layout(layout, name="layout"):
+    """Return an attention layout as a read-only boolean ``(heads, NB, NB)`` array after checking it.
+
+    Accepts a 2-D ``(NB, NB)`` layout (returned as one head) or a 3-D ``(heads, NB, NB)`` one, of
+    booleans or 0/1 numbers, keeping at least one block.
+
+    >>> check_attention_layout([[1, 0], [1, 1]]).shape
+    (1, 2, 2)
+    """
+    arr = _zero_one(layout, name, "a 2-D or 3-D array of 0/1 values")
+    if arr.ndim not in (2, 3):
+        raise ValueError(f"{name} must have shape (NB, NB) or (heads, NB, NB); got shape {arr.shape}")
+    arr = arr if arr.ndim == 3 else arr[None]
+    if arr.shape[1] != arr.shape[2] or 0 in arr.shape:
+        raise ValueError(f"{name} must be square and non-empty in its last two axes (NB, NB); "
+                         f"got shape {arr.shape[-2:]}")
+    if not arr.any():
+        raise ValueError(f"{name} must keep at least one block; got all zeros with shape {arr.shape}")
+    out = np.array(arr, dtype=bool)
+    out.setflags(write=False)
+    return out
 
 
 def _per_head(layout2d, heads):
@@ -323,18 +361,9 @@ def from_mask(mask, block_size, *, return_block_masks=False):
     ([[1, 0], [1, 1]], [[0, -1], [-1, 1]], (2, 8, 8))
     """
     bs = check_block_size(block_size)
-    try:
-        arr = np.asarray(mask)
-    except Exception as exc:  # ragged nested lists and the like
-        raise ValueError(f"mask must be a 2-D or 3-D array of booleans; could not convert it: {exc}") from exc
+    arr = _zero_one(mask, "mask", "a 2-D or 3-D array of booleans")
     if arr.ndim not in (2, 3):
         raise ValueError(f"mask must have shape (S_q, S_k) or (heads, S_q, S_k); got shape {arr.shape}")
-    if arr.dtype != np.bool_:
-        if not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
-            raise TypeError(f"mask must hold booleans or 0/1 numbers; got dtype {arr.dtype}")
-        if not np.isin(arr, (0, 1)).all():
-            raise ValueError("mask must hold only booleans or 0 and 1")
-        arr = arr != 0
     sq, sk = arr.shape[-2:]
     if sq == 0 or sk == 0 or sq % bs or sk % bs:
         raise ValueError(f"mask's last two sizes must be positive multiples of block_size={bs}; "

@@ -10,7 +10,7 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from ..layouts.attention import BlockMasks
+from ..layouts.attention import BlockMasks, check_attention_layout
 from ..ops.attention.configs import HEAD_DIMS, KERNEL_BLOCK_SIZES
 from ._attention import ops as _ops
 from ._attention import state as _state
@@ -188,27 +188,7 @@ def _check_qkv(q, k, v):
 def _check_layout(layout):
     if isinstance(layout, torch.Tensor):
         layout = layout.detach().cpu().numpy()
-    try:
-        arr = np.asarray(layout)
-    except Exception as exc:  # ragged nested lists and the like
-        raise ValueError(f"layout must be a 2-D or 3-D array of 0/1 values; could not convert it: {exc}") from exc
-    if arr.ndim not in (2, 3):
-        raise ValueError(f"layout must have shape (NB, NB) or (heads, NB, NB); got shape {arr.shape}")
-    if arr.ndim == 2:
-        arr = arr[None]
-    if arr.shape[1] != arr.shape[2] or 0 in arr.shape:
-        raise ValueError(f"layout must be square and non-empty in its last two axes (NB, NB); "
-                         f"got shape {arr.shape[-2:]}")
-    if arr.dtype != np.bool_:
-        if not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
-            raise TypeError(f"layout must hold 0/1 numbers or booleans; got dtype {arr.dtype}")
-        if not np.isin(arr, (0, 1)).all():
-            raise ValueError("layout must hold only 0 and 1")
-    out = np.array(arr != 0, dtype=bool)
-    if not out.any():
-        raise ValueError(f"layout must keep at least one block; got all zeros with shape {out.shape}")
-    out.setflags(write=False)
-    return out
+    return check_attention_layout(layout)
 
 
 def _check_block_masks(block_masks, layout, block_size):

@@ -6,4 +6,5 @@ blocks a layout keeps.
 :mod:`.bwd`        backward: dq (with the row statistics), dk/dv
 :mod:`.tiles`      tile loads/stores (pointers or tensor descriptors) and partial-tile masks
 :mod:`.configs`    tile configs per head dim
+:mod:`.aot`        compile signatures of the kernels (``triton.compile`` without a GPU)
 """

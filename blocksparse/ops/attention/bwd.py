@@ -22,7 +22,7 @@ All walk full blocks without masking work, then partial ones.  A row that attend
 import triton
 import triton.language as tl
 
-from .tiles import keep_mask, load_rows, store_rows
+from .tiles import block_list, keep_mask, kv_step, list_entry, load_rows, row_tile, store_rows
 
 
 @triton.jit
@@ -73,49 +73,26 @@ def attn_bwd_dq_kernel(
     BS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_SEQLENS: tl.constexpr, HAS_MASKS: tl.constexpr, TMA: tl.constexpr,
 ):
-    RM: tl.constexpr = BS // BM
     KS: tl.constexpr = BS // BN
-    i_t = tl.program_id(0)
     i_bh = tl.program_id(1)
-    i_b = i_bh // HQ
-    i_hq = i_bh % HQ
-    i_hk = i_hq // GROUP
-    i_hl = i_hq % HL
-    q_blk = tl.load(ORDER + i_t // RM)
-    q0 = q_blk * BS + (i_t % RM) * BM
+    i_b, i_hq, i_hk, i_hl, q_blk, q0 = row_tile(ORDER, tl.program_id(0), i_bh, HQ, HL, GROUP, BS, BM)
     o_m = q0 + tl.arange(0, BM)
+    start, n_full, n_part, seqlen = block_list(HEADERS, SEQLENS, i_b, i_hl, q_blk, NB, q0, S, HAS_SEQLENS)
 
     b_q = load_rows(Q, i_b, i_hq, q0, stride_qb, stride_qh, stride_qs, BM, D, TMA)
     b_do, delta = _delta_rows(O, DO, DELTA, i_b, i_hq, i_bh, q0, S, stride_ob, stride_oh, stride_os,
                               stride_dob, stride_doh, stride_dos, BM, D, TMA)
     lse = _load_lse(LSE, i_bh, o_m, S)
-
-    p_h = HEADERS + (i_hl * NB + q_blk) * 3
-    start = tl.load(p_h)
-    n_full = tl.load(p_h + 1)
-    n_part = tl.load(p_h + 2)
-    seqlen = S
-    if HAS_SEQLENS:
-        seqlen = tl.load(SEQLENS + i_b)
-        n_full = tl.where(q0 < seqlen, n_full, 0)
-        n_part = tl.where(q0 < seqlen, n_part, 0)
-
     b_dq = tl.zeros([BM, D], dtype=tl.float32)
+    kv = (K, V, ENTRIES, MASKS)
+    strides = (stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs)
     for t in tl.range(start * KS, (start + n_full) * KS):
-        k0 = tl.load(ENTRIES + (t // KS) * 2) * BS + (t % KS) * BN
-        o_n = k0 + tl.arange(0, BN)
-        b_k = load_rows(K, i_b, i_hk, k0, stride_kb, stride_kh, stride_ks, BN, D, TMA)
-        b_v = load_rows(V, i_b, i_hk, k0, stride_vb, stride_vh, stride_vs, BN, D, TMA)
-        b_dq = _dq_step(b_dq, b_q, b_do, lse, delta, b_k, b_v, qk_scale, o_n[None, :] < seqlen, HAS_SEQLENS)
+        b_k, b_v, keep = kv_step(*kv, t, i_b, i_hk, o_m, q_blk, seqlen, *strides,
+                                 BS, BN, D, TMA, False, CAUSAL, HAS_SEQLENS, HAS_MASKS)
+        b_dq = _dq_step(b_dq, b_q, b_do, lse, delta, b_k, b_v, qk_scale, keep, HAS_SEQLENS)
     for t in tl.range((start + n_full) * KS, (start + n_full + n_part) * KS):
-        p_e = ENTRIES + (t // KS) * 2
-        k_blk = tl.load(p_e)
-        k0 = k_blk * BS + (t % KS) * BN
-        o_n = k0 + tl.arange(0, BN)
-        keep = keep_mask(o_m[:, None], o_n[None, :], seqlen, q_blk, k_blk, tl.load(p_e + 1), MASKS,
-                         BS, CAUSAL, HAS_SEQLENS, HAS_MASKS)
-        b_k = load_rows(K, i_b, i_hk, k0, stride_kb, stride_kh, stride_ks, BN, D, TMA)
-        b_v = load_rows(V, i_b, i_hk, k0, stride_vb, stride_vh, stride_vs, BN, D, TMA)
+        b_k, b_v, keep = kv_step(*kv, t, i_b, i_hk, o_m, q_blk, seqlen, *strides,
+                                 BS, BN, D, TMA, True, CAUSAL, HAS_SEQLENS, HAS_MASKS)
         b_dq = _dq_step(b_dq, b_q, b_do, lse, delta, b_k, b_v, qk_scale, keep, True)
 
     store_rows(DQ, b_dq * sm_scale, i_b, i_hq, q0, stride_dqb, stride_dqh, stride_dqs, BM, D, TMA)
@@ -169,9 +146,6 @@ def attn_bwd_dkdv_kernel(
     k_blk = tl.load(ORDER + i_t // RN)
     k0 = k_blk * BS + (i_t % RN) * BN
     o_n = k0 + tl.arange(0, BN)
-    seqlen = S
-    if HAS_SEQLENS:
-        seqlen = tl.load(SEQLENS + i_b)
 
     b_k = load_rows(K, i_b, i_hk, k0, stride_kb, stride_kh, stride_ks, BN, D, TMA)
     b_v = load_rows(V, i_b, i_hk, k0, stride_vb, stride_vh, stride_vs, BN, D, TMA)
@@ -180,24 +154,16 @@ def attn_bwd_dkdv_kernel(
     for g in range(GROUP):
         i_hq = i_hk * GROUP + g
         i_bh = i_b * HQ + i_hq
-        p_h = HEADERS + ((i_hq % HL) * NB + k_blk) * 3
-        start = tl.load(p_h)
-        n_full = tl.load(p_h + 1)
-        n_part = tl.load(p_h + 2)
-        if HAS_SEQLENS:  # keys wholly past the length are attended by nobody
-            n_full = tl.where(k0 < seqlen, n_full, 0)
-            n_part = tl.where(k0 < seqlen, n_part, 0)
+        # keys wholly past a ragged batch's length are attended by nobody: an empty list
+        start, n_full, n_part, seqlen = block_list(HEADERS, SEQLENS, i_b, i_hq % HL, k_blk, NB, k0, S, HAS_SEQLENS)
         for t in tl.range(start * MS, (start + n_full) * MS):
-            q0 = tl.load(ENTRIES + (t // MS) * 2) * BS + (t % MS) * BM
+            _, q0, _ = list_entry(ENTRIES, t, MS, BS, BM)
             b_dk, b_dv = _dkdv_step(b_dk, b_dv, b_k, b_v, Q, DO, DQ, LSE, DELTA, i_b, i_hq, i_bh, q0, S,
                                     stride_qb, stride_qh, stride_qs, stride_dob, stride_doh, stride_dos,
                                     qk_scale, sm_scale, o_n[:, None] < seqlen, BM, D, TMA, HAS_SEQLENS, ATOMIC_DQ)
         for t in tl.range((start + n_full) * MS, (start + n_full + n_part) * MS):
-            p_e = ENTRIES + (t // MS) * 2
-            q_blk = tl.load(p_e)
-            q0 = q_blk * BS + (t % MS) * BM
-            o_m = q0 + tl.arange(0, BM)
-            keep = keep_mask(o_m[None, :], o_n[:, None], seqlen, q_blk, k_blk, tl.load(p_e + 1), MASKS,
+            q_blk, q0, mask_id = list_entry(ENTRIES, t, MS, BS, BM)
+            keep = keep_mask((q0 + tl.arange(0, BM))[None, :], o_n[:, None], seqlen, q_blk, k_blk, mask_id, MASKS,
                              BS, CAUSAL, HAS_SEQLENS, HAS_MASKS)
             b_dk, b_dv = _dkdv_step(b_dk, b_dv, b_k, b_v, Q, DO, DQ, LSE, DELTA, i_b, i_hq, i_bh, q0, S,
                                     stride_qb, stride_qh, stride_qs, stride_dob, stride_doh, stride_dos,

@@ -15,7 +15,7 @@ together share their heads' keys and values in L2.
 import triton
 import triton.language as tl
 
-from .tiles import keep_mask, load_rows, store_rows
+from .tiles import block_list, kv_step, load_rows, row_tile, store_rows
 
 
 @triton.jit
@@ -49,53 +49,28 @@ def attn_fwd_kernel(
     CAUSAL: tl.constexpr, HAS_SEQLENS: tl.constexpr, HAS_MASKS: tl.constexpr, TMA: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
 ):
-    RM: tl.constexpr = BS // BM    # query tiles per block
     KS: tl.constexpr = BS // BN    # key steps per block
-    i_t = tl.program_id(0)
     i_bh = tl.program_id(1)
-    i_b = i_bh // HQ
-    i_hq = i_bh % HQ
-    i_hk = i_hq // GROUP
-    i_hl = i_hq % HL
-    q_blk = tl.load(ORDER + i_t // RM)
-    q0 = q_blk * BS + (i_t % RM) * BM
+    i_b, i_hq, i_hk, i_hl, q_blk, q0 = row_tile(ORDER, tl.program_id(0), i_bh, HQ, HL, GROUP, BS, BM)
     o_m = q0 + tl.arange(0, BM)
-
-    p_h = HEADERS + (i_hl * NB + q_blk) * 3
-    start = tl.load(p_h)
-    n_full = tl.load(p_h + 1)
-    n_part = tl.load(p_h + 2)
-    seqlen = S
-    if HAS_SEQLENS:
-        seqlen = tl.load(SEQLENS + i_b)
-        # a tile wholly past the length attends to nothing
-        n_full = tl.where(q0 < seqlen, n_full, 0)
-        n_part = tl.where(q0 < seqlen, n_part, 0)
+    start, n_full, n_part, seqlen = block_list(HEADERS, SEQLENS, i_b, i_hl, q_blk, NB, q0, S, HAS_SEQLENS)
 
     b_q = load_rows(Q, i_b, i_hq, q0, stride_qb, stride_qh, stride_qs, BM, D, TMA)
     m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BM], dtype=tl.float32)
     acc = tl.zeros([BM, D], dtype=tl.float32)
 
-    # full blocks: masked only by a ragged batch's length
+    # full blocks (masked only by a ragged batch's length), then partial ones (causal diagonal,
+    # element masks)
+    kv = (K, V, ENTRIES, MASKS)
+    strides = (stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs)
     for t in tl.range(start * KS, (start + n_full) * KS, warp_specialize=WARP_SPECIALIZE):
-        k0 = tl.load(ENTRIES + (t // KS) * 2) * BS + (t % KS) * BN
-        o_n = k0 + tl.arange(0, BN)
-        b_k = load_rows(K, i_b, i_hk, k0, stride_kb, stride_kh, stride_ks, BN, D, TMA)
-        b_v = load_rows(V, i_b, i_hk, k0, stride_vb, stride_vh, stride_vs, BN, D, TMA)
-        acc, l_i, m_i = _attend(acc, l_i, m_i, b_q, b_k, b_v, qk_scale, o_n[None, :] < seqlen, HAS_SEQLENS)
-
-    # partial blocks: causal diagonal and element masks
-    p_end = start + n_full + n_part
-    for t in tl.range((start + n_full) * KS, p_end * KS):
-        p_e = ENTRIES + (t // KS) * 2
-        k_blk = tl.load(p_e)
-        k0 = k_blk * BS + (t % KS) * BN
-        o_n = k0 + tl.arange(0, BN)
-        keep = keep_mask(o_m[:, None], o_n[None, :], seqlen, q_blk, k_blk, tl.load(p_e + 1), MASKS,
-                         BS, CAUSAL, HAS_SEQLENS, HAS_MASKS)
-        b_k = load_rows(K, i_b, i_hk, k0, stride_kb, stride_kh, stride_ks, BN, D, TMA)
-        b_v = load_rows(V, i_b, i_hk, k0, stride_vb, stride_vh, stride_vs, BN, D, TMA)
+        b_k, b_v, keep = kv_step(*kv, t, i_b, i_hk, o_m, q_blk, seqlen, *strides,
+                                 BS, BN, D, TMA, False, CAUSAL, HAS_SEQLENS, HAS_MASKS)
+        acc, l_i, m_i = _attend(acc, l_i, m_i, b_q, b_k, b_v, qk_scale, keep, HAS_SEQLENS)
+    for t in tl.range((start + n_full) * KS, (start + n_full + n_part) * KS):
+        b_k, b_v, keep = kv_step(*kv, t, i_b, i_hk, o_m, q_blk, seqlen, *strides,
+                                 BS, BN, D, TMA, True, CAUSAL, HAS_SEQLENS, HAS_MASKS)
         acc, l_i, m_i = _attend(acc, l_i, m_i, b_q, b_k, b_v, qk_scale, keep, True)
 
     if HAS_SEQLENS:  # rows past the length: zeros (their keys before the length were attended)
@@ -103,6 +78,5 @@ def attn_fwd_kernel(
     empty = l_i == 0.0
     acc = tl.where(empty[:, None], 0.0, acc / tl.where(empty, 1.0, l_i)[:, None])
     lse = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
-    store_rows(O, acc, i_b, i_hq, q0,
-               stride_ob, stride_oh, stride_os, BM, D, TMA)
+    store_rows(O, acc, i_b, i_hq, q0, stride_ob, stride_oh, stride_os, BM, D, TMA)
     tl.store(LSE + i_bh.to(tl.int64) * S + o_m, lse)

@@ -59,3 +59,56 @@ def keep_mask(o_q, o_k, seqlen, q_blk, k_blk, mask_id, MASKS,
                + (o_q - q_blk * BS) * BS + (o_k - k_blk * BS))
         keep = keep & (tl.load(p_m, mask=keep & (mask_id >= 0), other=1) != 0)
     return keep
+
+
+@triton.jit
+def row_tile(ORDER, i_t, i_bh, HQ, HL, GROUP, BS: tl.constexpr, BM: tl.constexpr):
+    """Program ``(i_t, i_bh)`` of a row-list kernel: batch, query head, key/value head, layout head,
+    query block and first query row of its ``BM`` rows."""
+    i_hq = i_bh % HQ
+    q_blk = tl.load(ORDER + i_t // (BS // BM))
+    return i_bh // HQ, i_hq, i_hq // GROUP, i_hq % HL, q_blk, q_blk * BS + (i_t % (BS // BM)) * BM
+
+
+@triton.jit
+def block_list(HEADERS, SEQLENS, i_b, i_hl, blk, NB, first, S, HAS_SEQLENS: tl.constexpr):
+    """``(start, n_full, n_partial, seqlen)``: block ``blk``'s list in layout head ``i_hl`` and the
+    batch element's length.  A tile starting (``first``) at or past the length gets an empty list."""
+    p_h = HEADERS + (i_hl * NB + blk) * 3
+    start = tl.load(p_h)
+    n_full = tl.load(p_h + 1)
+    n_part = tl.load(p_h + 2)
+    seqlen = S
+    if HAS_SEQLENS:
+        seqlen = tl.load(SEQLENS + i_b)
+        n_full = tl.where(first < seqlen, n_full, 0)
+        n_part = tl.where(first < seqlen, n_part, 0)
+    return start, n_full, n_part, seqlen
+
+
+@triton.jit
+def list_entry(ENTRIES, t, STEPS: tl.constexpr, BS: tl.constexpr, TILE: tl.constexpr):
+    """Step ``t`` of a list walk (``STEPS`` tiles of ``TILE`` per block): ``(block, first position of
+    the tile, element-mask row)``."""
+    p_e = ENTRIES + (t // STEPS) * 2
+    blk = tl.load(p_e)
+    return blk, blk * BS + (t % STEPS) * TILE, tl.load(p_e + 1)
+
+
+@triton.jit
+def kv_step(K, V, ENTRIES, MASKS, t, i_b, i_hk, o_m, q_blk, seqlen,
+            stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
+            BS: tl.constexpr, BN: tl.constexpr, D: tl.constexpr, TMA: tl.constexpr, PARTIAL: tl.constexpr,
+            CAUSAL: tl.constexpr, HAS_SEQLENS: tl.constexpr, HAS_MASKS: tl.constexpr):
+    """Step ``t`` of a row-list walk for query rows ``o_m``: the key and value tiles [BN, D] and the
+    keep mask ([BM, BN] on partial blocks; on full ones [1, BN], a ragged batch's length only)."""
+    k_blk, k0, mask_id = list_entry(ENTRIES, t, BS // BN, BS, BN)
+    o_n = k0 + tl.arange(0, BN)
+    if PARTIAL:
+        keep = keep_mask(o_m[:, None], o_n[None, :], seqlen, q_blk, k_blk, mask_id, MASKS,
+                         BS, CAUSAL, HAS_SEQLENS, HAS_MASKS)
+    else:
+        keep = o_n[None, :] < seqlen
+    b_k = load_rows(K, i_b, i_hk, k0, stride_kb, stride_kh, stride_ks, BN, D, TMA)
+    b_v = load_rows(V, i_b, i_hk, k0, stride_vb, stride_vh, stride_vs, BN, D, TMA)
+    return b_k, b_v, keep
