@@ -30,6 +30,8 @@ def fwd(q, k, v, seqlens, tables, *, block_size, causal, scale, cfg):
     B, HQ, S, D = q.shape
     o = q.new_empty(q.shape)
     lse = q.new_empty((B, HQ, S), dtype=torch.float32)
+    if o.numel() == 0:  # an empty batch: nothing to launch (descriptors need positive sizes)
+        return o, lse
     rows = tables.rows
     tma = cfg.tma and tma_ok(q, k, v)
     grid = (rows.order.shape[0] * (block_size // cfg.BM), B * HQ)
@@ -52,6 +54,8 @@ def bwd(do, q, k, v, o, lse, seqlens, tables, *, block_size, causal, scale, cfg)
     B, HQ, S, D = q.shape
     HK = k.shape[1]
     dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)
+    if q.numel() == 0:
+        return q.new_empty(q.shape), dk, dv
     # float32 zeros that the dk/dv programs add into, or the dq programs' output
     dq = q.new_zeros(q.shape, dtype=torch.float32) if cfg.atomic_dq else q.new_empty(q.shape)
     delta = lse.new_empty(lse.shape)

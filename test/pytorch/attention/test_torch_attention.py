@@ -258,3 +258,12 @@ def test_readme_example():
     assert rel_error(o[1:, :2], attention_grads(*sub, keep, 0.125)) < tolerance(o.dtype)
     keep2 = keep_mask(scope["mask"])
     assert rel_error(o2[1:, :2], attention_grads(*sub, keep2, 0.125)) < tolerance(o.dtype)
+
+
+@pytest.mark.parametrize("backend", ["reference", pytest.param("triton", marks=pytest.mark.interpreter)])
+def test_empty_batch(monkeypatch, backend):
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", backend)
+    q = torch.randn(0, 2, 32, 16, dtype=torch.float16, requires_grad=True)
+    o = attention(q, q, q, AttentionLayout(layouts.causal(2), 16), causal=True)
+    o.sum().backward()
+    assert o.shape == q.shape and q.grad.shape == q.shape
