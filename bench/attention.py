@@ -1,19 +1,22 @@
 """Fused block-sparse attention on a GPU: ours vs FlexAttention (same layout) vs flash SDPA (causal).
 
-    python bench/attention.py --out DIR            comparison, ~4-5 min on an H200
+    python bench/attention.py --out DIR            comparison, ~4-5 min on an H200 (--budget-s caps it)
     python bench/attention.py --sweep --out DIR    tile-config sweep, ~2 min: best fwd / bwd config per head dim
+    python bench/attention.py --seqs 65536 ...     only some sequence lengths (--dims 128: head dims)
     python bench/attention.py --quick ...          a smoke run (one shape, a few configs)
     python bench/attention.py --quick --cpu ...    tiny shapes through Triton's interpreter (no GPU; Flex and
                                                    SDPA skipped): checks the script, not speed
 
 Comparison: bf16, 16 heads, block size 128; seq 4096 (batch 4), 16384 and 65536 (batch 1); head dim
-64 and 128; layouts ``causal``, ``fixed`` (Sparse Transformer, stride 8 blocks, 1 summary block) and
+128 and 64; layouts ``causal``, ``fixed`` (Sparse Transformer, stride 8 blocks, 1 summary block) and
 ``bigbird`` (window +-1 block, 1 global block, 3 random blocks per row, seed 0), all with causal
 masking inside the diagonal blocks except bigbird.  Implementations:
 
 * ``ours``   ``blocksparse.torch.attention`` with a prepared ``AttentionLayout``;
-* ``flex``   ``torch.nn.attention.flex_attention`` compiled once per shape, with the ``BlockMask``
-  that ``create_block_mask`` builds (BLOCK_SIZE 128) from the same layout and causal mask_mod;
+* ``flex``   ``torch.nn.attention.flex_attention`` under ``torch.compile`` (defaults, as the anchors
+  measured it), with the ``BlockMask`` that ``create_block_mask`` builds (BLOCK_SIZE 128) from the
+  same layout and causal mask_mod; layouts of one shape share one mask_mod, so they share its
+  compiled kernels;
 * ``flash``  ``F.scaled_dot_product_attention(is_causal=True)`` on the flash backend (causal only).
 
 Before timing, ours and Flex are checked (outputs NaN-poisoned): at 4096 against float64 dense
@@ -21,8 +24,9 @@ attention on two heads of the first batch element, beyond against each other.  T
 of ``triton.testing.do_bench`` (CUDA events); forward, and forward + backward.  Ratios: ``flex/ours``
 (speedup over Flex, goal >= 1.2) and ``ours/flash`` (goal <= 1.1).  Every case runs in its own
 try block and results are written after each one (``attention-<gpu>.json`` / ``.md``), so a failure
-or the time budget (``--budget-s``) leaves the rest.  Kernels are compiled first by parallel
-worker processes.
+or the time budget (``--budget-s``: no new case starts after it; the skipped ones are listed, run
+them with ``--seqs``) leaves the rest.  Our kernels are compiled first by parallel worker processes;
+Flex's compiles (per shape) count in the budget.
 """
 from __future__ import annotations
 
@@ -177,25 +181,33 @@ def fwd_bwd_ms(fwd, p):
 
 # --------------------------------------------------------------------------- FlexAttention
 _flex = None
+_mask_mods = {}
 
 
 def flex_impl(p):
-    """Compiled flex_attention over the BlockMask of ``p``'s layout (+ causal mask_mod)."""
+    """Compiled flex_attention over the BlockMask of ``p``'s layout (+ causal mask_mod), and whether
+    that BlockMask keeps exactly our blocks."""
     global _flex
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     if _flex is None:
-        torch._dynamo.config.cache_size_limit = 256     # one compile per shape, never eager fallback
+        torch._dynamo.config.cache_size_limit = 256     # never an eager fallback
         torch._dynamo.config.accumulated_cache_size_limit = 4096
-        _flex = torch.compile(flex_attention, dynamic=False)
-    lay = torch.as_tensor(p.layout_np, device=p.device, dtype=torch.bool)
-    if p.causal:
-        def mask_mod(b, h, q_idx, kv_idx):
-            return lay[q_idx // BS, kv_idx // BS] & (q_idx >= kv_idx)
-    else:
-        def mask_mod(b, h, q_idx, kv_idx):
-            return lay[q_idx // BS, kv_idx // BS]
+        _flex = torch.compile(flex_attention)           # as the anchors measured it
+    key = (p.S, p.causal)
+    if key not in _mask_mods:
+        # one mask_mod per (S, causal) reading a layout buffer that each case overwrites: layouts of
+        # one shape share a compiled kernel instead of recompiling for each new closure
+        lay = torch.zeros(p.S // BS, p.S // BS, dtype=torch.bool, device=p.device)
+        if p.causal:
+            def mask_mod(b, h, q_idx, kv_idx):
+                return lay[q_idx // BS, kv_idx // BS] & (q_idx >= kv_idx)
+        else:
+            def mask_mod(b, h, q_idx, kv_idx):
+                return lay[q_idx // BS, kv_idx // BS]
+        _mask_mods[key] = mask_mod, lay
+    mask_mod, lay = _mask_mods[key]
+    lay.copy_(torch.as_tensor(p.layout_np != 0, device=p.device))
     bm = create_block_mask(mask_mod, B=None, H=None, Q_LEN=p.S, KV_LEN=p.S, device=p.device, BLOCK_SIZE=BS)
-    # the BlockMask must keep exactly our blocks (after the causal cut)
     want = p.layout_np.astype(bool) & (np.tri(p.S // BS, dtype=bool) if p.causal else True)
     same = bool((bm.to_dense()[0, 0].cpu().numpy().astype(bool) == want).all())
     return (lambda: _flex(p.q, p.k, p.v, block_mask=bm)), same
@@ -217,6 +229,7 @@ def compare_case(name, S, B, D, device, cpu):
     if not cpu:
         try:
             flex, same = flex_impl(p)
+            flex().backward(p.do)  # compile forward and backward outside the NaN-poisoned calls
             got = run_grads(flex, p)
             ferr = errors(got, ref, 2) if ref is not None else None
             frow = dict(base, impl="flex", same_blocks=same, check=row["check"])
@@ -237,10 +250,10 @@ def compare_case(name, S, B, D, device, cpu):
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         def flash():
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                return F.scaled_dot_product_attention(p.q, p.k, p.v, is_causal=True)
+            return F.scaled_dot_product_attention(p.q, p.k, p.v, is_causal=True)
         frow = dict(base, impl="flash")
-        frow["fwd_ms"], frow["fwdbwd_ms"] = fwd_bwd_ms(flash, p)
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            frow["fwd_ms"], frow["fwdbwd_ms"] = fwd_bwd_ms(flash, p)
         rows.append(frow)
     return rows
 
@@ -248,8 +261,8 @@ def compare_case(name, S, B, D, device, cpu):
 def comparison_cases(args):
     if args.cpu:
         return [(name, 256, 1, 64) for name in LAYOUTS]
-    shapes = SHAPES[:1] if args.quick else SHAPES
-    dims = HEAD_DIMS[:1] if args.quick else HEAD_DIMS
+    shapes = [(S, B) for S, B in (SHAPES[:1] if args.quick else SHAPES) if not args.seqs or S in args.seqs]
+    dims = [D for D in (HEAD_DIMS[:1] if args.quick else HEAD_DIMS) if not args.dims or D in args.dims]
     return [(name, S, B, D) for S, B in shapes for D in dims for name in LAYOUTS]
 
 
@@ -389,6 +402,9 @@ def main():
     ap.add_argument("--quick", action="store_true", help="one shape / few configs: a smoke run")
     ap.add_argument("--cpu", action="store_true", help="tiny shapes in Triton's interpreter (no GPU)")
     ap.add_argument("--budget-s", type=float, default=285.0, help="stop starting new cases after this")
+    ints = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
+    ap.add_argument("--seqs", type=ints, default=[], help="comparison: only these sequence lengths, e.g. 65536")
+    ap.add_argument("--dims", type=ints, default=[], help="comparison: only these head dims, e.g. 128")
     ap.add_argument("--workers", type=int, default=12, help="parallel kernel compilation (GPU)")
     args = ap.parse_args()
     t0 = time.time()

@@ -21,17 +21,16 @@ from .tiles import block_list, kv_step, load_rows, row_tile, store_rows
 @triton.jit
 def _attend(acc, l_i, m_i, b_q, b_k, b_v, qk_scale, keep, MASKED: tl.constexpr):
     """One online-softmax step over a [BN, D] tile of keys and values."""
-    b_s = tl.dot(b_q, tl.trans(b_k))                   # [BM, D] @ [D, BN] -> [BM, BN]
+    # scaled before the row max, so that any sign of the scale is right
+    b_s = tl.dot(b_q, tl.trans(b_k)) * qk_scale         # [BM, D] @ [D, BN] -> [BM, BN]
     if MASKED:
-        b_s = tl.where(keep, b_s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(b_s, 1))
+        b_s = tl.where(keep, b_s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(b_s, 1))
+    m_use = m_new
+    if MASKED:
         # a row with nothing attended so far keeps m = -inf; subtract 0 there so p = exp2(-inf) = 0
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        b_p = tl.math.exp2(b_s - m_use[:, None])
-    else:
-        m_new = tl.maximum(m_i, tl.max(b_s, 1) * qk_scale)
-        m_use = m_new
-        b_p = tl.math.exp2(b_s * qk_scale - m_new[:, None])
+    b_p = tl.math.exp2(b_s - m_use[:, None])
     alpha = tl.math.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(b_p, 1)
     acc = acc * alpha[:, None]

@@ -38,14 +38,16 @@ def _tables(layout, bs, causal, block_masks=None):
 
 
 def _run(rng, *, case, layout, causal=False, B=1, HQ=2, HK=2, D=16, dtype=torch.float16, seqlens=None,
-         block_masks=None, dense=None):
+         block_masks=None, dense=None, scale=None, positive_qk=False):
     from blocksparse.torch._attention import launch
 
     bs, fcfg, bcfg = CASES[case]
     S = np.asarray(layout).shape[-1] * bs
     t = lambda *shape: torch.from_numpy(rng.standard_normal(shape)).to(dtype)  # noqa: E731
     q, k, v, do = t(B, HQ, S, D), t(B, HK, S, D), t(B, HK, S, D), t(B, HQ, S, D)
-    scale = float(rng.uniform(0.1, 0.5))
+    if positive_qk:  # every score has the sign of the scale
+        q, k = (torch.from_numpy(rng.uniform(0.5, 1.5, x.shape)).to(dtype) for x in (q, k))
+    scale = float(rng.uniform(0.1, 0.5)) if scale is None else scale
     lens = None if seqlens is None else torch.tensor(seqlens, dtype=torch.int32)
     tables = _tables(layout, bs, causal, block_masks)
     o, lse = launch.fwd(q, k, v, lens, tables, block_size=bs, causal=causal, scale=scale, cfg=fcfg)
@@ -90,3 +92,14 @@ def test_element_masks(rng):
     assert (bm.index >= 0).any()
     o, *_ = _run(rng, case="bs16-ws-atomic", layout=layout, block_masks=bm, dense=dense, causal=True)
     assert (o[:, 0, 5] == 0).all()
+
+
+def test_negative_scale_and_very_negative_scores(rng):
+    # the running max must hold for a negative scale, and rows whose scores all lie far below zero
+    # (~ -230 in base 2, past float32's exp2 range) must not underflow to "nothing attended", even
+    # when their first key tile is wholly masked (the running max is still -inf there)
+    _run(rng, case="bs32-qtiles-ptr", layout=layouts.causal(2), causal=True, scale=-0.4)
+    t, u = np.arange(64)[:, None], np.arange(64)[None, :]
+    dense = (u % 32 >= 16) | (u == t)
+    layout, bm = layouts.from_mask(dense, 32, return_block_masks=True)
+    _run(rng, case="bs32-ksteps-tma", layout=layout, block_masks=bm, dense=dense, scale=-10.0, positive_qk=True)
