@@ -31,8 +31,8 @@ Flex's compiles (per shape) count in the budget.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import math
 import os
 import sys
 import time
@@ -160,11 +160,13 @@ def within(errs, factor=1.0):
 
 
 # --------------------------------------------------------------------------- timing
-def time_ms(fn, leaves=None):
+def time_ms(fn, leaves=None, first=False):
     """Median ms per call: CUDA events (do_bench) on a GPU, wall clock in the interpreter."""
     if torch.cuda.is_available():
         import triton
-        return triton.testing.do_bench(fn, warmup=25, rep=100, grad_to_none=leaves, return_mode="median")
+        # the first timing warms up for 100 ms: clocks take a while to rise after host-side work
+        return triton.testing.do_bench(fn, warmup=100 if first else 10, rep=40, grad_to_none=leaves,
+                                       return_mode="median")
     times = []
     for _ in range(3):
         t0 = time.perf_counter()
@@ -173,10 +175,23 @@ def time_ms(fn, leaves=None):
     return float(np.median(times))
 
 
-def fwd_bwd_ms(fwd, p):
+def interleaved(calls, rounds, leaves):
+    """``{name: (median ms, spread)}`` of each call over ``rounds`` rounds; each round times every
+    call once, in an order rotated per round, so a change of the GPU's clocks shifts all the
+    implementations of a case alike."""
+    names = list(calls)
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times[name].append(time_ms(calls[name], leaves, first=r == 0))
+    return {name: (float(np.median(t)), (max(t) - min(t)) / min(t)) for name, t in times.items()}
+
+
+def fwd_and_fwdbwd(impl, fwd, p):
+    """The two timed calls of an implementation: forward, and forward + backward."""
     def both():
         fwd().backward(p.do)
-    return time_ms(fwd), time_ms(both, p.leaves)
+    return {(impl, "fwd"): fwd, (impl, "fwdbwd"): both}
 
 
 # --------------------------------------------------------------------------- FlexAttention
@@ -214,48 +229,49 @@ def flex_impl(p):
 
 
 # --------------------------------------------------------------------------- comparison
-def compare_case(name, S, B, D, device, cpu):
-    """Rows (ours, flex, flash) of one case, checked then timed."""
+def compare_case(name, S, B, D, device, cpu, rounds):
+    """Rows (ours, flex, flash) of one case: each checked, then all timed interleaved."""
     p = Problem(name, S, B, D, device, heads=2 if cpu else HEADS)
     base = dict(S=S, B=B, H=p.q.shape[1], D=D, layout=name, causal=p.causal, kept_pct=round(p.kept_pct(), 1))
-    rows = []
     ref = reference_subset(p) if S <= 4096 else None
     ours = run_grads(p.ours, p)
-    err = errors(ours, ref, 2) if ref is not None else None
-    row = dict(base, impl="ours", check="float64" if ref is not None else "vs-flex")
-    if err is not None:
-        row.update(err_o=err[0], err_dq=err[1], err_dk=err[2], err_dv=err[3], ok=within(err))
-    rows.append(row)
+    rows = {"ours": dict(base, impl="ours", check="float64" if ref is not None else "vs-flex")}
+    if ref is not None:
+        rows["ours"].update(_errors_row(errors(ours, ref, 2)))
+    calls = fwd_and_fwdbwd("ours", p.ours, p)
     if not cpu:
         try:
             flex, same = flex_impl(p)
             flex().backward(p.do)  # compile forward and backward outside the NaN-poisoned calls
             got = run_grads(flex, p)
-            ferr = errors(got, ref, 2) if ref is not None else None
-            frow = dict(base, impl="flex", same_blocks=same, check=row["check"])
-            if ferr is not None:
-                frow.update(err_o=ferr[0], err_dq=ferr[1], err_dk=ferr[2], err_dv=ferr[3], ok=within(ferr) and same)
+            rows["flex"] = dict(base, impl="flex", same_blocks=same, check=rows["ours"]["check"])
+            if ref is not None:
+                rows["flex"].update(_errors_row(errors(got, ref, 2)))
+                rows["flex"]["ok"] = rows["flex"]["ok"] and same
             else:  # beyond 4k: ours against Flex
-                x = errors(ours, got)
-                row.update(err_o=x[0], err_dq=x[1], err_dk=x[2], err_dv=x[3], ok=within(x, 2.0))
-                frow["ok"] = same
+                rows["ours"].update(_errors_row(errors(ours, got), factor=2.0))
+                rows["flex"]["ok"] = same
             del got
-            frow["fwd_ms"], frow["fwdbwd_ms"] = fwd_bwd_ms(flex, p)
-            rows.append(frow)
+            calls.update(fwd_and_fwdbwd("flex", flex, p))
         except Exception as exc:  # keep ours; note what Flex did
-            rows.append(dict(base, impl="flex", error=repr(exc)[:300]))
-    del ours
-    row["fwd_ms"], row["fwdbwd_ms"] = fwd_bwd_ms(p.ours, p)
-    if p.causal and name == "causal" and not cpu:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
+            rows["flex"] = dict(base, impl="flex", error=repr(exc)[:300])
+        if name == "causal":
+            from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        def flash():
-            return F.scaled_dot_product_attention(p.q, p.k, p.v, is_causal=True)
-        frow = dict(base, impl="flash")
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            frow["fwd_ms"], frow["fwdbwd_ms"] = fwd_bwd_ms(flash, p)
-        rows.append(frow)
-    return rows
+            def flash():
+                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                    return F.scaled_dot_product_attention(p.q, p.k, p.v, is_causal=True)
+            rows["flash"] = dict(base, impl="flash")
+            calls.update(fwd_and_fwdbwd("flash", flash, p))
+    del ours
+    for (impl, kind), (ms, spread) in interleaved(calls, rounds, p.leaves).items():
+        rows[impl][f"{kind}_ms"] = ms
+        rows[impl][f"{kind}_spread"] = round(spread, 3)
+    return list(rows.values())
+
+
+def _errors_row(err, factor=1.0):
+    return dict(err_o=err[0], err_dq=err[1], err_dk=err[2], err_dv=err[3], ok=within(err, factor))
 
 
 def comparison_cases(args):
@@ -272,20 +288,22 @@ def comparison_markdown(meta, rows):
         by.setdefault((r["S"], r["B"], r["D"], r["layout"]), {})[r["impl"]] = r
     fmt = lambda r, k: f"{r[k]:.3f}" if r and isinstance(r.get(k), float) else "–"  # noqa: E731
     lines = [f"# Fused block-sparse attention, {meta['device']} ({meta['date']})", "",
-             f"torch {meta['torch']}, triton {meta['triton']}; bf16, block size {BS}; ms = median. "
+             f"torch {meta['torch']}, triton {meta['triton']}; bf16, block size {BS}; ms = median of "
+             "interleaved rounds (max spread: the largest (max - min) / min of a case's timings). "
              "Speedup = Flex ms / ours ms (goal >= 1.2); ours/flash = our ms / flash SDPA ms (goal <= 1.1).", "",
              "| S | B | D | layout (kept %) | ours fwd / fwd+bwd | Flex fwd / fwd+bwd | flash fwd / fwd+bwd "
-             "| speedup vs Flex fwd / fwd+bwd | ours/flash fwd / fwd+bwd | checked |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| speedup vs Flex fwd / fwd+bwd | ours/flash fwd / fwd+bwd | checked | max spread |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for (S, B, D, name), g in by.items():
         o, f, fl = g.get("ours"), g.get("flex"), g.get("flash")
         ratio = lambda a, b, k: (f"{a[k] / b[k]:.2f}" if a and b and a.get(k) and b.get(k) else "–")  # noqa: E731
         ok = "ok" if o and o.get("ok") and (f is None or f.get("ok")) else "FAIL"
         kept = (o or f or {}).get("kept_pct", "?")
+        spread = max((r.get(k, 0.0) for r in g.values() for k in ("fwd_spread", "fwdbwd_spread")), default=0.0)
         lines.append(f"| {S} | {B} | {D} | {name} ({kept}) | {fmt(o, 'fwd_ms')} / {fmt(o, 'fwdbwd_ms')} "
                      f"| {fmt(f, 'fwd_ms')} / {fmt(f, 'fwdbwd_ms')} | {fmt(fl, 'fwd_ms')} / {fmt(fl, 'fwdbwd_ms')} "
                      f"| {ratio(f, o, 'fwd_ms')} / {ratio(f, o, 'fwdbwd_ms')} "
-                     f"| {ratio(o, fl, 'fwd_ms')} / {ratio(o, fl, 'fwdbwd_ms')} | {ok} |")
+                     f"| {ratio(o, fl, 'fwd_ms')} / {ratio(o, fl, 'fwdbwd_ms')} | {ok} | {100 * spread:.0f}% |")
     errs = [r for r in rows if "error" in r]
     if errs:
         lines += ["", "Errors:", *[f"- {r['S']} {r['D']} {r['layout']} {r['impl']}: {r['error']}" for r in errs]]
@@ -293,38 +311,39 @@ def comparison_markdown(meta, rows):
 
 
 # --------------------------------------------------------------------------- sweep
-def sweep_case(name, S, B, D, device, cpu, fwd_cfgs, bwd_cfgs):
-    """Rows per config of the forward and backward launchers on one problem."""
+def sweep_case(name, S, B, D, device, cpu, fwd_cfgs, bwd_cfgs, rounds=2):
+    """Rows per config of the forward and backward launchers on one problem: each checked against
+    float64, then the correct ones timed interleaved."""
     from blocksparse.torch._attention import launch
     from blocksparse.torch._attention.state import state
 
     p = Problem(name, S, B, D, device, heads=2 if cpu else HEADS)
     tables = state(p.layout._handle).tables(p.causal, device)
-    scale = D ** -0.5
     ref = reference_subset(p)
     q, k, v, do = (t.detach() for t in (p.q, p.k, p.v, p.do))
-    kw = dict(block_size=BS, causal=p.causal, scale=scale)
-    base = dict(S=S, B=B, D=D, layout=name)
-    rows = []
+    kw = dict(block_size=BS, causal=p.causal, scale=D ** -0.5)
     o, lse = launch.fwd(q, k, v, None, tables, cfg=configs.fwd_config(D, BS), **kw)
+    rows, calls = {}, {}
     for kind, cfgs in (("fwd", fwd_cfgs), ("bwd", bwd_cfgs)):
-        for cfg in cfgs:
-            row = dict(base, kind=kind, config=asdict(cfg))
+        for i, cfg in enumerate(cfgs):
+            row = rows[kind, i] = dict(S=S, B=B, D=D, layout=name, kind=kind, config=asdict(cfg))
+            if kind == "fwd":
+                call = functools.partial(launch.fwd, q, k, v, None, tables, cfg=cfg, **kw)
+            else:
+                call = functools.partial(launch.bwd, do, q, k, v, o, lse, None, tables, cfg=cfg, **kw)
             try:
-                if kind == "fwd":
-                    call = lambda: launch.fwd(q, k, v, None, tables, cfg=cfg, **kw)  # noqa: E731
-                    with poisoned_empty():
-                        err = errors(call()[:1], ref[:1], 2)
-                else:
-                    call = lambda: launch.bwd(do, q, k, v, o, lse, None, tables, cfg=cfg, **kw)  # noqa: E731
-                    with poisoned_empty():
-                        err = errors(call(), ref[1:], 2)
-                row.update(errors=err, ok=within(err if kind == "fwd" else [0.0] + err), ms=time_ms(call))
+                with poisoned_empty():
+                    err = errors(call()[:1], ref[:1], 2) if kind == "fwd" else errors(call(), ref[1:], 2)
+                row.update(errors=err, ok=within(err if kind == "fwd" else [0.0] + err))
+                if row["ok"]:
+                    calls[kind, i] = call
             except Exception as exc:
                 row.update(ok=False, error=repr(exc)[:300])
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-    return rows
+    for key, (ms, spread) in interleaved(calls, rounds, None).items():
+        rows[key].update(ms=ms, spread=round(spread, 3))
+    for row in rows.values():
+        print(json.dumps(row), flush=True)
+    return list(rows.values())
 
 
 def sweep_best(rows):
@@ -401,12 +420,18 @@ def main():
     ap.add_argument("--sweep", action="store_true", help="time tile configs instead of comparing")
     ap.add_argument("--quick", action="store_true", help="one shape / few configs: a smoke run")
     ap.add_argument("--cpu", action="store_true", help="tiny shapes in Triton's interpreter (no GPU)")
-    ap.add_argument("--budget-s", type=float, default=285.0, help="stop starting new cases after this")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="stop starting new cases after this many seconds (default 285 on a GPU, none with --cpu)")
+    ap.add_argument("--rounds", type=int, default=3, help="comparison: interleaved timing rounds per case")
     ints = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
     ap.add_argument("--seqs", type=ints, default=[], help="comparison: only these sequence lengths, e.g. 65536")
     ap.add_argument("--dims", type=ints, default=[], help="comparison: only these head dims, e.g. 128")
     ap.add_argument("--workers", type=int, default=12, help="parallel kernel compilation (GPU)")
     args = ap.parse_args()
+    if args.budget_s is None:
+        args.budget_s = float("inf") if args.cpu else 285.0
+    if args.cpu:  # the interpreter: one round shows the script works
+        args.rounds = 1
     t0 = time.time()
     device = "cpu" if args.cpu else "cuda"
     if not args.cpu and not torch.cuda.is_available():
@@ -432,7 +457,7 @@ def main():
         todo = comparison_cases(args)
         jobs = [(D, c, configs.fwd_config(D, BS), configs.bwd_config(D, BS))
                 for D in sorted({D for *_, D in todo}) for c in (True, False)]
-        run = lambda name, S, B, D: compare_case(name, S, B, D, device, args.cpu)  # noqa: E731
+        run = lambda name, S, B, D: compare_case(name, S, B, D, device, args.cpu, args.rounds)  # noqa: E731
         markdown = comparison_markdown
 
     # the interpreter compiles nothing: one job there only checks the workers run
