@@ -3,6 +3,8 @@
 The masks feed :class:`blocksparse.layout.Layout` (matmul weights) or the attention layouts
 ``(heads, q_blocks, k_blocks)``.
 
-:mod:`.attention`  causal, Sparse-Transformer "fixed", sliding window, BigBird, user masks
+:mod:`.attention`  causal, Sparse-Transformer "fixed", sliding window, BigBird, user masks:
+                   ``causal``, ``fixed``, ``sliding_window``, ``bigbird``, ``from_mask`` (+ ``BlockMasks``),
+                   ``check_attention_layout``
 :mod:`.butterfly`  flat block butterfly (pixelfly), random layouts with fixed blocks per row
 """

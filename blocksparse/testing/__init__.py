@@ -8,6 +8,7 @@ when called).
 :mod:`.ew`         float64 references of the elementwise ops (values and derivatives)
 :mod:`.norms`      float64 references of layer norm, the LSTM gates, batch norm, ``cwise_linear``
 :mod:`.attention`  float64 dense references of block-sparse attention (block + in-block masks)
+:mod:`.flash`      float64 reference of the fused block-sparse attention (masks, output, gradients)
 """
 from .numerics import TOLERANCE, rel_error, tolerance
 

@@ -1,5 +1,6 @@
 """PyTorch frontend: :class:`BlocksparseMatMul`, :class:`BlocksparseLinear`,
-:class:`BlocksparseTransformer`, :func:`layer_norm`, :func:`fused_lstm_gates`.
+:class:`BlocksparseTransformer`, :func:`layer_norm`, :func:`fused_lstm_gates`, and the fused
+block-sparse :func:`attention` with its prepared :class:`AttentionLayout`.
 
 Requires PyTorch (``pip install blocksparse[torch]``).  On CUDA tensors the Triton kernels run;
 elsewhere (and for block size 8) the reference path does.  ``BLOCKSPARSE_BACKEND`` forces a path
@@ -10,10 +11,11 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without torch
     raise ImportError("blocksparse.torch needs PyTorch >= 2.4: pip install 'blocksparse[torch]'") from exc
 
+from .fused_attention import AttentionLayout, attention
 from .lstm import fused_lstm_gates
 from .matmul import BlocksparseLinear, BlocksparseMatMul
 from .norms import layer_norm
 from .transformer import BlocksparseTransformer
 
-__all__ = ["BlocksparseMatMul", "BlocksparseLinear", "BlocksparseTransformer", "layer_norm",
-           "fused_lstm_gates"]
+__all__ = ["AttentionLayout", "BlocksparseMatMul", "BlocksparseLinear", "BlocksparseTransformer",
+           "attention", "fused_lstm_gates", "layer_norm"]

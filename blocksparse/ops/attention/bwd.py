@@ -1,0 +1,173 @@
+"""Fused block-sparse attention, backward.
+
+With ``P = exp2(qk_scale * q k^T - lse)`` recomputed from the forward's log-sum-exp,
+``delta = rowsum(o * do)``, ``dS = P * (do v^T - delta)``:
+
+``attn_bwd_dq_kernel``     per query tile (row lists, like the forward): ``delta`` (written for the
+                           next kernel) and ``dq = scale * dS k``.  Computing ``delta`` here, where
+                           ``o`` and ``do`` tiles are loaded anyway, saves a separate pass over them.
+``attn_bwd_dkdv_kernel``   per key tile of a key/value head (column lists): ``dv = P^T do`` and
+                           ``dk = scale * dS^T q``, summed over the query heads of its group (GQA)
+                           in registers, each head walking its own layout's column list.
+
+Two ways to run them (``BwdConfig.atomic_dq``): the dq kernel, then dk/dv (seven products per
+tile pair, no atomics: ``S`` and ``dP`` are recomputed in both); or ``attn_bwd_delta_kernel``, then
+dk/dv with ``ATOMIC_DQ``, which also adds each tile pair's ``dS k`` into a float32 ``dq`` with
+atomics (five products, and atomic traffic).  The tile-config sweep measures both.
+
+All walk full blocks without masking work, then partial ones.  A row that attends to nothing
+(``lse = -inf``: empty, fully masked, or past a ragged batch's length) is read as ``lse = +inf``:
+``P = 0`` there, so it adds nothing and its ``dq`` is zero, never NaN.
+"""
+import triton
+import triton.language as tl
+
+from .tiles import block_list, keep_mask, kv_step, list_entry, load_rows, row_tile, store_rows
+
+
+@triton.jit
+def _load_lse(LSE, i_bh, o_m, S):
+    """Log-sum-exp of query rows ``o_m``, ``-inf`` (nothing attended) read as ``+inf``: [BM]."""
+    lse = tl.load(LSE + i_bh.to(tl.int64) * S + o_m)
+    return tl.where(lse == float("-inf"), float("inf"), lse)
+
+
+@triton.jit
+def _delta_rows(O, DO, DELTA, i_b, i_hq, i_bh, q0, S, stride_ob, stride_oh, stride_os,
+                stride_dob, stride_doh, stride_dos, BM: tl.constexpr, D: tl.constexpr, TMA: tl.constexpr):
+    """Write ``delta = rowsum(o * do)`` of rows ``q0 .. q0 + BM - 1``; return the do tile and delta."""
+    b_do = load_rows(DO, i_b, i_hq, q0, stride_dob, stride_doh, stride_dos, BM, D, TMA)
+    b_o = load_rows(O, i_b, i_hq, q0, stride_ob, stride_oh, stride_os, BM, D, TMA)
+    delta = tl.sum(b_o.to(tl.float32) * b_do.to(tl.float32), 1)
+    tl.store(DELTA + i_bh.to(tl.int64) * S + q0 + tl.arange(0, BM), delta)
+    return b_do, delta
+
+
+@triton.jit
+def attn_bwd_delta_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_os, stride_dob, stride_doh, stride_dos,
+                          S, HQ, BM: tl.constexpr, D: tl.constexpr, TMA: tl.constexpr):
+    # programs: (S // BM, B * HQ)
+    i_bh = tl.program_id(1)
+    _delta_rows(O, DO, DELTA, i_bh // HQ, i_bh % HQ, i_bh, tl.program_id(0) * BM, S, stride_ob, stride_oh,
+                stride_os, stride_dob, stride_doh, stride_dos, BM, D, TMA)
+
+
+@triton.jit
+def _dq_step(b_dq, b_q, b_do, lse, delta, b_k, b_v, qk_scale, keep, MASKED: tl.constexpr):
+    b_s = tl.dot(b_q, tl.trans(b_k)) * qk_scale         # [BM, D] @ [D, BN] -> [BM, BN]
+    b_p = tl.math.exp2(b_s - lse[:, None])
+    if MASKED:
+        b_p = tl.where(keep, b_p, 0.0)
+    b_dp = tl.dot(b_do, tl.trans(b_v))                   # [BM, D] @ [D, BN] -> [BM, BN]
+    b_ds = b_p * (b_dp - delta[:, None])
+    return tl.dot(b_ds.to(b_k.dtype), b_k, b_dq)         # [BM, BN] @ [BN, D] -> [BM, D]
+
+
+@triton.jit
+def attn_bwd_dq_kernel(
+    Q, K, V, O, DO, DQ, LSE, DELTA, SEQLENS, HEADERS, ENTRIES, ORDER, MASKS,
+    stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks,
+    stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os,
+    stride_dob, stride_doh, stride_dos, stride_dqb, stride_dqh, stride_dqs,
+    S, HQ, HL, NB, GROUP, qk_scale, sm_scale,
+    BS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_SEQLENS: tl.constexpr, HAS_MASKS: tl.constexpr, TMA: tl.constexpr,
+):
+    KS: tl.constexpr = BS // BN
+    i_bh = tl.program_id(1)
+    i_b, i_hq, i_hk, i_hl, q_blk, q0 = row_tile(ORDER, tl.program_id(0), i_bh, HQ, HL, GROUP, BS, BM)
+    o_m = q0 + tl.arange(0, BM)
+    start, n_full, n_part, seqlen = block_list(HEADERS, SEQLENS, i_b, i_hl, q_blk, NB, q0, S, HAS_SEQLENS)
+
+    b_q = load_rows(Q, i_b, i_hq, q0, stride_qb, stride_qh, stride_qs, BM, D, TMA)
+    b_do, delta = _delta_rows(O, DO, DELTA, i_b, i_hq, i_bh, q0, S, stride_ob, stride_oh, stride_os,
+                              stride_dob, stride_doh, stride_dos, BM, D, TMA)
+    lse = _load_lse(LSE, i_bh, o_m, S)
+    b_dq = tl.zeros([BM, D], dtype=tl.float32)
+    kv = (K, V, ENTRIES, MASKS)
+    strides = (stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs)
+    for t in tl.range(start * KS, (start + n_full) * KS):
+        b_k, b_v, keep = kv_step(*kv, t, i_b, i_hk, o_m, q_blk, seqlen, *strides,
+                                 BS, BN, D, TMA, False, CAUSAL, HAS_SEQLENS, HAS_MASKS)
+        b_dq = _dq_step(b_dq, b_q, b_do, lse, delta, b_k, b_v, qk_scale, keep, HAS_SEQLENS)
+    for t in tl.range((start + n_full) * KS, (start + n_full + n_part) * KS):
+        b_k, b_v, keep = kv_step(*kv, t, i_b, i_hk, o_m, q_blk, seqlen, *strides,
+                                 BS, BN, D, TMA, True, CAUSAL, HAS_SEQLENS, HAS_MASKS)
+        b_dq = _dq_step(b_dq, b_q, b_do, lse, delta, b_k, b_v, qk_scale, keep, True)
+
+    store_rows(DQ, b_dq * sm_scale, i_b, i_hq, q0, stride_dqb, stride_dqh, stride_dqs, BM, D, TMA)
+
+
+@triton.jit
+def _dkdv_step(b_dk, b_dv, b_k, b_v, Q, DO, DQ, LSE, DELTA, i_b, i_hq, i_bh, q0, S,
+               stride_qb, stride_qh, stride_qs, stride_dob, stride_doh, stride_dos,
+               qk_scale, sm_scale, keep, BM: tl.constexpr, D: tl.constexpr, TMA: tl.constexpr,
+               MASKED: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+    """Add the contribution of query rows ``q0 .. q0 + BM - 1`` of head ``i_hq`` to dk and dv (and, with
+    ``ATOMIC_DQ``, theirs to the float32 ``DQ``)."""
+    o_m = q0 + tl.arange(0, BM)
+    b_q = load_rows(Q, i_b, i_hq, q0, stride_qb, stride_qh, stride_qs, BM, D, TMA)
+    b_do = load_rows(DO, i_b, i_hq, q0, stride_dob, stride_doh, stride_dos, BM, D, TMA)
+    lse = _load_lse(LSE, i_bh, o_m, S)
+    delta = tl.load(DELTA + i_bh.to(tl.int64) * S + o_m)
+    b_st = tl.dot(b_k, tl.trans(b_q)) * qk_scale         # [BN, D] @ [D, BM] -> [BN, BM]
+    b_pt = tl.math.exp2(b_st - lse[None, :])
+    if MASKED:
+        b_pt = tl.where(keep, b_pt, 0.0)
+    b_dv = tl.dot(b_pt.to(b_do.dtype), b_do, b_dv)       # [BN, BM] @ [BM, D] -> [BN, D]
+    b_dpt = tl.dot(b_v, tl.trans(b_do))                  # [BN, D] @ [D, BM] -> [BN, BM]
+    b_dst = (b_pt * (b_dpt - delta[None, :])).to(b_q.dtype)
+    b_dk = tl.dot(b_dst, b_q, b_dk)                      # [BN, BM] @ [BM, D] -> [BN, D]
+    if ATOMIC_DQ:  # DQ: contiguous float32 (B, HQ, S, D)
+        b_dq = tl.dot(tl.trans(b_dst), b_k) * sm_scale   # [BM, BN] @ [BN, D] -> [BM, D]
+        p_dq = DQ + (i_bh.to(tl.int64) * S + o_m[:, None]) * D + tl.arange(0, D)[None, :]
+        tl.atomic_add(p_dq, b_dq, sem="relaxed")
+    return b_dk, b_dv
+
+
+@triton.jit
+def attn_bwd_dkdv_kernel(
+    Q, K, V, DO, DK, DV, DQ, LSE, DELTA, SEQLENS, HEADERS, ENTRIES, ORDER, MASKS,
+    stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks,
+    stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos,
+    stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
+    S, HQ, HL, NB, GROUP, qk_scale, sm_scale,
+    BS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_SEQLENS: tl.constexpr, HAS_MASKS: tl.constexpr, TMA: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
+):
+    RN: tl.constexpr = BS // BN    # key tiles per block
+    MS: tl.constexpr = BS // BM    # query steps per block
+    i_t = tl.program_id(0)
+    i_bk = tl.program_id(1)
+    HK = HQ // GROUP
+    i_b = i_bk // HK
+    i_hk = i_bk % HK
+    k_blk = tl.load(ORDER + i_t // RN)
+    k0 = k_blk * BS + (i_t % RN) * BN
+    o_n = k0 + tl.arange(0, BN)
+
+    b_k = load_rows(K, i_b, i_hk, k0, stride_kb, stride_kh, stride_ks, BN, D, TMA)
+    b_v = load_rows(V, i_b, i_hk, k0, stride_vb, stride_vh, stride_vs, BN, D, TMA)
+    b_dk = tl.zeros([BN, D], dtype=tl.float32)
+    b_dv = tl.zeros([BN, D], dtype=tl.float32)
+    for g in range(GROUP):
+        i_hq = i_hk * GROUP + g
+        i_bh = i_b * HQ + i_hq
+        # keys wholly past a ragged batch's length are attended by nobody: an empty list
+        start, n_full, n_part, seqlen = block_list(HEADERS, SEQLENS, i_b, i_hq % HL, k_blk, NB, k0, S, HAS_SEQLENS)
+        for t in tl.range(start * MS, (start + n_full) * MS):
+            _, q0, _ = list_entry(ENTRIES, t, MS, BS, BM)
+            b_dk, b_dv = _dkdv_step(b_dk, b_dv, b_k, b_v, Q, DO, DQ, LSE, DELTA, i_b, i_hq, i_bh, q0, S,
+                                    stride_qb, stride_qh, stride_qs, stride_dob, stride_doh, stride_dos,
+                                    qk_scale, sm_scale, o_n[:, None] < seqlen, BM, D, TMA, HAS_SEQLENS, ATOMIC_DQ)
+        for t in tl.range((start + n_full) * MS, (start + n_full + n_part) * MS):
+            q_blk, q0, mask_id = list_entry(ENTRIES, t, MS, BS, BM)
+            keep = keep_mask((q0 + tl.arange(0, BM))[None, :], o_n[:, None], seqlen, q_blk, k_blk, mask_id, MASKS,
+                             BS, CAUSAL, HAS_SEQLENS, HAS_MASKS)
+            b_dk, b_dv = _dkdv_step(b_dk, b_dv, b_k, b_v, Q, DO, DQ, LSE, DELTA, i_b, i_hq, i_bh, q0, S,
+                                    stride_qb, stride_qh, stride_qs, stride_dob, stride_doh, stride_dos,
+                                    qk_scale, sm_scale, keep, BM, D, TMA, True, ATOMIC_DQ)
+
+    store_rows(DK, b_dk * sm_scale, i_b, i_hk, k0, stride_dkb, stride_dkh, stride_dks, BN, D, TMA)
+    store_rows(DV, b_dv, i_b, i_hk, k0, stride_dvb, stride_dvh, stride_dvs, BN, D, TMA)

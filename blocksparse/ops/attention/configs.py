@@ -1,0 +1,85 @@
+"""Tile configs of the fused attention kernels, per head dim (a small table), and the rules that fit
+them to a layout's block size.
+
+A kernel tile never straddles layout blocks: every tile side divides the block size (a tile of
+``BM`` query rows is a slice of one query block; ``BN`` keys a slice of one key block), so the
+tables stay at block granularity and a full block's tiles need no masking.  A config's tiles are
+shrunk to the block size where they are larger (block size 16/32/64 layouts).
+
+The table is Hopper's (H200), chosen by ``bench/attention.py --sweep``; other GPUs take it too.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+__all__ = ["HEAD_DIMS", "KERNEL_BLOCK_SIZES", "BwdConfig", "FwdConfig", "bwd_config", "fwd_config"]
+
+#: Head dims the kernels serve (powers of two: a tile's feature axis is one ``tl.arange``).
+HEAD_DIMS = (16, 32, 64, 128)
+#: Layout block sizes the kernels serve (``tl.dot`` needs tiles of at least 16).
+KERNEL_BLOCK_SIZES = (16, 32, 64, 128)
+
+
+@dataclass(frozen=True)
+class FwdConfig:
+    """Forward: a program owns ``BM`` query rows and walks their key blocks ``BN`` keys at a time."""
+
+    BM: int = 128
+    BN: int = 64
+    num_warps: int = 8
+    num_stages: int = 3
+    warp_specialize: bool = False   # tl.range(..., warp_specialize=): producer/consumer warps
+    tma: bool = True                # tensor-descriptor loads where the GPU and tensors allow
+
+    def fit(self, block_size):
+        """This config with tiles no larger than ``block_size``."""
+        return replace(self, BM=min(self.BM, block_size), BN=min(self.BN, block_size))
+
+
+@dataclass(frozen=True)
+class BwdConfig:
+    """Backward: ``dq`` programs own ``BM2`` query rows and walk keys ``BN2`` at a time; ``dk``/``dv``
+    programs own ``BN1`` keys and walk the query blocks that attend to them ``BM1`` rows at a time.
+    ``atomic_dq``: no dq programs; the dk/dv programs add dq with float32 atomics (``BM2`` then
+    only tiles the pass that computes ``delta``)."""
+
+    BM1: int = 32
+    BN1: int = 128
+    BM2: int = 128
+    BN2: int = 32
+    num_warps: int = 8
+    num_stages: int = 3
+    tma: bool = True
+    atomic_dq: bool = False
+
+    def fit(self, block_size):
+        """This config with tiles no larger than ``block_size``."""
+        bs = block_size
+        return replace(self, BM1=min(self.BM1, bs), BN1=min(self.BN1, bs), BM2=min(self.BM2, bs),
+                       BN2=min(self.BN2, bs))
+
+
+# Starting points until an H200 sweep picks (FlashAttention-2 Triton practice on Hopper), all
+# compiled for sm_90 without register spills (ptxas -v) in their plain causal form.
+_FWD = {
+    16: FwdConfig(BM=128, BN=64, num_warps=4, num_stages=3),
+    32: FwdConfig(BM=128, BN=64, num_warps=4, num_stages=3),
+    64: FwdConfig(BM=128, BN=64, num_warps=8, num_stages=3),
+    128: FwdConfig(BM=128, BN=64, num_warps=8, num_stages=3),
+}
+_BWD = {
+    16: BwdConfig(BM1=32, BN1=128, BM2=128, BN2=32, num_warps=4, num_stages=3),
+    32: BwdConfig(BM1=32, BN1=128, BM2=128, BN2=32, num_warps=4, num_stages=3),
+    64: BwdConfig(BM1=32, BN1=128, BM2=128, BN2=32, num_warps=8, num_stages=3),
+    128: BwdConfig(BM1=32, BN1=128, BM2=128, BN2=32, num_warps=8, num_stages=3),
+}
+
+
+def fwd_config(head_dim, block_size):
+    """The forward config for ``head_dim`` (one of :data:`HEAD_DIMS`), fitted to ``block_size``."""
+    return _FWD[head_dim].fit(block_size)
+
+
+def bwd_config(head_dim, block_size):
+    """The backward config for ``head_dim``, fitted to ``block_size``."""
+    return _BWD[head_dim].fit(block_size)

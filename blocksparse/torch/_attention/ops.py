@@ -1,0 +1,95 @@
+"""PyTorch custom ops of the fused block-sparse attention.
+
+``blocksparse::attention_fwd``  (q, k, v, seqlens?, layout, causal, scale) -> (o, lse); differentiable
+                                in q, k, v (registered autograd)
+``blocksparse::attention_bwd``  (do, q, k, v, o, lse, seqlens?, layout, causal, scale) -> (dq, dk, dv)
+
+``layout`` is an integer handle from :mod:`.state`.  Each op chooses at run time between the Triton
+kernels and the reference path (:func:`use_triton`); both give the same answer.  Fake (shape)
+functions let ``torch.compile(fullgraph=True)`` trace them.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ... import _env
+from ...ops.attention import configs
+from . import reference as _reference
+from . import state as _state
+
+KERNEL_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def use_triton(q: Tensor, block_size: int) -> bool:
+    """Whether the Triton kernels serve a call on ``q`` (else the reference path does)."""
+    backend = _env.backend()
+    if (backend == "reference" or q.dtype not in KERNEL_DTYPES or q.shape[-1] not in configs.HEAD_DIMS
+            or block_size not in configs.KERNEL_BLOCK_SIZES):
+        return False
+    if backend == "triton":
+        if not (q.is_cuda or _env.triton_interpret()):
+            raise RuntimeError("BLOCKSPARSE_BACKEND=triton needs CUDA tensors, or TRITON_INTERPRET=1 "
+                               f"to run the kernels on the CPU; got a tensor on {q.device}")
+        return True
+    return q.is_cuda and _triton_importable()
+
+
+def _triton_importable():
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@torch.library.custom_op("blocksparse::attention_fwd", mutates_args=())
+def attention_fwd(q: Tensor, k: Tensor, v: Tensor, seqlens: Optional[Tensor], layout: int, causal: bool,
+                  scale: float) -> tuple[Tensor, Tensor]:
+    st = _state.state(layout)
+    if use_triton(q, st.block_size):
+        from . import launch
+        return launch.fwd(q, k, v, seqlens, st.tables(causal, q.device), block_size=st.block_size,
+                          causal=causal, scale=scale, cfg=configs.fwd_config(q.shape[-1], st.block_size))
+    return _reference.forward(q, k, v, st.dense_mask(causal, q.device), seqlens, scale)
+
+
+@attention_fwd.register_fake
+def _(q, k, v, seqlens, layout, causal, scale):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+@torch.library.custom_op("blocksparse::attention_bwd", mutates_args=())
+def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, seqlens: Optional[Tensor],
+                  layout: int, causal: bool, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    st = _state.state(layout)
+    if use_triton(q, st.block_size):
+        from . import launch
+        return launch.bwd(do, q, k, v, o, lse, seqlens, st.tables(causal, q.device), block_size=st.block_size,
+                          causal=causal, scale=scale, cfg=configs.bwd_config(q.shape[-1], st.block_size))
+    return _reference.backward(do, q, k, v, o, st.dense_mask(causal, q.device), seqlens, scale)
+
+
+@attention_bwd.register_fake
+def _(do, q, k, v, o, lse, seqlens, layout, causal, scale):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, seqlens, layout, causal, scale = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, seqlens)
+    ctx.meta = (layout, causal, scale)
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, do, _dlse):
+    q, k, v, o, lse, seqlens = ctx.saved_tensors
+    layout, causal, scale = ctx.meta
+    dq, dk, dv = attention_bwd(do, q, k, v, o, lse, seqlens, layout, causal, scale)
+    return dq, dk, dv, None, None, None, None
+
+
+attention_fwd.register_autograd(_backward, setup_context=_setup_context)

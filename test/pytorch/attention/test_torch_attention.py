@@ -1,0 +1,270 @@
+"""blocksparse.torch.attention: outputs and gradients against float64 dense attention with the same
+mask, for every layout builder, on the reference path and on the kernels (Triton's interpreter);
+grouped-query heads, ragged lengths, fully masked rows, element masks, torch.compile, autocast,
+AttentionLayout reuse, and bad input."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from blocksparse.layouts import attention as layouts  # noqa: E402
+from blocksparse.testing import rel_error, tolerance  # noqa: E402
+from blocksparse.testing.flash import attention_grads, element_mask, keep_mask  # noqa: E402
+from blocksparse.torch import AttentionLayout, attention  # noqa: E402
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+          "float64": torch.float64}
+#: P and dS are rounded to the input dtype before their products: gradients get twice the bound.
+GRAD_FACTOR = 2
+
+
+def _layout(name, nb, heads, seed):
+    """Each builder of blocksparse.layouts.attention, sized ``nb`` blocks."""
+    return {
+        "causal": lambda: layouts.causal(nb, heads=heads),
+        "fixed": lambda: layouts.fixed(nb, 2, 1, heads=heads),
+        "window": lambda: layouts.sliding_window(nb, 1, heads=heads),
+        "bigbird": lambda: layouts.bigbird(nb, 0, 1, 1, seed, heads=heads),
+    }[name]()
+
+
+def _inputs(rng, B, HQ, HK, S, D, dtype):
+    t = lambda *shape: torch.from_numpy(rng.standard_normal(shape)).to(DTYPES[dtype])  # noqa: E731
+    return t(B, HQ, S, D), t(B, HK, S, D), t(B, HK, S, D), t(B, HQ, S, D)
+
+
+def _check(rng, layout, *, bs, causal=False, B=1, HQ=2, HK=2, D=16, dtype="float16", seqlens=None,
+           block_masks=None, dense=None, scale=None, prepare=True):
+    """Run attention + backward on fresh random inputs and compare with float64."""
+    S = np.asarray(layout).shape[-1] * bs
+    q, k, v, do = _inputs(rng, B, HQ, HK, S, D, dtype)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    lens = None if seqlens is None else torch.tensor(seqlens)
+    if prepare:
+        lay, kwargs = AttentionLayout(layout, bs, block_masks=block_masks), {}
+    else:
+        lay, kwargs = layout, {"block_masks": block_masks}
+    o = attention(q, k, v, lay, causal=causal, scale=scale, seqlens=lens, **kwargs)
+    o.backward(do)
+    mask = element_mask(layout, bs) if dense is None else dense
+    refs = attention_grads(q, k, v, keep_mask(mask, causal=causal, seqlens=seqlens),
+                           D ** -0.5 if scale is None else scale, do)
+    tol = tolerance(dtype)
+    for name, got, ref, bound in zip(("o", "dq", "dk", "dv"), (o, q.grad, k.grad, v.grad), refs,
+                                     (tol, *(GRAD_FACTOR * tol,) * 3)):
+        assert got.dtype == DTYPES[dtype] and got.shape == ref.shape, name
+        assert rel_error(got, ref) < bound, name
+    return o.detach(), (q.grad, k.grad, v.grad)
+
+
+# --------------------------------------------------------------------------- reference path
+@pytest.fixture
+def reference(monkeypatch):
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "reference")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("name", ["causal", "fixed", "window", "bigbird"])
+@pytest.mark.parametrize("heads", [None, 2], ids=["shared", "per-head"])
+def test_reference_every_layout(rng, reference, name, heads, causal):
+    _check(rng, _layout(name, 6, heads, int(rng.integers(1 << 30))), bs=16, causal=causal, B=2,
+           dtype="float32")
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_reference_dtypes(rng, reference, dtype):
+    _check(rng, layouts.bigbird(4, 1, 1, 1, 3), bs=32, D=32, dtype=dtype, scale=0.3)
+
+
+def test_reference_gqa_ragged_empty(rng, reference):
+    layout = layouts.sliding_window(4, 1)
+    layout[2] = 0
+    o, (dq, dk, dv) = _check(rng, layout, bs=16, B=3, HQ=4, HK=1, dtype="float32", seqlens=[64, 23, 0],
+                             causal=True)
+    assert (o[:, :, 32:48] == 0).all() and (o[1, :, 23:] == 0).all() and (o[2] == 0).all()
+    assert (dq[2] == 0).all() and (dk[2] == 0).all() and (dv[1, :, 23:] == 0).all()
+
+
+def test_reference_from_mask(rng, reference):
+    dense = rng.random((2, 64, 64)) < 0.2
+    dense[1, 7] = False
+    layout, bm = layouts.from_mask(dense, 16, return_block_masks=True)
+    o, _ = _check(rng, layout, bs=16, block_masks=bm, dense=dense, dtype="float64", prepare=False)
+    assert (o[:, 1, 7] == 0).all()
+
+
+# --------------------------------------------------------------------------- kernels (interpreter)
+@pytest.fixture
+def kernels(monkeypatch):
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "triton")
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("name, causal", [("causal", True), ("fixed", True), ("window", False),
+                                          ("bigbird", False)], ids=["causal", "fixed", "window", "bigbird"])
+def test_kernels_every_layout(rng, kernels, name, causal):
+    _check(rng, _layout(name, 4, 2, int(rng.integers(1 << 30))), bs=16, causal=causal, dtype="bfloat16")
+
+
+@pytest.mark.interpreter
+def test_kernels_gqa_ragged_empty(rng, kernels):
+    layout = layouts.fixed(4, 2, causal=False, heads=2)
+    layout[1, 3] = 0                                   # head 1, query block 3: nothing
+    o, (dq, dk, dv) = _check(rng, layout, bs=16, B=2, HQ=2, HK=1, D=32, seqlens=[50, 9])
+    assert (o[:, 1, 48:] == 0).all() and (o[1, :, 9:] == 0).all()
+    assert torch.isfinite(dq).all() and (dk[1, :, 9:] == 0).all() and (dv[1, :, 9:] == 0).all()
+
+
+@pytest.mark.interpreter
+def test_kernels_from_mask_and_strided_inputs(rng, kernels):
+    dense = np.tril(rng.random((32, 32)) < 0.5) | np.eye(32, dtype=bool)
+    layout, bm = layouts.from_mask(dense, 16, return_block_masks=True)
+    prepared = AttentionLayout(layout, 16, block_masks=bm)
+    # (B, S, H, D) storage seen as (B, H, S, D), and a gradient with broadcast strides
+    q, k, v = (torch.from_numpy(rng.standard_normal((1, 32, 2, 16))).half().transpose(1, 2).requires_grad_()
+               for _ in range(3))
+    o = attention(q, k, v, prepared, causal=True)
+    o.float().sum().backward()
+    refs = attention_grads(q, k, v, keep_mask(dense, causal=True), 0.25, np.ones(q.shape))
+    for got, ref in zip((o, q.grad, k.grad, v.grad), refs):
+        assert rel_error(got, ref) < GRAD_FACTOR * tolerance("float16")
+
+
+def test_torch_compile_fullgraph(rng, reference):
+    lay = AttentionLayout(layouts.causal(4), 16)
+    q, k, v, do = _inputs(rng, 1, 2, 1, 64, 16, "float32")
+    lens = torch.tensor([40])
+
+    def run(fn):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        o = fn(*leaves, lens)
+        o.backward(do)
+        return o.detach(), *(t.grad for t in leaves)
+
+    def step(q, k, v, lens):
+        return attention(q, k, v, lay, causal=True, seqlens=lens) * 2.0
+
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    for got, want in zip(run(compiled), run(step)):
+        torch.testing.assert_close(got, want)
+
+
+def test_autocast(rng, reference):
+    lay = AttentionLayout(layouts.sliding_window(2, 0), 16)
+    q, k, v, _ = _inputs(rng, 1, 1, 1, 32, 16, "float32")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        o = attention(q, k, v, lay)
+    assert o.dtype == torch.bfloat16
+    ref = attention_grads(q.bfloat16(), k.bfloat16(), v.bfloat16(), keep_mask(element_mask(lay.layout, 16)), 0.25)
+    assert rel_error(o, ref) < tolerance("bfloat16")
+
+
+def test_backend_choice(monkeypatch):
+    from blocksparse.torch._attention.ops import use_triton
+
+    half = torch.zeros(1, 1, 16, 64, dtype=torch.float16)
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "auto")
+    assert use_triton(half, 16) is False              # CPU tensors take the reference path
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert use_triton(half, 16) is True
+    assert use_triton(half.float(), 16) is False       # float32 takes the reference path
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        use_triton(half, 16)
+
+
+# --------------------------------------------------------------------------- AttentionLayout
+def test_attention_layout_is_shared_and_reused(rng, reference):
+    a = AttentionLayout(layouts.causal(4), 16)
+    b = AttentionLayout(torch.tensor(layouts.causal(4)), 16)
+    assert a == b and hash(a) == hash(b) and a._handle == b._handle
+    assert a != AttentionLayout(layouts.causal(4), 32) and a != AttentionLayout(layouts.causal(4, heads=2), 16)
+    assert (a.heads, a.blocks, a.seq_len, a.density) == (1, 4, 64, 10 / 16)
+    assert "blocks=4" in repr(a) and not a.layout.flags.writeable
+    # a raw layout infers block_size = S // blocks and gives the same answer as the prepared one
+    q, k, v, _ = _inputs(rng, 1, 1, 1, 64, 16, "float32")
+    assert torch.equal(attention(q, k, v, layouts.causal(4)), attention(q, k, v, a))
+
+
+BAD = {
+    "q-not-tensor": (lambda q, k, v, lay: attention(q.numpy(), k, v, lay), TypeError, "q must be a torch.Tensor"),
+    "q-3d": (lambda q, k, v, lay: attention(q[0], k, v, lay), ValueError, "q must be 4-D \\(B, H, S, D\\)"),
+    "int-dtype": (lambda q, k, v, lay: attention(q.long(), k, v, lay), TypeError, "q must be one of"),
+    "mixed-dtype": (lambda q, k, v, lay: attention(q, k.double(), v, lay), TypeError, "one dtype"),
+    "k-v-shapes": (lambda q, k, v, lay: attention(q, k, v[:, :1], lay), ValueError, "k and v must have the same shape"),
+    "k-seq": (lambda q, k, v, lay: attention(q, k[:, :, :32], v[:, :, :32], lay), ValueError,
+              "k must have shape \\(1, HK, 64, 16\\)"),
+    "head-dim": (lambda q, k, v, lay: attention(*(t[..., :12] for t in (q, k, v)), lay), ValueError,
+                 "head dim \\(last size\\) must be one of \\(16, 32, 64, 128\\); got 12"),
+    "gqa": (lambda q, k, v, lay: attention(q[:, :3], k, v, lay), ValueError, "multiple of k's .* HQ = 3, HK = 2"),
+    "layout-heads": (lambda q, k, v, lay: attention(q, k, v, layouts.causal(4, heads=3)), ValueError,
+                     "1 or 4 \\(the query heads\\) heads; got 3"),
+    "layout-blocks": (lambda q, k, v, lay: attention(q, k, v, layouts.causal(3)), ValueError,
+                      "S // block_size blocks per axis; got 3 blocks for S = 64"),
+    "layout-cover": (lambda q, k, v, lay: attention(q, k, v, AttentionLayout(layouts.causal(2), 16)), ValueError,
+                     "2 \\* 16 = 32, but q has S = 64"),
+    "layout-values": (lambda q, k, v, lay: attention(q, k, v, np.full((4, 4), 2)), ValueError,
+                      "only booleans or 0 and 1"),
+    "layout-empty": (lambda q, k, v, lay: attention(q, k, v, np.zeros((4, 4))), ValueError, "at least one block"),
+    "layout-rect": (lambda q, k, v, lay: attention(q, k, v, np.ones((4, 2))), ValueError, "square"),
+    "block-size": (lambda q, k, v, lay: attention(q, k, v, lay, block_size=32), ValueError,
+                   "None or the AttentionLayout's 16; got 32"),
+    "block-size-8": (lambda q, k, v, lay: AttentionLayout(layouts.causal(8), 8), ValueError,
+                     "block_size must be one of \\(16, 32, 64, 128\\); got 8"),
+    "causal-type": (lambda q, k, v, lay: attention(q, k, v, lay, causal="yes"), TypeError, "causal must be a bool"),
+    "scale": (lambda q, k, v, lay: attention(q, k, v, lay, scale=float("nan")), TypeError, "scale must be a finite"),
+    "seqlens-float": (lambda q, k, v, lay: attention(q, k, v, lay, seqlens=torch.ones(1)), TypeError,
+                      "seqlens must hold integers"),
+    "seqlens-shape": (lambda q, k, v, lay: attention(q, k, v, lay, seqlens=torch.ones(2, dtype=torch.int32)),
+                      ValueError, "seqlens must have shape \\(1,\\)"),
+    "masks-with-prepared": (lambda q, k, v, lay: attention(q, k, v, lay, block_masks=_masks()), ValueError,
+                            "block_masks must be None with an AttentionLayout"),
+    "masks-type": (lambda q, k, v, lay: AttentionLayout(layouts.causal(4), 16, block_masks=np.zeros(3)), TypeError,
+                   "block_masks must be a blocksparse.layouts.attention.BlockMasks"),
+    "masks-shape": (lambda q, k, v, lay: AttentionLayout(layouts.causal(2), 16, block_masks=_masks()), ValueError,
+                    "block_masks.index must have the layout's shape"),
+    "masks-dropped": (lambda q, k, v, lay: AttentionLayout(np.eye(4), 16, block_masks=_masks()), ValueError,
+                      "-1 wherever the layout drops a block"),
+}
+
+
+def _masks():
+    """Block masks of a 64 x 64 causal mask at block size 16 (the diagonal blocks are partial)."""
+    return layouts.from_mask(np.tril(np.ones((64, 64), dtype=bool)) | (np.arange(64)[None] == 63), 16,
+                             return_block_masks=True)[1]
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input(rng, reference, case):
+    call, error, match = BAD[case]
+    q, k, v, _ = _inputs(rng, 1, 4, 2, 64, 16, "float32")
+    with pytest.raises(error, match=match):
+        call(q, k, v, AttentionLayout(layouts.causal(4), 16))
+
+
+def test_readme_example():
+    import pathlib
+    import re
+
+    readme = (pathlib.Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8")
+    code = re.search(r"<!-- example: torch-attention -->\s*```python\n(.*?)```", readme, re.S).group(1)
+    scope = {}
+    exec(compile(code, "README:torch-attention", "exec"), scope)
+    q, k, v, o, o2, S, bs = (scope[n] for n in ("q", "k", "v", "o", "o2", "S", "bs"))
+    assert o.shape == q.shape and q.grad is not None and k.grad.shape == k.shape
+    # the padded second sequence, query heads 0-1 (key/value head 0)
+    sub = [t[1:, :2].detach() for t in (q, k[:, :1], v[:, :1])]
+    keep = keep_mask(element_mask(layouts.fixed(S // bs, 4), bs), causal=True, seqlens=[300])
+    assert rel_error(o[1:, :2], attention_grads(*sub, keep, 0.125)) < tolerance(o.dtype)
+    keep2 = keep_mask(scope["mask"])
+    assert rel_error(o2[1:, :2], attention_grads(*sub, keep2, 0.125)) < tolerance(o.dtype)
+
+
+@pytest.mark.parametrize("backend", ["reference", pytest.param("triton", marks=pytest.mark.interpreter)])
+def test_empty_batch(monkeypatch, backend):
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", backend)
+    q = torch.randn(0, 2, 32, 16, dtype=torch.float16, requires_grad=True)
+    o = attention(q, q, q, AttentionLayout(layouts.causal(2), 16), causal=True)
+    o.sum().backward()
+    assert o.shape == q.shape and q.grad.shape == q.shape
