@@ -5,6 +5,7 @@ tables; tile tables; ahead-of-time specialisations).
 family     holds
 =========  =================================================================================
 matmul     block-sparse ``y = x @ W``: fprop / bprop (``xprop*``), updat (``updat*``), tiles
+conv       block-sparse convolution: channel blocks, geometry, edge bias, grouped-conv plans
 common     what several families share (the interpreter fix)
 =========  =================================================================================
 

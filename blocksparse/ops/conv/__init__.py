@@ -1,0 +1,16 @@
+"""The block-sparse convolution family, framework-neutral (numpy only).
+
+:mod:`.blocks`     ``BCK`` validated, the filter's layout (block shapes, flat offsets, dense index)
+:mod:`.geometry`   spatial arithmetic: padding modes, output sizes, transposed-size ranges
+:mod:`.edges`      edge-bias patterns of the output positions
+:mod:`.grouping`   the blocks as a few grouped convolutions (the GPU path), and when that pays
+:mod:`.spec`       :class:`~.spec.ConvSpec` (all of the above for one op) and the shape helpers
+                   both frontends share
+
+Both frontends compute with framework ops only: the *dense* path convolves with the dense filter
+that is zero outside the blocks (any layout; the CPU path and the oracle), the *grouped* path runs
+the plan of :mod:`.grouping` (GPUs, sparse layouts of wide blocks).
+"""
+from .spec import ConvShapes, ConvSpec
+
+__all__ = ["ConvShapes", "ConvSpec"]
