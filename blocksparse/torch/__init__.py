@@ -1,4 +1,5 @@
-"""PyTorch frontend: :class:`BlocksparseMatMul` and :class:`BlocksparseLinear`.
+"""PyTorch frontend: :class:`BlocksparseMatMul` and :class:`BlocksparseLinear`; the block-sparse
+convolution :class:`BlocksparseConv`, :class:`BlocksparseDeconv` and :class:`BlocksparseConvLayer`.
 
 Requires PyTorch (``pip install blocksparse[torch]``).  On CUDA tensors the Triton kernels run;
 elsewhere (and for block size 8) the reference path does.  ``BLOCKSPARSE_BACKEND`` forces a path
@@ -9,6 +10,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without torch
     raise ImportError("blocksparse.torch needs PyTorch >= 2.4: pip install 'blocksparse[torch]'") from exc
 
+from .conv import BlocksparseConv, BlocksparseConvLayer, BlocksparseDeconv
 from .matmul import BlocksparseLinear, BlocksparseMatMul
 
-__all__ = ["BlocksparseMatMul", "BlocksparseLinear"]
+__all__ = ["BlocksparseMatMul", "BlocksparseLinear", "BlocksparseConv", "BlocksparseDeconv", "BlocksparseConvLayer"]

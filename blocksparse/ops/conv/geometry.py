@@ -205,6 +205,9 @@ def _image_range(i, taps, out, stride, dilate, padding):
     if padding == "SAME":
         return (out - 1) * stride + 1, out * stride, (extent - 1) // 2
     before, after = (0, 0) if padding == "VALID" else padding[i]
+    if max(before, after) >= extent:
+        raise ValueError(f"padding ({before}, {after}) on axis {i} must be smaller than the dilated filter "
+                         f"({extent} positions) for a transposed convolution")
     low = (out - 1) * stride + extent - before - after
     if low + stride - 1 < 1:
         raise ValueError(f"padding ({before}, {after}) on axis {i} leaves no output size for a "
