@@ -5,6 +5,7 @@ when called).
 :mod:`.numerics`   ``rel_error``, ``TOLERANCE``, ``tolerance``
 :mod:`.poison`     ``poisoned_empty`` -- NaN-filled ``torch.empty`` so unwritten outputs show
 :mod:`.matmul`     float64 references of the block-sparse matmul, random layouts
+:mod:`.conv`       float64 references of the block-sparse convolution, test cases
 """
 from .numerics import TOLERANCE, rel_error, tolerance
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Case", "random_bck", "split_filter", "join_filter", "conv_products", "l2_normalize_products"]
+__all__ = ["CASES", "Case", "case_of", "conv_products", "join_filter", "l2_normalize_products", "layout_bck",
+           "random_bck", "random_inputs", "split_filter"]
 
 
 @dataclass(frozen=True)
@@ -224,3 +225,36 @@ def l2_normalize_products(case, F, dout, gain=None, epsilon=1e-6):
         outs.append(np.moveaxis(o, 0, axis))
         dFs.append(np.moveaxis(d, 0, axis))
     return join_filter(outs, F), join_filter(dFs, F), dgain
+
+
+#: Spatial settings both frontends' tests run (small sizes; ids say what each covers).
+CASES = {
+    "1d-same-s2": dict(TRS=(3,), DHW=(9,), strides=2, dilates=1, padding="SAME"),
+    "2d-same-stride-dilate": dict(TRS=(3, 3), DHW=(6, 5), strides=(2, 1), dilates=(1, 2), padding="SAME"),
+    "2d-same-even-filter": dict(TRS=(2, 3), DHW=(5, 4), strides=1, dilates=1, padding="SAME"),
+    "2d-valid-stride-dilate": dict(TRS=(3, 2), DHW=(7, 6), strides=2, dilates=(2, 1), padding="VALID"),
+    "2d-explicit-asymmetric": dict(TRS=(3, 3), DHW=(5, 6), strides=(2, 1), dilates=1, padding=((2, 0), 1)),
+    "3d-same": dict(TRS=(2, 2, 3), DHW=(3, 4, 4), strides=(1, 2, 1), dilates=(2, 1, 1), padding="SAME"),
+    "original-3tuple-1d": dict(TRS=(1, 1, 3), DHW=(1, 1, 8), strides=(1, 1, 2), dilates=(1, 1, 1), padding="SAME"),
+}
+
+
+def layout_bck(rng, kind):
+    """A test layout: ``"random"`` (unequal blocks of shuffled, non-contiguous channels) or
+    ``"uniform"`` (equal blocks, two of them sharing their outputs, one output channel unused)."""
+    if kind == "random":
+        return random_bck(rng, 7, 6, 4, 3, 3)
+    return [([0, 1, 2], [3, 4]), ([3, 4, 5], [3, 4]), ([6, 2, 0], [0, 1]), ([3, 4, 5], [6, 5])]
+
+
+def case_of(op, BCK, padding, transposed):
+    """The :class:`Case` of a frontend op built from ``BCK`` and ``padding``."""
+    pad = padding if isinstance(padding, str) else tuple(op.padding)
+    return Case(tuple(BCK), op.TRS, op.strides, op.dilates, pad, tuple(op.MPQ), transposed)
+
+
+def random_inputs(rng, op, N=2):
+    """float32 ``(F, x, dy, edge_bias)`` for an op (``edge_bias`` None without one)."""
+    draw = lambda shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731
+    eb = draw(op.edge_bias_shape()) if op.spec.edge_bias else None
+    return draw(op.f_shape()), draw(op.i_shape(N)), draw(op.o_shape(N)), eb

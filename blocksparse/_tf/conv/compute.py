@@ -17,7 +17,7 @@ from ... import _env
 from .. import device, tf
 from . import params
 
-__all__ = ["convolve", "dense", "grouped", "gpu_here"]
+__all__ = ["convolve", "dense", "grouped", "gpu_here", "choose"]
 
 
 _CHANNELS_LAST = {1: "NWC", 2: "NHWC", 3: "NDHWC"}
@@ -26,6 +26,13 @@ _CHANNELS_LAST = {1: "NWC", 2: "NHWC", 3: "NDHWC"}
 def gpu_here():
     """Whether ops built now run on a GPU (and ``BLOCKSPARSE_BACKEND`` is not ``reference``)."""
     return _env.backend() != "reference" and device.no_gpu_here(device.device_arch()) is None
+
+
+def choose(spec):
+    """``"grouped"`` or ``"dense"`` for an op built now."""
+    if gpu_here() and spec.prefers_grouped and spec.geometry.ndim < 3:
+        return "grouped"
+    return "dense"
 
 
 def _channels_last(x, ndim):
@@ -117,8 +124,7 @@ def convolve(I, flat, edge_bias, spec, path=None):
     """
     ndim = spec.geometry.ndim
     native = gpu_here()
-    if path is None:
-        path = "grouped" if native and spec.prefers_grouped and ndim < 3 else "dense"
+    path = path or choose(spec)
     dtype = I.dtype
     work = dtype if native else tf.float32
     x = _channels_last(tf.cast(I, work), ndim)

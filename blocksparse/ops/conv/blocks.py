@@ -16,9 +16,6 @@ flattened and concatenated in block order, ``(size,)`` (always accepted).
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass
-from functools import cached_property
-
 import numpy as np
 
 __all__ = ["ConvBlocks", "parse_bck"]
@@ -84,89 +81,58 @@ def parse_bck(BCK):
     return tuple(cs), tuple(ks)
 
 
-@dataclass(frozen=True, eq=False)
 class ConvBlocks:
-    """Validated blocks with the filter's layout (see the module).
+    """Validated blocks with the filter's layout (see the module), all derived at construction (so
+    that traced code, e.g. under ``torch.compile``, reads plain ints and ready arrays).
 
     ``cs[b]`` / ``ks[b]``: input / output channels of block ``b``; ``trs``: taps per filter;
     ``transposed``: the filter layout of a transposed convolution (input channels first).
+
+    Attributes: ``blocks``, ``C``, ``K``, ``pairs`` (connected (input, output) channel pairs),
+    ``density`` (``pairs / (C * K)``), ``uniform`` (all block filters of one shape: ``F`` may be
+    stacked), ``offsets`` (start of each block's filter in the flat ``F``, the total last),
+    ``size``, ``dense_shape`` (``(K, C, trs)``, or ``(C, K, trs)`` when transposed),
+    ``dense_index`` (``(size,)``: where each flat ``F`` element sits in the raveled dense filter),
+    ``norm_segments`` (see :meth:`_norm_segments`).
     """
 
-    cs: tuple
-    ks: tuple
-    trs: int
-    transposed: bool = False
+    def __init__(self, cs, ks, trs, transposed=False):
+        self.cs, self.ks, self.trs, self.transposed = tuple(cs), tuple(ks), int(trs), bool(transposed)
+        self.blocks = len(self.cs)
+        self.C = max(int(c.max()) for c in self.cs) + 1
+        self.K = max(int(k.max()) for k in self.ks) + 1
+        self.pairs = sum(c.size * k.size for c, k in zip(self.cs, self.ks))
+        self.density = self.pairs / (self.C * self.K)
+        self.uniform = len({self.channel_shape(b) for b in range(self.blocks)}) == 1
+        self.offsets = frozen_int64(np.concatenate([[0], np.cumsum([self.pairs_of(b) * self.trs
+                                                               for b in range(self.blocks)])]))
+        self.size = int(self.offsets[-1])
+        self.dense_shape = ((self.C, self.K) if self.transposed else (self.K, self.C)) + (self.trs,)
+        self.dense_index = self._dense_index()
+        self.norm_segments = self._norm_segments()
 
-    @property
-    def blocks(self):
-        return len(self.cs)
-
-    @cached_property
-    def C(self):
-        return max(int(c.max()) for c in self.cs) + 1
-
-    @cached_property
-    def K(self):
-        return max(int(k.max()) for k in self.ks) + 1
-
-    @cached_property
-    def pairs(self):
-        """Connected (input, output) channel pairs, ``sum(len(cs[b]) * len(ks[b]))``."""
-        return sum(c.size * k.size for c, k in zip(self.cs, self.ks))
-
-    @property
-    def density(self):
-        """Fraction of the dense ``C x K`` channel pairs the blocks connect."""
-        return self.pairs / (self.C * self.K)
+    def pairs_of(self, b):
+        return self.cs[b].size * self.ks[b].size
 
     def channel_shape(self, b):
         """Leading two dims of block ``b``'s filter."""
         c, k = self.cs[b].size, self.ks[b].size
         return (c, k) if self.transposed else (k, c)
 
-    @cached_property
-    def uniform(self):
-        """Whether all blocks have one filter shape (then ``F`` may be stacked)."""
-        return len({self.channel_shape(b) for b in range(self.blocks)}) == 1
-
-    @cached_property
-    def offsets(self):
-        """Start of each block's filter in the flat ``F``, and the total size last."""
-        sizes = [self.cs[b].size * self.ks[b].size * self.trs for b in range(self.blocks)]
-        return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-
-    @property
-    def size(self):
-        return int(self.offsets[-1])
-
     def flat_index(self, b):
         """``channel_shape(b) + (trs,)`` array: where each element of block ``b`` sits in the flat ``F``."""
         return np.arange(self.offsets[b], self.offsets[b + 1]).reshape(self.channel_shape(b) + (self.trs,))
 
-    def _rows_cols(self, b):
-        """Channels along the two leading axes of block ``b``'s filter."""
-        return (self.cs[b], self.ks[b]) if self.transposed else (self.ks[b], self.cs[b])
-
-    @cached_property
-    def dense_shape(self):
-        """``(K, C, trs)`` for a convolution, ``(C, K, trs)`` for a transposed one."""
-        return ((self.C, self.K) if self.transposed else (self.K, self.C)) + (self.trs,)
-
-    @cached_property
-    def dense_index(self):
-        """``(size,)`` int64: position of each flat ``F`` element in the dense filter (raveled)."""
+    def _dense_index(self):
         _, cols, trs = self.dense_shape
         parts = []
         for b in range(self.blocks):
-            rows_b, cols_b = self._rows_cols(b)
+            rows_b, cols_b = (self.cs[b], self.ks[b]) if self.transposed else (self.ks[b], self.cs[b])
             cell = (rows_b[:, None] * cols + cols_b[None, :]) * trs
             parts.append((cell[:, :, None] + np.arange(trs)).ravel())
-        out = np.concatenate(parts)
-        out.setflags(write=False)
-        return out
+        return frozen_int64(np.concatenate(parts))
 
-    @cached_property
-    def norm_segments(self):
+    def _norm_segments(self):
         """``(segment of each flat F element, output channel of each segment)``.
 
         ``l2_normalize`` scales each block's filter per output channel: one segment per (block,
@@ -180,4 +146,11 @@ class ConvBlocks:
                 index = index.transpose(1, 0, 2)
             seg[index.reshape(index.shape[0], -1)] = len(channel) + np.arange(index.shape[0])[:, None]
             channel.extend(self.ks[b].tolist())
-        return seg, np.asarray(channel, dtype=np.int64)
+        return frozen_int64(seg), frozen_int64(channel)
+
+
+def frozen_int64(values):
+    """``values`` as a read-only contiguous int64 array."""
+    array = np.ascontiguousarray(values, dtype=np.int64)
+    array.setflags(write=False)
+    return array

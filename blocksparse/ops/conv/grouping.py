@@ -15,9 +15,10 @@ the gather of the input channels plus a convolution ``density`` times the dense 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
+
+from .blocks import frozen_int64
 
 __all__ = ["Bucket", "GroupedPlan", "grouped_plan", "worth_grouping", "GROUPED_MAX_DENSITY",
            "GROUPED_MIN_CHANNELS"]
@@ -28,12 +29,6 @@ GROUPED_MAX_DENSITY = 0.5
 #: ... and when every group has at least this many input and output channels (narrower groups
 #: run cuDNN's slow grouped kernels).
 GROUPED_MIN_CHANNELS = 32
-
-
-def _frozen(array):
-    array = np.ascontiguousarray(array, dtype=np.int64)
-    array.setflags(write=False)
-    return array
 
 
 def _span(index):
@@ -59,11 +54,7 @@ class Bucket:
     inputs: np.ndarray
     outputs: np.ndarray
     weight: np.ndarray
-
-    @cached_property
-    def input_span(self):
-        """``(start, stop)`` when the gather is a plain slice of the input channels, else None."""
-        return _span(self.inputs)
+    input_span: tuple | None   # (start, stop) when the gather is a plain slice of the input channels
 
 
 @dataclass(frozen=True, eq=False)
@@ -93,16 +84,16 @@ def grouped_plan(blocks):
     out = []
     for (cin, cout), cols in buckets.items():
         weights = [np.concatenate([blocks.flat_index(b) for b in members], axis=axis) for members in cols]
-        out.append(Bucket(groups=len(cols), cin=cin, cout=cout,
-                          inputs=_frozen(np.concatenate([blocks.cs[b] for m in cols for b in m])),
-                          outputs=_frozen(np.concatenate([blocks.ks[m[0]] for m in cols])),
-                          weight=_frozen(np.concatenate(weights, axis=0))))
+        inputs = frozen_int64(np.concatenate([blocks.cs[b] for m in cols for b in m]))
+        out.append(Bucket(groups=len(cols), cin=cin, cout=cout, inputs=inputs,
+                          outputs=frozen_int64(np.concatenate([blocks.ks[m[0]] for m in cols])),
+                          weight=frozen_int64(np.concatenate(weights, axis=0)), input_span=_span(inputs)))
     written = np.concatenate([bucket.outputs for bucket in out])
     if np.array_equal(written, np.arange(blocks.K)):
-        return GroupedPlan(tuple(out), "identity", _frozen(written), blocks.K)
+        return GroupedPlan(tuple(out), "identity", frozen_int64(written), blocks.K)
     if written.size == blocks.K and np.unique(written).size == blocks.K:
-        return GroupedPlan(tuple(out), "permute", _frozen(np.argsort(written)), blocks.K)
-    return GroupedPlan(tuple(out), "add", _frozen(written), blocks.K)
+        return GroupedPlan(tuple(out), "permute", frozen_int64(np.argsort(written)), blocks.K)
+    return GroupedPlan(tuple(out), "add", frozen_int64(written), blocks.K)
 
 
 def worth_grouping(blocks, plan):

@@ -2,8 +2,6 @@
 (:class:`ConvSpec`) and the shape helpers of the original API (:class:`ConvShapes`)."""
 from __future__ import annotations
 
-from functools import cached_property
-
 import numpy as np
 
 from .blocks import ConvBlocks, parse_bck
@@ -15,7 +13,10 @@ __all__ = ["ConvSpec", "ConvShapes"]
 
 
 class ConvSpec:
-    """A block-sparse (transposed) convolution, validated: channels, geometry, edges, plans."""
+    """A block-sparse (transposed) convolution, validated: channels (``blocks``), ``geometry``,
+    ``edges`` (the output's :class:`~.edges.EdgeMap`), ``grouped`` (the
+    :class:`~.grouping.GroupedPlan`) and ``prefers_grouped`` (whether the grouped path should serve
+    it on a GPU), all computed at construction."""
 
     def __init__(self, BCK, TRS, DHW, MPQ=None, strides=1, dilates=1, padding="SAME", edge_bias=False,
                  transposed=False):
@@ -26,21 +27,9 @@ class ConvSpec:
         self.blocks = ConvBlocks(cs, ks, self.geometry.trs, bool(transposed))
         self.edge_bias = bool(edge_bias)
         self.transposed = bool(transposed)
-
-    @cached_property
-    def edges(self):
-        """The :class:`~.edges.EdgeMap` of the output."""
-        return edge_map(self.geometry)
-
-    @cached_property
-    def grouped(self):
-        """The :class:`~.grouping.GroupedPlan`."""
-        return grouped_plan(self.blocks)
-
-    @cached_property
-    def prefers_grouped(self):
-        """Whether the grouped path should serve this op on a GPU."""
-        return worth_grouping(self.blocks, self.grouped)
+        self.edges = edge_map(self.geometry)
+        self.grouped = grouped_plan(self.blocks)
+        self.prefers_grouped = worth_grouping(self.blocks, self.grouped)
 
     @property
     def edge_count(self):
