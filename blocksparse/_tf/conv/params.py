@@ -7,10 +7,14 @@ __all__ = ["flat_filter", "dense_filter", "bucket_filter", "l2_normalize", "edge
 
 
 def flat_filter(F, form):
-    """``F`` (``"stacked"`` or ``"flat"``, or a list of per-block tensors: ``"blocks"``) as ``(size,)``."""
+    """``F`` (``"stacked"`` or ``"flat"``, or a list of per-block tensors: ``"blocks"``) as ``(size,)``.
+
+    Always through a reshape: its gradient turns the ``IndexedSlices`` of the grouped path's gathers
+    into the dense gradient a filter variable expects.
+    """
     if form == "blocks":
         return tf.concat([tf.reshape(f, [-1]) for f in F], axis=0)
-    return tf.reshape(F, [-1]) if form == "stacked" else F
+    return tf.reshape(F, [-1])
 
 
 def _taps_first(w, TRS):
@@ -42,7 +46,8 @@ def l2_normalize(flat, gain, spec, epsilon, dtype):
     sum_sq = tf.math.unsorted_segment_sum(tf.square(f32), segments, channel.size)
     scale = tf.math.rsqrt(tf.maximum(sum_sq, epsilon))
     if gain is not None:
-        scale = scale * tf.gather(tf.cast(gain, tf.float32), channel)
+        # through a reshape: a dense gradient for the gain, not IndexedSlices
+        scale = scale * tf.gather(tf.reshape(tf.cast(gain, tf.float32), [-1]), channel)
     return tf.cast(f32 * tf.gather(scale, segments), dtype)
 
 
