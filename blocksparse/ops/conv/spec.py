@@ -8,6 +8,7 @@ from .blocks import ConvBlocks, parse_bck
 from .edges import edge_map
 from .geometry import make_geometry
 from .grouping import grouped_plan, worth_grouping
+from .pointwise import pointwise_plan, worth_matmul
 
 __all__ = ["ConvSpec", "ConvShapes"]
 
@@ -15,8 +16,9 @@ __all__ = ["ConvSpec", "ConvShapes"]
 class ConvSpec:
     """A block-sparse (transposed) convolution, validated: channels (``blocks``), ``geometry``,
     ``edges`` (the output's :class:`~.edges.EdgeMap`), ``grouped`` (the
-    :class:`~.grouping.GroupedPlan`) and ``prefers_grouped`` (whether the grouped path should serve
-    it on a GPU), all computed at construction."""
+    :class:`~.grouping.GroupedPlan`), ``pointwise`` (the :class:`~.pointwise.PointwisePlan` of a
+    1x1 block grid, else None), and which of those should serve it on a GPU (``prefers_grouped``,
+    ``prefers_matmul``), all computed at construction."""
 
     def __init__(self, BCK, TRS, DHW, MPQ=None, strides=1, dilates=1, padding="SAME", edge_bias=False,
                  transposed=False):
@@ -30,6 +32,8 @@ class ConvSpec:
         self.edges = edge_map(self.geometry)
         self.grouped = grouped_plan(self.blocks)
         self.prefers_grouped = worth_grouping(self.blocks, self.grouped)
+        self.pointwise = pointwise_plan(self.blocks, self.geometry)
+        self.prefers_matmul = worth_matmul(self.pointwise, self.blocks.density)
 
     @property
     def edge_count(self):

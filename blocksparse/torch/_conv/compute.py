@@ -5,6 +5,11 @@
   or narrow blocks.
 * grouped: the plan of :mod:`blocksparse.ops.conv.grouping`: channel gathers, grouped cuDNN
   convolutions, one output shuffle.  CUDA tensors, for sparse layouts of wide blocks.
+* matmul: the plan of :mod:`blocksparse.ops.conv.pointwise`: a 1x1 convolution on a block grid as
+  the library's block-sparse matmul over the pixels (its Triton kernels on CUDA), no gather.
+
+float32 convolutions follow ``torch.backends.cudnn.allow_tf32`` on every path (the matmul path
+asks its kernels for TF32 products when it is set, as cuDNN then computes).
 
 Padding goes to the convolution itself where it is symmetric (no copy of the input); the
 remainder is an explicit ``F.pad`` (negative amounts crop) or, for transposed convolutions,
@@ -16,18 +21,21 @@ import torch
 import torch.nn.functional as F
 
 from ... import _env
+from .._matmul import ops as _matmul_ops
 
-__all__ = ["convolve", "dense", "grouped", "choose", "filter_of"]
+__all__ = ["convolve", "dense", "grouped", "matmul", "choose", "filter_of"]
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 
 
 def choose(spec, x):
-    """``"grouped"`` or ``"dense"`` for a call on ``x``."""
-    if _env.backend() != "reference" and x.is_cuda and spec.prefers_grouped:
-        return "grouped"
-    return "dense"
+    """``"matmul"``, ``"grouped"`` or ``"dense"`` for a call on ``x``."""
+    if _env.backend() == "reference" or not x.is_cuda:
+        return "dense"
+    if spec.prefers_matmul:
+        return "matmul"
+    return "grouped" if spec.prefers_grouped else "dense"
 
 
 def _pad(x, pairs):
@@ -101,15 +109,30 @@ def grouped(x, flat, spec, tables):
     return y
 
 
+def matmul(x, flat, spec, tables):
+    plan = spec.pointwise
+    if max(plan.strides) > 1:  # a 1x1 window reads every stride-th pixel
+        x = x[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in plan.strides)]
+    n, channels, *size = x.shape
+    pixels = x.movedim(1, -1).reshape(-1, channels)  # no copy for channels-last input
+    w = filter_of(flat, plan.weight.shape, tables.pointwise)
+    tf32 = x.dtype == torch.float32 and torch.backends.cudnn.allow_tf32
+    y = _matmul_ops.matmul(pixels, w, tables.matmul_handle, 1, "tf32" if tf32 else "ieee")
+    return y.view(n, *size, y.shape[-1]).movedim(-1, 1)
+
+
+_PATHS = {"dense": dense, "grouped": grouped, "matmul": matmul}
+
+
 def convolve(x, flat, edge_bias, spec, tables, path=None):
     """The op's output for input ``x``, the flat filter and the edge bias (or None), all of one
-    dtype.  ``path``: ``"dense"`` / ``"grouped"``, None chooses (:func:`choose`)."""
-    tables = tables.on(x.device)
+    dtype.  ``path``: ``"dense"`` / ``"grouped"`` / ``"matmul"``, None chooses (:func:`choose`)."""
     dtype = x.dtype
     work = torch.float32 if x.device.type == "cpu" and dtype in (torch.float16, torch.bfloat16) else dtype
     x, flat = x.to(work), flat.to(work)
+    tables = tables.on(x.device)
     with torch.autocast(x.device.type, enabled=False):  # the dtype was chosen above
-        y = (grouped if (path or choose(spec, x)) == "grouped" else dense)(x, flat, spec, tables)
+        y = _PATHS[path or choose(spec, x)](x, flat, spec, tables)
         if edge_bias is not None and spec.edge_count:
             padded = torch.cat([edge_bias.to(work), edge_bias.new_zeros((edge_bias.shape[0], 1), dtype=work)], 1)
             y = y + padded.index_select(1, tables.edges).view(1, spec.blocks.K, *spec.geometry.MPQ)

@@ -9,6 +9,8 @@ from types import SimpleNamespace
 
 import torch
 
+from .._matmul import plan as _matmul_plan
+
 __all__ = ["Tables"]
 
 
@@ -20,7 +22,9 @@ class Tables:
     """``on(device)``: a namespace of ``dense`` (flat filter -> dense filter positions), ``edges``
     (edge pattern per output position), ``segments`` / ``channel`` (weight normalisation),
     ``fan_in`` (per output channel), and per bucket of the grouped plan ``inputs`` / ``weight``;
-    ``order`` (the grouped output shuffle)."""
+    ``order`` (the grouped output shuffle); ``pointwise`` (the matmul weight's flat filter indices,
+    when the op has a :class:`~blocksparse.ops.conv.pointwise.PointwisePlan`) and ``matmul_handle``
+    (the layout handle of the matmul ops, or None)."""
 
     def __init__(self, spec):
         blocks = spec.blocks
@@ -33,7 +37,9 @@ class Tables:
             dense=_tensor(blocks.dense_index), edges=_tensor(spec.edges.pattern),
             segments=_tensor(segments), channel=_tensor(channel), fan_in=fan_in,
             inputs=[_tensor(b.inputs) for b in plan.buckets],
-            weight=[_tensor(b.weight) for b in plan.buckets], order=_tensor(plan.order))
+            weight=[_tensor(b.weight) for b in plan.buckets], order=_tensor(plan.order),
+            pointwise=None if spec.pointwise is None else _tensor(spec.pointwise.weight),
+            matmul_handle=None if spec.pointwise is None else _matmul_plan.handle(spec.pointwise.layout))
         self._devices = {}
 
     def on(self, device):
@@ -41,7 +47,12 @@ class Tables:
             return self._cpu
         tables = self._devices.get(device)
         if tables is None:
-            tables = SimpleNamespace(**{name: [t.to(device) for t in value] if isinstance(value, list)
-                                        else value.to(device) for name, value in vars(self._cpu).items()})
+            tables = SimpleNamespace(**{name: _to(value, device) for name, value in vars(self._cpu).items()})
             self._devices[device] = tables
         return tables
+
+
+def _to(value, device):
+    if isinstance(value, list):
+        return [t.to(device) for t in value]
+    return value.to(device) if isinstance(value, torch.Tensor) else value

@@ -9,6 +9,7 @@ from blocksparse.ops.conv import ConvSpec
 from blocksparse.ops.conv.blocks import ConvBlocks, parse_bck
 from blocksparse.ops.conv.geometry import make_geometry
 from blocksparse.ops.conv.grouping import grouped_plan, worth_grouping
+from blocksparse.ops.conv.pointwise import pointwise_plan
 from blocksparse.testing.conv import Case, conv_products, edge_patterns, random_bck
 
 BCK4 = [([0, 1], [0, 1]), ([2, 3], [2, 3])]
@@ -211,6 +212,36 @@ def test_grouping_policy():
     for spec, want in ((blocks(32, 8, 0.5), True), (blocks(64, 4, 0.25), True),
                        (blocks(16, 8, 0.5), False), (blocks(32, 4, 1.0), False)):
         assert worth_grouping(spec, grouped_plan(spec)) is want
+
+
+def _grid(bs, coords, shift=0):
+    return [(range(c * bs + shift, (c + 1) * bs + shift), range(k * bs, (k + 1) * bs)) for c, k in coords]
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["conv", "deconv"])
+def test_pointwise_plan_packs_the_matmul_weight(transposed):
+    coords = [(2, 0), (0, 1), (1, 1), (0, 0)]       # not in the layout's (row-major) order
+    spec = ConvSpec(_grid(16, coords), (1, 1), (4, 4), transposed=transposed)
+    plan = spec.pointwise
+    assert plan.layout.block_size == 16 and plan.layout.blocks == 4 and plan.strides == (1, 1)
+    blocks = spec.blocks
+    for b, (c, k) in enumerate(np.asarray(plan.layout.coords)):
+        owner = coords.index((c, k))
+        index = blocks.flat_index(owner)[..., 0]
+        assert np.array_equal(plan.weight[b], index if transposed else index.T)   # rows along C
+
+
+@pytest.mark.parametrize("bck, kwargs", [
+    pytest.param(_grid(16, [(0, 0)]), dict(TRS=(3, 3)), id="3x3"),
+    pytest.param(_grid(16, [(0, 0)]), dict(TRS=(1, 1), padding=1), id="padded"),
+    pytest.param(_grid(16, [(0, 0)], shift=8), dict(TRS=(1, 1)), id="unaligned"),
+    pytest.param(_grid(8, [(0, 0)]), dict(TRS=(1, 1)), id="block-8"),
+    pytest.param([(range(16), range(32))], dict(TRS=(1, 1)), id="not-square"),
+    pytest.param([([1, 0] + list(range(2, 16)), range(16))], dict(TRS=(1, 1)), id="shuffled-channels"),
+    pytest.param(_grid(16, [(0, 0)]), dict(TRS=(1, 1), strides=2, transposed=True), id="strided-deconv"),
+])
+def test_pointwise_plan_only_for_1x1_block_grids(bck, kwargs):
+    assert ConvSpec(bck, DHW=(4, 4), **kwargs).pointwise is None
 
 
 # ---------------------------------------------------------------------------- the reference itself

@@ -195,12 +195,64 @@ def test_layer_module(rng):
     assert "transposed=True" in repr(deconv)
 
 
+def grid_bck(rng, CB, KB, bs, density):
+    """Aligned bs x bs channel blocks of a random block mask (every column covered), in shuffled order."""
+    mask = rng.random((CB, KB)) < density
+    mask[rng.integers(0, CB, KB), np.arange(KB)] = True
+    blocks = [(list(range(c * bs, (c + 1) * bs)), list(range(k * bs, (k + 1) * bs))) for c, k in np.argwhere(mask)]
+    return [blocks[i] for i in rng.permutation(len(blocks))]
+
+
+POINTWISE = {
+    "2d": dict(kind="conv", TRS=(1, 1), DHW=(3, 4), strides=1),
+    "2d-stride2": dict(kind="conv", TRS=(1, 1), DHW=(5, 4), strides=2),
+    "1d-valid": dict(kind="conv", TRS=(1,), DHW=(6,), strides=1, padding="VALID"),
+    "3d-stride": dict(kind="conv", TRS=(1, 1, 1), DHW=(2, 3, 3), strides=(1, 2, 1)),
+    "deconv-2d": dict(kind="deconv", TRS=(1, 1), DHW=(3, 3), strides=1),
+}
+
+
+@pytest.mark.parametrize("case", POINTWISE)
+def test_matmul_path(rng, case):
+    """1x1 convolutions on a block grid through the block-sparse matmul (its reference path here)."""
+    args = dict(POINTWISE[case])
+    kind = args.pop("kind")
+    bck = grid_bck(rng, 3, 2, 16, 0.5)
+    op = KINDS[kind](bck, **args)
+    assert op.spec.pointwise is not None
+    ref = case_of(op, bck, args.get("padding", "SAME"), kind == "deconv")
+    F, x, dy, _ = random_inputs(rng, op)
+    xt, Ft = torch.tensor(x, requires_grad=True), torch.tensor(F, requires_grad=True)
+    y = compute.convolve(xt, Ft.reshape(-1), None, op.spec, op._tables, path="matmul")
+    y.backward(torch.tensor(dy))
+    for got, want in zip((y, xt.grad, Ft.grad), conv_products(ref, F, x, dy)):
+        assert rel_error(got, want) < 1e-5
+
+
+@pytest.mark.interpreter
+def test_matmul_path_kernels(rng, monkeypatch):
+    """The same through the matmul's Triton kernels (Triton's interpreter on the CPU), channels-last."""
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "triton")
+    bck = grid_bck(rng, 2, 2, 16, 0.5)
+    op = BlocksparseConv(bck, TRS=(1, 1), DHW=(4, 4), strides=2)
+    ref = case_of(op, bck, "SAME", False)
+    F, x, dy, _ = random_inputs(rng, op, N=1)
+    xt = torch.tensor(x).to(memory_format=torch.channels_last).requires_grad_()
+    Ft = torch.tensor(F, requires_grad=True)
+    y = compute.convolve(xt, Ft.reshape(-1), None, op.spec, op._tables, path="matmul")
+    y.backward(torch.tensor(dy))
+    for got, want in zip((y, xt.grad, Ft.grad), conv_products(ref, F, x, dy)):
+        assert rel_error(got, want) < 1e-5
+
+
 def test_path_choice(rng, monkeypatch):
     sparse = BlocksparseConv([(range(c * 32, c * 32 + 32), range(k * 32, k * 32 + 32))
                               for c in range(4) for k in range(4) if (c + k) % 2 == 0], (3, 3), (8, 8))
     dense = BlocksparseConv([(range(64), range(64))], (3, 3), (8, 8))
+    pointwise = BlocksparseConv(grid_bck(rng, 4, 4, 128, 0.3), (1, 1), (8, 8))
     cuda_like = type("T", (), {"is_cuda": True})()
     assert compute.choose(sparse.spec, cuda_like) == "grouped"
+    assert pointwise.spec.prefers_matmul and compute.choose(pointwise.spec, cuda_like) == "matmul"
     assert compute.choose(dense.spec, cuda_like) == "dense"
     assert compute.choose(sparse.spec, torch.zeros(1)) == "dense"
     monkeypatch.setenv("BLOCKSPARSE_BACKEND", "reference")
@@ -240,7 +292,22 @@ def test_bad_inputs(rng):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("case", ["2d-same-stride-dilate", "2d-explicit-asymmetric", "3d-same"])
-def test_cuda(rng, path, kind, case, dtype):
+def test_cuda(rng, monkeypatch, path, kind, case, dtype):
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # float32 tolerance: no TF32
     op, ref = build(rng, kind, case)
     check(op, ref, *random_inputs(rng, op, N=4), dtype=DTYPES[dtype], device="cuda",
           channels_last=case.startswith("2d"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", POINTWISE)
+def test_cuda_matmul_path(rng, monkeypatch, case, dtype):
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(compute, "choose", lambda spec, x: "matmul")
+    args = dict(POINTWISE[case])
+    kind = args.pop("kind")
+    bck = grid_bck(rng, 3, 2, 32, 0.5)
+    op = KINDS[kind](bck, **args)
+    check(op, case_of(op, bck, args.get("padding", "SAME"), kind == "deconv"), *random_inputs(rng, op, N=4),
+          dtype=DTYPES[dtype], device="cuda", channels_last=len(args["TRS"]) == 2)
