@@ -123,7 +123,7 @@ def _correlate(case, image, W, q_size):
     out = np.zeros((image.shape[0], W.shape[0]) + tuple(q_size))
     for tap, window in taps:
         out += np.einsum("kc,nc...->nk...", W[(slice(None), slice(None)) + tap],
-                         frame[(slice(None), slice(None)) + window])
+                         frame[(slice(None), slice(None)) + window], optimize=True)
     return out
 
 
@@ -134,7 +134,7 @@ def _scatter(case, out_side, W, image_size):
     frame = np.zeros((out_side.shape[0], W.shape[1]) + tuple(size))
     for tap, window in taps:
         frame[(slice(None), slice(None)) + window] += np.einsum(
-            "kc,nk...->nc...", W[(slice(None), slice(None)) + tap], out_side)
+            "kc,nk...->nc...", W[(slice(None), slice(None)) + tap], out_side, optimize=True)
     return frame[(slice(None), slice(None)) + inner]
 
 
