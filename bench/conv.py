@@ -186,6 +186,10 @@ def timer(device):
     return cpu_ms
 
 
+def _geomean(values):
+    return float(np.exp(np.mean(np.log(values)))) if values else float("nan")
+
+
 def markdown(rows, meta):
     lines = [f"# Block-sparse convolution vs dense masked cuDNN ({meta['device']})", "",
              f"torch {meta['torch']}, {meta['when']}; shapes: N x C x H x W, C = K, NCHW tensors with "
@@ -201,7 +205,7 @@ def markdown(rows, meta):
                 cells = []
                 for d in DENSITIES:
                     sel = [r for r in ok if (r["dtype"], r["bs"], r["density"], r["layout"]) == (dt, bs, d, "balanced")]
-                    gm = [float(np.exp(np.mean(np.log([r[k] for r in sel])))) for k in ("speedup_fwd", "speedup_fwdbwd")]
+                    gm = [_geomean([r[k] for r in sel]) for k in ("speedup_fwd", "speedup_fwdbwd")]
                     cells.append(f"{gm[0]:.2f} / {gm[1]:.2f} ({len(sel)})" if sel else "")
                 if any(cells):
                     lines.append(f"| {dt} | {bs} | " + " | ".join(cells) + " |")

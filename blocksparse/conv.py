@@ -108,9 +108,7 @@ class BlocksparseConv(ConvShapes):
     def _edge_bias(self, edge_bias, I):
         if edge_bias is None:
             return None
-        if not self.spec.edge_bias:
-            raise ValueError(f"edge_bias was given, but this {type(self).__name__} was built with "
-                             "edge_bias=False; build it with edge_bias=True")
+        self.spec.check_edge_bias_allowed(type(self).__name__)
         edge_bias = checks.float_tensor(edge_bias, "edge_bias")
         checks.same_dtype(edge_bias, I, "edge_bias", "I")
         return checks.checked(edge_bias, checks.shape_assertions(

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["CASES", "Case", "case_of", "conv_products", "join_filter", "l2_normalize_products", "layout_bck",
-           "random_bck", "random_inputs", "split_filter"]
+           "make_op", "random_bck", "random_inputs", "split_filter"]
 
 
 @dataclass(frozen=True)
@@ -251,6 +251,15 @@ def case_of(op, BCK, padding, transposed):
     """The :class:`Case` of a frontend op built from ``BCK`` and ``padding``."""
     pad = padding if isinstance(padding, str) else tuple(op.padding)
     return Case(tuple(BCK), op.TRS, op.strides, op.dilates, pad, tuple(op.MPQ), transposed)
+
+
+def make_op(cls, rng, case, layout="random", edge_bias=True, **extra):
+    """``(op, Case)``: ``cls`` (a frontend's ``BlocksparseConv`` / ``BlocksparseDeconv``) built on
+    :data:`CASES` ``[case]`` (``extra`` overrides) and a :func:`layout_bck` layout."""
+    bck = layout_bck(rng, layout)
+    args = dict(CASES[case], **extra)
+    op = cls(bck, edge_bias=edge_bias, **args)
+    return op, case_of(op, bck, args["padding"], op.spec.transposed)
 
 
 def random_inputs(rng, op, N=2):

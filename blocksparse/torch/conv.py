@@ -94,9 +94,7 @@ class BlocksparseConv(ConvShapes):
     def _check_edge_bias(self, edge_bias, I):
         if edge_bias is None:
             return None
-        if not self.spec.edge_bias:
-            raise ValueError(f"edge_bias was given, but this {type(self).__name__} was built with "
-                             "edge_bias=False; build it with edge_bias=True")
+        self.spec.check_edge_bias_allowed(type(self).__name__)
         edge_bias = self._tensor(edge_bias, "edge_bias")
         if tuple(edge_bias.shape) != self.edge_bias_shape():
             raise ValueError(f"edge_bias must have shape edge_bias_shape() = {self.edge_bias_shape()}; "

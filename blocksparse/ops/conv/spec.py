@@ -66,6 +66,12 @@ class ConvSpec:
         raise ValueError(f"{name} must have shape {' or '.join(map(str, accepted))} (f_shape()), or be a "
                          f"list of the {self.blocks.blocks} blocks' filters of shape f_shape(b); got {shape}")
 
+    def check_edge_bias_allowed(self, owner):
+        """Raise when an edge bias is passed to an op built without one (``owner``: its class name)."""
+        if not self.edge_bias:
+            raise ValueError(f"edge_bias was given, but this {owner} was built with edge_bias=False; "
+                             "build it with edge_bias=True")
+
     def check_block_count(self, count, name="F"):
         """Check the length of a filter given as a list of per-block filters."""
         if count != self.blocks.blocks:

@@ -9,7 +9,6 @@ from blocksparse.ops.conv import ConvSpec
 from blocksparse.ops.conv.blocks import ConvBlocks, parse_bck
 from blocksparse.ops.conv.geometry import make_geometry
 from blocksparse.ops.conv.grouping import grouped_plan, worth_grouping
-from blocksparse.ops.conv.pointwise import pointwise_plan
 from blocksparse.testing.conv import Case, conv_products, edge_patterns, random_bck
 
 BCK4 = [([0, 1], [0, 1]), ([2, 3], [2, 3])]

@@ -6,7 +6,7 @@ import torch
 
 from blocksparse.testing import rel_error, tolerance
 from blocksparse.testing.conv import (CASES, case_of, conv_products, l2_normalize_products, layout_bck,
-                                      random_inputs)
+                                      make_op, random_inputs)
 from blocksparse.torch import BlocksparseConv, BlocksparseConvLayer, BlocksparseDeconv
 from blocksparse.torch._conv import compute
 
@@ -22,11 +22,8 @@ def path(request, monkeypatch):
     return request.param
 
 
-def build(rng, kind, case, layout="random", edge_bias=True, **extra):
-    bck = layout_bck(rng, layout)
-    args = dict(CASES[case], **extra)
-    op = KINDS[kind](bck, edge_bias=edge_bias, **args)
-    return op, case_of(op, bck, args["padding"], kind == "deconv")
+def build(rng, kind, case, **kwargs):
+    return make_op(KINDS[kind], rng, case, **kwargs)
 
 
 def run(op, F, x, dy, eb, dtype=torch.float32, channels_last=False, device="cpu"):

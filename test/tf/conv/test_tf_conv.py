@@ -11,8 +11,7 @@ import blocksparse.conv
 from blocksparse.conv import BlocksparseConv, BlocksparseDeconv
 from blocksparse._tf.conv import compute
 from blocksparse.testing import rel_error, tolerance
-from blocksparse.testing.conv import (CASES, case_of, conv_products, l2_normalize_products, layout_bck,
-                                      random_inputs)
+from blocksparse.testing.conv import CASES, conv_products, l2_normalize_products, make_op, random_inputs
 
 DTYPES = {"fp32": tf.float32, "fp16": tf.float16, "bf16": tf.bfloat16}
 KINDS = {"conv": BlocksparseConv, "deconv": BlocksparseDeconv}
@@ -27,11 +26,8 @@ def path(request, monkeypatch):
     return request.param
 
 
-def build(rng, kind, case, layout="random", edge_bias=True, **extra):
-    bck = layout_bck(rng, layout)
-    args = dict(CASES[case], **extra)
-    op = KINDS[kind](bck, edge_bias=edge_bias, **args)
-    return op, case_of(op, bck, args["padding"], kind == "deconv")
+def build(rng, kind, case, **kwargs):
+    return make_op(KINDS[kind], rng, case, **kwargs)
 
 
 def as_np(t):
