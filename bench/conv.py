@@ -18,7 +18,8 @@ sides) at block size 64 on the 3x3 stride-1 shapes.  60 rows.
                    NCHW and channels-last, timed once per shape; the faster of the two is the
                    baseline (its format is reported).
 
-``fwd`` times the output; ``fwd+bwd`` the output and the gradients of the input and the filter.
+``fwd`` times the output; ``fwd+bwd`` the output and the gradients of the input and the filter;
+``gather_ms`` the grouped path's input-channel gathers alone (part of ``fwd``).
 Every configuration is first checked against float64 on two images (outputs NaN-poisoned; y, dx,
 dF within the dtype's tolerance); a failed check or an exception marks the row and the run goes
 on.  ``speedup`` = baseline ms / ours ms (> 1: ours is faster).  Medians of
@@ -127,7 +128,8 @@ class Case:
         return w
 
     def check(self):
-        """Max relative error of y, dx, dF on ``CHECK_N`` images against float64, every path."""
+        """Max relative error of y, dx, dF on ``CHECK_N`` images against float64: the public call and
+        every path that can run the layout."""
         x = self.x[:CHECK_N].detach().contiguous(memory_format=torch.channels_last).requires_grad_()
         dy = self.dy[:CHECK_N]
         x64 = x.detach().double().requires_grad_()
@@ -135,7 +137,8 @@ class Case:
         y64 = F.conv2d(x64, self.dense_filter(F64, torch.float64), stride=self.stride, padding=self.pad)
         refs = [y64.detach(), *torch.autograd.grad(y64, [x64, F64], dy.double())]
         worst = 0.0
-        for path in ("public", "dense", "grouped"):
+        paths = ("public", "dense", "grouped") + (("matmul",) if self.op.spec.pointwise is not None else ())
+        for path in paths:
             with poisoned_empty():
                 if path == "public":
                     y = self.op(self.F, x)
@@ -147,6 +150,15 @@ class Case:
             if max(errs) > tolerance(self.dtype):
                 raise AssertionError(f"{path} path: relative errors y/dx/dF {errs} > {tolerance(self.dtype)}")
         return worst
+
+    def gather(self):
+        """The grouped path's input gathers alone (None when it has none)."""
+        buckets = [(b, t) for b, t in zip(self.op.spec.grouped.buckets, self.op._tables.on(self.x.device).inputs)
+                   if b.input_span is None]
+        if self.path == "matmul" or not buckets:
+            return None
+        x = self.x.detach()
+        return lambda: [compute._channels(x, index) for _, index in buckets]
 
     def ours(self, backward):
         def run():
@@ -210,17 +222,18 @@ def markdown(rows, meta):
                 if any(cells):
                     lines.append(f"| {dt} | {bs} | " + " | ".join(cells) + " |")
         lines.append("")
-    lines += ["| dtype | shape | bs | density | layout | path | ours fwd / fwd+bwd ms | dense fwd / fwd+bwd ms "
-              "(format) | speedup fwd / fwd+bwd | max rel err |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["| dtype | shape | bs | density | layout | path | ours fwd / fwd+bwd ms (gather) | dense fwd / fwd+bwd "
+              "ms (format) | speedup fwd / fwd+bwd | max rel err |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         head = f"| {r['dtype']} | {r['shape']} | {r['bs']} | {r['density']} | {r['layout']} |"
         if "error" in r:
             lines.append(f"{head} FAILED: {r['error'][:100]} | | | | |")
             continue
+        gather = "" if r["gather_ms"] is None else f" ({r['gather_ms']:.3f})"
         lines.append(
-            f"{head} {r['path']} | {r['ours_fwd_ms']:.3f} / {r['ours_fwdbwd_ms']:.3f} | {r['dense_fwd_ms']:.3f} / "
-            f"{r['dense_fwdbwd_ms']:.3f} ({r['dense_format']}) | {r['speedup_fwd']:.2f} / "
-            f"{r['speedup_fwdbwd']:.2f} | {r['max_rel_err']:.1e} |")
+            f"{head} {r['path']} | {r['ours_fwd_ms']:.3f} / {r['ours_fwdbwd_ms']:.3f}{gather} | "
+            f"{r['dense_fwd_ms']:.3f} / {r['dense_fwdbwd_ms']:.3f} ({r['dense_format']}) | "
+            f"{r['speedup_fwd']:.2f} / {r['speedup_fwdbwd']:.2f} | {r['max_rel_err']:.1e} |")
     return "\n".join(lines) + "\n"
 
 
@@ -260,6 +273,8 @@ def main(argv=None):
             fwd, fwdbwd = t[f"{fmt} fwd"], t[f"{fmt} fwd+bwd"]
             row.update(dense_fwd_ms=fwd, dense_fwdbwd_ms=fwdbwd, dense_format=fmt,
                        ours_fwd_ms=ms(case.ours(False)), ours_fwdbwd_ms=ms(case.ours(True)))
+            gather = case.gather()
+            row["gather_ms"] = None if gather is None else ms(gather)
             row.update(speedup_fwd=fwd / row["ours_fwd_ms"], speedup_fwdbwd=fwdbwd / row["ours_fwdbwd_ms"])
         except Exception as exc:  # keep going: the row says what failed
             row["error"] = f"{type(exc).__name__}: {exc}"

@@ -1,4 +1,4 @@
-"""The two paths of the PyTorch convolution, with PyTorch ops only, and the choice between them.
+"""The three paths of the PyTorch convolution, and the choice between them.
 
 * dense: one ``conv`` / ``conv_transpose`` with the dense filter that is zero outside the blocks.
   Any layout; the CPU path (float32 math for half types) and, on CUDA, the path for dense layouts
@@ -59,7 +59,7 @@ def _transposed(x, w, geometry, groups):
     axes = geometry.axes
     extra = [a.pad - a.pad_after for a in axes]  # outputs after conv_transpose's padded crop
     common = dict(stride=geometry.strides, dilation=geometry.dilates, groups=groups)
-    if all(0 <= e < max(a.stride, a.dilate) and 2 * a.pad < a.span for e, a in zip(extra, axes)):
+    if all(0 <= e < max(a.stride, a.dilate) for e, a in zip(extra, axes)):  # output_padding's range
         return _CONV_T[geometry.ndim](x, w, padding=[a.pad for a in axes], output_padding=extra, **common)
     full = _CONV_T[geometry.ndim](x, w, **common)  # the whole padded frame, cropped to the image
     return _pad(full, [(-a.pad, -a.pad_after) for a in axes])
