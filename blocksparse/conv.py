@@ -108,11 +108,10 @@ class BlocksparseConv(ConvShapes):
     def _edge_bias(self, edge_bias, I):
         if edge_bias is None:
             return None
-        self.spec.check_edge_bias_allowed(type(self).__name__)
         edge_bias = checks.float_tensor(edge_bias, "edge_bias")
         checks.same_dtype(edge_bias, I, "edge_bias", "I")
         return checks.checked(edge_bias, checks.shape_assertions(
-            edge_bias, self.edge_bias_shape(), "edge_bias", rank_hint=" = edge_bias_shape()"))
+            edge_bias, self.edge_bias_shape(), "edge_bias", rank_hint=self.spec.edge_bias_hint))
 
     def __call__(self, F, I, edge_bias=None):
         """The convolution of ``I`` with the blocks' filters, plus the edge bias.
@@ -124,7 +123,7 @@ class BlocksparseConv(ConvShapes):
         I : tensor, shape ``i_shape(N) = [N, C] + DHW``
             Input activations, float32 / float16 / bfloat16; ``N`` may be unknown in graphs.
         edge_bias : tensor, shape ``edge_bias_shape() = (K, E)``, optional
-            Only with ``edge_bias=True``; same dtype as ``I``.
+            Same dtype as ``I`` (``E = 0`` without ``edge_bias=True``: nothing to add).
 
         Returns
         -------

@@ -94,10 +94,9 @@ class BlocksparseConv(ConvShapes):
     def _check_edge_bias(self, edge_bias, I):
         if edge_bias is None:
             return None
-        self.spec.check_edge_bias_allowed(type(self).__name__)
         edge_bias = self._tensor(edge_bias, "edge_bias")
         if tuple(edge_bias.shape) != self.edge_bias_shape():
-            raise ValueError(f"edge_bias must have shape edge_bias_shape() = {self.edge_bias_shape()}; "
+            raise ValueError(f"edge_bias must have shape {self.edge_bias_shape()}{self.spec.edge_bias_hint}; "
                              f"got {tuple(edge_bias.shape)}")
         return edge_bias
 
@@ -111,7 +110,7 @@ class BlocksparseConv(ConvShapes):
             The filter, in the dtype of ``I``.
         I : tensor, shape ``i_shape(N) = [N, C] + DHW``
         edge_bias : tensor, shape ``edge_bias_shape() = (K, E)``, optional
-            Only with ``edge_bias=True``.
+            ``E = 0`` without ``edge_bias=True``: nothing to add.
 
         Returns
         -------

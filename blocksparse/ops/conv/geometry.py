@@ -139,15 +139,16 @@ def _dims(value, name):
     return tuple(int(d) for d in dims)
 
 
-def _per_axis(value, name, ndim, neutral):
-    """An int for every axis, or a sequence of ``ndim`` entries, or of 3 whose leading ``3 - ndim``
-    are ``neutral`` (the original's ``(1, 1, 1)`` defaults serve 1-D and 2-D convolutions too)."""
+def _per_axis(value, name, ndim, neutral=None):
+    """An int for every axis, or a sequence of ``ndim`` entries, or of 3 for fewer dimensions (the
+    original's ``(1, 1, 1)`` defaults serve 1-D and 2-D convolutions too): the leading ``3 - ndim``
+    entries belong to absent axes of size 1, where they must be ``neutral`` (when it is given)."""
     if _is_int(value):
         return (value,) * ndim
     items = _sequence(value, name)
     if len(items) == _MAX_DIMS and ndim < _MAX_DIMS:
         lead = items[:_MAX_DIMS - ndim]
-        if any(v != neutral and v != (neutral, neutral) for v in lead):
+        if neutral is not None and any(v != neutral and v != (neutral, neutral) for v in lead):
             raise ValueError(f"{name} has {_MAX_DIMS} entries for a {ndim}-D convolution; the leading "
                              f"{_MAX_DIMS - ndim} must be {neutral}; got {value!r}")
         items = items[_MAX_DIMS - ndim:]
@@ -158,13 +159,14 @@ def _per_axis(value, name, ndim, neutral):
 
 
 def _positive(value, name, ndim):
-    items = _per_axis(value, name, ndim, 1)
-    for v in items:
+    """Strides or dilations.  Entries for absent axes only need to be valid: a stride or dilation
+    along an axis of size 1 with a 1-tap filter changes nothing."""
+    for v in (value,) if _is_int(value) else _sequence(value, name):
         if not _is_int(v):
             raise TypeError(f"{name} must be an int or a tuple of ints; got {value!r}")
         if v < 1:
             raise ValueError(f"{name} must be >= 1; got {value!r}")
-    return tuple(int(v) for v in items)
+    return tuple(int(v) for v in _per_axis(value, name, ndim))
 
 
 def _padding(value, ndim):

@@ -66,11 +66,12 @@ class ConvSpec:
         raise ValueError(f"{name} must have shape {' or '.join(map(str, accepted))} (f_shape()), or be a "
                          f"list of the {self.blocks.blocks} blocks' filters of shape f_shape(b); got {shape}")
 
-    def check_edge_bias_allowed(self, owner):
-        """Raise when an edge bias is passed to an op built without one (``owner``: its class name)."""
-        if not self.edge_bias:
-            raise ValueError(f"edge_bias was given, but this {owner} was built with edge_bias=False; "
-                             "build it with edge_bias=True")
+    @property
+    def edge_bias_hint(self):
+        """Tail of the message of a wrongly shaped edge bias."""
+        if self.edge_bias:
+            return " = edge_bias_shape()"
+        return " = edge_bias_shape() (built with edge_bias=False: build with edge_bias=True to learn one)"
 
     def check_block_count(self, count, name="F"):
         """Check the length of a filter given as a list of per-block filters."""

@@ -22,6 +22,7 @@ CONV_SIZES = [
     pytest.param((3, 3), (5, 6), (2, 1), 1, ((2, 0), 1), (3, 6), id="2d-explicit-asymmetric"),
     pytest.param((1, 1, 3), (1, 1, 32), (1, 1, 2), (1, 1, 1), "SAME", (1, 1, 16), id="original-3tuple-1d"),
     pytest.param((5,), (10,), (1, 1, 1), (1, 1, 1), "SAME", (10,), id="1d-3tuple-defaults"),
+    pytest.param((3, 3), (8, 8), (2, 2, 2), (3, 1, 1), (0, 1, 1), (4, 4), id="2d-3tuples-absent-axis-ignored"),
     pytest.param((3, 3, 3), (4, 5, 6), 1, 1, (1, 0, 2), (4, 3, 8), id="3d-explicit"),
     pytest.param((1, 1), (5, 5), 2, 1, 1, (4, 4), id="1x1-padded"),
 ]
@@ -71,6 +72,7 @@ def test_deconv_mpq_resolves_strided_sizes():
     (dict(TRS=(3,), DHW=(5,), padding=(-1,)), ValueError, "padding must be >= 0"),
     (dict(TRS=(3, 3), DHW=(5, 5), padding=(1, 1, 1)), ValueError, "leading 1 must be 0"),
     (dict(TRS=(3, 3), DHW=(5, 5), strides=(1, 2, 2, 2)), ValueError, "strides must have 2 entries"),
+    (dict(TRS=(3, 3), DHW=(5, 5), strides=(0, 2, 2)), ValueError, "strides must be >= 1"),
     (dict(TRS=(3,), DHW=(5,), strides=0), ValueError, "strides must be >= 1"),
     (dict(TRS=(3,), DHW=(5,), dilates=(1.5,)), TypeError, "dilates must be an int"),
     (dict(TRS=(5,), DHW=(3,), padding="VALID"), ValueError, "smaller than the dilated filter"),

@@ -276,11 +276,12 @@ def test_bad_inputs(rng):
         op([F[0], F[1, :1], F[2], F[3]], x)
     with pytest.raises(TypeError, match="F and I must have the same dtype"):
         op(F.double(), x)
-    with pytest.raises(ValueError, match=r"edge_bias must have shape edge_bias_shape\(\)"):
+    with pytest.raises(ValueError, match=r"edge_bias must have shape \(7, 5\) = edge_bias_shape\(\); got \(7, 2\)"):
         op(F, x, edge_bias=eb[:, :2])
     plain, _ = build(rng, "conv", "2d-same-stride-dilate", layout="uniform", edge_bias=False)
-    with pytest.raises(ValueError, match="built with edge_bias=False"):
+    with pytest.raises(ValueError, match=r"shape \(7, 0\) = edge_bias_shape\(\) \(built with edge_bias=False"):
         plain(F, x, edge_bias=eb)
+    assert torch.equal(plain(F, x, edge_bias=torch.zeros(plain.edge_bias_shape())), plain(F, x))
     with pytest.raises(TypeError, match="edge_bias must be a bool"):
         BlocksparseConv(layout_bck(rng, "uniform"), (3,), (8,), edge_bias=1)
 
