@@ -173,8 +173,7 @@ class BlocksparseConv(ConvShapes):
         if form == "stacked":
             return tf.reshape(out, self.f_shape())
         if form == "blocks":
-            sizes = np.diff(self.spec.blocks.offsets).tolist()
-            return [tf.reshape(p, self.f_shape(b)) for b, p in enumerate(tf.split(out, sizes))]
+            return [tf.reshape(p, self.f_shape(b)) for b, p in enumerate(tf.split(out, self.spec.blocks.sizes))]
         return out
 
 

@@ -91,7 +91,7 @@ class BlocksparseConv(ConvShapes):
             raise ValueError(f"I must have shape i_shape(N) = [N, C] + DHW = {want}; got {list(I.shape)}")
         return I
 
-    def _check_edge_bias(self, edge_bias, I):
+    def _check_edge_bias(self, edge_bias):
         if edge_bias is None:
             return None
         edge_bias = self._tensor(edge_bias, "edge_bias")
@@ -118,7 +118,7 @@ class BlocksparseConv(ConvShapes):
         """
         I = self._check_input(I)
         flat, _ = self._flat_filter(F)
-        edge_bias = self._check_edge_bias(edge_bias, I)
+        edge_bias = self._check_edge_bias(edge_bias)
         for name, t in (("F", flat), ("edge_bias", edge_bias)):
             if t is not None and t.device != I.device:
                 raise ValueError(f"{name} and I must be on one device; got {t.device} and {I.device}")
@@ -144,22 +144,15 @@ class BlocksparseConv(ConvShapes):
         if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
             raise ValueError(f"epsilon must be a number > 0; got {epsilon!r}")
         dtype = _as_torch_dtype(dtype)
-        tables = self._tables.on(flat.device)
-        work = torch.float64 if flat.dtype == torch.float64 else torch.float32
-        f = flat.to(work)
-        sum_sq = f.new_zeros(tables.channel.shape[0]).index_add(0, tables.segments, f * f)
-        scale = sum_sq.clamp_min(epsilon).rsqrt()
         if gain is not None:
             gain = self._tensor(gain, "gain")
             if tuple(gain.shape) != (self.K,):
                 raise ValueError(f"gain must have shape (K,) = ({self.K},); got {tuple(gain.shape)}")
-            scale = scale * gain.to(work).index_select(0, tables.channel)
-        out = (f * scale.index_select(0, tables.segments)).to(dtype)
+        out = _compute.l2_normalize(flat, gain, self.spec, self._tables, float(epsilon), dtype)
         if form == "stacked":
             return out.view(self.f_shape())
         if form == "blocks":
-            sizes = np.diff(self.spec.blocks.offsets).tolist()
-            return [p.view(self.f_shape(b)) for b, p in enumerate(torch.split(out, sizes))]
+            return [p.view(self.f_shape(b)) for b, p in enumerate(torch.split(out, self.spec.blocks.sizes))]
         return out
 
 

@@ -90,7 +90,8 @@ class ConvBlocks:
 
     Attributes: ``blocks``, ``C``, ``K``, ``pairs`` (connected (input, output) channel pairs),
     ``density`` (``pairs / (C * K)``), ``uniform`` (all block filters of one shape: ``F`` may be
-    stacked), ``offsets`` (start of each block's filter in the flat ``F``, the total last),
+    stacked), ``sizes`` (elements of each block's filter), ``offsets`` (start of each block's
+    filter in the flat ``F``, the total last),
     ``size``, ``dense_shape`` (``(K, C, trs)``, or ``(C, K, trs)`` when transposed),
     ``dense_index`` (``(size,)``: where each flat ``F`` element sits in the raveled dense filter),
     ``norm_segments`` (see :meth:`_norm_segments`).
@@ -104,8 +105,8 @@ class ConvBlocks:
         self.pairs = sum(c.size * k.size for c, k in zip(self.cs, self.ks))
         self.density = self.pairs / (self.C * self.K)
         self.uniform = len({self.channel_shape(b) for b in range(self.blocks)}) == 1
-        self.offsets = frozen_int64(np.concatenate([[0], np.cumsum([self.pairs_of(b) * self.trs
-                                                               for b in range(self.blocks)])]))
+        self.sizes = [self.pairs_of(b) * self.trs for b in range(self.blocks)]
+        self.offsets = frozen_int64(np.concatenate([[0], np.cumsum(self.sizes)]))
         self.size = int(self.offsets[-1])
         self.dense_shape = ((self.C, self.K) if self.transposed else (self.K, self.C)) + (self.trs,)
         self.dense_index = self._dense_index()

@@ -1,4 +1,4 @@
-"""The three paths of the PyTorch convolution, and the choice between them.
+"""The three paths of the PyTorch convolution and the choice between them; weight normalisation.
 
 * dense: one ``conv`` / ``conv_transpose`` with the dense filter that is zero outside the blocks.
   Any layout; the CPU path (float32 math for half types) and, on CUDA, the path for dense layouts
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from ... import _env
 from .._matmul import ops as _matmul_ops
 
-__all__ = ["convolve", "dense", "grouped", "matmul", "choose", "filter_of"]
+__all__ = ["convolve", "dense", "grouped", "matmul", "choose", "filter_of", "l2_normalize"]
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
@@ -137,3 +137,16 @@ def convolve(x, flat, edge_bias, spec, tables, path=None):
             padded = torch.cat([edge_bias.to(work), edge_bias.new_zeros((edge_bias.shape[0], 1), dtype=work)], 1)
             y = y + padded.index_select(1, tables.edges).view(1, spec.blocks.K, *spec.geometry.MPQ)
     return y.to(dtype)
+
+
+def l2_normalize(flat, gain, spec, tables, epsilon, dtype):
+    """Each block's filter scaled to unit norm per output channel, times ``gain[k]`` (float32 math;
+    float64 stays float64), as ``dtype``."""
+    tables = tables.on(flat.device)
+    work = torch.float64 if flat.dtype == torch.float64 else torch.float32
+    f = flat.to(work)
+    sum_sq = f.new_zeros(tables.channel.shape[0]).index_add(0, tables.segments, f * f)
+    scale = sum_sq.clamp_min(epsilon).rsqrt()
+    if gain is not None:
+        scale = scale * gain.to(work).index_select(0, tables.channel)
+    return (f * scale.index_select(0, tables.segments)).to(dtype)
