@@ -9,6 +9,8 @@ norms        layer norm over either activation layout (segments, fused relu), ti
 lstm         the fused LSTM gates (one step's nonlinearities and cell update)
 transformer  block-sparse attention ops: attention lookup tables (``lut``), ``nt`` / ``nn`` / ``tn``
              products, the masked softmax, the frontends' shared API (``frontend``)
+attention    the fused flash-style block-sparse attention: block lists, forward / backward, tiles
+conv         block-sparse convolution: channel blocks, geometry, edge bias, grouped-conv plans
 common       what several families share (the interpreter fix, deterministic partial-row sums)
 ===========  ===============================================================================
 

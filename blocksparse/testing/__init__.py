@@ -9,6 +9,7 @@ when called).
 :mod:`.norms`      float64 references of layer norm, the LSTM gates, batch norm, ``cwise_linear``
 :mod:`.attention`  float64 dense references of block-sparse attention (block + in-block masks)
 :mod:`.flash`      float64 reference of the fused block-sparse attention (masks, output, gradients)
+:mod:`.conv`       float64 references of the block-sparse convolution, test cases
 """
 from .numerics import TOLERANCE, rel_error, tolerance
 

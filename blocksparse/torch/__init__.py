@@ -1,6 +1,7 @@
 """PyTorch frontend: :class:`BlocksparseMatMul`, :class:`BlocksparseLinear`,
-:class:`BlocksparseTransformer`, :func:`layer_norm`, :func:`fused_lstm_gates`, and the fused
-block-sparse :func:`attention` with its prepared :class:`AttentionLayout`.
+:class:`BlocksparseTransformer`, :func:`layer_norm`, :func:`fused_lstm_gates`, the fused
+block-sparse :func:`attention` with its prepared :class:`AttentionLayout`, and the block-sparse
+convolution :class:`BlocksparseConv`, :class:`BlocksparseDeconv` and :class:`BlocksparseConvLayer`.
 
 Requires PyTorch (``pip install blocksparse[torch]``).  On CUDA tensors the Triton kernels run;
 elsewhere (and for block size 8) the reference path does.  ``BLOCKSPARSE_BACKEND`` forces a path
@@ -11,11 +12,13 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without torch
     raise ImportError("blocksparse.torch needs PyTorch >= 2.4: pip install 'blocksparse[torch]'") from exc
 
+from .conv import BlocksparseConv, BlocksparseConvLayer, BlocksparseDeconv
 from .fused_attention import AttentionLayout, attention
 from .lstm import fused_lstm_gates
 from .matmul import BlocksparseLinear, BlocksparseMatMul
 from .norms import layer_norm
 from .transformer import BlocksparseTransformer
 
-__all__ = ["AttentionLayout", "BlocksparseMatMul", "BlocksparseLinear", "BlocksparseTransformer",
-           "attention", "fused_lstm_gates", "layer_norm"]
+__all__ = ["AttentionLayout", "BlocksparseConv", "BlocksparseConvLayer", "BlocksparseDeconv",
+           "BlocksparseLinear", "BlocksparseMatMul", "BlocksparseTransformer", "attention",
+           "fused_lstm_gates", "layer_norm"]

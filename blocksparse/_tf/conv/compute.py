@@ -1,0 +1,135 @@
+"""The two paths of the TensorFlow convolution, with TensorFlow ops only (autodiff gives the
+gradients), and the choice between them.
+
+* dense: one convolution with the dense filter that is zero outside the blocks.  Any layout; the
+  CPU path (in float32) and, on a GPU, the path for dense layouts or narrow blocks.
+* grouped: the plan of :mod:`blocksparse.ops.conv.grouping` (channel gathers, grouped convolutions,
+  one output shuffle).  GPUs, for sparse layouts of wide blocks; TensorFlow has no grouped 3-D
+  convolution, so 3-D always takes the dense path.
+
+Activations arrive channels-first (the original API's ``NCDHW``); both paths compute channels-last
+(TensorFlow's convolution layout on every device) between two transposes.  Padding is explicit
+(``tf.pad`` / slicing) and convolutions ``VALID``, so "SAME" means this package's padding, not
+TensorFlow's.  TensorFlow rejects strides and dilations together and dilated transposed
+convolutions on some devices: those filters are dilated explicitly (zeros between the taps).
+"""
+from ... import _env
+from .. import device, tf
+from . import params
+
+__all__ = ["convolve", "dense", "grouped", "gpu_here", "choose"]
+
+
+_CHANNELS_LAST = {1: "NWC", 2: "NHWC", 3: "NDHWC"}
+
+
+def gpu_here():
+    """Whether ops built now run on a GPU (and ``BLOCKSPARSE_BACKEND`` is not ``reference``)."""
+    return _env.backend() != "reference" and device.no_gpu_here(device.device_arch()) is None
+
+
+def choose(spec):
+    """``"grouped"`` or ``"dense"`` for an op built now."""
+    if gpu_here() and spec.prefers_grouped and spec.geometry.ndim < 3:
+        return "grouped"
+    return "dense"
+
+
+def _channels_last(x, ndim):
+    return tf.transpose(x, [0, *range(2, 2 + ndim), 1])
+
+
+def _channels_first(y, ndim):
+    return tf.transpose(y, [0, 1 + ndim, *range(1, 1 + ndim)])
+
+
+def _frame(x, pads):
+    """Channels-last ``x`` with ``(before, after)`` zeros per spatial axis; negative amounts crop."""
+    if any(min(p) < 0 for p in pads):
+        x = x[(slice(None),) + tuple(slice(max(-b, 0), a if a < 0 else None) for b, a in pads)]
+    grow = [[0, 0]] + [[max(b, 0), max(a, 0)] for b, a in pads] + [[0, 0]]
+    return tf.pad(x, grow) if any(map(any, grow)) else x
+
+
+def _dilate(w, dilates):
+    """A filter (taps first) with ``dilate - 1`` zeros between its taps on each spatial axis."""
+    for axis, d in enumerate(dilates):
+        if d > 1:
+            shape = w.shape.as_list()
+            w = tf.stack([w] + [tf.zeros_like(w)] * (d - 1), axis=axis + 1)
+            shape[axis] = shape[axis] * d
+            w = tf.reshape(w, shape)[(slice(None),) * axis + (slice(0, shape[axis] - d + 1),)]
+    return w
+
+
+def _convolution(x, w, geometry):
+    x = _frame(x, geometry.pads)
+    strides, dilates = list(geometry.strides), list(geometry.dilates)
+    if max(strides) > 1 and max(dilates) > 1:
+        w, dilates = _dilate(w, dilates), [1] * len(dilates)
+    # an explicit data_format: TF's 3-D gradient reads the attribute and fails on the default None
+    return tf.nn.convolution(x, w, strides=strides, padding="VALID", dilations=dilates,
+                             data_format=_CHANNELS_LAST[len(strides)])
+
+
+def _transposed(x, w, geometry, channels):
+    """The transposed convolution's output on the padded frame, cropped to the image."""
+    w = _dilate(w, geometry.dilates)
+    spans = [a.span for a in geometry.axes]
+    shape = tf.stack([tf.shape(x)[0], *spans, channels])
+    full = tf.nn.conv_transpose(x, w, shape, strides=list(geometry.strides), padding="VALID",
+                                data_format=_CHANNELS_LAST[geometry.ndim])
+    full = tf.ensure_shape(full, [None, *spans, channels])
+    return _frame(full, [(-a.pad, -a.pad_after) for a in geometry.axes])
+
+
+def dense(x, flat, spec):
+    """Channels-last ``x`` through the dense masked filter."""
+    w = params.dense_filter(flat, spec)
+    if spec.transposed:
+        return _transposed(x, w, spec.geometry, spec.blocks.K)
+    return _convolution(x, w, spec.geometry)
+
+
+def grouped(x, flat, spec):
+    """Channels-last ``x`` through the grouped plan."""
+    plan, outs = spec.grouped, []
+    for bucket in plan.buckets:
+        if bucket.input_span == (0, spec.blocks.C):
+            xb = x
+        elif bucket.input_span is not None:
+            xb = x[..., bucket.input_span[0]:bucket.input_span[1]]
+        else:
+            xb = tf.gather(x, bucket.inputs, axis=-1)
+        w = params.bucket_filter(flat, bucket, spec)
+        if spec.transposed:
+            outs.append(_transposed(xb, w, spec.geometry, bucket.groups * bucket.cout))
+        else:
+            outs.append(_convolution(xb, w, spec.geometry))
+    y = outs[0] if len(outs) == 1 else tf.concat(outs, axis=-1)
+    if plan.assemble == "permute":
+        return tf.gather(y, plan.order, axis=-1)
+    if plan.assemble == "add":
+        ndim = spec.geometry.ndim
+        y = tf.math.unsorted_segment_sum(tf.transpose(y, [1 + ndim, *range(1 + ndim)]), plan.order, plan.channels)
+        return tf.transpose(y, [*range(1, 2 + ndim), 0])
+    return y
+
+
+def convolve(I, flat, edge_bias, spec, path=None):
+    """The op's output for channels-first ``I``, the flat filter and the edge bias (or None).
+
+    ``path``: ``"dense"`` or ``"grouped"``; None chooses (grouped on a GPU where it pays).  GPUs
+    compute in the inputs' dtype (accumulating in float32), elsewhere in float32.
+    """
+    ndim = spec.geometry.ndim
+    native = gpu_here()
+    path = path or choose(spec)
+    dtype = I.dtype
+    work = dtype if native else tf.float32
+    x = _channels_last(tf.cast(I, work), ndim)
+    y = (grouped if path == "grouped" else dense)(x, tf.cast(flat, work), spec)
+    y = _channels_first(y, ndim)
+    if edge_bias is not None and spec.edge_count:
+        y = y + params.edge_bias_image(tf.cast(edge_bias, work), spec)[None]
+    return tf.cast(y, dtype)

@@ -1,0 +1,58 @@
+"""The index arrays of a :class:`~blocksparse.ops.conv.ConvSpec` as int64 tensors, per device.
+
+They are made on the CPU when the op is built (numpy work never runs inside a compiled region) and
+copied to a device the first time a call runs there.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from .._matmul import plan as _matmul_plan
+
+__all__ = ["Tables"]
+
+
+def _tensor(array):
+    return torch.from_numpy(array.astype("int64", copy=True))
+
+
+class Tables:
+    """``on(device)``: a namespace of ``dense`` (flat filter -> dense filter positions), ``edges``
+    (edge pattern per output position), ``segments`` / ``channel`` (weight normalisation),
+    ``fan_in`` (per output channel), and per bucket of the grouped plan ``inputs`` / ``weight``;
+    ``order`` (the grouped output shuffle); ``pointwise`` (the matmul weight's flat filter indices,
+    when the op has a :class:`~blocksparse.ops.conv.pointwise.PointwisePlan`) and ``matmul_handle``
+    (the layout handle of the matmul ops, or None)."""
+
+    def __init__(self, spec):
+        blocks = spec.blocks
+        segments, channel = blocks.norm_segments
+        fan_in = torch.zeros(blocks.K, dtype=torch.int64)
+        fan_in.index_add_(0, _tensor(channel), torch.as_tensor(
+            [blocks.cs[b].size * blocks.trs for b in range(blocks.blocks) for _ in blocks.ks[b]]))
+        plan = spec.grouped
+        self._cpu = SimpleNamespace(
+            dense=_tensor(blocks.dense_index), edges=_tensor(spec.edges.pattern),
+            segments=_tensor(segments), channel=_tensor(channel), fan_in=fan_in,
+            inputs=[_tensor(b.inputs) for b in plan.buckets],
+            weight=[_tensor(b.weight) for b in plan.buckets], order=_tensor(plan.order),
+            pointwise=None if spec.pointwise is None else _tensor(spec.pointwise.weight),
+            matmul_handle=None if spec.pointwise is None else _matmul_plan.handle(spec.pointwise.layout))
+        self._devices = {}
+
+    def on(self, device):
+        if device.type == "cpu":
+            return self._cpu
+        tables = self._devices.get(device)
+        if tables is None:
+            tables = SimpleNamespace(**{name: _to(value, device) for name, value in vars(self._cpu).items()})
+            self._devices[device] = tables
+        return tables
+
+
+def _to(value, device):
+    if isinstance(value, list):
+        return [t.to(device) for t in value]
+    return value.to(device) if isinstance(value, torch.Tensor) else value

@@ -1,0 +1,210 @@
+"""Public PyTorch API of the block-sparse convolution: :class:`BlocksparseConv`,
+:class:`BlocksparseDeconv` (the original API, filters passed in) and :class:`BlocksparseConvLayer`
+(an ``nn.Module`` owning them)."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..ops.conv import ConvShapes, ConvSpec
+from ._conv import compute as _compute
+from ._conv import tables as _tables
+
+__all__ = ["BlocksparseConv", "BlocksparseDeconv", "BlocksparseConvLayer"]
+
+
+def _as_torch_dtype(dtype):
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return getattr(torch, np.dtype(dtype).name)
+    except TypeError as exc:
+        raise TypeError(f"dtype must be a torch or numpy floating dtype; got {dtype!r}") from exc
+
+
+class BlocksparseConv(ConvShapes):
+    """A convolution whose filter connects blocks of input channels to blocks of output channels.
+
+    The arguments, shape helpers and attributes are those of the TensorFlow
+    :class:`blocksparse.conv.BlocksparseConv` (``BCK`` blocks of arbitrary channels, ``TRS`` /
+    ``DHW`` / ``MPQ`` 1-D to 3-D, ``strides``, ``dilates``, ``padding`` "SAME" / "VALID" /
+    explicit, ``edge_bias``); activations are channels-first, ``(N, C) + DHW -> (N, K) + MPQ``.
+
+    Calls are differentiable in the input, the filter and the edge bias, work under
+    ``torch.autocast`` and ``torch.compile(fullgraph=True)``; float32, float16, bfloat16 (and
+    float64).  CUDA tensors of sparse layouts with wide blocks run as grouped convolutions (cuDNN);
+    everything else as one convolution with the dense filter that is zero outside the blocks.
+
+    Examples
+    --------
+    >>> conv = BlocksparseConv([([0, 1], [0, 1]), ([2, 3], [1, 2])], TRS=(3, 3), DHW=(8, 8))
+    >>> F = torch.randn(conv.f_shape(), requires_grad=True)       # (blocks, Kb, Cb, 3, 3)
+    >>> conv(F, torch.randn(conv.i_shape(5))).shape
+    torch.Size([5, 3, 8, 8])
+    """
+
+    _transposed = False
+
+    def __init__(self, BCK, TRS, DHW, MPQ=None, strides=(1, 1, 1), dilates=(1, 1, 1), padding="SAME",
+                 edge_bias=False):
+        self.spec = ConvSpec(BCK, TRS, DHW, MPQ, strides, dilates, padding, edge_bias,
+                             transposed=self._transposed)
+        self._tables = _tables.Tables(self.spec)
+
+    def __repr__(self):
+        return (f"{type(self).__name__}(C={self.C}, K={self.K}, blocks={self.blocks}, TRS={self.TRS}, "
+                f"DHW={self.DHW}, MPQ={self.MPQ}, strides={self.strides}, dilates={self.dilates}, "
+                f"padding={self.padding}, edge_bias={self.spec.edge_bias})")
+
+    # ------------------------------------------------------------------ argument checks
+    @staticmethod
+    def _tensor(t, name):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be floating point (float16, bfloat16, float32, float64); got {t.dtype}")
+        return t
+
+    def _flat_filter(self, F):
+        """``(flat filter, form)``: ``F`` checked and flattened (see ``f_shape``)."""
+        spec = self.spec
+        if isinstance(F, (list, tuple, nn.ParameterList)):
+            spec.check_block_count(len(F))
+            fs = [self._tensor(f, f"F[{b}]") for b, f in enumerate(F)]
+            for b, f in enumerate(fs):
+                if tuple(f.shape) != tuple(spec.filter_shape(b)):
+                    raise ValueError(f"F[{b}] must have shape f_shape({b}) = {tuple(spec.filter_shape(b))}; "
+                                     f"got {tuple(f.shape)}")
+                if f.dtype != fs[0].dtype or f.device != fs[0].device:
+                    raise TypeError(f"F[{b}] must have the dtype and device of F[0]; got {f.dtype} on "
+                                    f"{f.device} and {fs[0].dtype} on {fs[0].device}")
+            return torch.cat([f.reshape(-1) for f in fs]), "blocks"
+        F = self._tensor(F, "F")
+        form = spec.filter_form(F.shape)
+        return F.reshape(-1), form
+
+    def _check_input(self, I):
+        I = self._tensor(I, "I")
+        want = self.i_shape("N")
+        if I.dim() != len(want) or tuple(I.shape[1:]) != tuple(want[1:]):
+            raise ValueError(f"I must have shape i_shape(N) = [N, C] + DHW = {want}; got {list(I.shape)}")
+        return I
+
+    def _check_edge_bias(self, edge_bias):
+        if edge_bias is None:
+            return None
+        edge_bias = self._tensor(edge_bias, "edge_bias")
+        if tuple(edge_bias.shape) != self.edge_bias_shape():
+            raise ValueError(f"edge_bias must have shape {self.edge_bias_shape()}{self.spec.edge_bias_hint}; "
+                             f"got {tuple(edge_bias.shape)}")
+        return edge_bias
+
+    # ------------------------------------------------------------------ the op
+    def __call__(self, F, I, edge_bias=None):
+        """The convolution of ``I`` with the blocks' filters, plus the edge bias.
+
+        Parameters
+        ----------
+        F : tensor of shape ``f_shape()`` (or ``[size]``), or a list of ``f_shape(b)`` tensors
+            The filter, in the dtype of ``I``.
+        I : tensor, shape ``i_shape(N) = [N, C] + DHW``
+        edge_bias : tensor, shape ``edge_bias_shape() = (K, E)``, optional
+            ``E = 0`` without ``edge_bias=True``: nothing to add.
+
+        Returns
+        -------
+        tensor, shape ``o_shape(N) = [N, K] + MPQ``, dtype of ``I`` (the autocast dtype under autocast)
+        """
+        I = self._check_input(I)
+        flat, _ = self._flat_filter(F)
+        edge_bias = self._check_edge_bias(edge_bias)
+        for name, t in (("F", flat), ("edge_bias", edge_bias)):
+            if t is not None and t.device != I.device:
+                raise ValueError(f"{name} and I must be on one device; got {t.device} and {I.device}")
+        if torch.is_autocast_enabled(I.device.type):
+            dtype = torch.get_autocast_dtype(I.device.type)
+            I, flat = I.to(dtype), flat.to(dtype)
+            edge_bias = None if edge_bias is None else edge_bias.to(dtype)
+        for name, t in (("F", flat), ("edge_bias", edge_bias)):
+            if t is not None and t.dtype != I.dtype:
+                raise TypeError(f"{name} and I must have the same dtype; got {t.dtype} and {I.dtype}")
+        return _compute.convolve(I, flat, edge_bias, self.spec, self._tables)
+
+    def l2_normalize(self, F, gain=None, epsilon=1e-6, dtype=torch.float32):
+        """Weight normalisation: each block's filter scaled to unit L2 norm per output channel.
+
+        ``F`` as in ``__call__``; ``gain``: ``(K,)``, the scale of output channel ``k``; ``epsilon``:
+        lower bound of the squared norm; ``dtype``: of the result.  Returns ``F``'s form and shape
+        (a list for a list): for each block and each of its output channels ``k``, that channel's
+        slice of the block's filter divided by ``sqrt(max(sum of squares, epsilon))``, times
+        ``gain[k]``; computed in float32 (float64 stays float64), differentiable in ``F`` and ``gain``.
+        """
+        flat, form = self._flat_filter(F)
+        if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
+            raise ValueError(f"epsilon must be a number > 0; got {epsilon!r}")
+        dtype = _as_torch_dtype(dtype)
+        if gain is not None:
+            gain = self._tensor(gain, "gain")
+            if tuple(gain.shape) != (self.K,):
+                raise ValueError(f"gain must have shape (K,) = ({self.K},); got {tuple(gain.shape)}")
+        out = _compute.l2_normalize(flat, gain, self.spec, self._tables, float(epsilon), dtype)
+        if form == "stacked":
+            return out.view(self.f_shape())
+        if form == "blocks":
+            return [p.view(self.f_shape(b)) for b, p in enumerate(torch.split(out, self.spec.blocks.sizes))]
+        return out
+
+
+class BlocksparseDeconv(BlocksparseConv):
+    """The transposed convolution of the same parameters, ``(N, C) + DHW -> (N, K) + MPQ``; see the
+    TensorFlow :class:`blocksparse.conv.BlocksparseDeconv` (block filters ``f_shape(b) = [Cb, Kb] +
+    TRS``, ``MPQ`` picking among the output sizes of strided cases)."""
+
+    _transposed = True
+
+
+class BlocksparseConvLayer(nn.Module):
+    """An ``nn.Module`` holding a block-sparse (transposed) convolution's filter and edge bias.
+
+    Parameters are those of :class:`BlocksparseConv` plus ``transposed`` (a
+    :class:`BlocksparseDeconv`), ``device`` and ``dtype``.  ``weight`` has shape ``f_shape()``,
+    initialised uniform in ``+-1/sqrt(fan_in)`` per output channel (``fan_in`` counting only the
+    connected inputs, times the taps), like ``nn.Conv2d``; ``edge_bias`` (with ``edge_bias=True``)
+    has shape ``edge_bias_shape()``, initialised to zeros.  ``forward(x)``: ``(N, C) + DHW ->
+    (N, K) + MPQ``.
+
+    Examples
+    --------
+    >>> layer = BlocksparseConvLayer([([0, 1], [0]), ([1, 2], [1])], TRS=(3,), DHW=(16,), edge_bias=True)
+    >>> layer(torch.randn(4, 3, 16)).shape
+    torch.Size([4, 2, 16])
+    """
+
+    def __init__(self, BCK, TRS, DHW, MPQ=None, strides=(1, 1, 1), dilates=(1, 1, 1), padding="SAME",
+                 edge_bias=False, transposed=False, device=None, dtype=None):
+        super().__init__()
+        cls = BlocksparseDeconv if transposed else BlocksparseConv
+        self.conv = cls(BCK, TRS, DHW, MPQ, strides, dilates, padding, edge_bias)
+        factory = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.empty(self.conv.f_shape(), **factory))
+        self.edge_bias = nn.Parameter(torch.empty(self.conv.edge_bias_shape(), **factory)) if edge_bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        tables = self.conv._tables.on(torch.device("cpu"))
+        bound = tables.fan_in.double().clamp_min(1).rsqrt()[tables.channel[tables.segments]]
+        with torch.no_grad():
+            values = torch.rand(bound.shape, dtype=torch.float64).mul_(2).sub_(1).mul_(bound)
+            self.weight.copy_(values.view(self.weight.shape))
+            if self.edge_bias is not None:
+                self.edge_bias.zero_()
+
+    def forward(self, x):
+        return self.conv(self.weight, x, self.edge_bias)
+
+    def extra_repr(self):
+        c = self.conv
+        return (f"C={c.C}, K={c.K}, blocks={c.blocks}, TRS={c.TRS}, DHW={c.DHW}, MPQ={c.MPQ}, "
+                f"strides={c.strides}, dilates={c.dilates}, density={c.density:.3f}, "
+                f"edge_bias={self.edge_bias is not None}, transposed={isinstance(c, BlocksparseDeconv)}")

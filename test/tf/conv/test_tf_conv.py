@@ -1,0 +1,222 @@
+"""TensorFlow BlocksparseConv / BlocksparseDeconv: values and gradients (input, filter, edge bias)
+against the float64 numpy reference, on both paths, in eager mode, ``tf.function`` with an unknown
+minibatch and ``tf.compat.v1`` graphs; weight normalisation; bad input."""
+import doctest
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import blocksparse.conv
+from blocksparse.conv import BlocksparseConv, BlocksparseDeconv
+from blocksparse._tf.conv import compute
+from blocksparse.testing import rel_error, tolerance
+from blocksparse.testing.conv import CASES, conv_products, l2_normalize_products, make_op, random_inputs
+
+DTYPES = {"fp32": tf.float32, "fp16": tf.float16, "bf16": tf.bfloat16}
+KINDS = {"conv": BlocksparseConv, "deconv": BlocksparseDeconv}
+CASES_2D = [c for c in CASES if not c.startswith("3d") and c != "original-3tuple-1d"]
+
+
+@pytest.fixture(params=["dense", "grouped"])
+def path(request, monkeypatch):
+    """Runs the test on each path: the grouped one is forced (on a CPU it is never chosen)."""
+    if request.param == "grouped":
+        monkeypatch.setattr(compute, "choose", lambda spec: "grouped")
+    return request.param
+
+
+def build(rng, kind, case, **kwargs):
+    return make_op(KINDS[kind], rng, case, **kwargs)
+
+
+def as_np(t):
+    return None if t is None else np.asarray(tf.cast(t, tf.float64))
+
+
+def _eager(op, F, x, dy, eb, dtype):
+    F, x, dy = (tf.cast(v, dtype) for v in (F, x, dy))
+    eb = None if eb is None else tf.cast(eb, dtype)
+    watched = [x, F] + ([eb] if eb is not None else [])
+    with tf.GradientTape() as tape:
+        tape.watch(watched)
+        y = op(F, x, edge_bias=eb)
+    grads = tape.gradient(y, watched, output_gradients=dy)
+    return [y, *grads, *([None] if eb is None else [])], (F, x, dy, eb)
+
+
+def _function(op, F, x, dy, eb, dtype):
+    spec = [tf.TensorSpec(op.f_shape(), tf.float32), tf.TensorSpec(op.i_shape(None), tf.float32),
+            tf.TensorSpec(op.o_shape(None), tf.float32), tf.TensorSpec(op.edge_bias_shape(), tf.float32)]
+
+    @tf.function(input_signature=spec)
+    def step(F, x, dy, eb):
+        assert x.shape[0] is None  # the minibatch really is unknown here
+        return _eager(op, F, x, dy, eb, dtype)
+
+    out = step(F, x, dy, eb)
+    step(F, x[:1], dy[:1], eb)  # another minibatch size through the same trace
+    assert step.experimental_get_tracing_count() == 1
+    return out
+
+
+def _graph(op, F, x, dy, eb, dtype):
+    with tf.Graph().as_default():
+        xp = tf.compat.v1.placeholder(tf.float32, op.i_shape(None))
+        dyp = tf.compat.v1.placeholder(tf.float32, op.o_shape(None))
+        Fv = tf.compat.v1.get_variable("F", dtype=dtype, initializer=tf.cast(F, dtype))
+        ebv = tf.compat.v1.get_variable("eb", dtype=dtype, initializer=tf.cast(eb, dtype))
+        xt, dyt = tf.cast(xp, dtype), tf.cast(dyp, dtype)
+        y = op(Fv, xt, edge_bias=ebv)
+        grads = tf.gradients(y, [xt, Fv, ebv], grad_ys=dyt)
+        fetch = [y] + [g if g is not None else tf.constant(np.zeros((op.K, 0))) for g in grads]
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            return sess.run([fetch, (Fv, xt, dyt, ebv)], {xp: x, dyp: dy})
+
+
+MODES = {"eager": _eager, "function": _function, "graph": _graph}
+
+
+def check(op, case, F, x, dy, eb, dtype=tf.float32, mode="eager"):
+    outs, seen = MODES[mode](op, F, x, dy, eb, dtype)
+    if mode == "eager":
+        assert outs[0].dtype == dtype and outs[0].shape == tuple(op.o_shape(x.shape[0]))
+    Fs, xs, dys, ebs = (as_np(v) for v in seen)  # the reference sees the values the op saw
+    refs = conv_products(case, Fs, xs, dys, ebs)
+    tol = tolerance(dtype.name)
+    for name, got, want in zip(("y", "dx", "dF", "d_edge_bias"), outs, refs):
+        if want is None or want.size == 0:  # no edge bias, or none to learn (VALID)
+            assert got is None or np.size(got) == 0, name
+            continue
+        err = rel_error(as_np(got), want)
+        assert err < tol, f"{name}: relative error {err:.2e} > {tol:.0e}"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("case", CASES)
+def test_values_and_gradients(rng, kind, case):
+    op, ref = build(rng, kind, case)
+    check(op, ref, *random_inputs(rng, op))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("case", CASES_2D)
+def test_grouped_path(rng, monkeypatch, kind, case):
+    monkeypatch.setattr(compute, "choose", lambda spec: "grouped")
+    op, ref = build(rng, kind, case)
+    check(op, ref, *random_inputs(rng, op))
+
+
+@pytest.mark.parametrize("mode", ["function", "graph"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_modes(rng, path, kind, mode):
+    op, ref = build(rng, kind, "2d-same-stride-dilate", layout="uniform")
+    check(op, ref, *random_inputs(rng, op), mode=mode)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_half_dtypes(rng, path, kind, dtype):
+    op, ref = build(rng, kind, "2d-explicit-asymmetric", layout="uniform")
+    check(op, ref, *random_inputs(rng, op, N=3), dtype=DTYPES[dtype])
+
+
+@pytest.mark.parametrize("form", ["stacked", "flat", "blocks"])
+def test_filter_forms(rng, form):
+    op, ref = build(rng, "deconv", "1d-same-s2", layout="uniform")
+    F, x, dy, eb = random_inputs(rng, op)
+    Fv = tf.Variable(F)
+    with tf.GradientTape() as tape:
+        given = {"stacked": Fv, "flat": tf.reshape(Fv, [-1]), "blocks": tf.unstack(Fv)}[form]
+        y = op(given, x, edge_bias=eb)
+    dF = tape.gradient(y, Fv, output_gradients=dy)
+    want_y, _, want_dF, _ = conv_products(ref, F, x, dy, eb)
+    assert rel_error(y.numpy(), want_y) < 1e-5 and rel_error(dF.numpy(), want_dF) < 1e-5
+
+
+def test_deconv_mpq(rng):
+    op, ref = build(rng, "deconv", "1d-same-s2", MPQ=(17,))
+    assert op.o_shape(None) == [None, op.K, 17]
+    check(op, ref, *random_inputs(rng, op))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("with_gain", [False, True], ids=["no-gain", "gain"])
+def test_l2_normalize(rng, kind, with_gain):
+    op, ref = build(rng, kind, "2d-same-stride-dilate")
+    F = rng.standard_normal(op.f_shape()).astype(np.float32)
+    dout = rng.standard_normal(op.f_shape())
+    gain = rng.standard_normal(op.K).astype(np.float32) if with_gain else None
+    Fv = tf.Variable(F)
+    gv = None if gain is None else tf.Variable(gain)
+    with tf.GradientTape() as tape:
+        out = op.l2_normalize(Fv, gain=gv, epsilon=1e-6)
+    grads = tape.gradient(out, [Fv] + ([gv] if with_gain else []), output_gradients=tf.cast(dout, tf.float32))
+    want, want_dF, want_dg = l2_normalize_products(ref, F, dout, gain, 1e-6)
+    assert out.dtype == tf.float32 and out.shape == F.shape
+    assert rel_error(out.numpy(), want) < 1e-5 and rel_error(grads[0].numpy(), want_dF) < 1e-5
+    if with_gain:
+        assert rel_error(grads[1].numpy(), want_dg) < 1e-5
+
+
+def test_l2_normalize_forms_and_dtype(rng):
+    op, ref = build(rng, "conv", "1d-same-s2", layout="uniform")
+    F = rng.standard_normal(op.f_shape()).astype(np.float32)
+    want = l2_normalize_products(ref, F, np.zeros_like(F))[0]
+    stacked = op.l2_normalize(F, dtype=np.float16)
+    blocks = op.l2_normalize(list(F))
+    flat = op.l2_normalize(F.reshape(-1), dtype=tf.bfloat16)
+    assert stacked.dtype == tf.float16 and rel_error(as_np(stacked), want) < tolerance("fp16")
+    assert isinstance(blocks, list) and rel_error(np.stack([b.numpy() for b in blocks]), want) < 1e-6
+    assert flat.shape == (F.size,) and rel_error(as_np(flat), want.reshape(-1)) < tolerance("bf16")
+    with pytest.raises(ValueError, match=r"gain must have shape \(7\) = \(K,\)"):
+        op.l2_normalize(F, gain=tf.ones([op.K + 1]))
+    with pytest.raises(TypeError, match="dtype must be one of"):
+        op.l2_normalize(F, dtype=tf.int32)
+
+
+def test_bad_inputs(rng):
+    op, _ = build(rng, "conv", "2d-same-stride-dilate", layout="uniform")
+    F, x, _, eb = random_inputs(rng, op)
+    with pytest.raises(ValueError, match=r"I must have shape \(None, 7, 6, 5\) = i_shape\(N\)"):
+        op(F, x[:, :3])
+    with pytest.raises(ValueError, match="I must have rank 4"):
+        op(F, x[0])
+    with pytest.raises(TypeError, match="I must have dtype float32, float16 or bfloat16; got int32"):
+        op(F, tf.cast(x, tf.int32))
+    with pytest.raises(ValueError, match=r"F must have shape \(4, 2, 3, 3, 3\) or \(216,\)"):
+        op(F[:3], x)
+    with pytest.raises(ValueError, match="one filter per block"):
+        op(list(F)[:3], x)
+    with pytest.raises(ValueError, match=r"F\[1\] must have shape \(2, 3, 3, 3\) = f_shape\(1\)"):
+        op([F[0], F[1, :1], F[2], F[3]], x)
+    with pytest.raises(TypeError, match="F and I must have the same dtype"):
+        op(tf.cast(F, tf.float16), x)
+    assert op.edge_bias_shape() == (7, 5)   # 3 column patterns x (top row or not), less the interior
+    with pytest.raises(ValueError, match=r"edge_bias must have shape \(7, 5\) = edge_bias_shape\(\)"):
+        op(F, x, edge_bias=eb[:, :2])
+    with pytest.raises(TypeError, match="edge_bias and I must have the same dtype"):
+        op(F, x, edge_bias=tf.cast(eb, tf.bfloat16))
+    plain, _ = build(rng, "conv", "2d-same-stride-dilate", layout="uniform", edge_bias=False)
+    assert plain.edge_bias_shape() == (plain.K, 0)
+    with pytest.raises(ValueError, match=r"shape \(7, 0\) = edge_bias_shape\(\) \(built with edge_bias=False"):
+        plain(F, x, edge_bias=eb)
+    assert np.array_equal(plain(F, x, edge_bias=np.zeros((plain.K, 0), np.float32)).numpy(), plain(F, x).numpy())
+
+
+def test_unknown_sizes_checked_when_the_graph_runs(rng):
+    op, _ = build(rng, "conv", "1d-same-s2", layout="uniform")
+    F, x, _, _ = random_inputs(rng, op)
+    with tf.Graph().as_default():
+        xp = tf.compat.v1.placeholder(tf.float32, [None, None, None])
+        y = op(F, xp)
+        with tf.compat.v1.Session() as sess:
+            assert sess.run(y, {xp: x}).shape == tuple(op.o_shape(2))
+            with pytest.raises(tf.errors.InvalidArgumentError, match="I must have shape"):
+                sess.run(y, {xp: x[:, :2]})
+
+
+def test_module_doctest():
+    result = doctest.testmod(blocksparse.conv, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
