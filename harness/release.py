@@ -37,9 +37,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import release_git as git
+from . import git
 from .release_dists import PROJECT, collect_wheels, sha256_file, write_manifest
-from .release_errors import (CheckError, ConfigError, DirtyTreeError, FatalError,
+from .errors import (CheckError, ConfigError, DirtyTreeError, FatalError,
                              StaleReportError, TagError, UploadError)
 from .release_gate import gate, load_summary, stale_reason
 from .release_index import is_pypi, published_files, simple_index_url

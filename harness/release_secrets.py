@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from .release_errors import ConfigError
+from .errors import ConfigError
 
 __all__ = ["MASK", "Masker", "Credentials", "split_userinfo", "pypirc_section"]
 

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 
 from harness.release import DEFAULT_REPOSITORY_URL, Settings, main
-from harness.release_errors import ConfigError
+from harness.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 GIT = ["git", "-c", "user.name=release test", "-c", "user.email=release-test@example.invalid",
