@@ -42,6 +42,10 @@ class FakeExecutor:
     def __init__(self, outcomes):
         self.outcomes = outcomes  # cell name -> (CellRun, tests or None)
         self.jobs = []
+        self.checked = False
+
+    def check(self, out):
+        self.checked = True
 
     def run(self, job, log):
         self.jobs.append(job)
@@ -184,8 +188,10 @@ def test_report_merges_cell_results(project, capsys):
 def test_cli_exit_codes(project, capsys):
     assert main(["--root", str(project), "matrix", "--cells", "tf9", "--dry-run"]) == 2
     assert "error: CELLS='tf9' matches no cell" in capsys.readouterr().err
-    assert main(["--root", str(project), "render", "--check"]) == 1
-    assert "stale: docker/generated/Dockerfile.tf2.20-cu12.5-py3.12" in capsys.readouterr().out
+    assert main(["--root", str(project), "render", "--check"]) == 10
+    captured = capsys.readouterr()
+    assert "stale: docker/generated/Dockerfile.tf2.20-cu12.5-py3.12" in captured.out
+    assert "error: 5 generated file(s) differ from matrix.yaml: run `make render`" in captured.err
     assert main(["--root", str(project), "render"]) == 0
     assert main(["--root", str(project), "render", "--check"]) == 0
     assert main(["--root", str(project), "matrix", "--executor", "docker", "--dry-run"]) == 0
