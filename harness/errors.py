@@ -40,70 +40,34 @@ class FatalError(Exception):
     exit_code = 2
 
 
-class ConfigError(FatalError):
-    """A setting is invalid: ``matrix.yaml``, ``ci/known_failures.yaml``, a command-line option,
-    or a release setting (make variable, ``.pypirc``)."""
-
-    exit_code = 2
+def _kind(name, exit_code, doc):
+    return type(name, (FatalError,), {"exit_code": exit_code, "__doc__": doc,
+                                      "__module__": __name__})
 
 
-class DirtyTreeError(FatalError):
-    """The working tree has uncommitted changes: a release must come from a commit."""
-
-    exit_code = 3
-
-
-class StaleReportError(FatalError):
-    """``reports/summary.json`` is missing or was made for another tree, and was not (re)made."""
-
-    exit_code = 4
-
-
-class GateError(FatalError):
-    """The matrix report shows regressions, failed builds or outcomes the tool does not know."""
-
-    exit_code = 5
-
-
-class ArtifactError(FatalError):
-    """A cell's wheel is missing, ambiguous, conflicting or carries the wrong metadata."""
-
-    exit_code = 6
-
-
-class CheckError(FatalError):
-    """Building the sdist or ``twine check --strict`` failed."""
-
-    exit_code = 7
-
-
-class TagError(FatalError):
-    """A release tag already exists on another commit (bump ``PATCH``) or could not be made."""
-
-    exit_code = 8
-
-
-class UploadError(FatalError):
-    """``twine upload`` failed."""
-
-    exit_code = 9
-
-
-class StaleFilesError(FatalError):
-    """Generated files differ from what ``make render`` would write."""
-
-    exit_code = 10
-
-
-class ExecutorUnavailable(FatalError):
-    """The chosen executor cannot run here (e.g. no Docker engine answers)."""
-
-    exit_code = 11
-
+ConfigError = _kind("ConfigError", 2, "A setting is invalid: ``matrix.yaml``, "
+                    "``ci/known_failures.yaml``, a command-line option, a make variable, "
+                    "``.pypirc``.")
+DirtyTreeError = _kind("DirtyTreeError", 3, "The working tree has uncommitted changes: a "
+                       "release must come from a commit.")
+StaleReportError = _kind("StaleReportError", 4, "``reports/summary.json`` is missing or was "
+                         "made for another tree, and was not (re)made.")
+GateError = _kind("GateError", 5, "The matrix report shows regressions, failed builds or "
+                  "outcomes the tool does not know.")
+ArtifactError = _kind("ArtifactError", 6, "A cell's wheel is missing, ambiguous, conflicting or "
+                      "carries the wrong metadata.")
+CheckError = _kind("CheckError", 7, "Building the sdist or ``twine check --strict`` failed.")
+TagError = _kind("TagError", 8, "A release tag already exists on another commit (bump "
+                 "``PATCH``) or could not be made.")
+UploadError = _kind("UploadError", 9, "``twine upload`` failed.")
+StaleFilesError = _kind("StaleFilesError", 10, "Generated files differ from what ``make "
+                        "render`` would write.")
+ExecutorUnavailable = _kind("ExecutorUnavailable", 11, "The chosen executor cannot run here "
+                            "(e.g. no Docker engine answers).")
 
 #: ``{exit code: meaning}``: the table above, for messages and tests.
 EXIT_CODES = {0: "success", CELLS_FAILED: "a gating cell failed",
-              **{cls.exit_code: cls.__doc__.split("\n")[0].split(":")[0].rstrip(".")
+              **{cls.exit_code: cls.__doc__.split(":")[0].rstrip(".")
                  for cls in (ConfigError, DirtyTreeError, StaleReportError, GateError,
                              ArtifactError, CheckError, TagError, UploadError, StaleFilesError,
                              ExecutorUnavailable)},

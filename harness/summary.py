@@ -17,6 +17,13 @@ TEST_LISTS = ("regressions", "known", "fixed", "flaky")
 _COUNTS = ("passed", "skipped")
 
 
+def _fields_of(cls, data, skip):
+    """The keys of ``data`` that are fields of ``cls`` (but ``skip``), lists made tuples; keys
+    a newer harness may have added are ignored."""
+    names = {f.name for f in fields(cls)} - {skip}
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in names}
+
+
 @dataclass(frozen=True, kw_only=True)
 class CellResult:
     """One cell's entry of the report (see ``harness/__init__.py`` for every field)."""
@@ -77,10 +84,7 @@ class CellResult:
                 raise bad(key, "a list of test ids", value)
         if not isinstance(entry.get("gating", True), bool):
             raise bad("gating", "true or false", entry.get("gating"))
-        known = {f.name for f in fields(cls)} - {"name"}
-        values = {k: tuple(v) if isinstance(v, list) else v
-                  for k, v in entry.items() if k in known}
-        return cls(name=name, **values)
+        return cls(name=name, **_fields_of(cls, entry, "name"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,8 +126,6 @@ class Summary:
         if not isinstance(cells, dict):
             raise GateError(f"{where}: 'cells' must be an object of cell name -> result; "
                             f"got {cells!r}")
-        known = {f.name for f in fields(cls)} - {"cells"}
-        values = {k: tuple(v) if isinstance(v, list) else v
-                  for k, v in data.items() if k in known}
-        return cls(**values, cells=tuple(CellResult.from_json(name, entry, where)
-                                         for name, entry in cells.items()))
+        return cls(**_fields_of(cls, data, "cells"),
+                   cells=tuple(CellResult.from_json(name, entry, where)
+                               for name, entry in cells.items()))
