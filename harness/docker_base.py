@@ -2,7 +2,9 @@
 reach no container registry.
 
 The rendered Dockerfiles take their base as a build argument (``BASE_IMAGE``): the CUDA devel
-image on GPU runners, or this image where nothing can be pulled.  It is made from Debian packages
+image on GPU runners, or this image where nothing can be pulled.  A cell whose Python the
+release lacks gets the interpreter the local executor uses (``python3.X`` on PATH, e.g. pyenv's)
+copied into a derived base image, at the same path (`ensure_python_base`).  It is made from Debian packages
 only -- ``debootstrap`` from the mirror of the machine's own apt sources -- with Python, venv,
 the Python headers and the C/C++ toolchain the wheel build needs, then imported into the engine
 (``docker import``).  Its tag is a hash of what it is made from, so it is made once and reused
@@ -19,7 +21,8 @@ from pathlib import Path
 from .errors import ExecutorUnavailable
 
 __all__ = ["REPOSITORY", "PACKAGES", "AptSource", "parse_sources", "host_sources",
-           "os_release", "BaseRecipe", "host_recipe", "ensure_base", "base_python"]
+           "os_release", "BaseRecipe", "host_recipe", "ensure_base", "base_python",
+           "ensure_python_base", "interpreter_files"]
 
 REPOSITORY = "blocksparse-base"
 #: What the base holds besides debootstrap's minimal system: the cell's Python with venv and
@@ -165,3 +168,73 @@ def ensure_base(client, recipe, work_dir, log):
             raise ExecutorUnavailable(f"tar of the base image's files failed (exit {tar.returncode})")
     log(f"base image {tag}: made (Python {pythons[-1] if pythons else 'none'})")
     return tag
+
+
+# Left out of a copied interpreter: installed packages (the cell makes its own virtualenv, and
+# venv's pip comes from ensurepip), the test suite, caches and the static library.
+_SKIP_PARTS = ("site-packages", "__pycache__", "test", "tests", "idlelib", "tkinter")
+
+
+def interpreter_files(prefix, version):
+    """``{relative path: Path}`` of the Python installation at ``prefix`` worth copying."""
+    prefix = Path(prefix)
+    found = {}
+    for path in sorted(prefix.rglob("*")):
+        rel = path.relative_to(prefix)
+        if any(part in _SKIP_PARTS for part in rel.parts[:-1]) or path.suffix in (".a", ".pyc"):
+            continue
+        if path.is_file() or path.is_symlink():
+            found[rel.as_posix()] = path
+    return found
+
+
+def _python_context(base_tag, python, files):
+    import io
+    import tarfile
+    dockerfile = (f"FROM {base_tag}\n"
+                  f"COPY python/ {python.prefix}/\n"
+                  f"RUN ln -sf {python.prefix}/bin/python{python.version} "
+                  f"/usr/local/bin/python{python.version} "
+                  f"&& python{python.version} -c 'import ssl, sqlite3, ctypes, zlib, bz2, lzma, "
+                  f"venv, ensurepip'\n"
+                  f"LABEL {_LABEL_PYTHON}={python.version}\n").encode()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(dockerfile)
+        tar.addfile(info, io.BytesIO(dockerfile))
+        for rel, path in files.items():
+            tar.add(str(path), arcname=f"python/{rel}", recursive=False)
+    buf.seek(0)
+    return buf
+
+
+def ensure_python_base(client, base_tag, python, log):
+    """The base image ``base_tag`` plus the interpreter ``python`` (an `Interpreter` of this
+    machine) at its own path; made when missing.  Returns ``(tag, None)`` or ``(None, why)``."""
+    files = interpreter_files(python.prefix, python.version)
+    digest = hashlib.sha256(f"{client.images.get(base_tag).id}\n{python.prefix}".encode())
+    for rel in sorted(files):
+        if rel.startswith(("bin/", "lib/libpython")) and files[rel].is_file():
+            digest.update(rel.encode() + files[rel].read_bytes())
+    tag = f"{base_tag}-py{python.version}-{digest.hexdigest()[:8]}"
+    from docker.errors import APIError, ImageNotFound
+    try:
+        client.images.get(tag)
+        return tag, None
+    except ImageNotFound:
+        pass
+    log(f"docker: base image {tag}: copying the Python {python.version} of this machine "
+        f"({python.prefix}, {len(files)} files) into {base_tag}")
+    try:
+        for chunk in client.api.build(fileobj=_python_context(base_tag, python, files),
+                                      custom_context=True, tag=tag, rm=True, forcerm=True,
+                                      decode=True):
+            if "error" in chunk:
+                return None, (f"the Python {python.version} of this machine ({python.prefix}) "
+                              f"does not run in the base image: {chunk['error'].strip()}")
+            if "stream" in chunk and chunk["stream"].strip():
+                log(chunk["stream"].rstrip())
+    except APIError as e:
+        return None, f"copying Python {python.version} into the base image failed: {e}"
+    return tag, None

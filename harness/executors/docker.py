@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..environment import tf_requirements, unavailable_reason
 from ..errors import ExecutorUnavailable
+from ..interpreters import find_python
 from ..pip_settings import host_config, pip_context
 from . import SCRIPT, CellRun, signal_text
 
@@ -121,15 +122,15 @@ class DockerExecutor:
         Unused here (the rendered Dockerfile holds them); accepted like the local executor.
     base : str
         One of `BASES` (``DOCKER_BASE``).
-    client_factory, pip_config, base_recipe
-        The docker client (default ``docker.from_env``), this machine's pip settings and the
-        base image's recipe; tests pass fakes.
+    client_factory, pip_config, base_recipe, find_python
+        The docker client (default ``docker.from_env``), this machine's pip settings, the base
+        image's recipe and the interpreter lookup; tests pass fakes.
     """
 
     name = "docker"
 
     def __init__(self, *, repo, work_dir=None, pins=None, base="auto", client_factory=_from_env,
-                 pip_config=host_config, base_recipe=None):
+                 pip_config=host_config, base_recipe=None, find_python=find_python):
         if base not in BASES:
             raise ValueError(f"base must be one of {', '.join(BASES)}; got {base!r}")
         self.repo = Path(repo)
@@ -138,6 +139,7 @@ class DockerExecutor:
         self._factory = client_factory
         self._pip_config = pip_config
         self._base_recipe = base_recipe
+        self._find_python = find_python
         self._client = None
         self._base_tag = None      # the local base image (base == "local")
         self._pip = None
@@ -172,10 +174,11 @@ class DockerExecutor:
 
     # -- the image ---------------------------------------------------------------------------
 
-    def build_args(self):
-        """``buildargs`` of the image build: none for the CUDA base (the Dockerfile's defaults)."""
+    def build_args(self, base_tag=None):
+        """``buildargs`` of the image build: none for the CUDA base (the Dockerfile's defaults);
+        the local base (``base_tag``: with the cell's Python) and tensorflow-cpu for ``local``."""
         if self.base == "local":
-            return {"BASE_IMAGE": self._base_tag, "TF_FLAVOR": "cpu"}
+            return {"BASE_IMAGE": base_tag or self._base_tag, "TF_FLAVOR": "cpu"}
         return {}
 
     def context_files(self, cell):
@@ -185,22 +188,23 @@ class DockerExecutor:
         files["Dockerfile"] = dockerfile.read_bytes()
         return files
 
-    def recipe_hash(self, cell, files, client):
-        """The hash of everything the image is built from."""
-        base = self._base_tag if self.base == "local" else cell.image
-        base_id = client.images.get(base).id if self.base == "local" else base
-        digest = hashlib.sha256(json.dumps({"args": self.build_args(), "base": base_id},
+    def recipe_hash(self, files, client, base_tag=None):
+        """The hash of everything the image is built from (for ``local``, the base image's id:
+        a remade base makes new images)."""
+        args = self.build_args(base_tag)
+        base_id = client.images.get(args["BASE_IMAGE"]).id if args else None
+        digest = hashlib.sha256(json.dumps({"args": args, "base": base_id},
                                            sort_keys=True).encode())
         for name in sorted(files):
             digest.update(name.encode() + b"\0" + hashlib.sha256(files[name]).digest())
         return digest.hexdigest()
 
-    def _image(self, cell, log):
+    def _image(self, cell, log, base_tag=None):
         """``(tag, None)``: the cell's image, built or reused; else ``(None, CellRun)``."""
         from docker.errors import APIError, ImageNotFound
         client = self.client()
         files = self.context_files(cell)
-        tag = image_tag(cell, self.recipe_hash(cell, files, client))
+        tag = image_tag(cell, self.recipe_hash(files, client, base_tag))
         try:
             client.images.get(tag)
             log(f"docker: image {tag} is up to date (built from the same recipe): reused")
@@ -208,7 +212,7 @@ class DockerExecutor:
         except ImageNotFound:
             pass
         log(f"docker: building {tag} (base {self.base}: "
-            f"{self._base_tag if self.base == 'local' else cell.image})")
+            f"{self.build_args(base_tag).get('BASE_IMAGE', cell.image)})")
         lines, text = _LineSplitter(log), []
 
         def record(line):
@@ -220,7 +224,7 @@ class DockerExecutor:
         try:
             for chunk in client.api.build(
                     fileobj=io.BytesIO(tar_files(files)), custom_context=True, tag=tag,
-                    buildargs=self.build_args(), rm=True, forcerm=True,
+                    buildargs=self.build_args(base_tag), rm=True, forcerm=True,
                     pull=self.base == "cuda", decode=True):
                 if "stream" in chunk:
                     lines.feed(chunk["stream"])
@@ -268,14 +272,28 @@ class DockerExecutor:
                 "working_dir": f"{CONTAINER_ROOT}/src", "environment": env,
                 "device_requests": gpus, "labels": {LABEL: cell.name}}
 
+    def _cell_base(self, cell, log):
+        """``(tag, None)``: the local base with the cell's Python; ``(None, CellRun)`` if none."""
+        from ..docker_base import base_python, ensure_python_base
+        if base_python(self.client(), self._base_tag) == cell.python:
+            return self._base_tag, None
+        python, why = self._find_python(cell.python, log=log)
+        if python is None:
+            return None, CellRun(skipped=f"Python {cell.python} is not in the local base image, "
+                                         f"and {why}; DOCKER_BASE=cuda builds it from "
+                                         f"{cell.image}")
+        tag, why = ensure_python_base(self.client(), self._base_tag, python, log)
+        return (tag, None) if tag else (None, CellRun(setup_error=why))
+
     def run(self, job, log):
         from docker.errors import APIError, NotFound
         cell = job.cell
-        if self.base == "local" and cell.python != self._base_python():
-            return CellRun(skipped=f"Python {cell.python} is not in the local base image (it "
-                                   f"has {self._base_python()}); DOCKER_BASE=cuda builds it "
-                                   f"from {cell.image}")
-        image, failed = self._image(cell, log)
+        base_tag = None
+        if self.base == "local":
+            base_tag, failed = self._cell_base(cell, log)
+            if failed:
+                return failed
+        image, failed = self._image(cell, log, base_tag)
         if failed:
             return failed
         client = self.client()
@@ -307,10 +325,6 @@ class DockerExecutor:
                 container.remove(force=True)
             except APIError as e:
                 log(f"docker: could not remove container {container.id[:12]}: {e}")
-
-    def _base_python(self):
-        from ..docker_base import base_python
-        return base_python(self.client(), self._base_tag)
 
     @staticmethod
     def _result(container, returncode):

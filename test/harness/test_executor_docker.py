@@ -13,6 +13,7 @@ from docker.types import DeviceRequest
 from harness.errors import ExecutorUnavailable
 from harness.executors import CellJob, CellRun
 from harness.executors.docker import DockerExecutor
+from harness.interpreters import Interpreter
 from harness_support import make_cells
 
 
@@ -127,15 +128,21 @@ class FakeClient:
 BASE = "blocksparse-base:bookworm-0"
 
 
-def executor_for(tmp_path, client, base="local"):
+def no_python(version, log):
+    return None, f"python{version} not found on PATH"
+
+
+def executor_for(tmp_path, client, base="local", find_python=no_python):
     repo = tmp_path / "repo"
     (repo / "docker" / "generated").mkdir(parents=True, exist_ok=True)
-    (repo / "docker" / "generated" / "Dockerfile.tf2.21-cu12.5-py3.11").write_text("FROM x\n")
+    for py in ("3.11", "3.13"):
+        (repo / "docker" / "generated" / f"Dockerfile.tf2.21-cu12.5-py{py}").write_text("FROM x\n")
     (tmp_path / "ca.crt").write_text("CERT")
     pip = {"cert": str(tmp_path / "ca.crt"), "default-timeout": "60",
            "extra-index-url": "file:///opt/simple https://mirror.example/simple"}
     executor = DockerExecutor(repo=repo, base=base, client_factory=lambda: client,
-                              pip_config=lambda: pip, base_recipe=SimpleNamespace(tag=BASE))
+                              pip_config=lambda: pip, base_recipe=SimpleNamespace(tag=BASE),
+                              find_python=find_python)
     return executor, io.StringIO()
 
 
@@ -150,9 +157,9 @@ def job(cell, tmp_path):
                    test_timeout=30, run_timeout=600)
 
 
-def run(job, client, tmp_path, base="local"):
+def run(job, client, tmp_path, base="local", find_python=no_python):
     lines = []
-    executor, out = executor_for(tmp_path, client, base)
+    executor, out = executor_for(tmp_path, client, base, find_python)
     executor.check(out)
     return executor.run(job, lines.append), lines
 
@@ -244,14 +251,40 @@ def test_compile_only_cell_gets_no_gpu(tmp_path, job):
     assert kwargs["device_requests"] == [] and kwargs["environment"]["CELL_COMPILE_ONLY"] == "1"
 
 
-def test_python_the_local_base_lacks_is_skipped(tmp_path, job):
+def test_python_the_local_base_lacks_is_skipped_without_one_to_copy(tmp_path, job):
     (cell,) = make_cells({"python": ["3.13"]})
     job = CellJob(cell=cell, stage=job.stage, dist=job.dist, reports=job.reports)
     client = FakeClient()
     result, _ = run(job, client, tmp_path)
-    assert result.skipped == ("Python 3.13 is not in the local base image (it has 3.11); "
-                              "DOCKER_BASE=cuda builds it from nvidia/cuda:12.5.1-devel-ubuntu22.04")
+    assert result.skipped == ("Python 3.13 is not in the local base image, and python3.13 not "
+                              "found on PATH; DOCKER_BASE=cuda builds it from "
+                              "nvidia/cuda:12.5.1-devel-ubuntu22.04")
     assert client.build_calls == [] and client.created == []
+
+
+def test_python_of_this_machine_is_copied_into_a_derived_base(tmp_path, job):
+    (cell,) = make_cells({"python": ["3.13"]})
+    job = CellJob(cell=cell, stage=job.stage, dist=job.dist, reports=job.reports)
+    prefix = tmp_path / "pythons" / "3.13.0"
+    for rel in ("bin/python3.13", "lib/python3.13/os.py", "lib/python3.13/site-packages/x.py",
+                "lib/python3.13/test/test_os.py", "lib/libpython3.13.a", "include/Python.h"):
+        (prefix / rel).parent.mkdir(parents=True, exist_ok=True)
+        (prefix / rel).write_text(rel)
+    found = Interpreter("3.13", str(prefix / "bin" / "python3.13"), str(prefix))
+    client = FakeClient()
+    run(job, client, tmp_path, find_python=lambda version, log: (found, None))
+    python_build, cell_build = client.build_calls
+    context = tarfile.open(fileobj=python_build["fileobj"])
+    assert sorted(context.getnames()) == ["Dockerfile", "python/bin/python3.13",
+                                          "python/include/Python.h", "python/lib/python3.13/os.py"]
+    dockerfile = context.extractfile("Dockerfile").read().decode()
+    assert f"FROM {BASE}\nCOPY python/ {prefix}/\n" in dockerfile
+    assert f"ln -sf {prefix}/bin/python3.13 /usr/local/bin/python3.13" in dockerfile
+    assert python_build["tag"].startswith(f"{BASE}-py3.13-")
+    assert cell_build["buildargs"] == {"BASE_IMAGE": python_build["tag"], "TF_FLAVOR": "cpu"}
+    # made once: the next run reuses the derived base and the cell's image
+    run(job, client, tmp_path, find_python=lambda version, log: (found, None))
+    assert len(client.build_calls) == 2
 
 
 def test_image_build_error(job, tmp_path):
