@@ -175,7 +175,7 @@ def ensure_base(client, recipe, work_dir, log):
 _SKIP_PARTS = ("site-packages", "__pycache__", "test", "tests", "idlelib", "tkinter")
 
 
-def interpreter_files(prefix, version):
+def interpreter_files(prefix):
     """``{relative path: Path}`` of the Python installation at ``prefix`` worth copying."""
     prefix = Path(prefix)
     found = {}
@@ -212,7 +212,7 @@ def _python_context(base_tag, python, files):
 def ensure_python_base(client, base_tag, python, log):
     """The base image ``base_tag`` plus the interpreter ``python`` (an `Interpreter` of this
     machine) at its own path; made when missing.  Returns ``(tag, None)`` or ``(None, why)``."""
-    files = interpreter_files(python.prefix, python.version)
+    files = interpreter_files(python.prefix)
     digest = hashlib.sha256(f"{client.images.get(base_tag).id}\n{python.prefix}".encode())
     for rel in sorted(files):
         if rel.startswith(("bin/", "lib/libpython")) and files[rel].is_file():
