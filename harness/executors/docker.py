@@ -29,13 +29,14 @@ from ..interpreters import find_python
 from ..pip_settings import host_config, pip_context
 from . import SCRIPT, CellRun, signal_text
 
-__all__ = ["DockerExecutor", "BASES", "CELL_REPOSITORY", "LABEL", "CONTAINER_ROOT",
-           "image_tag", "tar_files"]
+__all__ = ["DockerExecutor", "BASES", "CELL_REPOSITORY", "LABEL", "PROJECT_LABEL",
+           "CONTAINER_ROOT", "image_tag", "tar_files"]
 
 BASES = ("auto", "local", "cuda")
 CELL_REPOSITORY = "blocksparse-cell"
-#: Every container the executor makes carries this label (value: the cell's name).
-LABEL = "blocksparse.cell"
+#: Every container the executor makes carries these labels: the cell's name, and the project
+#: root it was run from (so that concurrent runs of two checkouts can tell theirs apart).
+LABEL, PROJECT_LABEL = "blocksparse.cell", "blocksparse.project"
 #: Where the staged directory lands in the container: /cell/src, /cell/known_failures.json.
 CONTAINER_ROOT = "/cell"
 _OUT = f"{CONTAINER_ROOT}/out"
@@ -270,7 +271,8 @@ class DockerExecutor:
         return {"image": image,
                 "command": ["bash", f"{CONTAINER_ROOT}/src/{SCRIPT}", *job.pytest_args],
                 "working_dir": f"{CONTAINER_ROOT}/src", "environment": env,
-                "device_requests": gpus, "labels": {LABEL: cell.name}}
+                "device_requests": gpus,
+                "labels": {LABEL: cell.name, PROJECT_LABEL: str(self.repo.resolve())}}
 
     def _cell_base(self, cell, log):
         """``(tag, None)``: the local base with the cell's Python; ``(None, CellRun)`` if none."""

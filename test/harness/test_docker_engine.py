@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from harness.executors.docker import LABEL, DockerExecutor
+from harness.executors.docker import LABEL, PROJECT_LABEL, DockerExecutor
 from harness.matrix import load_matrix
 from harness.progress import Progress
 from harness.render import ROOT
@@ -27,8 +27,10 @@ from harness_support import CELL, EXPECTED, planted_project
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 
-def ours(client):
-    return client.containers.list(all=True, filters={"label": LABEL})
+def ours(client, project):
+    """This test's containers (another checkout may be running cells at the same time)."""
+    return client.containers.list(all=True, filters={
+        "label": [LABEL, f"{PROJECT_LABEL}={project.resolve()}"]})
 
 
 def wait_for(predicate, timeout, what):
@@ -71,7 +73,7 @@ def test_planted_failures_in_a_container(engine, tmp_path):
     assert re.fullmatch(rf"dist/{re.escape(CELL)}/blocksparse-2\.21\.0-py3-none-manylinux_2_\d+"
                         r"_x86_64\.whl", wheel), wheel
     assert (project / wheel).stat().st_uid == os.getuid()
-    assert ours(engine) == []
+    assert ours(engine, project) == []
     # The image is tagged by its recipe: asked again, it is reused, nothing is built.
     lines = []
     executor = DockerExecutor(repo=project, base="local")
@@ -93,7 +95,7 @@ def test_killed_container_is_an_error_and_the_run_goes_on(engine, tmp_path):
     thread.start()
     try:
         wait_for(lambda: cell_step(project, "build"), 900, "the cell's build step")
-        (container,) = ours(engine)
+        (container,) = ours(engine, project)
         container.kill()
     finally:
         thread.join(900)
@@ -104,7 +106,13 @@ def test_killed_container_is_an_error_and_the_run_goes_on(engine, tmp_path):
     assert killed["reason"] == ("the container was stopped by SIGKILL before the cell finished "
                                 "(docker kill or stop, or the engine)")
     assert summary["cells"]["tf2.21-cu12.5-py3.13"]["status"] == "skipped"
-    assert ours(engine) == []
+    assert ours(engine, project) == []
+
+
+def sigint_default():
+    # A background job of a non-interactive shell starts with SIGINT ignored, and Python then
+    # installs no KeyboardInterrupt handler: give the child what a terminal would.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_ctrl_c_stops_and_removes_the_container(engine, tmp_path):
@@ -114,16 +122,16 @@ def test_ctrl_c_stops_and_removes_the_container(engine, tmp_path):
             [sys.executable, "-m", "harness", "--root", str(project), "matrix",
              "--executor=docker", "--docker-base=local", f"--cells=^{CELL}$",
              "--pytest-args=test/test_layout.py"], stdout=out, stderr=subprocess.STDOUT,
-            cwd=ROOT)
+            cwd=ROOT, preexec_fn=sigint_default)
         try:
             wait_for(lambda: cell_step(project, "build"), 900, "the cell's build step")
-            assert len(ours(engine)) == 1
+            assert len(ours(engine, project)) == 1
             proc.send_signal(signal.SIGINT)
             assert proc.wait(120) == 130
         finally:
             proc.kill()
     assert "interrupted" in (tmp_path / "out.txt").read_text()
-    assert ours(engine) == []
+    assert ours(engine, project) == []
 
 
 def test_no_engine_is_a_clear_error_before_anything_is_touched(tmp_path):

@@ -186,7 +186,8 @@ def test_build_run_copy_out(job, tmp_path):
     assert kwargs["command"] == ["bash", "/cell/src/scripts/run_cell.sh", "test/test_x.py"]
     assert kwargs["working_dir"] == "/cell/src"
     assert kwargs["device_requests"] == []  # the local base: no GPU
-    assert kwargs["labels"] == {"blocksparse.cell": "tf2.21-cu12.5-py3.11"}
+    assert kwargs["labels"] == {"blocksparse.cell": "tf2.21-cu12.5-py3.11",
+                                "blocksparse.project": str((tmp_path / "repo").resolve())}
     assert kwargs["environment"] == {
         "CELL": "tf2.21-cu12.5-py3.11", "CELL_PYTHON": "/opt/cell/bin/python",
         "CELL_SRC": "/cell/src", "CELL_DIST": "/cell/out/dist",
