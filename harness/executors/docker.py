@@ -214,14 +214,25 @@ class DockerExecutor:
             pass
         log(f"docker: building {tag} (base {self.base}: "
             f"{self.build_args(base_tag).get('BASE_IMAGE', cell.image)})")
-        lines, text = _LineSplitter(log), []
+        error, output = self._build(client, tag, files, base_tag, log)
+        if error:
+            skipped = unavailable_reason(tf_requirements(cell, self._flavor)[0], cell.python,
+                                         output)
+            return None, CellRun(skipped=skipped) if skipped else \
+                CellRun(setup_error=f"the image did not build: {error}")
+        self._remove_older(client, cell, tag, log)
+        return tag, None
+
+    def _build(self, client, tag, files, base_tag, log):
+        """Build ``tag`` from ``files``, streaming its log; ``(error or None, the output)``."""
+        from docker.errors import APIError
+        output = []
 
         def record(line):
-            text.append(line)
+            output.append(line)
             log(line)
 
-        lines.log = record
-        error = None
+        lines, error = _LineSplitter(record), None
         try:
             for chunk in client.api.build(
                     fileobj=io.BytesIO(tar_files(files)), custom_context=True, tag=tag,
@@ -239,12 +250,7 @@ class DockerExecutor:
         lines.close()
         if error:
             log(error)
-            skipped = unavailable_reason(tf_requirements(cell, self._flavor)[0], cell.python,
-                                         "\n".join(text))
-            return None, CellRun(skipped=skipped) if skipped else \
-                CellRun(setup_error=f"the image did not build: {error}")
-        self._remove_older(client, cell, tag, log)
-        return tag, None
+        return error, "\n".join(output)
 
     @property
     def _flavor(self):
@@ -288,6 +294,18 @@ class DockerExecutor:
         return (tag, None) if tag else (None, CellRun(setup_error=why))
 
     def run(self, job, log):
+        from docker.errors import APIError
+        from requests.exceptions import ConnectionError as Disconnected
+        try:
+            return self._run(job, log)
+        except Disconnected as e:
+            # Not the cell's fault, and no later cell can run either: stop the run.
+            raise ExecutorUnavailable(f"lost the Docker engine during cell {job.cell.name} ({e}); "
+                                      f"{_ENGINE_HELP}") from None
+        except APIError as e:
+            return CellRun(error=f"the Docker engine refused a request: {e}")
+
+    def _run(self, job, log):
         from docker.errors import APIError, NotFound
         cell = job.cell
         base_tag = None

@@ -7,6 +7,8 @@ import tarfile
 import pytest
 from types import SimpleNamespace
 
+import requests
+
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.types import DeviceRequest
 
@@ -342,6 +344,16 @@ def test_interrupt_removes_the_container(job, tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         run(job, client, tmp_path)
     assert client.created[0].calls[-1] == ("remove", {"force": True})
+
+
+def test_engine_lost_mid_run_stops_the_run(job, tmp_path, monkeypatch):
+    def gone(self, **kwargs):
+        raise requests.exceptions.ConnectionError("Connection aborted.")
+
+    monkeypatch.setattr(FakeContainer, "logs", gone)
+    with pytest.raises(ExecutorUnavailable, match="lost the Docker engine during cell "
+                                                  "tf2.21-cu12.5-py3.11 .*make docker-engine"):
+        run(job, FakeClient(), tmp_path)
 
 
 def test_no_engine(tmp_path):
