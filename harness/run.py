@@ -5,7 +5,6 @@ cell selection, for docker the freshness of the rendered Dockerfiles, then the e
 e.g. that a Docker engine answers); ``dry_run`` stops before the executor and prints the plan.
 Cells run one after another; a failing cell never stops the others.
 """
-import json
 import os
 import shlex
 import shutil
