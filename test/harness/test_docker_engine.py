@@ -24,7 +24,8 @@ from harness.run import RunOptions, run_matrix
 from harness.source import stage_tree
 from harness_support import CELL, EXPECTED, planted_project
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+# Minutes each (a wheel build, an image build when its recipe is new): far over the default.
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(3600)]
 
 
 def ours(client, project):
