@@ -5,7 +5,9 @@ URLs, the CA bundle that verifies them, the constraint files.  The effective set
 from ``pip config list`` (files and ``PIP_*`` variables alike), and become a ``pip.conf`` with
 the files it names copied beside it.  Sources on this machine's disk (``file://`` indexes,
 find-links folders) cannot be reached from a container: they are left out, and said so -- the
-network indexes serve the same releases (the local ones are caches of them).
+network indexes serve the same releases (the local ones are caches of them).  An index URL
+with a ``user:password@`` is written into the image like any other setting: such images must
+stay on the machine (the harness never pushes them).
 """
 import re
 import subprocess
