@@ -2,7 +2,8 @@
 
 `check` (before the run writes anything): a Docker engine must answer, and the base is chosen:
 ``cuda`` builds each Dockerfile from its CUDA devel image and attaches every GPU; ``local``
-builds it from the Debian base of `harness.docker_base` (made when missing) with
+builds it from the Debian base of `harness.docker_base` (made when missing; a cell whose
+Python it lacks gets this machine's ``python3.X`` copied into a derived base) with
 ``TF_FLAVOR=cpu``, for machines without registry or GPU; ``auto`` takes ``cuda`` when the
 engine has the ``nvidia`` runtime, else ``local``.
 
