@@ -28,7 +28,7 @@ from ..environment import tf_requirements, unavailable_reason
 from ..errors import ExecutorUnavailable
 from ..interpreters import find_python
 from ..pip_settings import host_config, pip_context
-from . import SCRIPT, CellRun, signal_text
+from . import SCRIPT, STEP_MARKER, CellRun, signal_text
 
 __all__ = ["DockerExecutor", "BASES", "CELL_REPOSITORY", "LABEL", "PROJECT_LABEL",
            "CONTAINER_ROOT", "image_tag", "tar_files"]
@@ -213,6 +213,7 @@ class DockerExecutor:
             return tag, None
         except ImageNotFound:
             pass
+        log(f"{STEP_MARKER}image")
         log(f"docker: building {tag} (base {self.base}: "
             f"{self.build_args(base_tag).get('BASE_IMAGE', cell.image)})")
         error, output = self._build(client, tag, files, base_tag, log)

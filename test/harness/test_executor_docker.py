@@ -206,7 +206,8 @@ def test_build_run_copy_out(job, tmp_path):
     assert (job.dist / "blocksparse-2.21.0-py3-none-any.whl").read_bytes() == b"wheel"
     assert (job.reports / "junit.xml").read_bytes() == b"<xml/>"
     # Build output and container output, re-cut into lines; progress bars left out.
-    assert lines[1:] == ["Step 1/9 : FROM blocksparse-base:bookworm-0",
+    assert lines[0] == "::cell-step:: image" and lines[1].startswith(f"docker: building {tag} ")
+    assert lines[2:] == ["Step 1/9 : FROM blocksparse-base:bookworm-0",
                          "abc Downloaded newer image", "Successfully built 1234",
                          "::cell-step:: build", "building", "::cell-step:: test", "last"]
 
