@@ -7,14 +7,19 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 # `make matrix` options (see README "Build matrix"): CELLS=<regex> EXECUTOR=local|docker
-# PYTEST_ARGS=... DRY_RUN=1 FRESH=1.
+# DOCKER_BASE=auto|local|cuda PYTEST_ARGS=... DRY_RUN=1 FRESH=1.
 EXECUTOR ?= local
+DOCKER_BASE ?= auto
 CELLS ?=
 shquote = '$(subst ','\'',$(1))'
 # Set on the command line or in the environment only (a makefile default must not turn it on).
 given = $(if $(filter command line environment,$(origin $(1))),$(filter-out 0 no false,$($(1))))
 
-.PHONY: install test compile render matrix release bench clean
+# GNU make exits 2 whatever a recipe's status was: the harness's own exit code (README "Exit
+# codes") is printed as the recipe's last line instead, and in make's "Error N" line.
+harness_status = status=$$?; [ $$status = 0 ] || echo "make $@: exit code $$status (README: Exit codes)" >&2; exit $$status
+
+.PHONY: install test compile render matrix release bench clean docker-engine docker-base
 
 install: $(STAMP)  ## create .venv with the pinned development set (idempotent)
 
@@ -31,18 +36,25 @@ test: install  ## the whole CPU test suite (what .ci/run calls)
 compile: install  ## build the wheel for the installed TensorFlow into dist/ (GPU kernels + op library)
 	PYTHON=$(PY) scripts/build_wheel.sh dist
 
-render: install  ## render docker/generated/, ci/workflows/gpu-matrix.yml and the README table from matrix.yaml
-	$(PY) -m harness render
+render: install  ## render docker/generated/, .github/workflows/gpu-matrix.yml and the README table from matrix.yaml
+	$(PY) -m harness render; $(harness_status)
 
 matrix: install  ## build + test every selected cell (CELLS=regex EXECUTOR=local|docker), write reports/
 	$(PY) -m harness matrix --executor=$(call shquote,$(EXECUTOR)) \
+	    --docker-base=$(call shquote,$(DOCKER_BASE)) \
 	    --cells=$(call shquote,$(CELLS)) --pytest-args=$(call shquote,$(PYTEST_ARGS)) \
-	    $(if $(call given,DRY_RUN),--dry-run) $(if $(call given,FRESH),--fresh)
+	    $(if $(call given,DRY_RUN),--dry-run) $(if $(call given,FRESH),--fresh); $(harness_status)
+
+docker-engine:  ## install (docker.io, debootstrap) and start a Docker Engine when none answers (root)
+	scripts/docker_engine.sh
+
+docker-base: install  ## make the local Debian base image of the docker cells (cached; needs the engine)
+	$(PY) -m harness docker-base; $(harness_status)
 
 # DRY_RUN, RUN_MATRIX and REPOSITORY_URL reach harness/release.py through the environment (make
 # exports command-line variables), so a password in REPOSITORY_URL is never on a command line.
 release: install  ## gates + twine check + tag + upload; DRY_RUN=1 (default) only prints the plan
-	@$(PY) -m harness.release
+	@$(PY) -m harness.release; $(harness_status)
 
 # The benchmark needs a CUDA build of torch and triton: BENCH_PYTHON=<such a python>, else .venv.
 BENCH_PYTHON ?= $(PY)

@@ -8,11 +8,21 @@ Modules
 ``known_failures``  ``ci/known_failures.yaml`` validated; handed to the pytest plugin as JSON.
 ``pytest_known_failures``  the pytest plugin a cell loads (stdlib + pytest only).
 ``render``          Dockerfiles, the GPU workflow and the README table, from the cells (pure).
-``executors``       ``local`` (a virtualenv per cell) and ``docker`` (docker SDK); both run
-                    ``scripts/run_cell.sh``, which calls ``scripts/build_wheel.sh``.
-``run``             ``make matrix``: plan, run the cells, write the reports.
+``executors``       ``local`` (a virtualenv per cell) and ``docker`` (docker SDK, a real
+                    engine); both run ``scripts/run_cell.sh``, which calls
+                    ``scripts/build_wheel.sh``.
+``docker_base``     the local Debian base image (debootstrap from the machine's apt mirror).
+``pip_settings``    the machine's pip settings, carried into the cell images.
+``interpreters``    finding a cell's ``python3.X``; running a command line by line.
+``run``             ``make matrix``: plan, check the executor, run the cells, write the reports.
+``summary``         the report's schema (frozen `CellResult`, `Summary`), shared with the release.
 ``report``          cell results, ``summary.json``, ``matrix.md``, ``index.html``.
-``cli``             ``python -m harness {render,matrix,report}``.
+``templating``      the one jinja2 environment (``StrictUndefined``).
+``git``             every git fact (commit, dirty tree, files, tags).
+``errors``          the fatal errors and the one exit-code table (harness and release).
+``versions``        TensorFlow versions, from ``blocksparse/_version.py``.
+``cli``             ``python -m harness {render,matrix,report,docker-base}``.
+``release*``        ``make release`` (``python -m harness.release``).
 
 Output contract (what ``make release`` and CI read)
 ---------------------------------------------------
@@ -30,6 +40,7 @@ Output contract (what ``make release`` and CI read)
          "executor": "local" | "docker", "cells_selected": <regex or null>,
          "pytest_args": [...], "started": ISO-8601, "finished": ISO-8601,
          "ok": <false when a gating cell failed>,
+         "stale_entries": [<known-failure entries whose cells match no cell, with "why">],
          "cells": {"<cell>": {
              "status": "passed" | "built" | "regressed" | "known-fixed" | "build-failed"
                        | "error" | "skipped" | "allowed-failure",
@@ -39,6 +50,7 @@ Output contract (what ``make release`` and CI read)
              "regressions": [node ids], "known": [...], "fixed": [...], "flaky": [...],
              "details": {<node id>: {"outcome", "message", "entry", "attempts"}},
              "fixed_entries": [<known-failure entries to delete>],
+             "stale_entries": [<entries that matched no collected test here, with "why">],
              "tensorflow": "2.21", "python": "3.11", "cuda": "12.5", "cudnn": "9.3",
              "archs": [...], "image": "...", "matrix_status": "supported" | "compile-only"
                                                             | "allowed-to-fail",

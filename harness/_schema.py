@@ -14,11 +14,33 @@ from .errors import ConfigError
 __all__ = ["Fields", "load_yaml", "did_you_mean"]
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping.
+
+    Plain YAML keeps the last one silently: a second ``builds:`` would replace the first.
+    """
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node)
+            except TypeError:  # an unhashable key: the base class says so
+                break
+            if first is not key_node:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first at line "
+                                f"{first.start_mark.line + 1}; YAML would keep only the last)",
+                    key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_yaml(path):
-    """``yaml.safe_load`` of ``path``; a missing file or a syntax error is a `ConfigError`."""
+    """Safe-load ``path``; a missing file, a syntax error or a duplicate key is a `ConfigError`."""
     try:
         with open(path, encoding="utf-8") as f:
-            return yaml.safe_load(f)
+            return yaml.load(f, Loader=_UniqueKeyLoader)  # noqa: S506 -- a SafeLoader
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
     except yaml.YAMLError as e:

@@ -1,16 +1,19 @@
-"""Command line of the harness: ``python -m harness {render,matrix,report}``.
+"""Command line of the harness: ``python -m harness {render,matrix,report,docker-base}``.
 
-The Makefile's ``render`` and ``matrix`` targets call it.  `main` is the one place that catches
-`FatalError`: it prints the message and exits with the error's code (1 means "a cell failed").
+The Makefile's ``render``, ``matrix`` and ``docker-base`` targets call it.  `main` is the one
+place that catches `FatalError`: it prints the message and exits with the error's code (the
+table in `harness.errors`; 1 means "a cell failed").
 """
 import argparse
 import shlex
+import signal
 import sys
 from pathlib import Path
 
 from .environment import read_pins
-from .errors import FatalError
+from .errors import INTERRUPTED, ConfigError, FatalError, StaleFilesError
 from .executors import EXECUTORS
+from .executors.docker import BASES
 from .matrix import load_matrix
 from .render import ROOT, generated_files, stale_generated, write_generated
 from .run import Paths, RunOptions, rebuild_report, run_matrix
@@ -31,17 +34,27 @@ def _render(args):
         for rel in stale:
             print(f"stale: {rel}")
         if stale:
-            print("run `make render` and commit the result")
-        return 1 if stale else 0
+            raise StaleFilesError(f"{len(stale)} generated file(s) differ from matrix.yaml: run "
+                                  f"`make render` and commit the result")
+        return 0
     changed = write_generated(paths.root, files)
     print(f"render: {len(files)} file(s) from matrix.yaml; "
           + (f"updated {', '.join(changed)}" if changed else "all up to date"))
     return 0
 
 
+def _pytest_args(text):
+    try:
+        return tuple(shlex.split(text or ""))
+    except ValueError as e:  # shlex: "No closing quotation", "No escaped character"
+        raise ConfigError(f"PYTEST_ARGS={text!r} is not valid shell syntax ({e}); quote it as "
+                          f"in a shell, e.g. PYTEST_ARGS='-k \"not slow\"'") from None
+
+
 def _matrix(args):
     options = RunOptions(cells=args.cells or None, executor=args.executor,
-                         pytest_args=tuple(shlex.split(args.pytest_args or "")),
+                         docker_base=args.docker_base,
+                         pytest_args=_pytest_args(args.pytest_args),
                          dry_run=args.dry_run, fresh=args.fresh,
                          test_timeout=args.test_timeout, run_timeout=args.run_timeout)
     return run_matrix(args.root, options)
@@ -49,6 +62,12 @@ def _matrix(args):
 
 def _report(args):
     return rebuild_report(args.root)
+
+
+def _docker_base(args):
+    from .executors.docker import DockerExecutor
+    DockerExecutor(repo=Path(args.root).resolve(), base="local").check(sys.stdout)
+    return 0
 
 
 def _parser():
@@ -63,6 +82,10 @@ def _parser():
     p = sub.add_parser("matrix", help="build and test the selected cells, write reports/")
     p.add_argument("--cells", help="regex searched in cell names (default: every cell)")
     p.add_argument("--executor", choices=EXECUTORS, default="local")
+    p.add_argument("--docker-base", choices=BASES, default="auto",
+                   help="docker: the images' base: cuda (the CUDA devel images, GPUs attached), "
+                        "local (the Debian base, no GPU), auto (cuda where the engine has the "
+                        "nvidia runtime)")
     p.add_argument("--pytest-args", default="", help="pytest arguments for every cell, one string")
     p.add_argument("--dry-run", action="store_true", help="check and show the plan, run nothing")
     p.add_argument("--fresh", action="store_true", help="recreate local cell environments")
@@ -74,11 +97,20 @@ def _parser():
     p = sub.add_parser("report", help="rebuild summary.json, matrix.md, index.html from "
                                       "reports/<cell>/result.json")
     p.set_defaults(func=_report)
+
+    p = sub.add_parser("docker-base", help="make the local base image of the docker cells "
+                                           "(needs the engine; reused when present)")
+    p.set_defaults(func=_docker_base)
     return parser
+
+
+def _stop(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM (CI cancels, `kill`) cleans up as Ctrl-C does
 
 
 def main(argv=None):
     args = _parser().parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _stop)
     try:
         return args.func(args)
     except FatalError as e:
@@ -86,4 +118,6 @@ def main(argv=None):
         return e.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return INTERRUPTED
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -9,12 +9,18 @@ from pathlib import Path
 
 from .errors import ConfigError
 
-__all__ = ["CELL_TOOLS", "read_pins", "cell_requirements"]
+__all__ = ["CELL_TOOLS", "FLAVORS", "read_pins", "tf_requirements", "cell_requirements",
+           "unavailable_reason"]
 
 #: Besides TensorFlow: the test runner, the timeout plugin, the wheel build backend
 #: (``pip wheel --no-build-isolation`` builds with what the environment holds), and Triton, which
 #: compiles the GPU kernels of the TensorFlow op library ahead of time (scripts/build_ops.py).
 CELL_TOOLS = ("pytest", "pytest-timeout", "setuptools", "wheel", "triton")
+
+
+# pip output that means the network failed, not that the release does not exist.
+_NETWORK_TROUBLE = ("NewConnectionError", "ConnectTimeout", "ReadTimeout", "ProxyError",
+                    "Temporary failure in name resolution", "SSLError")
 
 
 def _normal(name):
@@ -39,13 +45,28 @@ def read_pins(path, names=CELL_TOOLS):
     return {n: pins[_normal(n)] for n in names}
 
 
-def cell_requirements(cell, flavor, pins):
-    """The pip requirements of ``cell``'s environment, in install order.
+#: ``cpu``: TensorFlow's CPU build (the local executor, containers without a GPU).  ``cuda``:
+#: TensorFlow with its CUDA wheels, the CUDA runtime and cuDNN held to the cell's versions.
+FLAVORS = ("cpu", "cuda")
 
-    ``flavor="cpu"``: TensorFlow's CPU build (the local executor).  ``flavor="cuda"``: TensorFlow
-    with its CUDA wheels, the CUDA runtime and cuDNN held to the cell's versions (containers).
-    """
-    reqs = [cell.tf_requirement(flavor)]
-    if flavor == "cuda":
-        reqs += cell.cuda_pins()
-    return tuple(reqs) + tuple(pins[n] for n in CELL_TOOLS)
+
+def tf_requirements(cell, flavor):
+    """The pip requirements of ``cell``'s TensorFlow in ``flavor`` (one of `FLAVORS`)."""
+    reqs = (cell.tf_requirement(flavor),)
+    return reqs + tuple(cell.cuda_pins()) if flavor == "cuda" else reqs
+
+
+def cell_requirements(cell, flavor, pins):
+    """The pip requirements of ``cell``'s environment, in install order: TensorFlow, the tools."""
+    return tf_requirements(cell, flavor) + tuple(pins[n] for n in CELL_TOOLS)
+
+
+def unavailable_reason(tf_requirement, python, pip_output):
+    """Why the cell is to be *skipped*, when pip's output says its TensorFlow has no release for
+    its Python (and not that the network failed); else None."""
+    name = tf_requirement.split("=")[0].split("[")[0]
+    if f"No matching distribution found for {name}" in pip_output \
+            and not any(word in pip_output for word in _NETWORK_TROUBLE):
+        return (f"{tf_requirement} has no release installable on Python {python} "
+                f"(pip: no matching distribution)")
+    return None

@@ -18,9 +18,10 @@ from dataclasses import asdict, dataclass
 
 from ._schema import Fields, load_yaml
 from .errors import ConfigError
-from .pytest_known_failures import DEFAULT_HANG_TIMEOUT, DEFAULT_RERUNS, KINDS
+from .pytest_known_failures import DEFAULT_HANG_TIMEOUT, DEFAULT_RERUNS, KINDS, cell_matches
 
-__all__ = ["KnownFailure", "load_known_failures", "parse_known_failures", "plugin_json"]
+__all__ = ["KnownFailure", "load_known_failures", "parse_known_failures", "plugin_json",
+           "stale_for_matrix"]
 
 _KEYS = ("test", "cells", "kind", "reason", "link", "reruns", "timeout")
 
@@ -100,3 +101,14 @@ def plugin_json(entries, source="ci/known_failures.yaml"):
             d["timeout"] = DEFAULT_HANG_TIMEOUT
         payload.append(d)
     return json.dumps({"source": source, "entries": payload}, indent=1, sort_keys=True)
+
+
+def stale_for_matrix(entries, cells):
+    """The entries whose ``cells`` regex selects no cell of the matrix, as report records.
+
+    (An entry that selects cells but no test of them is found by the plugin, in each cell.)
+    """
+    names = [c.name for c in cells]
+    return tuple({"entry": e.entry, "test": e.test, "cells": e.cells,
+                  "why": f"its cells regex {e.cells!r} matches no cell of matrix.yaml"}
+                 for e in entries if not any(cell_matches(e.cells, n) for n in names))

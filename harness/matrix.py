@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from ._schema import Fields, load_yaml
 from .errors import ConfigError
+from .versions import MIN_TF, tf_minor
 
 __all__ = ["Cell", "STATUSES", "PYTHONS", "load_matrix", "parse_matrix", "select_cells"]
 
@@ -27,8 +28,6 @@ STATUSES = ("supported", "compile-only", "allowed-to-fail")
 PYTHONS = ("3.10", "3.11", "3.12", "3.13", "3.14")
 #: The Python each base-image distribution ships; other versions come from the deadsnakes PPA.
 DISTRO_PYTHON = {"ubuntu22.04": "3.10", "ubuntu24.04": "3.12"}
-#: The oldest TensorFlow blocksparse supports.
-MIN_TENSORFLOW = (2, 16)
 
 _DEFAULTS = {"archs": ("sm_80", "sm_90"), "status": "supported",
              "runs_on": ("self-hosted", "linux", "x64", "gpu")}
@@ -167,10 +166,9 @@ def _read_common(f):
 def _expand_build(f, defaults):
     tensorflow = f.string("tensorflow", pattern=r"\d+\.\d+|nightly", example="2.21")
     if tensorflow != "nightly":
-        version = tuple(int(p) for p in tensorflow.split("."))
-        if version < MIN_TENSORFLOW:
+        if tf_minor(tensorflow) < MIN_TF:
             raise f.error("tensorflow", f"blocksparse supports TensorFlow >= "
-                                        f"{'.'.join(map(str, MIN_TENSORFLOW))}; got {tensorflow}")
+                                        f"{'.'.join(map(str, MIN_TF))}; got {tensorflow}")
     cuda = f.string("cuda", pattern=r"\d+\.\d+", example="12.5")
     cudnn = f.string("cudnn", pattern=r"\d+\.\d+", example="9.3")
     pythons = f.string_list("python", pattern=r"3\.\d+", example="3.11", scalar_ok=True)

@@ -35,8 +35,13 @@ id without parameters also matches all its parametrized cases):
 Every test ends up in exactly one of: passed, regression (fails, not listed), known (fails,
 listed), fixed (listed, but passed), flaky (passed on a re-run), skipped.  A module that fails
 to import is a regression under its path.
+
+An entry that applies to the cell but matches no collected test is *stale* (listed under
+``"stale"`` in the report) when its test file was collected (the test is gone from it) or does
+not exist at all; an entry for a file this run did not select is not judged.
 """
 import fnmatch
+import glob
 import json
 import os
 import re
@@ -161,6 +166,7 @@ class _KnownFailures:
         self.report_path = report_path
         self.entry_of = {}  # node id -> the entry that applies to it
         self.records = {}  # node id -> _Record, for every test (or module) that reported
+        self.stale = []  # entries that match no collected test (see the module docstring)
 
     def _record(self, nodeid):
         if nodeid not in self.records:
@@ -170,8 +176,11 @@ class _KnownFailures:
     def _entry_for(self, nodeid):
         return next((e for e in self.entries if nodeid_matches(e["test"], nodeid)), None)
 
+    @pytest.hookimpl(tryfirst=True)  # every collected item, before -k / -m deselect some
     def pytest_collection_modifyitems(self, items):
         has_timeout = self.config.pluginmanager.hasplugin("timeout")
+        self.stale = _stale_entries(self.entries, [item.nodeid for item in items],
+                                    str(self.config.rootpath))
         for item in items:
             entry = self._entry_for(item.nodeid)
             if entry is None:
@@ -250,6 +259,9 @@ class _KnownFailures:
         tr = terminalreporter
         tr.section(f"known failures: cell {self.cell or '(none)'}")
         tr.line(", ".join(f"{counts.get(o, 0)} {o}" for o in OUTCOMES))
+        for entry in self.stale:
+            tr.line(f"STALE entry {entry['entry']} ({entry['test']!r}) of {self.source}: "
+                    f"{entry['why']}", yellow=True)
         for nodeid, info in self.outcomes().items():
             if info["outcome"] == "fixed":
                 e = info["entry"]
@@ -261,15 +273,33 @@ class _KnownFailures:
     def pytest_sessionfinish(self, session, exitstatus):
         if self.report_path:
             write_report(self.report_path, cell=self.cell, source=self.source,
-                         exitstatus=int(exitstatus), tests=self.outcomes())
+                         exitstatus=int(exitstatus), tests=self.outcomes(), stale=self.stale)
 
 
-def write_report(path, *, cell, source, exitstatus, tests):
-    """Write ``{"cell", "source", "exitstatus", "tests": {nodeid: {...}}}`` to ``path``."""
+def _stale_entries(entries, nodeids, rootdir):
+    """The ``entries`` no node id matches whose file was collected or does not exist."""
+    files = {n.split("::")[0] for n in nodeids}
+    stale = []
+    for entry in entries:
+        if any(nodeid_matches(entry["test"], n) for n in nodeids):
+            continue
+        path = entry["test"].split("::")[0]
+        if any(fnmatch.fnmatchcase(f, path) for f in files):
+            why = f"matches no test collected from {path} (renamed or removed?)"
+        elif not glob.glob(os.path.join(rootdir, path)):
+            why = f"{path} does not exist"
+        else:
+            continue  # the file exists but this run did not select it
+        stale.append({**entry, "why": why})
+    return stale
+
+
+def write_report(path, *, cell, source, exitstatus, tests, stale=()):
+    """Write ``{"cell", "source", "exitstatus", "tests": {nodeid: {...}}, "stale": [...]}``."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
-        json.dump({"cell": cell, "source": source, "exitstatus": exitstatus, "tests": tests},
-                  f, indent=1, sort_keys=True)
+        json.dump({"cell": cell, "source": source, "exitstatus": exitstatus, "tests": tests,
+                   "stale": list(stale)}, f, indent=1, sort_keys=True)
 
 
 def _message(report):

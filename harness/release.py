@@ -37,13 +37,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import release_git as git
+from . import git
 from .release_dists import PROJECT, collect_wheels, sha256_file, write_manifest
-from .release_errors import (CheckError, ConfigError, DirtyTreeError, FatalError,
+from .errors import (CheckError, ConfigError, DirtyTreeError, FatalError,
                              StaleReportError, TagError, UploadError)
 from .release_gate import gate, load_summary, stale_reason
 from .release_index import is_pypi, published_files, simple_index_url
-from .release_secrets import Credentials, Masker, split_userinfo
+from .release_secrets import Credentials, Masker, check_url, split_userinfo
 
 __all__ = ["DEFAULT_REPOSITORY_URL", "Settings", "release", "main"]
 
@@ -103,12 +103,13 @@ class Settings:
                             help="the .pypirc to look the repository up in (default: %(default)s)")
         args = parser.parse_args(argv)
         url = (environ.get("REPOSITORY_URL") or "").strip() or DEFAULT_REPOSITORY_URL
-        if not url.startswith(("https://", "http://")):
-            raise ConfigError("REPOSITORY_URL must be an http(s) URL; got "
-                              f"{Masker()(url)!r}")
+        check_url("REPOSITORY_URL", url)
+        index_url = (environ.get("INDEX_URL") or "").strip() or None
+        if index_url:
+            check_url("INDEX_URL", index_url)
         return cls(root=args.root.resolve(), dry_run=_flag("DRY_RUN", args.dry_run, True),
                    run_matrix=_flag("RUN_MATRIX", args.run_matrix, True), repository_url=url,
-                   index_url=(environ.get("INDEX_URL") or "").strip() or None,
+                   index_url=index_url,
                    matrix_command=tuple(args.matrix_command.split()), pypirc=args.pypirc)
 
 

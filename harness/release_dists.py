@@ -18,7 +18,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from .release_errors import ArtifactError
+from .errors import ArtifactError
+from .versions import tf_minor
 
 __all__ = ["PROJECT", "TF_EXTRAS", "CellWheel", "cell_tf_version", "check_wheel",
            "collect_wheels", "sha256_file", "write_manifest"]
@@ -27,7 +28,6 @@ PROJECT = "blocksparse"
 #: The extras that carry the TensorFlow window, one per TensorFlow distribution users may hold.
 TF_EXTRAS = ("tensorflow", "tensorflow-cpu")
 
-_CELL_TF = re.compile(r"^tf(?P<major>\d+)\.(?P<minor>\d+)(?:-|$)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,11 +42,11 @@ class CellWheel:
 
 def cell_tf_version(cell):
     """``(major, minor)`` of the TensorFlow a cell targets, from its name (``tf2.21-...``)."""
-    match = _CELL_TF.match(cell)
-    if not match:
+    version = tf_minor(cell[2:]) if re.match(r"tf\d+\.\d+(-|$)", cell) else None
+    if version is None:
         raise ArtifactError(f"cannot tell which TensorFlow cell {cell!r} is for: cell names start "
                             "with tfX.Y (e.g. tf2.21-cu12.5-py3.11)")
-    return int(match["major"]), int(match["minor"])
+    return version
 
 
 def sha256_file(path):

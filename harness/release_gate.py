@@ -12,9 +12,10 @@ made from a clean tree) and no cell regressed or failed to build.  Each status i
 guesses is no gate.
 """
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from .release_errors import GateError
+from .errors import GateError
+from .summary import CellResult, Summary
 
 __all__ = ["RELEASE", "NOT_RELEASED", "BLOCKS", "STATUS_ACTIONS", "CellResult", "Summary",
            "GateResult", "load_summary", "stale_reason", "gate"]
@@ -38,33 +39,6 @@ STATUS_ACTIONS = {
     "error": BLOCKS,                  # the tests could not run to the end
 }
 
-_LIST_KEYS = ("regressions", "known", "fixed", "flaky")
-_COUNT_KEYS = ("passed", "skipped")
-
-
-@dataclass(frozen=True, kw_only=True)
-class CellResult:
-    """One cell's entry in the matrix report."""
-
-    name: str
-    status: str
-    passed: int = 0
-    skipped: int = 0
-    regressions: tuple = ()
-    known: tuple = ()
-    fixed: tuple = ()
-    flaky: tuple = ()
-    gating: bool = True
-
-
-@dataclass(frozen=True, kw_only=True)
-class Summary:
-    """The matrix report: the commit it tested, whether that tree was dirty, and its cells."""
-
-    commit: str
-    dirty: bool
-    cells: tuple
-
 
 @dataclass(frozen=True, kw_only=True)
 class GateResult:
@@ -73,30 +47,6 @@ class GateResult:
     released: tuple
     left_out: tuple = ()
     notes: tuple = ()
-
-
-def _cell_from_json(name, entry, where):
-    if not isinstance(entry, dict):
-        raise GateError(f"{where}: cell {name!r} must be an object; got {type(entry).__name__}")
-    status = entry.get("status")
-    if not isinstance(status, str) or not status:
-        raise GateError(f"{where}: cell {name!r} has no 'status' string; got {status!r}")
-    values = {}
-    for key in _COUNT_KEYS:
-        value = entry.get(key, 0)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise GateError(f"{where}: cell {name!r} key {key!r} must be a count >= 0; got {value!r}")
-        values[key] = value
-    for key in _LIST_KEYS:
-        value = entry.get(key, [])
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise GateError(f"{where}: cell {name!r} key {key!r} must be a list of test ids; "
-                            f"got {value!r}")
-        values[key] = tuple(value)
-    gating = entry.get("gating", True)
-    if not isinstance(gating, bool):
-        raise GateError(f"{where}: cell {name!r} key 'gating' must be true or false; got {gating!r}")
-    return CellResult(name=name, status=status, gating=gating, **values)
 
 
 def load_summary(path):
@@ -115,18 +65,8 @@ def load_summary(path):
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise GateError(f"{path} is not valid JSON ({exc}); re-run `make matrix`") from None
-    if not isinstance(data, dict):
-        raise GateError(f"{path}: expected an object at the top; got {type(data).__name__}")
-    commit, dirty, cells = data.get("commit"), data.get("dirty"), data.get("cells")
-    if not isinstance(commit, str) or not commit:
-        raise GateError(f"{path}: 'commit' must be the tested commit's hash; got {commit!r}")
-    if not isinstance(dirty, bool):
-        raise GateError(f"{path}: 'dirty' must be true or false; got {dirty!r}")
-    if not isinstance(cells, dict):
-        raise GateError(f"{path}: 'cells' must be an object of cell name -> result; got {cells!r}")
-    return Summary(commit=commit, dirty=dirty,
-                   cells=tuple(_cell_from_json(name, entry, path)
-                               for name, entry in sorted(cells.items())))
+    summary = Summary.from_json(data, path)
+    return replace(summary, cells=tuple(sorted(summary.cells, key=lambda c: c.name)))
 
 
 def stale_reason(summary, head):
@@ -176,6 +116,11 @@ def gate(summary):
                          f"{', '.join(cell.fixed)}")
         if cell.flaky:
             notes.append(f"{cell.name}: flaky (passed on retry): {', '.join(cell.flaky)}")
+        for entry in cell.stale_entries:
+            notes.append(f"{cell.name}: stale known failure: entry {entry.get('entry')} "
+                         f"({entry.get('test')}): {entry.get('why')}")
+    notes += [f"stale known failure: entry {e.get('entry')} ({e.get('test')}): {e.get('why')}"
+              for e in summary.stale_entries]
     if problems:
         raise GateError("the matrix report blocks the release:\n  " + "\n  ".join(problems))
     if not released:

@@ -10,12 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from .release_errors import ConfigError
+from .errors import ConfigError
 
-__all__ = ["MASK", "Masker", "Credentials", "split_userinfo", "pypirc_section"]
+__all__ = ["MASK", "Masker", "Credentials", "split_userinfo", "check_url", "pypirc_section"]
 
 MASK = "****"
-_URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^/@\s:]*):[^/@\s]*@")
+# The password runs to the *last* "@" before the path: one with a raw "@" is masked whole.
+_URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^/@\s:]*):[^/\s]*@")
 
 
 class Masker:
@@ -38,6 +39,27 @@ class Masker:
         for secret in self._secrets:
             text = text.replace(secret, MASK)
         return text
+
+
+def check_url(name, url):
+    """Raise `ConfigError` (never quoting a password) unless ``url`` is an http(s) URL with a
+    host, a numeric port if any, and no raw ``@`` inside its ``user:password``."""
+    shown = Masker()(url)
+    if not url.startswith(("https://", "http://")):
+        raise ConfigError(f"{name} must be an http(s) URL; got {shown!r}")
+    parts = urlsplit(url)
+    if parts.netloc.count("@") > 1:
+        raise ConfigError(f"{name}: the user:password part holds a raw '@'; write it as %40 "
+                          f"(percent-encoded) in the URL, or pass the password in "
+                          f"TWINE_PASSWORD; got {shown!r}")
+    try:
+        parts.port
+    except ValueError:
+        port = parts.netloc.rpartition("@")[2].rpartition(":")[2]
+        raise ConfigError(f"{name}: the port must be a number from 1 to 65535; got {port!r} "
+                          f"in {shown!r}") from None
+    if not parts.hostname:
+        raise ConfigError(f"{name} names no host; got {shown!r}")
 
 
 def split_userinfo(url):

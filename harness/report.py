@@ -1,20 +1,22 @@
 """Cell results and the matrix report: ``summary.json``, ``matrix.md``, ``index.html``.
 
-A cell's result is built from what its executor reported (`CellRun`) and what its pytest run
-left in ``reports/<cell>/outcomes.json`` (every test sorted by `harness.pytest_known_failures`);
-it is saved as ``reports/<cell>/result.json``, and the summary is the collection of those, so the
-per-cell jobs of CI can be merged later (``python -m harness report``).
+A cell's result (`harness.summary.CellResult`) is built from what its executor reported
+(`CellRun`) and what its pytest run left in ``reports/<cell>/outcomes.json`` (every test sorted by
+`harness.pytest_known_failures`); it is saved as ``reports/<cell>/result.json``, and the summary
+is the collection of those, so the per-cell jobs of CI can be merged later
+(``python -m harness report``).
 """
 import json
 import os
 from pathlib import Path
 
-import jinja2
-
-from .executors import BUILD_FAILED, INSTALL_FAILED, TIMED_OUT
+from .errors import CELLS_FAILED
+from .executors import BUILD_FAILED, INSTALL_FAILED, TESTS_KILLED, TIMED_OUT
+from .summary import CellResult, Summary
+from .templating import template_env
 
 __all__ = ["STATUSES", "FAILING", "cell_result", "summarize", "exit_code", "write_reports",
-           "load_results", "render_markdown", "render_html"]
+           "write_result", "load_results", "render_markdown", "render_html"]
 
 #: A cell's status.  The ``FAILING`` ones fail the run unless the cell is allowed to fail, in
 #: which case its status is ``allowed-failure`` and ``outcome`` keeps the underlying one.
@@ -40,7 +42,7 @@ def _read_outcomes(path):
 
 
 def cell_result(cell, run, *, root, reports, dist, duration, run_timeout=None):
-    """The summary entry of one cell.
+    """The `CellResult` of one cell.
 
     Parameters
     ----------
@@ -48,30 +50,29 @@ def cell_result(cell, run, *, root, reports, dist, duration, run_timeout=None):
     run : CellRun
         What the executor reported.
     root : Path
-        The project root; paths in the entry are relative to it.
+        The project root; paths in the result are relative to it.
     reports, dist : Path
         The cell's report and wheel directories.
     duration : float
         Seconds the cell took.
     """
     reports, dist = Path(reports), Path(dist)
-    entry = {
-        "status": None, "reason": None, "passed": 0, "skipped": 0,
-        "regressions": [], "known": [], "fixed": [], "flaky": [], "details": {},
-        "fixed_entries": [],
-        "tensorflow": cell.tensorflow, "python": cell.python, "cuda": cell.cuda,
-        "cudnn": cell.cudnn, "archs": list(cell.archs), "image": cell.image,
-        "matrix_status": cell.status, "gating": cell.gating,
-        "wheels": sorted(_rel(p, root) for p in dist.glob("*.whl")) if dist.is_dir() else [],
-        "log": _rel(reports / "log.txt", root),
-        "junit": _rel(reports / "junit.xml", root) if (reports / "junit.xml").is_file() else None,
-        "duration_s": round(duration, 1),
-    }
-    entry["status"], entry["reason"] = _status(cell, run, reports / "outcomes.json", entry,
-                                               run_timeout)
-    if not cell.gating and entry["status"] in FAILING:
-        entry["outcome"], entry["status"] = entry["status"], "allowed-failure"
-    return entry
+    tests = {"passed": 0, "skipped": 0, **{key: [] for _, key in _CATEGORIES}, "details": {},
+             "fixed_entries": [], "stale_entries": []}
+    status, reason = _status(cell, run, reports / "outcomes.json", tests, run_timeout)
+    outcome = None
+    if not cell.gating and status in FAILING:
+        outcome, status = status, "allowed-failure"
+    return CellResult(
+        name=cell.name, status=status, outcome=outcome, reason=reason,
+        **{k: tuple(v) if isinstance(v, list) else v for k, v in tests.items()},
+        tensorflow=cell.tensorflow, python=cell.python, cuda=cell.cuda, cudnn=cell.cudnn,
+        archs=tuple(cell.archs), image=cell.image, matrix_status=cell.status,
+        gating=cell.gating,
+        wheels=tuple(sorted(_rel(p, root) for p in dist.glob("*.whl"))) if dist.is_dir() else (),
+        log=_rel(reports / "log.txt", root),
+        junit=_rel(reports / "junit.xml", root) if (reports / "junit.xml").is_file() else None,
+        duration_s=round(duration, 1))
 
 
 def _status(cell, run, outcomes_path, entry, run_timeout):
@@ -80,14 +81,18 @@ def _status(cell, run, outcomes_path, entry, run_timeout):
         return "skipped", run.skipped
     if run.setup_error:
         return "error", f"environment: {run.setup_error}"
+    if run.error:
+        return "error", run.error
     rc = run.returncode
     if rc == BUILD_FAILED:
         return "build-failed", "the wheel did not build (see the log)"
     if rc == INSTALL_FAILED:
         return "build-failed", "the wheel did not install (see the log)"
-    if rc in TIMED_OUT:
+    if rc == TIMED_OUT:
         limit = f" of {run_timeout} s" if run_timeout else ""
         return "error", f"the test run exceeded its time limit{limit} and was stopped"
+    if rc == TESTS_KILLED:
+        return "error", "pytest was killed by a signal (out of memory?); see the log"
     if not cell.tested:
         return ("built", "compile-only cell: wheel built, tests not run") if rc == 0 else \
             ("error", f"the cell script failed (exit {rc})")
@@ -125,73 +130,71 @@ def _sort_tests(outcomes, entry):
         if outcome == "fixed" and known is not None:
             fixed_entries[known["entry"]] = known
     entry["fixed_entries"] = [fixed_entries[k] for k in sorted(fixed_entries)]
+    entry["stale_entries"] = list(outcomes.get("stale", []))
 
 
-def summarize(results, *, commit, dirty, **info):
-    """The report: ``{"commit", "dirty", ..., "ok", "cells": {name: entry}}``.
+def summarize(results, *, commit, dirty, stale_entries=(), **info):
+    """The `Summary` of ``results`` (``{name: CellResult}``, in matrix order).
 
     ``commit`` is ``git rev-parse HEAD`` of the tested tree; ``dirty`` says whether the tree
-    differed from it.  ``info`` adds top-level fields (executor, selection ...).
+    differed from it.  ``stale_entries`` are known-failure entries that match no cell of the
+    matrix; ``info`` adds top-level fields (executor, selection ...).
     """
-    ok = not any(r["status"] in FAILING for r in results.values())
-    return {"commit": commit, "dirty": dirty, **info, "ok": ok, "cells": dict(results)}
+    ok = not any(r.status in FAILING for r in results.values())
+    info = {k: tuple(v) if isinstance(v, list) else v for k, v in info.items()}
+    return Summary(commit=commit, dirty=dirty, ok=ok, cells=tuple(results.values()),
+                   stale_entries=tuple(stale_entries), **info)
 
 
 def exit_code(summary):
-    """0 when no gating cell failed, else 1."""
-    return 0 if summary["ok"] else 1
+    """0 when no gating cell failed, else `CELLS_FAILED`."""
+    return 0 if summary.ok else CELLS_FAILED
 
 
 def load_results(reports_dir, order=()):
-    """``{cell: entry}`` from ``reports/<cell>/result.json``; ``order`` lists names to put first."""
+    """``{cell: CellResult}`` from ``reports/<cell>/result.json``; ``order`` lists names to put
+    first."""
     found = {}
     for path in sorted(Path(reports_dir).glob("*/result.json")):
         with open(path, encoding="utf-8") as f:
-            found[path.parent.name] = json.load(f)
+            found[path.parent.name] = CellResult.from_json(path.parent.name, json.load(f), path)
     ranked = [n for n in order if n in found] + sorted(n for n in found if n not in order)
     return {n: found[n] for n in ranked}
-
-
-def _templates():
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(Path(__file__).parent / "templates")),
-        undefined=jinja2.StrictUndefined, autoescape=jinja2.select_autoescape(["html", "html.j2"]),
-        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
-    env.filters["duration"] = _duration
-    return env
-
-
-def _duration(seconds):
-    seconds = int(round(seconds or 0))
-    return f"{seconds // 60}:{seconds % 60:02d}"
 
 
 def _view(summary, reports_dir):
     """Template variables; links are relative to the reports directory."""
     root = Path(reports_dir).parent
-    cells = {}
-    for name, entry in summary["cells"].items():
-        links = {"log": entry.get("log"), "junit": entry.get("junit")}
+    cells = []
+    for cell in summary.cells:
+        links = {"log": cell.log, "junit": cell.junit}
         links = {k: os.path.relpath(root / v, reports_dir) for k, v in links.items() if v}
-        wheels = [os.path.relpath(root / w, reports_dir) for w in entry.get("wheels", [])]
-        cells[name] = {**entry, "links": links, "wheel_links": wheels}
-    return {"summary": summary, "cells": cells}
+        wheels = [os.path.relpath(root / w, reports_dir) for w in cell.wheels]
+        cells.append({"cell": cell, "links": links, "wheel_links": wheels})
+    stale = [*summary.stale_entries,
+             *({**e, "cell": c.name} for c in summary.cells for e in c.stale_entries)]
+    return {"summary": summary, "cells": cells, "stale": stale}
 
 
 def render_markdown(summary, reports_dir):
-    return _templates().get_template("matrix.md.j2").render(**_view(summary, reports_dir))
+    return template_env().get_template("matrix.md.j2").render(**_view(summary, reports_dir))
 
 
 def render_html(summary, reports_dir):
-    return _templates().get_template("index.html.j2").render(**_view(summary, reports_dir))
+    return template_env().get_template("index.html.j2").render(**_view(summary, reports_dir))
+
+
+def write_result(reports_dir, result):
+    """``reports/<cell>/result.json``."""
+    path = Path(reports_dir) / "result.json"
+    path.write_text(json.dumps(result.to_json(), indent=1) + "\n", encoding="utf-8")
 
 
 def write_reports(reports_dir, summary):
     """Write ``summary.json``, ``matrix.md`` and ``index.html`` into ``reports_dir``."""
     reports_dir = Path(reports_dir)
     reports_dir.mkdir(parents=True, exist_ok=True)
-    (reports_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n",
-                                              encoding="utf-8")
+    (reports_dir / "summary.json").write_text(summary.dumps(), encoding="utf-8")
     (reports_dir / "matrix.md").write_text(render_markdown(summary, reports_dir),
                                            encoding="utf-8")
     (reports_dir / "index.html").write_text(render_html(summary, reports_dir), encoding="utf-8")

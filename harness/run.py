@@ -1,16 +1,16 @@
 """``make matrix``: every selected cell built and tested by an executor, then the report.
 
-Everything is checked before anything runs (matrix, known failures, pins, the cell selection,
-and for docker the freshness of the rendered Dockerfiles); ``dry_run`` stops there and prints
-the plan.  Cells run one after another; a failing cell never stops the others.
+Everything is checked before anything runs or is written (matrix, known failures, pins, the
+cell selection, for docker the freshness of the rendered Dockerfiles, then the executor itself,
+e.g. that a Docker engine answers); ``dry_run`` stops before the executor and prints the plan.
+Cells run one after another; a failing cell never stops the others.
 """
-import json
 import os
 import shlex
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -18,11 +18,13 @@ from . import report
 from .environment import cell_requirements, read_pins
 from .errors import ConfigError, StaleFilesError
 from .executors import EXECUTORS, STEP_MARKER, CellJob, make_executor
-from .known_failures import load_known_failures, plugin_json
+from .known_failures import load_known_failures, plugin_json, stale_for_matrix
 from .matrix import load_matrix, select_cells
 from .progress import Progress
 from .render import GENERATED_DIR, generated_files, stale_generated
-from .source import git_state, stage_tree
+from .summary import TEST_LISTS
+from . import git
+from .source import stage_tree
 
 __all__ = ["RunOptions", "Paths", "plan", "run_matrix", "rebuild_report"]
 
@@ -33,6 +35,7 @@ class RunOptions:
 
     cells: str = None            # regex searched in cell names; None = all
     executor: str = "local"
+    docker_base: str = "auto"    # docker: auto | local | cuda (see harness.executors.docker)
     pytest_args: tuple = ()
     dry_run: bool = False
     fresh: bool = False
@@ -93,13 +96,15 @@ def _normalize_pytest_args(args, root):
 class Plan:
     cells: tuple
     known_failures: tuple
+    stale_entries: tuple         # known-failure entries that match no cell of matrix.yaml
     pins: dict
     pytest_args: tuple
 
 
 def plan(paths, options):
     """Load and check everything a run needs; raises a `FatalError` on any problem."""
-    cells = select_cells(load_matrix(paths.matrix), options.cells)
+    every_cell = load_matrix(paths.matrix)
+    cells = select_cells(every_cell, options.cells)
     known = load_known_failures(paths.known_failures)
     pins = read_pins(paths.pins)
     if options.executor not in EXECUTORS:
@@ -114,6 +119,7 @@ def plan(paths, options):
             raise StaleFilesError(f"stale generated Dockerfiles ({', '.join(stale)}): "
                                   f"run `make render` and commit the result")
     return Plan(cells=cells, known_failures=known, pins=pins,
+                stale_entries=stale_for_matrix(known, every_cell),
                 pytest_args=_normalize_pytest_args(options.pytest_args, paths.root))
 
 
@@ -124,10 +130,14 @@ def _describe(the_plan, options, out):
         if options.executor == "local":
             how = " ".join(cell_requirements(cell, "cpu", the_plan.pins))
         else:
-            how = f"{GENERATED_DIR}/Dockerfile.{cell.name} (FROM {cell.image})"
+            how = f"{GENERATED_DIR}/Dockerfile.{cell.name} (base {options.docker_base}: " \
+                  f"{cell.image} or the local Debian base)"
         print(f"  {cell.name:26} {cell.status:16} {how}", file=out)
     args = shlex.join(the_plan.pytest_args) if the_plan.pytest_args else "(the whole suite)"
     print(f"  tests: {args}", file=out)
+    for entry in the_plan.stale_entries:
+        print(f"  stale: ci/known_failures.yaml entry {entry['entry']} ({entry['test']}): "
+              f"{entry['why']}; fix or delete it", file=out)
 
 
 def _line_sink(log_file, progress):
@@ -151,38 +161,39 @@ def _one_cell(executor, job, paths, options, progress):
             f"started {datetime.now(timezone.utc).isoformat(timespec='seconds')}")
         run = executor.run(job, log)
         log(f"== executor result: {run}")
-    entry = report.cell_result(cell, run, root=paths.root, reports=job.reports, dist=job.dist,
-                               duration=time.monotonic() - start,
-                               run_timeout=options.run_timeout)
-    entry["executor"] = executor.name
-    (job.reports / "result.json").write_text(json.dumps(entry, indent=1) + "\n", encoding="utf-8")
-    return entry
+    result = report.cell_result(cell, run, root=paths.root, reports=job.reports, dist=job.dist,
+                                duration=time.monotonic() - start,
+                                run_timeout=options.run_timeout)
+    result = replace(result, executor=executor.name)
+    report.write_result(job.reports, result)
+    return result
 
 
-def _finish_line(entry):
-    if entry["status"] in ("skipped", "error", "build-failed") or entry.get("outcome"):
-        return entry["reason"] or ""
-    parts = [f"{entry['passed']} passed", f"{entry['skipped']} skipped"]
-    parts += [f"{len(entry[k])} {k}" for k in ("regressions", "known", "fixed", "flaky")
-              if entry[k]]
+def _finish_line(result):
+    if result.status in ("skipped", "error", "build-failed") or result.outcome:
+        return result.reason or ""
+    parts = [f"{result.passed} passed", f"{result.skipped} skipped"]
+    parts += [f"{len(getattr(result, k))} {k}" for k in TEST_LISTS if getattr(result, k)]
     return ", ".join(parts)
 
 
-def _notes(entry, progress, log_path, tail=15):
+def _notes(result, progress, log_path, tail=15):
     """What to read at once about a finished cell: the log's end if it broke, what to fix."""
-    if entry["status"] in ("build-failed", "error") or entry.get("outcome") in (
-            "build-failed", "error"):
+    if "build-failed" in (result.status, result.outcome) or "error" in (result.status,
+                                                                        result.outcome):
         try:
             lines = Path(log_path).read_text(encoding="utf-8", errors="replace").splitlines()
         except OSError:
             lines = []
         for line in lines[-tail:]:
             progress.message(f"    | {line}")
-    for nodeid in entry["regressions"]:
-        progress.message(f"    regression: {nodeid}: {entry['details'][nodeid]['message']}")
-    for known in entry["fixed_entries"]:
+    for nodeid in result.regressions:
+        progress.message(f"    regression: {nodeid}: {result.details[nodeid]['message']}")
+    for known in result.fixed_entries:
         progress.message(f"    fixed: delete entry {known['entry']} ({known['test']}) "
                          f"from ci/known_failures.yaml")
+    for known in result.stale_entries:
+        progress.message(f"    stale: entry {known['entry']} ({known['test']}): {known['why']}")
 
 
 def run_matrix(root, options, *, executor=None, progress=None, out=None):
@@ -198,15 +209,19 @@ def run_matrix(root, options, *, executor=None, progress=None, out=None):
         print("dry run: nothing built, nothing written", file=out)
         return 0
     executor = executor or make_executor(options.executor, repo=paths.root, work_dir=paths.work,
-                                         pins=the_plan.pins, fresh=options.fresh)
-    commit, dirty = git_state(paths.root)
+                                         pins=the_plan.pins, fresh=options.fresh,
+                                         docker_base=options.docker_base)
+    # Before anything is written: an executor that cannot run here stops the run now.
+    executor.check(out)
+    commit, dirty = git.state(paths.root)
     stage = paths.work / "stage"
     stage_tree(paths.root, stage / "src")
     (stage / "known_failures.json").write_text(
         plugin_json(the_plan.known_failures, source="ci/known_failures.yaml"), encoding="utf-8")
     info = {"executor": executor.name, "cells_selected": options.cells,
             "pytest_args": list(the_plan.pytest_args),
-            "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+            "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "stale_entries": the_plan.stale_entries}
     progress = progress or Progress()
     progress.start(len(the_plan.cells))
     results = {}
@@ -216,10 +231,10 @@ def run_matrix(root, options, *, executor=None, progress=None, out=None):
             job = CellJob(cell=cell, stage=stage, dist=paths.dist(cell),
                           reports=paths.cell_reports(cell), pytest_args=the_plan.pytest_args,
                           test_timeout=options.test_timeout, run_timeout=options.run_timeout)
-            entry = _one_cell(executor, job, paths, options, progress)
-            results[cell.name] = entry
-            progress.finish_cell(entry["status"], _finish_line(entry))
-            _notes(entry, progress, job.reports / "log.txt")
+            result = _one_cell(executor, job, paths, options, progress)
+            results[cell.name] = result
+            progress.finish_cell(result.status, _finish_line(result))
+            _notes(result, progress, job.reports / "log.txt")
             summary = report.summarize(results, commit=commit, dirty=dirty, **info)
             report.write_reports(paths.reports, summary)
     finally:
@@ -227,7 +242,7 @@ def run_matrix(root, options, *, executor=None, progress=None, out=None):
     summary = report.summarize(results, commit=commit, dirty=dirty, **info,
                                finished=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     report.write_reports(paths.reports, summary)
-    verdict = "OK" if summary["ok"] else "FAILED"
+    verdict = "OK" if summary.ok else "FAILED"
     print(f"matrix: {verdict}; reports in {os.path.relpath(paths.reports)}/ "
           f"(summary.json, matrix.md, index.html)", file=out)
     return report.exit_code(summary)
@@ -239,10 +254,12 @@ def rebuild_report(root, *, out=None):
     paths = Paths(Path(root).resolve())
     order = [c.name for c in load_matrix(paths.matrix)]
     results = report.load_results(paths.reports, order)
-    commit, dirty = git_state(paths.root)
-    executors = sorted({r.get("executor") or "unknown" for r in results.values()})
+    commit, dirty = git.state(paths.root)
+    executors = sorted({r.executor or "unknown" for r in results.values()})
+    known = load_known_failures(paths.known_failures)
     summary = report.summarize(results, commit=commit, dirty=dirty,
+                               stale_entries=stale_for_matrix(known, load_matrix(paths.matrix)),
                                executor=", ".join(executors) or "none")
     report.write_reports(paths.reports, summary)
-    print(f"report: {len(results)} cell(s), {'OK' if summary['ok'] else 'FAILED'}", file=out)
+    print(f"report: {len(results)} cell(s), {'OK' if summary.ok else 'FAILED'}", file=out)
     return report.exit_code(summary)

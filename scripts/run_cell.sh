@@ -18,7 +18,9 @@
 #   CELL_RUN_TIMEOUT     wall-clock limit of the whole test run in seconds (default 7200)
 #
 # Progress lines "::cell-step:: <step>" mark build, install, test.  Exit status: pytest's;
-# 10 when the wheel does not build; 11 when it does not install; 124 when the run timed out.
+# 10 when the wheel does not build; 11 when it does not install; 12 when pytest was killed by a
+# signal (e.g. out of memory); 124 when the run timed out.  So a status above 128 always means
+# the script itself was killed (docker kill, the OOM killer ...).
 set -euo pipefail
 
 : "${CELL:?}" "${CELL_PYTHON:?}" "${CELL_SRC:?}" "${CELL_DIST:?}" "${CELL_REPORTS:?}"
@@ -80,6 +82,7 @@ if [[ -n "${CELL_KNOWN_FAILURES:-}" ]]; then known=("--known-failures=$CELL_KNOW
 # Options take their values with "=": pytest picks its rootdir before it knows the plugin's
 # options, and would take a separate value (a path under the source tree) for a test path.
 set +e
+started=$SECONDS
 PYTHONPATH="$work/plugins" timeout --kill-after=30 "${CELL_RUN_TIMEOUT:-7200}" \
     "$CELL_PYTHON" -m pytest --rootdir="$work/tests" -c "$work/tests/pyproject.toml" \
     -p no:cacheprovider -p pytest_known_failures \
@@ -89,4 +92,11 @@ PYTHONPATH="$work/plugins" timeout --kill-after=30 "${CELL_RUN_TIMEOUT:-7200}" \
 status=$?
 set -e
 echo "run_cell: pytest exit status $status"
+if ((status == 124 || (status > 128 && SECONDS - started >= ${CELL_RUN_TIMEOUT:-7200}))); then
+    echo "run_cell: the test run exceeded its limit of ${CELL_RUN_TIMEOUT:-7200} s"
+    exit 124  # timeout stopped it (or killed it after the grace period: 137)
+elif ((status > 128)); then
+    echo "run_cell: pytest was killed by signal $((status - 128))"
+    exit 12
+fi
 exit $status

@@ -7,34 +7,17 @@ unchanged (a stamp file records it), since installing TensorFlow is most of a ce
 """
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
-from ..environment import cell_requirements
-from . import SCRIPT, CellRun
+from ..environment import cell_requirements, unavailable_reason
+from ..interpreters import find_python, run_streaming
+from . import SCRIPT, CellRun, signal_text
 
 __all__ = ["LocalExecutor", "run_streaming"]
 
 _STAMP = "cell-requirements.txt"
 # Environment variables of the caller that would leak another Python setup into the cell.
 _SCRUB = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP", "PYTHONUSERBASE")
-_PROBE = "import sys; print('%d.%d' % sys.version_info[:2]); print(sys.executable)"
-_NETWORK_TROUBLE = ("NewConnectionError", "ConnectTimeout", "ReadTimeout", "ProxyError",
-                    "Temporary failure in name resolution", "SSLError")
-
-
-def run_streaming(argv, *, env=None, cwd=None, on_line):
-    """Run ``argv``, each line of its stdout and stderr to ``on_line``; returns the exit status."""
-    try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                                cwd=cwd, text=True, errors="replace", bufsize=1)
-    except OSError as e:
-        on_line(f"cannot run {argv[0]}: {e}")
-        return 127
-    with proc:
-        for line in proc.stdout:
-            on_line(line.rstrip("\n"))
-        return proc.wait()
 
 
 class LocalExecutor:
@@ -55,6 +38,9 @@ class LocalExecutor:
 
     name = "local"
 
+    def check(self, out):
+        """Nothing to check: each cell's interpreter is looked up when the cell runs."""
+
     def __init__(self, *, work_dir, pins, fresh=False, runner=run_streaming, which=shutil.which):
         self.work_dir = Path(work_dir)
         self.pins = pins
@@ -70,22 +56,6 @@ class LocalExecutor:
             log(line)
 
         return self.runner([str(a) for a in argv], env=env, cwd=None, on_line=sink), lines
-
-    def _interpreter(self, python, log):
-        """``(path, None)`` for a working Python ``python``, else ``(None, why)``.
-
-        The path is the interpreter's own ``sys.executable``, not a launcher: a pyenv shim runs
-        only the versions pyenv has selected, so the probe names the wanted one
-        (``PYENV_VERSION``; ignored where pyenv is not involved) and keeps the real path.
-        """
-        exe = self.which(f"python{python}")
-        if exe is None:
-            return None, f"python{python} not found on PATH"
-        env = {**os.environ, "PYENV_VERSION": python}
-        rc, lines = self._call([exe, "-c", _PROBE], log, env=env)
-        if rc != 0 or len(lines) < 2 or lines[-2].strip() != python:
-            return None, f"python{python} on PATH ({exe}) does not run as Python {python}"
-        return lines[-1].strip(), None
 
     def _environment(self, cell, exe, venv, log):
         """Make (or reuse) the cell's virtualenv; a `CellRun` when that fails, else None."""
@@ -107,21 +77,19 @@ class LocalExecutor:
                                 *requirements], log)
         if rc != 0:
             shutil.rmtree(venv, ignore_errors=True)
-            text = "\n".join(lines)
-            tf_name = requirements[0].split("=")[0].split("[")[0]
-            if f"No matching distribution found for {tf_name}" in text \
-                    and not any(word in text for word in _NETWORK_TROUBLE):
-                return CellRun(skipped=f"{requirements[0]} has no release installable on Python "
-                                       f"{cell.python} (pip: no matching distribution)")
+            why = unavailable_reason(requirements[0], cell.python, "\n".join(lines))
+            if why:
+                return CellRun(skipped=why)
             return CellRun(setup_error=f"installing the cell environment failed (pip exit {rc})")
         stamp.write_text(wanted, encoding="utf-8")
         return None
 
     def run(self, job, log):
         cell = job.cell
-        exe, why = self._interpreter(cell.python, log)
-        if exe is None:
+        python, why = find_python(cell.python, which=self.which, runner=self.runner, log=log)
+        if python is None:
             return CellRun(skipped=why)
+        exe = python.executable
         venv = self.work_dir / cell.name / "venv"
         failed = self._environment(cell, exe, venv, log)
         if failed is not None:
@@ -134,4 +102,7 @@ class LocalExecutor:
         script = job.stage / "src" / SCRIPT
         rc = self.runner(["bash", str(script), *job.pytest_args], env=env, cwd=str(job.stage),
                          on_line=log)
+        if rc < 0:
+            return CellRun(error=f"the cell script was killed by {signal_text(-rc)} before it "
+                                 f"finished")
         return CellRun(returncode=rc)

@@ -13,59 +13,12 @@ import subprocess
 import sysconfig
 
 import pytest
-import yaml
 
 from harness.environment import cell_requirements, read_pins
 from harness.matrix import load_matrix
 from harness.progress import Progress
-from harness.render import ROOT
 from harness.run import RunOptions, run_matrix
-from harness.source import stage_tree
-
-CELL = "tf2.21-cu12.5-py3.11"
-
-PLANTED = '''
-import pathlib, time
-
-import blocksparse
-
-
-def test_passes():
-    assert blocksparse.__file__
-
-
-def test_known():
-    assert False, "known bug"
-
-
-def test_new():
-    assert False, "new bug"
-
-
-def test_fixed():
-    pass
-
-
-def test_flaky():
-    mark = pathlib.Path(__file__).with_name("flaky-ran-once")
-    first = not mark.exists()
-    mark.touch()
-    assert not first
-
-
-def test_hangs():
-    time.sleep(120)
-'''
-
-KNOWN = [
-    {"test": "test/test_planted.py::test_known", "kind": "fail", "reason": "known bug"},
-    {"test": "test/test_planted.py::test_fixed", "kind": "fail", "reason": "was broken"},
-    {"test": "test/test_planted.py::test_flaky", "kind": "flaky", "reason": "races"},
-    {"test": "test/test_planted.py::test_hangs", "kind": "hang", "reason": "deadlock",
-     "timeout": 2},
-    {"test": "test/test_planted.py::test_*", "cells": "tf2\\.16", "kind": "fail",
-     "reason": "another cell only"},
-]
+from harness_support import CELL, EXPECTED, planted_project
 
 
 @pytest.mark.slow
@@ -73,11 +26,7 @@ def test_one_cell_end_to_end(tmp_path):
     python = shutil.which("python3.11")
     if python is None:
         pytest.skip("python3.11 not on PATH")
-    project = stage_tree(ROOT, tmp_path / "project")
-    (project / "test" / "test_planted.py").write_text(PLANTED)
-    (project / "checks").mkdir()
-    (project / "checks" / "test_extra.py").write_text("def test_outside_test_dir():\n    pass\n")
-    (project / "ci" / "known_failures.yaml").write_text(yaml.safe_dump(KNOWN))
+    project = planted_project(tmp_path)
     (cell,) = [c for c in load_matrix(project / "matrix.yaml") if c.name == CELL]
     venv = project / ".matrix" / CELL / "venv"
     subprocess.run([python, "-m", "venv", "--without-pip", str(venv)], check=True)
@@ -98,6 +47,8 @@ def test_one_cell_end_to_end(tmp_path):
     assert f"run_cell: testing {venv}/lib/python3.11/site-packages/blocksparse/__init__.py" in log
     entry = json.loads((project / "reports" / "summary.json").read_text())["cells"][CELL]
     assert code == 1, log
+    outcomes = json.loads((project / "reports" / CELL / "outcomes.json").read_text())["tests"]
+    assert {k: v["outcome"] for k, v in outcomes.items()} == EXPECTED  # as in a container
     assert entry["status"] == "regressed", log
     assert entry["regressions"] == ["test/test_planted.py::test_new"]
     assert entry["known"] == ["test/test_planted.py::test_hangs",
@@ -106,6 +57,7 @@ def test_one_cell_end_to_end(tmp_path):
     assert [e["entry"] for e in entry["fixed_entries"]] == [2]
     assert entry["flaky"] == ["test/test_planted.py::test_flaky"]
     assert (entry["passed"], entry["skipped"]) == (2, 0)
+    assert [e["entry"] for e in entry["stale_entries"]] == [6]
     # the platform wheel with the TensorFlow op library (its tag follows the library's glibc needs)
     (wheel,) = entry["wheels"]
     assert re.fullmatch(rf"dist/{re.escape(CELL)}/blocksparse-2\.21\.0-py3-none-manylinux_2_\d+_x86_64\.whl",

@@ -8,7 +8,7 @@ from harness_support import make_cells
 
 EXE = "/usr/bin/python3.11"
 REAL = "/opt/python/3.11.7/bin/python3.11"  # what the probe reports as sys.executable
-PROBE = "import sys; print('%d.%d' % sys.version_info[:2]); print(sys.executable)"
+from harness.interpreters import PROBE
 
 
 class FakeRunner:
@@ -26,6 +26,7 @@ class FakeRunner:
             assert env["PYENV_VERSION"] == self.version_wanted
             on_line(self.version)
             on_line(REAL)
+            on_line("/opt/python/3.11.7")
             return 0
         if argv[1:3] == ["-m", "venv"]:
             python = Path(argv[3]) / "bin" / "python"

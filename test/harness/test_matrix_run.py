@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from harness.cli import main
-from harness.errors import ConfigError, StaleFilesError
+from harness.errors import ConfigError, ExecutorUnavailable, StaleFilesError
 from harness.executors import CellRun
 from harness.render import README_BEGIN, README_END
 from harness.run import RunOptions, rebuild_report, run_matrix
@@ -42,6 +42,10 @@ class FakeExecutor:
     def __init__(self, outcomes):
         self.outcomes = outcomes  # cell name -> (CellRun, tests or None)
         self.jobs = []
+        self.checked = False
+
+    def check(self, out):
+        self.checked = True
 
     def run(self, job, log):
         self.jobs.append(job)
@@ -184,8 +188,78 @@ def test_report_merges_cell_results(project, capsys):
 def test_cli_exit_codes(project, capsys):
     assert main(["--root", str(project), "matrix", "--cells", "tf9", "--dry-run"]) == 2
     assert "error: CELLS='tf9' matches no cell" in capsys.readouterr().err
-    assert main(["--root", str(project), "render", "--check"]) == 1
-    assert "stale: docker/generated/Dockerfile.tf2.20-cu12.5-py3.12" in capsys.readouterr().out
+    assert main(["--root", str(project), "render", "--check"]) == 10
+    captured = capsys.readouterr()
+    assert "stale: docker/generated/Dockerfile.tf2.20-cu12.5-py3.12" in captured.out
+    assert "error: 5 generated file(s) differ from matrix.yaml: run `make render`" in captured.err
     assert main(["--root", str(project), "render"]) == 0
     assert main(["--root", str(project), "render", "--check"]) == 0
     assert main(["--root", str(project), "matrix", "--executor", "docker", "--dry-run"]) == 0
+
+
+def test_stale_known_failures_in_every_report_format(project, capsys):
+    (project / "ci" / "known_failures.yaml").write_text(yaml.safe_dump([
+        {"test": "test/test_a.py::test_old", "kind": "fail", "reason": "old"},
+        {"test": "test/test_a.py::test_ok", "cells": "tf1\\.15", "kind": "fail",
+         "reason": "for a TensorFlow no cell has"}]))
+    tests = passing("test/test_a.py::test_ok")
+    stale_in_cell = {"entry": 1, "test": "test/test_a.py::test_old", "cells": None, "kind": "fail",
+                     "reason": "old", "why": "matches no test collected from test/test_a.py"}
+
+    class StaleExecutor(FakeExecutor):
+        def run(self, job, log):
+            result = super().run(job, log)
+            outcomes = json.loads((job.reports / "outcomes.json").read_text())
+            outcomes["stale"] = [stale_in_cell]
+            (job.reports / "outcomes.json").write_text(json.dumps(outcomes))
+            return result
+
+    executor = StaleExecutor({"tf2.21-cu12.5-py3.11": (CellRun(returncode=0), tests)})
+    assert run_matrix(project, RunOptions(cells="tf2.21-.*py3.11"), executor=executor,
+                      progress=FakeProgress()) == 0  # stale entries are reported, not fatal
+    assert "stale: ci/known_failures.yaml entry 2 (test/test_a.py::test_ok): its cells regex " \
+           "'tf1\\\\.15' matches no cell of matrix.yaml; fix or delete it" in capsys.readouterr().out
+    summary = json.loads((project / "reports" / "summary.json").read_text())
+    assert [e["entry"] for e in summary["stale_entries"]] == [2]
+    assert summary["cells"]["tf2.21-cu12.5-py3.11"]["stale_entries"] == [stale_in_cell]
+    for name in ("matrix.md", "index.html"):
+        text = (project / "reports" / name).read_text()
+        assert "Stale known failures" in text and "matches no cell of matrix.yaml" in text
+        assert "matches no test collected from test/test_a.py" in text
+
+
+def test_engine_missing_stops_before_earlier_results_are_touched(project):
+    run_matrix(project, RunOptions(), executor=FakeExecutor(OUTCOMES), progress=FakeProgress())
+    before = {p: p.read_bytes() for p in (project / "reports").rglob("*") if p.is_file()}
+    wheel = project / "dist" / "tf2.21-cu12.5-py3.11" / "blocksparse-2.21.0-py3-none-any.whl"
+    assert wheel.is_file()
+
+    class NoEngine(FakeExecutor):
+        def check(self, out):
+            raise ExecutorUnavailable("EXECUTOR=docker: no Docker engine answers")
+
+    executor = NoEngine(OUTCOMES)
+    with pytest.raises(ExecutorUnavailable):
+        run_matrix(project, RunOptions(), executor=executor, progress=FakeProgress())
+    assert executor.jobs == [] and wheel.is_file()
+    assert {p: p.read_bytes() for p in (project / "reports").rglob("*") if p.is_file()} == before
+
+
+def test_bad_input_is_a_clear_error_and_deletes_nothing(project, capsys):
+    main(["--root", str(project), "render"])
+    dockerfiles = sorted((project / "docker" / "generated").iterdir())
+    text = (project / "matrix.yaml").read_text()
+    (project / "matrix.yaml").write_text(text + "builds:\n  - tensorflow: '2.21'\n")
+    assert main(["--root", str(project), "render"]) == 2
+    err = capsys.readouterr().err
+    assert "matrix.yaml: not valid YAML: duplicate key 'builds' (first at line" in err
+    assert sorted((project / "docker" / "generated").iterdir()) == dockerfiles
+    (project / "matrix.yaml").write_text(text)
+    (project / "ci" / "known_failures.yaml").write_text(
+        "- test: a\n  kind: fail\n  reason: r\n  kind: flaky\n")
+    assert main(["--root", str(project), "matrix", "--dry-run"]) == 2
+    assert "known_failures.yaml: not valid YAML: duplicate key 'kind'" in capsys.readouterr().err
+    (project / "ci" / "known_failures.yaml").write_text("[]\n")
+    assert main(["--root", str(project), "matrix", "--dry-run", "--pytest-args", "-k 'a"]) == 2
+    assert ("error: PYTEST_ARGS=\"-k 'a\" is not valid shell syntax (No closing quotation)"
+            in capsys.readouterr().err)

@@ -223,3 +223,25 @@ def test_nodeid_matches(pattern, nodeid, expected):
         "xfailed-listed", "own-xfail", "skipped-listed"])
 def test_classify(record, expected):
     assert classify(record) == expected
+
+
+def test_entries_matching_no_collected_test_are_stale(pytester):
+    pytester.makepyfile(test_other="def test_o():\n    pass\n")
+    entries = [
+        {"test": "test_mod.py::test_renamed", "kind": "fail", "reason": "gone from its file"},
+        {"test": "test_gone.py::test_x", "kind": "fail", "reason": "its file is gone"},
+        {"test": "test_other.py::test_o", "kind": "fail", "reason": "file not selected"},
+        {"test": "test_mod.py::test_new", "kind": "fail", "reason": "another cell",
+         "cells": "tf2\\.16"},
+        {"test": "test_mod.py::test_new", "kind": "fail", "reason": "matches", "cells": "tf2"},
+    ]
+    result, _, report = run(pytester, "def test_new():\n    assert False\n", entries,
+                            "test_mod.py")
+    assert [(e["entry"], e["why"]) for e in report["stale"]] == [
+        (1, "matches no test collected from test_mod.py (renamed or removed?)"),
+        (2, "test_gone.py does not exist")]
+    result.stdout.fnmatch_lines(["STALE entry 1 ('test_mod.py::test_renamed') of kf.yaml: *"])
+    # -k deselects after the plugin looked: a deselected test is not stale
+    _, _, report = run(pytester, "def test_new():\n    assert False\n", entries[4:],
+                       "test_mod.py", "-k", "nothing")
+    assert report["stale"] == []

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 
 from harness.release import DEFAULT_REPOSITORY_URL, Settings, main
-from harness.release_errors import ConfigError
+from harness.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 GIT = ["git", "-c", "user.name=release test", "-c", "user.email=release-test@example.invalid",
@@ -229,6 +229,18 @@ def test_url_credentials_are_masked_in_errors(repo):
     assert code == 2 and "DRY_RUN must be one of 1/0" in err and "pw-xyz" not in err
     code, _, err = release(repo, REPOSITORY_URL="ftp://u:pw-xyz@host/")
     assert code == 2 and "REPOSITORY_URL must be an http(s) URL" in err and "pw-xyz" not in err
+
+
+@pytest.mark.parametrize("url, words", [
+    ("https://user:p@ss-xyz@127.0.0.1:9/", "holds a raw '@'; write it as %40"),
+    ("https://user:pw-xyz@127.0.0.1:abc/", "the port must be a number from 1 to 65535; got 'abc'"),
+    ("https://:pw-xyz@/legacy/", "names no host"),
+], ids=["raw-at", "port", "no-host"])
+def test_bad_repository_url_stops_before_anything_is_built(repo, url, words):
+    code, out, err = release(repo, REPOSITORY_URL=url)
+    assert code == 2 and words in err, err
+    assert "xyz" not in out + err and "ss-" not in out + err  # no part of the password shown
+    assert not (repo / "dist" / "release").exists()
 
 
 # --- the gate --------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import zipfile
 import pytest
 
 from harness.release_dists import cell_tf_version, check_wheel, collect_wheels, write_manifest
-from harness.release_errors import ArtifactError
+from harness.errors import ArtifactError
 
 CELL = "tf2.21-cu12.5-py3.11"
 

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from harness.release_errors import GateError
+from harness.errors import GateError
 from harness.release_gate import gate, load_summary, stale_reason
 
 HEAD = "a" * 40

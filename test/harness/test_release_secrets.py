@@ -1,7 +1,7 @@
 """Credentials: where twine's come from, and that they are masked out of every printed line."""
 import pytest
 
-from harness.release_errors import ConfigError
+from harness.errors import ConfigError
 from harness.release_secrets import MASK, Credentials, Masker, pypirc_section, split_userinfo
 
 PYPI = "https://upload.pypi.org/legacy/"

@@ -1,5 +1,6 @@
 """Cell results and the matrix report, built from recorded executor results and outcomes."""
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -51,19 +52,19 @@ def result(tmp_path, run, tests=None, cell=None):
 
 def test_every_test_is_sorted(tmp_path):
     entry = result(tmp_path, CellRun(returncode=1), RECORDED)
-    assert entry["status"] == "regressed"
-    assert (entry["passed"], entry["skipped"]) == (2, 1)
-    assert entry["regressions"] == ["test/test_a.py::test_new"]
-    assert entry["known"] == ["test/test_a.py::test_old"]
-    assert entry["fixed"] == ["test/test_a.py::test_done"]
-    assert entry["flaky"] == ["test/test_a.py::test_race"]
-    assert [e["entry"] for e in entry["fixed_entries"]] == [4]
-    assert entry["details"]["test/test_a.py::test_new"]["message"] == "AssertionError: 1 != 2"
-    assert entry["wheels"] == ["dist/c/blocksparse-2.21.0-py3-none-any.whl"]
-    assert entry["log"] == "reports/c/log.txt" and entry["junit"] == "reports/c/junit.xml"
-    assert (entry["tensorflow"], entry["python"], entry["matrix_status"]) == ("2.21", "3.11",
+    assert entry.status == "regressed"
+    assert (entry.passed, entry.skipped) == (2, 1)
+    assert entry.regressions == ("test/test_a.py::test_new",)
+    assert entry.known == ("test/test_a.py::test_old",)
+    assert entry.fixed == ("test/test_a.py::test_done",)
+    assert entry.flaky == ("test/test_a.py::test_race",)
+    assert [e["entry"] for e in entry.fixed_entries] == [4]
+    assert entry.details["test/test_a.py::test_new"]["message"] == "AssertionError: 1 != 2"
+    assert entry.wheels == ("dist/c/blocksparse-2.21.0-py3-none-any.whl",)
+    assert entry.log == "reports/c/log.txt" and entry.junit == "reports/c/junit.xml"
+    assert (entry.tensorflow, entry.python, entry.matrix_status) == ("2.21", "3.11",
                                                                               "supported")
-    assert entry["duration_s"] == 61.3
+    assert entry.duration_s == 61.3
 
 
 def without(*outcomes):
@@ -92,36 +93,37 @@ def without(*outcomes):
         "build-failed", "install-failed", "timed-out", "skipped", "setup-error"])
 def test_status(tmp_path, run, tests, status, reason):
     entry = result(tmp_path, run, tests)
-    assert (entry["status"], entry["reason"]) == (status, reason)
+    assert (entry.status, entry.reason) == (status, reason)
 
 
 def test_compile_only_cell(tmp_path):
     (cell,) = make_cells({"status": "compile-only"})
-    assert result(tmp_path, CellRun(returncode=0), cell=cell)["status"] == "built"
-    assert result(tmp_path, CellRun(returncode=10), cell=cell)["status"] == "build-failed"
+    assert result(tmp_path, CellRun(returncode=0), cell=cell).status == "built"
+    assert result(tmp_path, CellRun(returncode=10), cell=cell).status == "build-failed"
 
 
 def test_allowed_to_fail_cell_keeps_its_outcome(tmp_path):
     (cell,) = make_cells({"tensorflow": "nightly", "status": "allowed-to-fail"})
     entry = result(tmp_path, CellRun(returncode=1), RECORDED, cell=cell)
-    assert (entry["status"], entry["outcome"], entry["gating"]) == ("allowed-failure",
+    assert (entry.status, entry.outcome, entry.gating) == ("allowed-failure",
                                                                     "regressed", False)
     assert result(tmp_path, CellRun(returncode=0), without("regression", "fixed"),
-                  cell=cell)["status"] == "passed"
+                  cell=cell).status == "passed"
 
 
 def test_summary_and_exit_code(tmp_path):
-    passed = result(tmp_path, CellRun(returncode=0), without("regression", "fixed"))
-    skipped = result(tmp_path, CellRun(skipped="python3.13 not found on PATH"))
+    passed = replace(result(tmp_path, CellRun(returncode=0), without("regression", "fixed")),
+                     name="a")
+    skipped = replace(result(tmp_path, CellRun(skipped="python3.13 not found on PATH")), name="b")
     summary = summarize({"a": passed, "b": skipped}, commit="abc123", dirty=False,
                         executor="local")
-    assert summary["commit"] == "abc123" and summary["dirty"] is False and summary["ok"]
-    assert list(summary["cells"]) == ["a", "b"] and exit_code(summary) == 0
+    assert summary.commit == "abc123" and summary.dirty is False and summary.ok
+    assert [c.name for c in summary.cells] == ["a", "b"] and exit_code(summary) == 0
     for key in ("status", "passed", "skipped", "regressions", "known", "fixed", "flaky"):
-        assert key in summary["cells"]["a"]
-    failed = summarize({"a": passed, "c": result(tmp_path, CellRun(returncode=1), RECORDED)},
-                       commit=None, dirty=None, executor="local")
-    assert not failed["ok"] and exit_code(failed) == 1
+        assert key in summary.to_json()["cells"]["a"]
+    regressed = replace(result(tmp_path, CellRun(returncode=1), RECORDED), name="c")
+    failed = summarize({"a": passed, "c": regressed}, commit=None, dirty=None, executor="local")
+    assert not failed.ok and exit_code(failed) == 1
 
 
 def test_reports_on_disk(tmp_path):
@@ -130,7 +132,7 @@ def test_reports_on_disk(tmp_path):
                         executor="local")
     reports = tmp_path / "reports"
     write_reports(reports, summary)
-    assert json.loads((reports / "summary.json").read_text()) == summary
+    assert json.loads((reports / "summary.json").read_text()) == summary.to_json()
     md = (reports / "matrix.md").read_text()
     row = ("| `tf2.21-cu12.5-py3.11` | ❌ regressed | 2 | 1 | 1 | 1 | 1 | 1 | 1:01 "
            "| [log](c/log.txt) |")
@@ -161,5 +163,5 @@ def test_html_escapes_test_output(tmp_path):
 def test_load_results_in_matrix_order(tmp_path):
     for name in ("b", "a", "z"):
         (tmp_path / name).mkdir()
-        (tmp_path / name / "result.json").write_text(json.dumps({"status": "passed", "n": name}))
+        (tmp_path / name / "result.json").write_text(json.dumps({"status": "passed"}))
     assert list(load_results(tmp_path, order=["z", "b", "missing"])) == ["z", "b", "a"]

@@ -1,7 +1,8 @@
 """The staged tree: tracked and untracked-but-not-ignored files, nothing else."""
 import subprocess
 
-from harness.source import git_state, stage_tree, tree_files
+from harness.git import state as git_state
+from harness.source import stage_tree, tree_files
 
 
 def make_tree(root):
