@@ -6,9 +6,11 @@ import torch
 from torch import nn
 
 from .._frontend import LayoutShapes, check_feature_axis
+from ..dispatch import check_impl
 from ..layout import Layout
 from ._matmul import ops as _ops
 from ._matmul import plan as _plan
+from ._portable.dispatch import DEFAULT_TOKENS, LinearDispatch
 
 __all__ = ["BlocksparseMatMul", "BlocksparseLinear"]
 
@@ -110,6 +112,12 @@ class BlocksparseLinear(nn.Module):
         Where and in which dtype to create the parameters.
     allow_tf32 : bool
         Let float32 products use TF32 tensor cores.
+    impl : str
+        Which implementation runs the product: ``"auto"`` (default: the cost model of
+        :mod:`blocksparse.dispatch` chooses per call), ``"kernels"``, ``"portable"``, ``"dense"`` or
+        ``"reference"``; settable later as ``layer.impl``.  :meth:`plan` says what runs and why.
+    cost_model : blocksparse.dispatch.CostModel, optional
+        The model to plan with (default: the tables shipped for the call's device).
 
     ``weight`` has shape ``(blocks, block_size, block_size)`` (see :class:`BlocksparseMatMul`);
     ``forward`` takes ``(..., in_features)`` and returns ``(..., out_features)``.  Initialised like
@@ -123,10 +131,11 @@ class BlocksparseLinear(nn.Module):
     """
 
     def __init__(self, layout, block_size=32, bias=True, device=None, dtype=None, *,
-                 z_order=False, allow_tf32=False):
+                 z_order=False, allow_tf32=False, impl="auto", cost_model=None):
         super().__init__()
         self.bsmm = BlocksparseMatMul(layout, block_size, feature_axis=1, z_order=z_order,
                                       allow_tf32=allow_tf32)
+        self._dispatch = LinearDispatch(self.bsmm.layout, self.bsmm, impl=impl, cost_model=cost_model)
         self.in_features, self.out_features = self.bsmm.C, self.bsmm.K
         factory = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(self.bsmm.w_shape, **factory))
@@ -136,6 +145,25 @@ class BlocksparseLinear(nn.Module):
     @property
     def layout(self):
         return self.bsmm.layout
+
+    @property
+    def impl(self):
+        """The implementation override: ``"auto"`` or one of :data:`blocksparse.dispatch.IMPLS`."""
+        return self._dispatch.impl
+
+    @impl.setter
+    def impl(self, value):
+        self._dispatch.impl = check_impl(value)
+
+    def plan(self, tokens=None, dtype=None, device=None, backward=True):
+        """What runs a call on ``tokens`` rows and why: a :class:`blocksparse.dispatch.Plan`.
+
+        Defaults: the token count of the last call (else 4096), the weight's dtype and device;
+        ``backward``: the call is trained through (forward and both gradients).
+        """
+        return self._dispatch.plan(tokens or self._dispatch.last_tokens or DEFAULT_TOKENS,
+                                   dtype or self.weight.dtype, torch.device(device or self.weight.device).type,
+                                   backward)
 
     def reset_parameters(self):
         """Uniform in +-1/sqrt(fan_in) per output feature, fan_in = features of its blocks."""
@@ -155,12 +183,17 @@ class BlocksparseLinear(nn.Module):
             raise ValueError(f"input must have shape (..., {self.in_features}); "
                              f"got {tuple(x.shape)}")
         lead = x.shape[:-1]
-        y = self.bsmm(x.reshape(-1, self.in_features), self.weight)
-        if self.bias is not None:
-            y = y + self.bias.to(y.dtype)
+        x2 = x.reshape(-1, self.in_features)
+        impl = self._dispatch.choose(x2, self.weight)
+        if impl in ("kernels", "reference"):  # the matmul ops: the kernels on CUDA, else the reference path
+            y = self.bsmm(x2, self.weight)
+            if self.bias is not None:
+                y = y + self.bias.to(y.dtype)
+        else:
+            y = self._dispatch.run(impl, x2, self.weight, self.bias)
         return y.reshape(*lead, self.out_features)
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"block_size={self.layout.block_size}, blocks={self.layout.blocks}, "
-                f"density={self.layout.density:.3f}, bias={self.bias is not None}")
+                f"density={self.layout.density:.3f}, bias={self.bias is not None}, impl={self.impl!r}")

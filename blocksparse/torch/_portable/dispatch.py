@@ -1,0 +1,191 @@
+"""Per-layer dispatch of a block-sparse linear product in PyTorch (the cost model's glue).
+
+A :class:`LinearDispatch` belongs to one layer.  Per call it names the implementation
+(:meth:`~LinearDispatch.choose`): ``BLOCKSPARSE_BACKEND`` first (``triton``: the kernels;
+``reference``: the reference path, or the portable one where the block size has none), then the
+layer's ``impl`` override, then the cost model's :class:`~blocksparse.dispatch.Plan` for the call's
+(tokens, dtype, device, training or not), made once and cached.  :meth:`~LinearDispatch.run`
+computes the product with it.
+
+Under ``torch.compile`` the plan is made while tracing, for the token count of the layer's last
+eager call (:data:`DEFAULT_TOKENS` before any) -- a symbolic size cannot key a table -- and is a
+constant of the compiled graph.
+"""
+from __future__ import annotations
+
+import itertools
+import weakref
+
+import torch
+
+from ... import _env
+from ...dispatch import Problem, check_impl, model_for, override_plan
+from ...layout import Layout
+from ...ops.matmul.grouping import groups_well
+from ...ops.matmul.portable import row_tables
+from ...ops.matmul.refine import refine, refined_block_size
+from ...ops.matmul.configs import KERNEL_BLOCK_SIZES
+from .._matmul.ops import KERNEL_DTYPES
+from .matmul import DeviceTables, dense_matmul, portable_matmul
+
+__all__ = ["DEFAULT_TOKENS", "LinearDispatch", "kernel_layout"]
+
+#: Tokens assumed when planning a call whose token count is unknown (tracing, ``plan()``).
+DEFAULT_TOKENS = 4096
+_PRECISION = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
+              torch.float64: "float64"}
+
+# handle -> dispatcher, so that a traced graph can reach its layer's planner through an int
+_dispatchers = weakref.WeakValueDictionary()
+_handles = itertools.count()
+
+
+def kernel_layout(layout):
+    """``(layout the kernels / reference path run, Refinement or None)``: ``layout`` itself when its
+    block size is one of theirs, else its refinement to the largest one that divides it, else
+    ``(None, None)`` (e.g. block size 3: only the portable and dense paths)."""
+    fine = refined_block_size(layout.block_size)
+    if fine is None:
+        return None, None
+    if fine == layout.block_size:
+        return layout, None
+    ref = refine(layout, fine)
+    return ref.layout, ref
+
+
+@torch._dynamo.assume_constant_result
+def _traced_choice(handle, dtype, device_type, backward):
+    d = _dispatchers[handle]
+    return d.plan(d.last_tokens or DEFAULT_TOKENS, dtype, device_type, backward).impl
+
+
+class LinearDispatch:
+    """Chooses and runs the implementation of ``y = x @ W (+ bias)`` for one layer.
+
+    Parameters
+    ----------
+    layout : Layout
+        The layer's layout (any block size).
+    bsmm : blocksparse.torch.BlocksparseMatMul or None
+        The kernels' (and reference path's) product over :func:`kernel_layout`; None where the
+        block size has neither.
+    refinement : Refinement or None
+        How the layer's weight becomes ``bsmm``'s (None: it is already).
+    impl : str
+        ``"auto"`` or one of :data:`blocksparse.dispatch.IMPLS`.
+    cost_model : CostModel, optional
+        Default: the tables shipped for PyTorch on the call's device.
+    """
+
+    def __init__(self, layout: Layout, bsmm=None, refinement=None, *, impl="auto", cost_model=None):
+        self.layout = layout
+        self.bsmm = bsmm
+        self.refinement = refinement
+        self.impl = check_impl(impl)
+        self.cost_model = cost_model
+        self.tables = DeviceTables(row_tables(layout), layout.coords)
+        self.last_tokens = None
+        self._plans = {}
+        self._perm = {}
+        self._structured = None
+        self.handle = next(_handles)
+        _dispatchers[self.handle] = self
+
+    # ------------------------------------------------------------------ choosing
+    @property
+    def structured(self):
+        if self._structured is None:
+            self._structured = groups_well(self.layout)
+        return self._structured
+
+    def candidates(self, device_type, dtype):
+        """Implementations that can run on ``device_type`` in ``dtype`` (a torch dtype)."""
+        out = ["portable", "dense"]
+        if self.bsmm is not None:
+            kernels = (device_type == "cuda" and dtype in KERNEL_DTYPES
+                       and self.bsmm.block_size in KERNEL_BLOCK_SIZES)
+            out.append("kernels" if kernels else "reference")   # both run through bsmm
+        return out
+
+    def _forced(self):
+        """``(impl, why)`` forced by the environment or the layer, or None."""
+        backend = _env.backend()
+        if backend == "triton":
+            if self.bsmm is None:
+                raise ValueError(f"BLOCKSPARSE_BACKEND=triton asks for the kernels, which have no block "
+                                 f"size dividing {self.layout.block_size}; unset it, or use impl='portable'")
+            return "kernels", "BLOCKSPARSE_BACKEND=triton"
+        if backend == "reference":
+            return ("reference" if self.bsmm is not None else "portable"), "BLOCKSPARSE_BACKEND=reference"
+        if self.impl != "auto":
+            return self.impl, f"impl={self.impl!r} was asked for"
+        return None
+
+    def plan(self, tokens, dtype, device_type, backward=True):
+        """The :class:`~blocksparse.dispatch.Plan` of a call on ``tokens`` rows of ``dtype`` on
+        ``device_type`` (``"cpu"``, ``"cuda"``, ...); cached."""
+        forced = self._forced()
+        if forced is not None:
+            return override_plan(*forced)
+        precision = _PRECISION.get(dtype)
+        if precision is None:
+            raise TypeError(f"dtype must be one of {list(_PRECISION)}; got {dtype}")
+        if precision == "float32" and device_type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
+            precision = "tf32"
+        candidates = tuple(self.candidates(device_type, dtype))
+        key = (tokens, precision, device_type, backward, candidates)
+        if key not in self._plans:
+            model = self.cost_model or model_for("torch", "cuda" if device_type == "cuda" else "cpu")
+            lay = self.layout
+            problem = Problem(tokens, lay.C, lay.K, lay.block_size, lay.density, precision,
+                              self.structured, backward)
+            self._plans[key] = model.choose(problem, candidates)
+        return self._plans[key]
+
+    def choose(self, x, w):
+        """The implementation of the call ``x @ W`` (``x`` 2-D, ``w`` the layer's weight)."""
+        forced = self._forced()
+        if forced is not None:
+            return forced[0]
+        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) \
+            else x.dtype
+        backward = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
+        if torch.compiler.is_compiling():
+            return _traced_choice(self.handle, dtype, x.device.type, backward)
+        self.last_tokens = x.shape[0]
+        return self.plan(x.shape[0], dtype, x.device.type, backward).impl
+
+    # ------------------------------------------------------------------ running
+    def kernel_weight(self, w):
+        """The layer's weight as ``bsmm``'s weight: re-blocked when the layout was refined."""
+        ref = self.refinement
+        if ref is None:
+            return w
+        key = str(w.device)
+        if key not in self._perm:
+            self._perm[key] = torch.as_tensor(ref.perm, device=w.device)
+        s, r = ref.layout.block_size, ref.factor
+        fine = w.reshape(w.shape[0], r, s, r, s).transpose(2, 3).reshape(-1, s, s)
+        return fine.index_select(0, self._perm[key])
+
+    def run(self, impl, x, w, bias=None):
+        """``x @ W (+ bias)`` by ``impl``; ``x`` ``(N, C)``, ``w`` the layer's ``(blocks, bs, bs)``."""
+        if impl in ("kernels", "reference"):
+            if self.bsmm is None:
+                raise ValueError(f"impl={impl!r} cannot run block size {self.layout.block_size} "
+                                 "(no kernel or reference block size divides it); use 'portable' or 'dense'")
+            y = self.bsmm(x, self.kernel_weight(w))
+            return y if bias is None else y + bias.to(y.dtype)
+        self._check(x, w)
+        fn = portable_matmul if impl == "portable" else dense_matmul
+        return fn(x, w, self.tables, bias)
+
+    @staticmethod
+    def _check(x, w):
+        if not x.is_floating_point():
+            raise TypeError(f"input must be floating point (float16, bfloat16, float32, float64); got {x.dtype}")
+        if x.device != w.device:
+            raise ValueError(f"input and weight must be on one device; got {x.device} and {w.device}")
+        if x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type):
+            raise TypeError(f"input and weight must have the same dtype (or run under autocast); got "
+                            f"{x.dtype} and {w.dtype}")

@@ -1,0 +1,76 @@
+"""The portable and dense-masked products in PyTorch ops only (any device, any block size).
+
+Both are plain differentiable PyTorch expressions: autograd derives their gradients,
+``torch.compile`` traces them, autocast casts their matmuls, and the float32 matmul precision
+follows PyTorch's own setting (``torch.backends.cuda.matmul.allow_tf32`` /
+``torch.set_float32_matmul_precision``), as ``nn.Linear`` does.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+__all__ = ["DeviceTables", "dense_matmul", "portable_matmul"]
+
+
+class DeviceTables:
+    """The portable path's tables (:class:`blocksparse.ops.matmul.portable.RowTables`) and the
+    block coordinates as ``int64`` tensors, copied to each device once."""
+
+    def __init__(self, tables, coords):
+        self.tables = tables
+        self._coords = np.asarray(coords)
+        self._by_device = {}
+
+    def on(self, device):
+        key = str(device)
+        if key not in self._by_device:
+            t = self.tables
+
+            def put(a):
+                return torch.tensor(np.asarray(a, dtype=np.int64), device=device)
+
+            groups = [(put(g.rows), put(g.blocks.ravel()), g.rows.shape[0], g.m, g.all_rows, g.first)
+                      for g in t.groups]
+            self._by_device[key] = (groups, put(t.bag_index), put(t.bag_offsets),
+                                    put(self._coords[:, 0]), put(self._coords[:, 1]))
+        return self._by_device[key]
+
+
+def portable_matmul(x, w, tables, bias=None):
+    """``y = x @ W (+ bias)`` for ``x`` ``(N, C)``, packed ``w`` ``(blocks, bs, bs)`` -> ``(N, K)``.
+
+    Feature-major throughout (see :mod:`blocksparse.ops.matmul.portable`): ``x.T`` as
+    ``(CB, bs, N)``; per row group one ``bmm`` of the stacked transposed blocks of each row with its
+    activations; the ``(bs, N)`` slabs of the products summed per output block by
+    ``embedding_bag``.  The result is returned as a transposed view of the ``(K, N)`` sum.
+    """
+    groups, bag_index, bag_offsets, _, _ = tables.on(x.device)
+    t = tables.tables
+    bs, n = t.block_size, x.shape[0]
+    xt = x.t().reshape(t.CB, bs, n)
+    parts = []
+    for rows, blocks, r, m, all_rows, first in groups:
+        wg = w.narrow(0, first, r * m) if first >= 0 else w.index_select(0, blocks)
+        # per row: its m blocks transposed and stacked, [m*bs, bs]
+        wg = wg.view(r, m, bs, bs).transpose(2, 3).reshape(r, m * bs, bs)
+        xg = xt if all_rows else xt.index_select(0, rows)
+        # [r, m*bs, bs] @ [r, bs, N] -> [r, m*bs, N]: one (bs, N) slab per block
+        parts.append(torch.bmm(wg, xg).view(r * m, bs * n))
+    table = parts[0] if len(parts) == 1 else torch.cat(parts)
+    yt = F.embedding_bag(bag_index, table, bag_offsets, mode="sum")     # [KB, bs*N]
+    y = yt.view(t.KB * bs, n).t()
+    return y if bias is None else y + bias.to(y.dtype)
+
+
+def dense_matmul(x, w, tables, bias=None):
+    """``y = x @ W (+ bias)`` with ``W`` scattered into a dense ``(C, K)`` matrix (zeros elsewhere)
+    and one dense matmul; the weight gradient is the dense one's blocks (autograd of the scatter)."""
+    _, _, _, c_idx, k_idx = tables.on(x.device)
+    t = tables.tables
+    bs = t.block_size
+    dense = w.new_zeros(t.CB, bs, t.KB, bs)
+    dense[c_idx, :, k_idx, :] = w                    # block b -> rows c*bs.., columns k*bs..
+    # F.linear: one fused matmul + bias, cast as nn.Linear is under autocast
+    return F.linear(x, dense.view(t.CB * bs, t.KB * bs).t(), bias)
