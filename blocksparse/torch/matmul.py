@@ -6,11 +6,10 @@ import torch
 from torch import nn
 
 from .._frontend import LayoutShapes, check_feature_axis
-from ..dispatch import check_impl
 from ..layout import Layout
 from ._matmul import ops as _ops
 from ._matmul import plan as _plan
-from ._portable.dispatch import DEFAULT_TOKENS, LinearDispatch
+from ._portable.dispatch import Dispatched, LinearDispatch
 
 __all__ = ["BlocksparseMatMul", "BlocksparseLinear"]
 
@@ -97,7 +96,7 @@ class BlocksparseMatMul(LayoutShapes):
         return x, w.contiguous()
 
 
-class BlocksparseLinear(nn.Module):
+class BlocksparseLinear(Dispatched, nn.Module):
     """A linear layer ``y = x @ W + bias`` with a block-sparse weight.
 
     Parameters
@@ -135,7 +134,8 @@ class BlocksparseLinear(nn.Module):
         super().__init__()
         self.bsmm = BlocksparseMatMul(layout, block_size, feature_axis=1, z_order=z_order,
                                       allow_tf32=allow_tf32)
-        self._dispatch = LinearDispatch(self.bsmm.layout, self.bsmm, impl=impl, cost_model=cost_model)
+        self._dispatch = LinearDispatch(self.bsmm.layout, self.bsmm, impl=impl, cost_model=cost_model,
+                                        device=device)
         self.in_features, self.out_features = self.bsmm.C, self.bsmm.K
         factory = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(self.bsmm.w_shape, **factory))
@@ -145,25 +145,6 @@ class BlocksparseLinear(nn.Module):
     @property
     def layout(self):
         return self.bsmm.layout
-
-    @property
-    def impl(self):
-        """The implementation override: ``"auto"`` or one of :data:`blocksparse.dispatch.IMPLS`."""
-        return self._dispatch.impl
-
-    @impl.setter
-    def impl(self, value):
-        self._dispatch.impl = check_impl(value)
-
-    def plan(self, tokens=None, dtype=None, device=None, backward=True):
-        """What runs a call on ``tokens`` rows and why: a :class:`blocksparse.dispatch.Plan`.
-
-        Defaults: the token count of the last call (else 4096), the weight's dtype and device;
-        ``backward``: the call is trained through (forward and both gradients).
-        """
-        return self._dispatch.plan(tokens or self._dispatch.last_tokens or DEFAULT_TOKENS,
-                                   dtype or self.weight.dtype, torch.device(device or self.weight.device).type,
-                                   backward)
 
     def reset_parameters(self):
         """Uniform in +-1/sqrt(fan_in) per output feature, fan_in = features of its blocks."""

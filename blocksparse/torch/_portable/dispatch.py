@@ -17,6 +17,7 @@ import itertools
 import weakref
 
 import torch
+from torch import nn
 
 from ... import _env
 from ...dispatch import Problem, check_impl, model_for, override_plan
@@ -26,9 +27,9 @@ from ...ops.matmul.portable import row_tables
 from ...ops.matmul.refine import refine, refined_block_size
 from ...ops.matmul.configs import KERNEL_BLOCK_SIZES
 from .._matmul.ops import KERNEL_DTYPES
-from .matmul import DeviceTables, dense_matmul, portable_matmul
+from .matmul import PortableTables, dense_matmul, portable_matmul
 
-__all__ = ["DEFAULT_TOKENS", "LinearDispatch", "kernel_layout"]
+__all__ = ["DEFAULT_TOKENS", "Dispatched", "LinearDispatch", "kernel_layout"]
 
 #: Tokens assumed when planning a call whose token count is unknown (tracing, ``plan()``).
 DEFAULT_TOKENS = 4096
@@ -59,7 +60,7 @@ def _traced_choice(handle, dtype, device_type, backward):
     return d.plan(d.last_tokens or DEFAULT_TOKENS, dtype, device_type, backward).impl
 
 
-class LinearDispatch:
+class LinearDispatch(nn.Module):
     """Chooses and runs the implementation of ``y = x @ W (+ bias)`` for one layer.
 
     Parameters
@@ -75,21 +76,32 @@ class LinearDispatch:
         ``"auto"`` or one of :data:`blocksparse.dispatch.IMPLS`.
     cost_model : CostModel, optional
         Default: the tables shipped for PyTorch on the call's device.
+    device : torch.device, optional
+        Where to create the index buffers (they follow the owning layer's ``.to()``).
+
+    A module without parameters: its buffers (the portable tables, the re-blocking permutation)
+    are not saved in ``state_dict``.
     """
 
-    def __init__(self, layout: Layout, bsmm=None, refinement=None, *, impl="auto", cost_model=None):
+    def __init__(self, layout: Layout, bsmm=None, refinement=None, *, impl="auto", cost_model=None,
+                 device=None):
+        super().__init__()
         self.layout = layout
         self.bsmm = bsmm
         self.refinement = refinement
         self.impl = check_impl(impl)
         self.cost_model = cost_model
-        self.tables = DeviceTables(row_tables(layout), layout.coords)
+        self.tables = PortableTables(row_tables(layout), layout.coords, device)
+        if refinement is not None:
+            self.register_buffer("perm", torch.tensor(refinement.perm, device=device), persistent=False)
         self.last_tokens = None
         self._plans = {}
-        self._perm = {}
         self._structured = None
         self.handle = next(_handles)
         _dispatchers[self.handle] = self
+
+    def extra_repr(self):
+        return f"impl={self.impl!r}, refined={self.refinement is not None}"
 
     # ------------------------------------------------------------------ choosing
     @property
@@ -161,12 +173,9 @@ class LinearDispatch:
         ref = self.refinement
         if ref is None:
             return w
-        key = str(w.device)
-        if key not in self._perm:
-            self._perm[key] = torch.as_tensor(ref.perm, device=w.device)
         s, r = ref.layout.block_size, ref.factor
         fine = w.reshape(w.shape[0], r, s, r, s).transpose(2, 3).reshape(-1, s, s)
-        return fine.index_select(0, self._perm[key])
+        return fine.index_select(0, self.perm)
 
     def run(self, impl, x, w, bias=None):
         """``x @ W (+ bias)`` by ``impl``; ``x`` ``(N, C)``, ``w`` the layer's ``(blocks, bs, bs)``."""
@@ -189,3 +198,29 @@ class LinearDispatch:
         if x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type):
             raise TypeError(f"input and weight must have the same dtype (or run under autocast); got "
                             f"{x.dtype} and {w.dtype}")
+
+
+class Dispatched:
+    """Mixin of the layers that own a :class:`LinearDispatch` as ``_dispatch`` and a ``weight``:
+    the ``impl`` override and :meth:`plan`."""
+
+    @property
+    def impl(self):
+        """The implementation override: ``"auto"`` or one of :data:`blocksparse.dispatch.IMPLS`."""
+        return self._dispatch.impl
+
+    @impl.setter
+    def impl(self, value):
+        self._dispatch.impl = check_impl(value)
+
+    def plan(self, tokens=None, dtype=None, device=None, backward=True):
+        """What runs a call on ``tokens`` rows, and why: a :class:`blocksparse.dispatch.Plan`.
+
+        Defaults: the token count of the last call (else :data:`DEFAULT_TOKENS`), the weight's
+        dtype and device; ``backward``: whether the call is trained through (both gradients too).
+        """
+        if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
+            raise ValueError(f"tokens must be an int >= 1 or None; got {tokens!r}")
+        device = torch.device(device) if device is not None else self.weight.device
+        return self._dispatch.plan(tokens or self._dispatch.last_tokens or DEFAULT_TOKENS,
+                                   dtype or self.weight.dtype, device.type, bool(backward))

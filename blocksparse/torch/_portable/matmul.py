@@ -10,32 +10,36 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-__all__ = ["DeviceTables", "dense_matmul", "portable_matmul"]
+__all__ = ["PortableTables", "dense_matmul", "portable_matmul"]
 
 
-class DeviceTables:
-    """The portable path's tables (:class:`blocksparse.ops.matmul.portable.RowTables`) and the
-    block coordinates as ``int64`` tensors, copied to each device once."""
+class PortableTables(nn.Module):
+    """The portable path's tables (:class:`blocksparse.ops.matmul.portable.RowTables`) and the block
+    coordinates as ``int64`` buffers (not saved in ``state_dict``; they follow the layer's device).
+    Buffers, not per-device caches: ``torch.compile`` sees them as inputs of the graph."""
 
-    def __init__(self, tables, coords):
+    def __init__(self, tables, coords, device=None):
+        super().__init__()
         self.tables = tables
-        self._coords = np.asarray(coords)
-        self._by_device = {}
+        self.groups = tuple((g.rows.shape[0], g.m, g.all_rows, g.first) for g in tables.groups)
 
-    def on(self, device):
-        key = str(device)
-        if key not in self._by_device:
-            t = self.tables
+        def put(name, a):
+            self.register_buffer(name, torch.tensor(np.asarray(a, dtype=np.int64), device=device),
+                                 persistent=False)
 
-            def put(a):
-                return torch.tensor(np.asarray(a, dtype=np.int64), device=device)
+        for i, g in enumerate(tables.groups):
+            put(f"rows{i}", g.rows)
+            put(f"blocks{i}", g.blocks.ravel())
+        put("bag_index", tables.bag_index)
+        put("bag_offsets", tables.bag_offsets)
+        put("c_idx", np.asarray(coords)[:, 0])
+        put("k_idx", np.asarray(coords)[:, 1])
 
-            groups = [(put(g.rows), put(g.blocks.ravel()), g.rows.shape[0], g.m, g.all_rows, g.first)
-                      for g in t.groups]
-            self._by_device[key] = (groups, put(t.bag_index), put(t.bag_offsets),
-                                    put(self._coords[:, 0]), put(self._coords[:, 1]))
-        return self._by_device[key]
+    def extra_repr(self):
+        t = self.tables
+        return f"blocks={t.blocks}, row_groups={len(t.groups)}, block_size={t.block_size}"
 
 
 def portable_matmul(x, w, tables, bias=None):
@@ -46,20 +50,19 @@ def portable_matmul(x, w, tables, bias=None):
     activations; the ``(bs, N)`` slabs of the products summed per output block by
     ``embedding_bag``.  The result is returned as a transposed view of the ``(K, N)`` sum.
     """
-    groups, bag_index, bag_offsets, _, _ = tables.on(x.device)
     t = tables.tables
     bs, n = t.block_size, x.shape[0]
     xt = x.t().reshape(t.CB, bs, n)
     parts = []
-    for rows, blocks, r, m, all_rows, first in groups:
-        wg = w.narrow(0, first, r * m) if first >= 0 else w.index_select(0, blocks)
+    for i, (r, m, all_rows, first) in enumerate(tables.groups):
+        wg = w.narrow(0, first, r * m) if first >= 0 else w.index_select(0, getattr(tables, f"blocks{i}"))
         # per row: its m blocks transposed and stacked, [m*bs, bs]
         wg = wg.view(r, m, bs, bs).transpose(2, 3).reshape(r, m * bs, bs)
-        xg = xt if all_rows else xt.index_select(0, rows)
+        xg = xt if all_rows else xt.index_select(0, getattr(tables, f"rows{i}"))
         # [r, m*bs, bs] @ [r, bs, N] -> [r, m*bs, N]: one (bs, N) slab per block
         parts.append(torch.bmm(wg, xg).view(r * m, bs * n))
     table = parts[0] if len(parts) == 1 else torch.cat(parts)
-    yt = F.embedding_bag(bag_index, table, bag_offsets, mode="sum")     # [KB, bs*N]
+    yt = F.embedding_bag(tables.bag_index, table, tables.bag_offsets, mode="sum")     # [KB, bs*N]
     y = yt.view(t.KB * bs, n).t()
     return y if bias is None else y + bias.to(y.dtype)
 
@@ -67,10 +70,9 @@ def portable_matmul(x, w, tables, bias=None):
 def dense_matmul(x, w, tables, bias=None):
     """``y = x @ W (+ bias)`` with ``W`` scattered into a dense ``(C, K)`` matrix (zeros elsewhere)
     and one dense matmul; the weight gradient is the dense one's blocks (autograd of the scatter)."""
-    _, _, _, c_idx, k_idx = tables.on(x.device)
     t = tables.tables
     bs = t.block_size
     dense = w.new_zeros(t.CB, bs, t.KB, bs)
-    dense[c_idx, :, k_idx, :] = w                    # block b -> rows c*bs.., columns k*bs..
+    dense[tables.c_idx, :, tables.k_idx, :] = w                    # block b -> rows c*bs.., columns k*bs..
     # F.linear: one fused matmul + bias, cast as nn.Linear is under autocast
     return F.linear(x, dense.view(t.CB * bs, t.KB * bs).t(), bias)
