@@ -10,8 +10,7 @@ from torch import nn
 
 from ..layout import Layout
 from ..layouts.butterfly import butterfly_layout, default_butterfly_size
-from ._portable.dispatch import Dispatched, LinearDispatch, kernel_layout
-from .matmul import BlocksparseMatMul
+from ._portable.dispatch import Dispatched, for_layout
 
 __all__ = ["PixelflyLinear"]
 
@@ -96,13 +95,10 @@ class PixelflyLinear(Dispatched, nn.Module):
         self.n_factors = n_factors or int(butterfly_size).bit_length() - 1
         self.lowrank_size = lowrank_size
         self.stretch = bool(stretch)
-        layout = Layout(mask, block_size, any_block_size=True)
-        fine, refinement = kernel_layout(layout)
-        bsmm = BlocksparseMatMul(fine, fine.block_size, allow_tf32=allow_tf32) if fine is not None else None
-        self._dispatch = LinearDispatch(layout, bsmm, refinement, impl=impl, cost_model=cost_model,
-                                        device=device)
+        self._dispatch = for_layout(Layout(mask, block_size, any_block_size=True), allow_tf32=allow_tf32,
+                                    impl=impl, cost_model=cost_model, device=device)
         factory = {"device": device, "dtype": dtype}
-        self.weight = nn.Parameter(torch.empty(layout.w_shape, **factory))
+        self.weight = nn.Parameter(torch.empty(self.layout.w_shape, **factory))
         if lowrank_size:
             self.lowrank_first = nn.Parameter(torch.empty(lowrank_size, in_features, **factory))
             self.lowrank_second = nn.Parameter(torch.empty(out_features, lowrank_size, **factory))

@@ -26,10 +26,10 @@ from ...ops.matmul.grouping import groups_well
 from ...ops.matmul.portable import row_tables
 from ...ops.matmul.refine import refine, refined_block_size
 from ...ops.matmul.configs import KERNEL_BLOCK_SIZES
-from .._matmul.ops import KERNEL_DTYPES
+from .._matmul.ops import KERNEL_DTYPES, use_triton
 from .matmul import PortableTables, dense_matmul, portable_matmul
 
-__all__ = ["DEFAULT_TOKENS", "Dispatched", "LinearDispatch", "kernel_layout"]
+__all__ = ["DEFAULT_TOKENS", "Dispatched", "LinearDispatch", "for_layout", "kernel_layout"]
 
 #: Tokens assumed when planning a call whose token count is unknown (tracing, ``plan()``).
 DEFAULT_TOKENS = 4096
@@ -52,6 +52,16 @@ def kernel_layout(layout):
         return layout, None
     ref = refine(layout, fine)
     return ref.layout, ref
+
+
+def for_layout(layout, *, allow_tf32=False, impl="auto", cost_model=None, device=None):
+    """A :class:`LinearDispatch` for ``layout`` (any block size) with its own kernel product:
+    over ``layout`` itself, or over its refinement (:func:`kernel_layout`), or none."""
+    from ..matmul import BlocksparseMatMul  # the public module imports this one
+
+    fine, refinement = kernel_layout(layout)
+    bsmm = BlocksparseMatMul(fine, fine.block_size, allow_tf32=allow_tf32) if fine is not None else None
+    return LinearDispatch(layout, bsmm, refinement, impl=impl, cost_model=cost_model, device=device)
 
 
 @torch._dynamo.assume_constant_result
@@ -89,7 +99,7 @@ class LinearDispatch(nn.Module):
         self.layout = layout
         self.bsmm = bsmm
         self.refinement = refinement
-        self.impl = check_impl(impl)
+        self.impl = self.check_impl(impl)
         self.cost_model = cost_model
         self.tables = PortableTables(row_tables(layout), layout.coords, device)
         if refinement is not None:
@@ -102,6 +112,14 @@ class LinearDispatch(nn.Module):
 
     def extra_repr(self):
         return f"impl={self.impl!r}, refined={self.refinement is not None}"
+
+    def check_impl(self, impl):
+        """``impl`` checked against what this layout can run at all."""
+        impl = check_impl(impl)
+        if impl in ("kernels", "reference") and self.bsmm is None:
+            raise ValueError(f"impl={impl!r} cannot run block size {self.layout.block_size}: no kernel or "
+                             "reference block size (8..128) divides it; use 'portable', 'dense' or 'auto'")
+        return impl
 
     # ------------------------------------------------------------------ choosing
     @property
@@ -181,8 +199,12 @@ class LinearDispatch(nn.Module):
         """``x @ W (+ bias)`` by ``impl``; ``x`` ``(N, C)``, ``w`` the layer's ``(blocks, bs, bs)``."""
         if impl in ("kernels", "reference"):
             if self.bsmm is None:
-                raise ValueError(f"impl={impl!r} cannot run block size {self.layout.block_size} "
-                                 "(no kernel or reference block size divides it); use 'portable' or 'dense'")
+                raise ValueError(f"impl={impl!r} cannot run block size {self.layout.block_size}; use "
+                                 "'portable' or 'dense'")
+            if impl == "kernels" and not use_triton(x, self.bsmm.block_size):
+                raise RuntimeError(f"impl='kernels' needs CUDA tensors of float16, bfloat16 or float32 "
+                                   f"(or BLOCKSPARSE_BACKEND=triton with TRITON_INTERPRET=1); got "
+                                   f"{x.dtype} on {x.device}")
             y = self.bsmm(x, self.kernel_weight(w))
             return y if bias is None else y + bias.to(y.dtype)
         self._check(x, w)
@@ -211,7 +233,7 @@ class Dispatched:
 
     @impl.setter
     def impl(self, value):
-        self._dispatch.impl = check_impl(value)
+        self._dispatch.impl = self._dispatch.check_impl(value)
 
     def plan(self, tokens=None, dtype=None, device=None, backward=True):
         """What runs a call on ``tokens`` rows, and why: a :class:`blocksparse.dispatch.Plan`.
