@@ -22,7 +22,7 @@ from types import MappingProxyType
 
 from .table import IMPLS, PRECISIONS
 
-__all__ = ["CostModel", "MARGIN", "PREFERENCE", "Plan", "Problem", "K_NEAREST"]
+__all__ = ["CostModel", "K_NEAREST", "MARGIN", "PREFERENCE", "Plan", "Problem", "leave_one_out"]
 
 #: How much slower than the expected best an implementation may be and still be chosen.
 MARGIN = 0.05
@@ -170,3 +170,34 @@ class CostModel:
         if used != {problem.dtype}:
             why += f"; {problem.dtype} not measured, {'/'.join(sorted(used))} figures used"
         return Plan(impl, MappingProxyType(times), why, self.table.source)
+
+
+def leave_one_out(table, margin=MARGIN):
+    """How the model chooses where it has not measured: each row measured for two or more
+    implementations is planned from a table without it, and the *regret* of that choice is its
+    measured time over the row's fastest, minus one.
+
+    Returns a JSON-ready dict: ``rows`` (``key``, ``chosen``, ``best``, ``regret`` per row),
+    ``median_regret``, ``max_regret``, ``within_margin`` (fraction of rows with regret <= margin)
+    and ``margin``.
+    """
+    from .table import Table
+
+    rows = []
+    for i, r in enumerate(table.rows):
+        times = dict(r.fwdbwd_ms)
+        others = table.rows[:i] + table.rows[i + 1:]
+        if len(times) < 2 or not others:
+            continue
+        model = CostModel(Table(table.framework, table.device, others, table.meta, table.source), margin)
+        problem = Problem(r.tokens, r.in_features, r.out_features, r.block_size, r.density, r.dtype,
+                          r.structured, True)
+        chosen = model.choose(problem, tuple(times)).impl
+        best = min(times, key=times.get)
+        rows.append({"key": [r.tokens, r.in_features, r.out_features, r.block_size, r.dtype, r.layout],
+                     "chosen": chosen, "best": best, "regret": times[chosen] / times[best] - 1})
+    regrets = sorted(x["regret"] for x in rows)
+    if not regrets:
+        return {"margin": margin, "rows": [], "median_regret": 0.0, "max_regret": 0.0, "within_margin": 1.0}
+    return {"margin": margin, "rows": rows, "median_regret": regrets[len(regrets) // 2],
+            "max_regret": regrets[-1], "within_margin": sum(x <= margin + 1e-12 for x in regrets) / len(regrets)}
