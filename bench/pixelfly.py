@@ -119,6 +119,7 @@ def run(args):
             for variant in VARIANTS:
                 row = {"mlp": name, "layers": layers, "block_size": block, "butterfly_size": butterfly,
                        "dtype": str(dtype).replace("torch.", ""), "impl": variant}
+                mlp = None
                 try:
                     torch.manual_seed(0)
                     mlp = build(variant, layers, block, butterfly, device, dtype)
@@ -139,7 +140,7 @@ def run(args):
                 result["rows"].append(row)
                 print(json.dumps(row), flush=True)
                 write(result, args.out, device)
-                del mlp
+                mlp = None
                 if device == "cuda":
                     torch.cuda.empty_cache()
 

@@ -183,3 +183,17 @@ def test_bad_call_args():
         layer(torch.randn(3, 96, dtype=torch.float64))
     with pytest.raises(ValueError, match="tokens must be an int >= 1"):
         layer.plan(0)
+
+
+def test_readme_example():
+    """The README's pixelfly example runs as printed (on smaller inputs) and trains through."""
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8")
+    code = re.search(r"<!-- example: pixelfly -->\s*```python\n(.*?)```", text, re.S).group(1)
+    scope = {}
+    exec(compile(code.replace("torch.randn(16, 512, 384", "torch.randn(2, 8, 384"), "README:pixelfly", "exec"), scope)
+    mlp, x = scope["mlp"], scope["x"]
+    assert x.grad is not None and mlp[0].weight.grad is not None and mlp[0].lowrank_first.grad is not None
+    assert mlp[0].impl == "dense" and mlp[0].plan().source == "override"
