@@ -324,7 +324,8 @@ def markdown(data):
     loo = {tuple(r["key"]): r for r in data.get("validation", {}).get("rows", [])}
     for r in data["rows"]:
         times = ", ".join(f"{k} {v:.3g}" for k, v in sorted(r["fwdbwd_ms"].items(), key=lambda kv: kv[1]))
-        v = loo.get((r["tokens"], r["in_features"], r["out_features"], r["block_size"], r["dtype"], r["layout"]), {})
+        v = loo.get((r["tokens"], r["in_features"], r["out_features"], r["block_size"], round(r["density"], 4),
+                     r["dtype"], r["layout"]), {})
         lines.append(f"| {r['tokens']} | {r['in_features']} | {r['out_features']} | {r['block_size']} | "
                      f"{r['density']:.3f} | {r['dtype']} | {r['layout']} | {times} | {v.get('chosen', '')} | "
                      f"{v.get('regret', float('nan')):+.1%} |")

@@ -177,7 +177,8 @@ def leave_one_out(table, margin=MARGIN):
     implementations is planned from a table without it, and the *regret* of that choice is its
     measured time over the row's fastest, minus one.
 
-    Returns a JSON-ready dict: ``rows`` (``key``, ``chosen``, ``best``, ``regret`` per row),
+    Returns a JSON-ready dict: ``rows`` (``key`` = tokens, in, out, block size, density, dtype,
+    layout; ``chosen``, ``best``, ``regret`` per row),
     ``median_regret``, ``max_regret``, ``within_margin`` (fraction of rows with regret <= margin)
     and ``margin``.
     """
@@ -194,7 +195,8 @@ def leave_one_out(table, margin=MARGIN):
                           r.structured, True)
         chosen = model.choose(problem, tuple(times)).impl
         best = min(times, key=times.get)
-        rows.append({"key": [r.tokens, r.in_features, r.out_features, r.block_size, r.dtype, r.layout],
+        rows.append({"key": [r.tokens, r.in_features, r.out_features, r.block_size, round(r.density, 4),
+                             r.dtype, r.layout],
                      "chosen": chosen, "best": best, "regret": times[chosen] / times[best] - 1})
     regrets = sorted(x["regret"] for x in rows)
     if not regrets:

@@ -27,7 +27,7 @@ from ...ops.matmul.portable import row_tables
 from ...ops.matmul.refine import refine, refined_block_size
 from ...ops.matmul.configs import KERNEL_BLOCK_SIZES
 from .._matmul.ops import KERNEL_DTYPES, use_triton
-from .matmul import PortableTables, dense_matmul, portable_matmul
+from .matmul import DenseCache, PortableTables, dense_matmul, portable_matmul
 
 __all__ = ["DEFAULT_TOKENS", "Dispatched", "LinearDispatch", "for_layout", "kernel_layout"]
 
@@ -107,6 +107,7 @@ class LinearDispatch(nn.Module):
         self.last_tokens = None
         self._plans = {}
         self._structured = None
+        self._dense = DenseCache()
         self.handle = next(_handles)
         _dispatchers[self.handle] = self
 
@@ -208,8 +209,9 @@ class LinearDispatch(nn.Module):
             y = self.bsmm(x, self.kernel_weight(w))
             return y if bias is None else y + bias.to(y.dtype)
         self._check(x, w)
-        fn = portable_matmul if impl == "portable" else dense_matmul
-        return fn(x, w, self.tables, bias)
+        if impl == "portable":
+            return portable_matmul(x, w, self.tables, bias)
+        return dense_matmul(x, w, self.tables, bias, None if torch.compiler.is_compiling() else self._dense)
 
     @staticmethod
     def _check(x, w):

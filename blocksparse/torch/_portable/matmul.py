@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["PortableTables", "dense_matmul", "portable_matmul"]
+__all__ = ["DenseCache", "PortableTables", "dense_matmul", "portable_matmul"]
 
 
 class PortableTables(nn.Module):
@@ -67,12 +67,69 @@ def portable_matmul(x, w, tables, bias=None):
     return y if bias is None else y + bias.to(y.dtype)
 
 
-def dense_matmul(x, w, tables, bias=None):
-    """``y = x @ W (+ bias)`` with ``W`` scattered into a dense ``(C, K)`` matrix (zeros elsewhere)
-    and one dense matmul; the weight gradient is the dense one's blocks (autograd of the scatter)."""
+def _densify(w, tables):
+    """The dense ``(C, K)`` matrix of the packed blocks ``w``: zeros, then the blocks put in place."""
     t = tables.tables
     bs = t.block_size
     dense = w.new_zeros(t.CB, bs, t.KB, bs)
-    dense[tables.c_idx, :, tables.k_idx, :] = w                    # block b -> rows c*bs.., columns k*bs..
-    # F.linear: one fused matmul + bias, cast as nn.Linear is under autocast
-    return F.linear(x, dense.view(t.CB * bs, t.KB * bs).t(), bias)
+    dense[tables.c_idx, :, tables.k_idx, :] = w          # block b -> rows c*bs.., columns k*bs..
+    return dense.view(t.CB * bs, t.KB * bs)
+
+
+class DenseCache:
+    """The dense matrix of a layer's weight, kept while the weight is unchanged (same storage and
+    version counter -- an optimizer step or any in-place write makes a new one), per dtype and
+    device.  A training step densifies once, repeated calls on the same weight not at all."""
+
+    def __init__(self):
+        self._entries = {}
+
+    def get(self, w, tables, dtype):
+        key = (dtype, str(w.device))
+        stamp = (w.data_ptr(), w._version)
+        hit = self._entries.get(key)
+        if hit is None or hit[0] != stamp:
+            with torch.no_grad():
+                hit = (stamp, _densify(w.detach().to(dtype), tables))
+            self._entries[key] = hit
+        return hit[1]
+
+
+class _DenseMasked(torch.autograd.Function):
+    """``x @ dense + bias`` with a precomputed ``dense``; ``w`` receives the gradient's blocks."""
+
+    @staticmethod
+    def forward(ctx, x, w, bias, dense, tables):
+        ctx.save_for_backward(x, dense)
+        ctx.tables, ctx.w_dtype = tables, w.dtype
+        return F.linear(x, dense.t(), bias)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, dense = ctx.saved_tensors
+        tables, t = ctx.tables, ctx.tables.tables
+        dx = dy @ dense.t() if ctx.needs_input_grad[0] else None
+        dw = db = None
+        if ctx.needs_input_grad[1]:
+            full = (x.t() @ dy).view(t.CB, t.block_size, t.KB, t.block_size)    # [C, N] @ [N, K]
+            dw = full[tables.c_idx, :, tables.k_idx, :].to(ctx.w_dtype)
+        if ctx.needs_input_grad[2]:
+            db = dy.sum(0)
+        return dx, dw, db, None, None
+
+
+def dense_matmul(x, w, tables, bias=None, cache=None):
+    """``y = x @ W (+ bias)`` with ``W`` scattered into a dense ``(C, K)`` matrix (zeros elsewhere)
+    and one dense matmul; the weight gradient is the dense one's blocks.
+
+    With a :class:`DenseCache` (eager calls) the dense matrix is reused while the weight is
+    unchanged and the product is one ``F.linear`` forward; without (``torch.compile``) it is built
+    with differentiable ops every call.
+    """
+    if cache is None:
+        # F.linear: one fused matmul + bias, cast as nn.Linear is under autocast
+        return F.linear(x, _densify(w, tables).t(), bias)
+    dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+    with torch.autocast(x.device.type, enabled=False):
+        return _DenseMasked.apply(x.to(dtype), w, None if bias is None else bias.to(dtype),
+                                  cache.get(w, tables, dtype), tables)
