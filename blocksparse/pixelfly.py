@@ -13,6 +13,7 @@ TensorShape([3, 64])
 import keras
 import numpy as np
 
+from ._initializers import fan_in_bounds
 from ._tf import tf
 from ._tf.matmul import autodiff, backend
 from .dispatch import check_impl
@@ -97,10 +98,8 @@ class PixelflyDense(keras.layers.Layer):
             self.butterfly_size = default_butterfly_size(in_features, self.units, self.block_size)
         self.layout = lay = Layout(mask, self.block_size, any_block_size=True)
         self.in_features = in_features
-        fan_in = np.bincount(lay.coords[:, 1], minlength=lay.KB) * lay.block_size
-        self.kernel = self.add_weight(
-            name="kernel", shape=lay.w_shape,
-            initializer=_FanInUniform(1.0 / np.sqrt(np.maximum(fan_in[lay.coords[:, 1]], 1))))
+        per_block, per_feature = fan_in_bounds(lay)
+        self.kernel = self.add_weight(name="kernel", shape=lay.w_shape, initializer=_FanInUniform(per_block))
         if self.lowrank_size:
             self.lowrank_in = self.add_weight(
                 name="lowrank_in", shape=(in_features, self.lowrank_size),
@@ -110,8 +109,7 @@ class PixelflyDense(keras.layers.Layer):
                 initializer=keras.initializers.RandomUniform(-1 / np.sqrt(self.lowrank_size),
                                                              1 / np.sqrt(self.lowrank_size)))
         if self.use_bias:
-            bound = np.repeat(1.0 / np.sqrt(np.maximum(fan_in, 1)), lay.block_size)
-            self.bias = self.add_weight(name="bias", shape=(self.units,), initializer=_FanInUniform(bound))
+            self.bias = self.add_weight(name="bias", shape=(self.units,), initializer=_FanInUniform(per_feature))
 
     def plan(self, tokens=None, dtype=None):
         """What computes a call on ``tokens`` rows (default: the model's) and why: a

@@ -17,8 +17,9 @@ frontends (``BlocksparseLinear`` / ``PixelflyLinear`` in PyTorch, ``BlocksparseM
 ``PixelflyDense`` in TensorFlow) describe each call as a :class:`~.model.Problem`, ask for a
 :class:`~.model.Plan` and cache it; ``plan()`` on a layer returns it, and ``impl=`` overrides it.
 """
-from .model import MARGIN, PREFERENCE, CostModel, Plan, Problem
-from .table import IMPLS, PRECISIONS, Table, shipped_table
+from .model import MARGIN, PREFERENCE, CostModel, Plan
+from .problem import PRECISIONS, Problem
+from .table import IMPLS, Table, shipped_table
 
 __all__ = ["CostModel", "IMPLS", "MARGIN", "PRECISIONS", "PREFERENCE", "Plan", "Problem", "Table",
            "check_impl", "model_for", "override_plan"]

@@ -1,7 +1,7 @@
 """The cost model: expected time of each implementation of a problem, and the choice among them.
 
 Prediction.  Each implementation has a work measure -- ``N * C * K`` multiply-adds for ``dense``,
-``N * C * K * density`` for the sparse ones -- and the table gives, for each measured row, the time
+``N * C * K * density`` for the sparse ones (:meth:`~.problem.Problem.work`) -- and the table gives, for each measured row, the time
 per unit of work.  For a problem, the ``K_NEAREST`` rows with the same precision (else the
 nearest precision, said in the plan), measured for that implementation, are taken by distance
 in log space over (tokens, in, out, block size, density) plus one for a structure mismatch; the
@@ -20,9 +20,9 @@ import math
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from .table import IMPLS, PRECISIONS
+from .table import IMPLS
 
-__all__ = ["CostModel", "K_NEAREST", "MARGIN", "PREFERENCE", "Plan", "Problem", "leave_one_out"]
+__all__ = ["CostModel", "K_NEAREST", "MARGIN", "PREFERENCE", "Plan", "leave_one_out"]
 
 #: How much slower than the expected best an implementation may be and still be chosen.
 MARGIN = 0.05
@@ -32,38 +32,6 @@ PREFERENCE = ("dense", "kernels", "portable", "reference")
 K_NEAREST = 4
 _NEAREST_PRECISION = {"float32": ("tf32", "float64"), "tf32": ("float32",), "float64": ("float32", "tf32"),
                       "bfloat16": ("float16",), "float16": ("bfloat16",)}
-
-
-@dataclass(frozen=True)
-class Problem:
-    """A block-sparse linear product to plan: ``(tokens, in_features) @ (in_features, out_features)``.
-
-    ``dtype``: the compute precision (one of :data:`~.table.PRECISIONS`); ``structured``: the
-    layout groups well (the kernels run it with ``G > 1``); ``backward``: both gradients will
-    be computed too (training) rather than the forward product alone.
-    """
-
-    tokens: int
-    in_features: int
-    out_features: int
-    block_size: int
-    density: float
-    dtype: str
-    structured: bool = False
-    backward: bool = True
-
-    def __post_init__(self):
-        if self.dtype not in PRECISIONS:
-            raise ValueError(f"dtype must be one of {PRECISIONS}; got {self.dtype!r}")
-        for name in ("tokens", "in_features", "out_features", "block_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
-        if not 0 < self.density <= 1:
-            raise ValueError(f"density must be in (0, 1]; got {self.density}")
-
-    def work(self, impl):
-        dense = float(self.tokens) * self.in_features * self.out_features
-        return dense if impl == "dense" else dense * self.density
 
 
 @dataclass(frozen=True)
@@ -83,6 +51,7 @@ class Plan:
 
 
 def _features(p):
+    """A problem's coordinates in the space of nearest neighbours (log sizes and density)."""
     return (math.log2(p.tokens), math.log2(p.in_features), math.log2(p.out_features),
             math.log2(p.block_size), math.log2(p.density))
 
@@ -106,7 +75,7 @@ class CostModel:
     def _rows(self, problem, impl):
         """Rows measuring ``impl`` in the problem's precision, else the nearest one; and that precision."""
         for dtype in (problem.dtype, *_NEAREST_PRECISION.get(problem.dtype, ())):
-            rows = [r for r in self.table.rows if r.dtype == dtype and impl in r.times(problem.backward)]
+            rows = [r for r in self.table.rows if r.problem.dtype == dtype and impl in r.times(problem.backward)]
             if rows:
                 return rows, dtype
         return [], None
@@ -122,10 +91,8 @@ class CostModel:
         q = _features(problem)
         scored = []
         for r in rows:
-            d = math.dist(q, _features(r)) + (r.structured != problem.structured)
-            rate = r.times(problem.backward)[impl] / Problem(
-                r.tokens, r.in_features, r.out_features, r.block_size, r.density, r.dtype).work(impl)
-            scored.append((d, rate))
+            d = math.dist(q, _features(r.problem)) + (r.problem.structured != problem.structured)
+            scored.append((d, r.times(problem.backward)[impl] / r.problem.work(impl)))
         scored.sort(key=lambda s: s[0])
         exact = [rate for d, rate in scored if d < 1e-9]
         if exact:
@@ -191,12 +158,11 @@ def leave_one_out(table, margin=MARGIN):
         if len(times) < 2 or not others:
             continue
         model = CostModel(Table(table.framework, table.device, others, table.meta, table.source), margin)
-        problem = Problem(r.tokens, r.in_features, r.out_features, r.block_size, r.density, r.dtype,
-                          r.structured, True)
-        chosen = model.choose(problem, tuple(times)).impl
+        chosen = model.choose(r.problem, tuple(times)).impl
         best = min(times, key=times.get)
-        rows.append({"key": [r.tokens, r.in_features, r.out_features, r.block_size, round(r.density, 4),
-                             r.dtype, r.layout],
+        p = r.problem
+        rows.append({"key": [p.tokens, p.in_features, p.out_features, p.block_size, round(p.density, 4),
+                             p.dtype, r.layout],
                      "chosen": chosen, "best": best, "regret": times[chosen] / times[best] - 1})
     regrets = sorted(x["regret"] for x in rows)
     if not regrets:

@@ -26,12 +26,12 @@ from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
 
-__all__ = ["IMPLS", "PRECISIONS", "TABLES_DIR", "Row", "Table", "shipped_table"]
+from .problem import PRECISIONS, Problem
+
+__all__ = ["IMPLS", "TABLES_DIR", "Row", "Table", "shipped_table"]
 
 #: Implementations of a block-sparse linear product the model chooses between.
 IMPLS = ("kernels", "portable", "dense", "reference")
-#: Compute precisions a table row may be measured in.
-PRECISIONS = ("float32", "tf32", "float16", "bfloat16", "float64")
 #: Where the tables shipped with the package live.
 TABLES_DIR = Path(__file__).resolve().parent / "tables"
 _FORMAT = 1
@@ -40,15 +40,9 @@ _SIZE_KEYS = ("tokens", "in_features", "out_features", "block_size")
 
 @dataclass(frozen=True)
 class Row:
-    """One measured problem: sizes, density, precision, structure and the times of each impl."""
+    """One measured :class:`~.problem.Problem` (planned as training) and the times of each impl."""
 
-    tokens: int
-    in_features: int
-    out_features: int
-    block_size: int
-    density: float
-    dtype: str
-    structured: bool
+    problem: Problem
     fwd_ms: MappingProxyType
     fwdbwd_ms: MappingProxyType
     layout: str = ""
@@ -89,10 +83,10 @@ def _row(raw, where):
         raise _bad(where, f"density must be in (0, 1]; got {density!r}")
     if raw["dtype"] not in PRECISIONS:
         raise _bad(where, f"dtype must be one of {PRECISIONS}; got {raw['dtype']!r}")
-    return Row(**sizes, density=float(density), dtype=raw["dtype"],
-               structured=bool(raw.get("structured", False)),
-               fwd_ms=_times(raw["fwd_ms"], where, "fwd_ms"),
-               fwdbwd_ms=_times(raw["fwdbwd_ms"], where, "fwdbwd_ms"), layout=str(raw.get("layout", "")))
+    problem = Problem(**sizes, density=float(density), dtype=raw["dtype"],
+                      structured=bool(raw.get("structured", False)))
+    return Row(problem, _times(raw["fwd_ms"], where, "fwd_ms"), _times(raw["fwdbwd_ms"], where, "fwdbwd_ms"),
+               str(raw.get("layout", "")))
 
 
 @dataclass(frozen=True)

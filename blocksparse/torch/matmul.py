@@ -1,7 +1,6 @@
 """Public PyTorch API of the block-sparse matmul: :class:`BlocksparseMatMul`, :class:`BlocksparseLinear`."""
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -9,7 +8,7 @@ from .._frontend import LayoutShapes, check_feature_axis
 from ..layout import Layout
 from ._matmul import ops as _ops
 from ._matmul import plan as _plan
-from ._portable.dispatch import Dispatched, LinearDispatch
+from ._portable.dispatch import Dispatched, LinearDispatch, uniform_fan_in_
 
 __all__ = ["BlocksparseMatMul", "BlocksparseLinear"]
 
@@ -148,16 +147,7 @@ class BlocksparseLinear(Dispatched, nn.Module):
 
     def reset_parameters(self):
         """Uniform in +-1/sqrt(fan_in) per output feature, fan_in = features of its blocks."""
-        lay = self.layout
-        fan_in = np.bincount(lay.coords[:, 1], minlength=lay.KB) * lay.block_size  # per column
-        bound = 1.0 / np.sqrt(np.maximum(fan_in[lay.coords[:, 1]], 1))             # per block
-        with torch.no_grad():
-            bound_t = torch.as_tensor(bound, dtype=torch.float32, device=self.weight.device)
-            self.weight.uniform_(-1.0, 1.0).mul_(bound_t.to(self.weight.dtype)[:, None, None])
-            if self.bias is not None:
-                col_bound = 1.0 / np.sqrt(np.maximum(np.repeat(fan_in, lay.block_size), 1))
-                self.bias.uniform_(-1.0, 1.0).mul_(
-                    torch.as_tensor(col_bound, device=self.bias.device).to(self.bias.dtype))
+        uniform_fan_in_(self.weight, self.bias, self.layout)
 
     def forward(self, x):
         if x.dim() == 0 or x.shape[-1] != self.in_features:

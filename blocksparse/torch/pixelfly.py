@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..layout import Layout
 from ..layouts.butterfly import butterfly_layout, default_butterfly_size
-from ._portable.dispatch import Dispatched, for_layout
+from ._portable.dispatch import Dispatched, for_layout, uniform_fan_in_
 
 __all__ = ["PixelflyLinear"]
 
@@ -118,19 +117,11 @@ class PixelflyLinear(Dispatched, nn.Module):
 
     def reset_parameters(self):
         """Re-draw every parameter (see the class docstring)."""
-        lay = self.layout
-        fan_in = np.bincount(lay.coords[:, 1], minlength=lay.KB) * lay.block_size   # per column
-        with torch.no_grad():
-            bound = torch.as_tensor(1.0 / np.sqrt(np.maximum(fan_in[lay.coords[:, 1]], 1)),
-                                    dtype=torch.float32, device=self.weight.device)
-            self.weight.uniform_(-1.0, 1.0).mul_(bound.to(self.weight.dtype)[:, None, None])
-            if self.lowrank_first is not None:
+        uniform_fan_in_(self.weight, self.bias, self.layout)
+        if self.lowrank_first is not None:
+            with torch.no_grad():
                 self.lowrank_first.uniform_(-0.5, 0.5).mul_(1.0 / math.sqrt(self.in_features))
                 self.lowrank_second.uniform_(-1.0, 1.0).mul_(1.0 / math.sqrt(self.lowrank_size))
-            if self.bias is not None:
-                col = np.repeat(1.0 / np.sqrt(np.maximum(fan_in, 1)), lay.block_size)
-                self.bias.uniform_(-1.0, 1.0).mul_(torch.as_tensor(col, device=self.bias.device)
-                                                   .to(self.bias.dtype))
 
     def dense_weight(self):
         """The whole ``(in_features, out_features)`` matrix the layer multiplies by (butterfly plus

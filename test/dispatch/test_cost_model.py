@@ -169,6 +169,5 @@ def test_shipped_tables_are_valid():
             times = dict(r.fwdbwd_ms)
             if not times:
                 continue
-            plan = model.choose(Problem(r.tokens, r.in_features, r.out_features, r.block_size, r.density,
-                                        r.dtype, r.structured, True), tuple(times))
+            plan = model.choose(r.problem, tuple(times))
             assert times[plan.impl] <= 1.05 * min(times.values()) * (1 + 1e-9), (path.name, r)

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ... import _env
+from ..._initializers import fan_in_bounds
 from ...dispatch import Problem, check_impl, model_for, override_plan
 from ...layout import Layout
 from ...ops.matmul.grouping import groups_well
@@ -29,7 +30,7 @@ from ...ops.matmul.configs import KERNEL_BLOCK_SIZES
 from .._matmul.ops import KERNEL_DTYPES, use_triton
 from .matmul import DenseCache, PortableTables, dense_matmul, portable_matmul
 
-__all__ = ["DEFAULT_TOKENS", "Dispatched", "LinearDispatch", "for_layout", "kernel_layout"]
+__all__ = ["DEFAULT_TOKENS", "Dispatched", "LinearDispatch", "for_layout", "kernel_layout", "uniform_fan_in_"]
 
 #: Tokens assumed when planning a call whose token count is unknown (tracing, ``plan()``).
 DEFAULT_TOKENS = 4096
@@ -222,6 +223,17 @@ class LinearDispatch(nn.Module):
         if x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type):
             raise TypeError(f"input and weight must have the same dtype (or run under autocast); got "
                             f"{x.dtype} and {w.dtype}")
+
+
+def uniform_fan_in_(weight, bias, layout):
+    """Initialise a block-sparse layer like ``nn.Linear``: uniform in +-1/sqrt(fan-in) per output
+    feature, the fan-in counting only the blocks that feed it (:func:`blocksparse._initializers.fan_in_bounds`)."""
+    per_block, per_feature = fan_in_bounds(layout)
+    with torch.no_grad():
+        weight.uniform_(-1.0, 1.0).mul_(torch.as_tensor(per_block, device=weight.device)
+                                        .to(weight.dtype)[:, None, None])
+        if bias is not None:
+            bias.uniform_(-1.0, 1.0).mul_(torch.as_tensor(per_feature, device=bias.device).to(bias.dtype))
 
 
 class Dispatched:
