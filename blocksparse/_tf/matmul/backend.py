@@ -67,12 +67,12 @@ def _precision(dtype, on_gpu):
     return name
 
 
-def _model(device_type, cost_model):
-    """The given model, else TensorFlow's table for the device, else PyTorch's (the same kernels
-    and cuBLAS; said in the plan's source)."""
-    if cost_model is not None:
-        return cost_model
-    return CostModel(shipped_table("tensorflow", device_type) or shipped_table("torch", device_type))
+@lru_cache(maxsize=256)
+def _shipped_plan(problem, device_type, candidates):
+    """The plan of the shipped tables: TensorFlow's for the device, else PyTorch's (the same kernels
+    and cuBLAS; the plan's source names the file).  Cached: eager calls plan every time."""
+    table = shipped_table("tensorflow", device_type) or shipped_table("torch", device_type)
+    return CostModel(table).choose(problem, candidates)
 
 
 def plan(layout, axis, dtype, tokens=None, impl="auto", cost_model=None):
@@ -100,7 +100,11 @@ def plan(layout, axis, dtype, tokens=None, impl="auto", cost_model=None):
     device_type = "cuda" if on_gpu else "cpu"
     problem = Problem(tokens or DEFAULT_TOKENS, layout.C, layout.K, layout.block_size, layout.density,
                       _precision(dtype, on_gpu), _structured(layout), True)
-    chosen = _model(device_type, cost_model).choose(problem, tuple(by_name))
+    candidates = tuple(by_name)
+    if cost_model is None:
+        chosen = _shipped_plan(problem, device_type, candidates)
+    else:
+        chosen = cost_model.choose(problem, candidates)
     return chosen, by_name[chosen.impl]
 
 
