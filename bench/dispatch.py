@@ -67,7 +67,8 @@ class Case:
 
 def gpu_cases(quick):
     if quick:
-        return [Case(256, 256, 512, 32, 0.5, "bfloat16", "butterfly"), Case(256, 512, 256, 48, 0.25, "bfloat16", "random")]
+        return [Case(256, 256, 512, 32, 0.5, "bfloat16", "butterfly"),
+                Case(256, 512, 256, 48, 0.25, "bfloat16", "random")]
     cases = [Case(8192, i, o, bs, 1.0, dt, "butterfly") for i, o, bs, _ in PIXELFLY_LAYERS
              for dt in ("bfloat16", "float32")]
     for c, k in ((1024, 4096), (4096, 1024), (4096, 4096)):

@@ -1,12 +1,13 @@
 """The cost model: expected time of each implementation of a problem, and the choice among them.
 
 Prediction.  Each implementation has a work measure -- ``N * C * K`` multiply-adds for ``dense``,
-``N * C * K * density`` for the sparse ones (:meth:`~.problem.Problem.work`) -- and the table gives, for each measured row, the time
-per unit of work.  For a problem, the ``K_NEAREST`` rows with the same precision (else the
-nearest precision, said in the plan), measured for that implementation, are taken by distance
-in log space over (tokens, in, out, block size, density) plus one for a structure mismatch; the
-problem's time is its work times the inverse-distance-weighted geometric mean of their time per
-unit of work.  A measured problem (distance 0) gets exactly its measured time.
+``N * C * K * density`` for the sparse ones (:meth:`~.problem.Problem.work`) -- and the table
+gives, for each measured row, the time per unit of work.  For a problem, the ``K_NEAREST`` rows
+with the same precision (else the nearest precision, said in the plan), measured for that
+implementation, are taken by distance in log space over (tokens, in, out, block size, density)
+plus one for a structure mismatch; the problem's time is its work times the inverse-distance-
+weighted geometric mean of their time per unit of work.  A measured problem (distance 0) gets
+exactly its measured time.
 
 Choice (the margin rule).  The fastest expected implementation is the *best*; every implementation
 expected within ``margin`` (default 5%) of it is *acceptable*, and the first acceptable one in

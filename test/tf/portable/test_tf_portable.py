@@ -39,7 +39,8 @@ def check(products, lay, axis, x, w, dy, dtype=tf.float32, dw_dtype=tf.float32):
     assert (y.dtype, dx.dtype, dw.dtype) == (dtype, dtype, dw_dtype)
     refs = dense_products(lay, *(tf.cast(a, tf.float64).numpy() for a in seen), axis)
     tol = tolerance(dtype.name)
-    for name, got, ref, t in zip(("y", "dx", "dw"), (y, dx, dw), refs, (tol, tol, max(tol / 10, tolerance(dw_dtype.name)))):
+    tols = (tol, tol, max(tol / 10, tolerance(dw_dtype.name)))
+    for name, got, ref, t in zip(("y", "dx", "dw"), (y, dx, dw), refs, tols):
         assert rel_error(tf.cast(got, tf.float64).numpy(), ref) < t, f"{products.name} {name}"
 
 
