@@ -112,8 +112,10 @@ class BlocksparseLinear(Dispatched, nn.Module):
         Let float32 products use TF32 tensor cores.
     impl : str
         Which implementation runs the product: ``"auto"`` (default: the cost model of
-        :mod:`blocksparse.dispatch` chooses per call), ``"kernels"``, ``"portable"``, ``"dense"`` or
-        ``"reference"``; settable later as ``layer.impl``.  :meth:`plan` says what runs and why.
+        :mod:`blocksparse.dispatch` chooses per call), ``"kernels"`` / ``"reference"`` (both the
+        matmul ops of :class:`BlocksparseMatMul`: the kernels on CUDA, the reference path elsewhere),
+        ``"portable"`` or ``"dense"``; settable later as ``layer.impl``.  :meth:`plan` says what runs
+        and why.
     cost_model : blocksparse.dispatch.CostModel, optional
         The model to plan with (default: the tables shipped for the call's device).
 

@@ -14,6 +14,7 @@ constant of the compiled graph.
 from __future__ import annotations
 
 import itertools
+import os
 import weakref
 
 import torch
@@ -107,6 +108,7 @@ class LinearDispatch(nn.Module):
             self.register_buffer("perm", torch.tensor(refinement.perm, device=device), persistent=False)
         self.last_tokens = None
         self._plans = {}
+        self._choices = {}
         self._structured = None
         self._dense = DenseCache()
         self.handle = next(_handles)
@@ -175,17 +177,26 @@ class LinearDispatch(nn.Module):
         return self._plans[key]
 
     def choose(self, x, w):
-        """The implementation of the call ``x @ W`` (``x`` 2-D, ``w`` the layer's weight)."""
-        forced = self._forced()
-        if forced is not None:
-            return forced[0]
-        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) \
-            else x.dtype
+        """The implementation of the call ``x @ W`` (``x`` 2-D, ``w`` the layer's weight).
+
+        Eager calls look their answer up by everything it depends on (one dict lookup after the
+        first call of a kind: the plan is made once); the environment is read on every call, so
+        a change of ``BLOCKSPARSE_BACKEND`` takes effect at once.
+        """
+        device_type = x.device.type
+        dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
         backward = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
         if torch.compiler.is_compiling():
-            return _traced_choice(self.handle, dtype, x.device.type, backward)
-        self.last_tokens = x.shape[0]
-        return self.plan(x.shape[0], dtype, x.device.type, backward).impl
+            forced = self._forced()
+            return forced[0] if forced else _traced_choice(self.handle, dtype, device_type, backward)
+        tokens = x.shape[0]
+        self.last_tokens = tokens
+        tf32 = device_type == "cuda" and dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+        key = (tokens, dtype, device_type, backward, self.impl, os.environ.get("BLOCKSPARSE_BACKEND"), tf32)
+        impl = self._choices.get(key)
+        if impl is None:
+            impl = self._choices[key] = self.plan(tokens, dtype, device_type, backward).impl
+        return impl
 
     # ------------------------------------------------------------------ running
     def kernel_weight(self, w):
