@@ -48,7 +48,7 @@ from blocksparse.layout import Layout  # noqa: E402
 from blocksparse.layouts.butterfly import butterfly_layout, default_butterfly_size  # noqa: E402
 from blocksparse.ops.matmul.grouping import groups_well  # noqa: E402
 from blocksparse.testing import rel_error, tolerance  # noqa: E402
-from blocksparse.testing.matmul import dense_products, random_layout  # noqa: E402
+from blocksparse.testing.matmul import dense_products, dense_products_torch, random_layout  # noqa: E402
 
 #: The layers of bench/pixelfly.py: (in, out, block size, butterfly size).
 PIXELFLY_LAYERS = ((384, 1536, 48, 64), (1536, 384, 48, 64), (2048, 8192, 256, 64), (8192, 4096, 256, 64))
@@ -164,17 +164,8 @@ class TorchRunner:
 
         with poisoned_empty():
             outs = self._grads(impl)
-        return {name: rel_error(o, r) for name, o, r in zip(("y", "dx", "dw"), outs, self._references())}
-
-    def _references(self):
-        """float64 y, dx, dW on the device (the dense matrix from the layout core; GPU-sized
-        problems would take minutes in numpy)."""
-        torch, lay = self.torch, self.layout
-        dense = torch.from_numpy(lay.dense(self.w.double().cpu().numpy())).to(self.device)
-        x, dy = self.x.double(), self.dy.double()
-        full = (x.t() @ dy).view(lay.CB, lay.block_size, lay.KB, lay.block_size)
-        c, k = (torch.from_numpy(lay.coords[:, i].astype(np.int64)).to(self.device) for i in (0, 1))
-        return x @ dense, dy @ dense.t(), full[c, :, k, :]
+        refs = dense_products_torch(self.layout, self.x, self.w, self.dy)
+        return {name: rel_error(o, r) for name, o, r in zip(("y", "dx", "dw"), outs, refs)}
 
     def fns(self, impl):
         def fwd():

@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch")
 from blocksparse.layout import Layout  # noqa: E402
 from blocksparse.layouts.butterfly import butterfly_layout  # noqa: E402
 from blocksparse.testing import rel_error, tolerance  # noqa: E402
+from blocksparse.testing.matmul import dense_products_torch  # noqa: E402
 from blocksparse.torch import PixelflyLinear  # noqa: E402
 from blocksparse.torch._matmul import plan as _plan  # noqa: E402
 from blocksparse.torch._portable.dispatch import for_layout  # noqa: E402
@@ -26,13 +27,9 @@ def _check(dispatch, impl, rng, n, dtype):
     dy = t(rng.standard_normal((n, lay.K)))
     y = dispatch.run(impl, x, w)
     y.backward(dy)
-    dense = torch.from_numpy(lay.dense(w.detach().double().cpu().numpy())).cuda()
-    x64, dy64 = x.detach().double(), dy.double()
-    full = (x64.t() @ dy64).view(lay.CB, lay.block_size, lay.KB, lay.block_size)
-    c, k = (torch.from_numpy(lay.coords[:, i].astype(np.int64)).cuda() for i in (0, 1))
-    for name, got, ref in (("y", y, x64 @ dense), ("dx", x.grad, dy64 @ dense.t()), ("dw", w.grad, full[c, :, k, :])):
-        assert got.dtype == x.dtype
-        assert rel_error(got, ref) < tolerance(dtype), f"{impl} {name}"
+    refs = dense_products_torch(lay, x, w, dy)
+    for name, got, ref in zip(("y", "dx", "dw"), (y, x.grad, w.grad), refs):
+        assert got.dtype == x.dtype and rel_error(got, ref) < tolerance(dtype), f"{impl} {name}"
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
@@ -54,15 +51,17 @@ def test_refined_butterfly_runs_grouped_kernels(rng):
     _check(dispatch, "kernels", rng, 4096, "bfloat16")
 
 
-def test_compiled_and_autocast(rng):
-    layer = PixelflyLinear(384, 1536, 48, 64, lowrank_size=8, device="cuda")
-    x = torch.randn(4, 100, 384, device="cuda", requires_grad=True)
-    compiled = torch.compile(layer, fullgraph=True)
+@pytest.mark.parametrize("impl", ["kernels", "portable", "dense"])
+def test_compiled_under_autocast_against_float64(impl):
+    """torch.compile(fullgraph=True) of each implementation under bfloat16 autocast, against the
+    float64 product of the layer's whole matrix (butterfly + low-rank) and bias."""
+    layer = PixelflyLinear(384, 1536, 48, 64, lowrank_size=8, device="cuda", impl=impl)
+    x = torch.randn(400, 384, device="cuda", requires_grad=True)
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        y = compiled(x)
-        ref = layer(x)
+        y = torch.compile(layer, fullgraph=True)(x)
     assert y.dtype == torch.bfloat16
-    torch.testing.assert_close(y, ref, atol=4e-3, rtol=1.6e-2)
+    ref = x.detach().double() @ layer.dense_weight().detach().double() + layer.bias.detach().double()
+    assert rel_error(y, ref) < tolerance("bfloat16")
     y.float().square().mean().backward()
     assert torch.isfinite(layer.weight.grad).all() and torch.isfinite(x.grad).all()
 
