@@ -339,6 +339,19 @@ def markdown(data):
     return "\n".join(lines) + "\n"
 
 
+#: The fields of a row the package's table keeps (bench/results keeps them all).
+ROW_FIELDS = ("tokens", "in_features", "out_features", "block_size", "density", "dtype", "layout", "structured",
+              "fwd_ms", "fwdbwd_ms")
+
+
+def package_json(data, rows):
+    """The table as the package ships it: its metadata, then one row per line."""
+    head = {k: v for k, v in data.items() if k not in ("rows", "validation")}
+    head["validation"] = {k: v for k, v in data.get("validation", {}).items() if k != "rows"}
+    body = ",\n".join("  " + json.dumps({k: r[k] for k in ROW_FIELDS}) for r in rows)
+    return json.dumps(head, indent=1)[:-2] + ',\n "rows": [\n' + body + "\n ]\n}\n"
+
+
 def write(data, out, install):
     os.makedirs(out, exist_ok=True)
     name = f"{data['framework']}-{data['device']}"
@@ -349,9 +362,9 @@ def write(data, out, install):
         json.dump(data, f, indent=1)
     with open(os.path.join(out, f"{name}.md"), "w") as f:
         f.write(markdown(data))
-    if install and valid:  # the package gets the measured rows only
+    if install and valid:  # the package gets the measured rows, the fields the model reads
         with open(TABLES_DIR / f"{name}.json", "w") as f:
-            json.dump({**data, "rows": valid}, f, indent=1)
+            f.write(package_json(data, valid))
 
 
 def run(framework, device, cases, args):
