@@ -5,7 +5,19 @@ Both return a ``(blocks, bs, bs)`` float32 array in the block order of the given
 """
 import numpy as np
 
-__all__ = ["identity_blocks", "ortho_blocks"]
+__all__ = ["fan_in_bounds", "identity_blocks", "ortho_blocks"]
+
+
+def fan_in_bounds(layout):
+    """``nn.Linear``'s uniform bounds for a block-sparse weight: ``1 / sqrt(fan_in)`` with the fan-in
+    of an output feature counting only the blocks of its layout column.
+
+    Returns ``(per_block, per_feature)``: float64 arrays of shape ``(blocks,)`` (the bound of each
+    block's column) and ``(K,)`` (the bound of each output feature, for the bias).
+    """
+    fan_in = np.bincount(layout.coords[:, 1], minlength=layout.KB) * layout.block_size
+    per_column = 1.0 / np.sqrt(np.maximum(fan_in, 1))
+    return per_column[layout.coords[:, 1]], np.repeat(per_column, layout.block_size)
 
 
 def identity_blocks(layout):

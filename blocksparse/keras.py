@@ -16,7 +16,7 @@ import numpy as np
 from ._frontend import LayoutShapes
 from .layout import Layout
 
-__all__ = ["BlocksparseDense"]
+__all__ = ["BlocksparseDense", "PixelflyDense"]
 
 _BACKENDS = ("tensorflow", "torch")
 
@@ -156,3 +156,6 @@ class BlocksparseDense(keras.layers.Layer, LayoutShapes):
             z_order=self.layout.z_order,
         )
         return config
+
+
+from .pixelfly import PixelflyDense  # noqa: E402  (the butterfly layer lives with its layouts)

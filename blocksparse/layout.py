@@ -80,16 +80,20 @@ __all__ = ["BLOCK_SIZES", "Layout", "XpropLut", "check_block_size", "check_layou
 BLOCK_SIZES = (8, 16, 32, 64, 128)
 
 
-def check_block_size(block_size, name="block_size"):
-    """Return ``block_size`` as an ``int`` after checking it is one of :data:`BLOCK_SIZES`.
+def check_block_size(block_size, name="block_size", *, any_size=False):
+    """Return ``block_size`` as an ``int`` after checking it is one of :data:`BLOCK_SIZES`
+    (with ``any_size``: any int >= 1, for the portable path).
 
-    >>> check_block_size(32)
-    32
+    >>> check_block_size(32), check_block_size(48, any_size=True)
+    (32, 48)
     """
+    allowed = "an int >= 1" if any_size else f"an int, one of {BLOCK_SIZES}"
     if isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral):
-        raise TypeError(f"{name} must be an int, one of {BLOCK_SIZES}; got {block_size!r} "
+        raise TypeError(f"{name} must be {allowed}; got {block_size!r} "
                         f"of type {type(block_size).__name__}")
-    if int(block_size) not in BLOCK_SIZES:
+    if any_size and block_size < 1:
+        raise ValueError(f"{name} must be {allowed}; got {int(block_size)}")
+    if not any_size and int(block_size) not in BLOCK_SIZES:
         raise ValueError(f"{name} must be one of {BLOCK_SIZES}; got {int(block_size)}")
     return int(block_size)
 
@@ -230,6 +234,9 @@ class Layout:
         Block edge, one of :data:`BLOCK_SIZES`.
     z_order : bool
         Number the blocks in Morton order instead of row-major order.
+    any_block_size : bool
+        Accept any block edge >= 1 (e.g. 48 or 256): layouts that only the portable and dense
+        paths, or the kernels after :func:`blocksparse.ops.matmul.refine.refine`, can run.
 
     Examples
     --------
@@ -240,9 +247,9 @@ class Layout:
     [[0, 0, 2, 0], [1, 2, 1, 0]]
     """
 
-    def __init__(self, layout, block_size=32, *, z_order=False):
+    def __init__(self, layout, block_size=32, *, z_order=False, any_block_size=False):
         self.mask = check_layout(layout)
-        self.block_size = check_block_size(block_size)
+        self.block_size = check_block_size(block_size, any_size=any_block_size)
         self.z_order = bool(z_order)
         self.CB, self.KB = self.mask.shape
         self.C, self.K = self.CB * self.block_size, self.KB * self.block_size

@@ -23,6 +23,7 @@ from ._initializers import identity_blocks, ortho_blocks
 from ._tf import tf
 from ._tf import checks
 from ._tf.matmul import autodiff, backend, graph_edit, grouping, sparse_proj, weights
+from .dispatch import check_impl
 from .layout import BLOCK_SIZES, Layout
 
 __all__ = ["BlocksparseMatMul", "SparseProj", "add_control_input", "get_parents", "group_param_grads",
@@ -58,6 +59,11 @@ class BlocksparseMatMul(LayoutShapes):
         Number the blocks of ``W`` in Morton order instead of row-major order.
     name : str, optional
         Name scope of the ops (default ``"BlocksparseMatMul"``).
+    impl : str
+        Which implementation computes the products: ``"auto"`` (default: the cost model of
+        :mod:`blocksparse.dispatch` chooses when each op is built, on every device),
+        ``"kernels"`` (the GPU op library), ``"portable"``, ``"dense"`` or ``"reference"``.
+        :meth:`plan` says what runs and why.  ``BLOCKSPARSE_BACKEND=reference|triton`` wins.
 
     Attributes
     ----------
@@ -74,7 +80,8 @@ class BlocksparseMatMul(LayoutShapes):
         Multiply-adds times two of one product per minibatch row: ``2 * blocks * bs * bs``.
     """
 
-    def __init__(self, layout, block_size=32, feature_axis=1, z_order=False, name=None):
+    def __init__(self, layout, block_size=32, feature_axis=1, z_order=False, name=None, *, impl="auto"):
+        self.impl = check_impl(impl)
         self.axis = check_feature_axis(feature_axis)
         if not isinstance(z_order, (bool, np.bool_)):
             raise TypeError(f"z_order must be a bool; got {z_order!r}")
@@ -90,15 +97,24 @@ class BlocksparseMatMul(LayoutShapes):
         self.flops = 2 * self.blocks * self.bsize * self.bsize
 
     def __getstate__(self):
-        return (self.layout.mask, self.bsize, self.axis, self.z_order, self.name)
+        return (self.layout.mask, self.bsize, self.axis, self.z_order, self.name, self.impl)
 
     def __setstate__(self, state):
-        self.__init__(*state)
+        mask, bsize, axis, z_order, name, *impl = state   # pickles made before impl= have 5 fields
+        self.__init__(mask, bsize, axis, z_order, name, impl=impl[0] if impl else "auto")
 
     def __repr__(self):
         return (f"BlocksparseMatMul(C={self.C}, K={self.K}, block_size={self.bsize}, "
                 f"blocks={self.blocks}, feature_axis={self.axis}, z_order={self.z_order}, "
-                f"name={self.name!r})")
+                f"name={self.name!r}, impl={self.impl!r})")
+
+    def plan(self, N=None, dtype=tf.float32):
+        """What computes a product of minibatch ``N`` in ``dtype``, and why: a
+        :class:`blocksparse.dispatch.Plan` (``N=None``: the default minibatch of the model)."""
+        dtype = checks.float_dtype(dtype, "dtype")
+        if N is not None:
+            N = _check_int(N, "N", 1)
+        return backend.plan(self.layout, self.axis, dtype, N, self.impl)[0]
 
     def ortho_init(self):
         """Initializer: random orthonormal columns within each layout column (see below).
@@ -177,7 +193,8 @@ class BlocksparseMatMul(LayoutShapes):
         I = checks.float_tensor(I, "I")
         W = checks.float_tensor(W, "W")
         checks.same_dtype(I, W, "I", "W")
-        products = backend.select(self.layout, self.axis, I.dtype)
+        tokens = I.shape[1 - self.axis] if I.shape.rank == 2 else None
+        products = backend.choose(self.layout, self.axis, I.dtype, tokens, self.impl)
         with tf.name_scope(checks.op_name(name, self.name)):
             hint = f" = {'(N, C)' if self.axis else '(C, N)'} for feature_axis={self.axis}"
             I = checks.checked(I, checks.shape_assertions(I, self.i_shape(None), "I", rank_hint=hint))

@@ -6,5 +6,6 @@ The masks feed :class:`blocksparse.layout.Layout` (matmul weights) or the attent
 :mod:`.attention`  causal, Sparse-Transformer "fixed", sliding window, BigBird, user masks:
                    ``causal``, ``fixed``, ``sliding_window``, ``bigbird``, ``from_mask`` (+ ``BlockMasks``),
                    ``check_attention_layout``
-:mod:`.butterfly`  flat block butterfly (pixelfly), random layouts with fixed blocks per row
+:mod:`.butterfly`  flat block butterfly (pixelfly): ``flat_butterfly``, ``butterfly_layout``,
+                   ``default_butterfly_size``; ``random_row_layout`` (fixed blocks per row)
 """

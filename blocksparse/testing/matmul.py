@@ -5,7 +5,7 @@ so they share no code with any implementation under test.
 """
 import numpy as np
 
-__all__ = ["dense_products", "l2_normalize_dense", "random_layout"]
+__all__ = ["dense_products", "dense_products_torch", "l2_normalize_dense", "random_layout"]
 
 
 def random_layout(rng, CB, KB, density, *, empty_rows=0, empty_cols=0, cover=False):
@@ -35,6 +35,18 @@ def dense_products(layout, x, w, dy, axis):
     if axis == 1:
         return x @ dense, dy @ dense.T, layout.pack(x.T @ dy)
     return dense.T @ x, dense @ dy, layout.pack(x @ dy.T)
+
+
+def dense_products_torch(layout, x, w, dy):
+    """:func:`dense_products` (``axis=1``) in float64 on the tensors' device: GPU-sized problems
+    would take minutes in numpy.  The dense matrix comes from the layout core."""
+    import torch
+
+    dense = torch.from_numpy(layout.dense(w.detach().double().cpu().numpy())).to(x.device)
+    x, dy = x.detach().double(), dy.detach().double()
+    full = (x.t() @ dy).view(layout.CB, layout.block_size, layout.KB, layout.block_size)
+    c, k = (torch.from_numpy(layout.coords[:, i].astype(np.int64)).to(x.device) for i in (0, 1))
+    return x @ dense, dy @ dense.t(), full[c, :, k, :]
 
 
 def l2_normalize_dense(dense, gain=None, epsilon=1e-6):

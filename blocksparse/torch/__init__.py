@@ -1,9 +1,10 @@
-"""PyTorch frontend: :class:`BlocksparseMatMul`, :class:`BlocksparseLinear`,
+"""PyTorch frontend: :class:`BlocksparseMatMul`, :class:`BlocksparseLinear`, :class:`PixelflyLinear`,
 :class:`BlocksparseTransformer`, :func:`layer_norm`, :func:`fused_lstm_gates`, the fused
 block-sparse :func:`attention` with its prepared :class:`AttentionLayout`, and the block-sparse
 convolution :class:`BlocksparseConv`, :class:`BlocksparseDeconv` and :class:`BlocksparseConvLayer`.
 
-Requires PyTorch (``pip install blocksparse[torch]``).  On CUDA tensors the Triton kernels run;
+Requires PyTorch (``pip install blocksparse[torch]``).  :class:`PixelflyLinear`: a flat block
+butterfly layer with an optional low-rank term, any block size.  On CUDA tensors the Triton kernels run;
 elsewhere (and for block size 8) the reference path does.  ``BLOCKSPARSE_BACKEND`` forces a path
 (see :mod:`blocksparse._env`).
 """
@@ -17,8 +18,9 @@ from .fused_attention import AttentionLayout, attention
 from .lstm import fused_lstm_gates
 from .matmul import BlocksparseLinear, BlocksparseMatMul
 from .norms import layer_norm
+from .pixelfly import PixelflyLinear
 from .transformer import BlocksparseTransformer
 
 __all__ = ["AttentionLayout", "BlocksparseConv", "BlocksparseConvLayer", "BlocksparseDeconv",
-           "BlocksparseLinear", "BlocksparseMatMul", "BlocksparseTransformer", "attention",
-           "fused_lstm_gates", "layer_norm"]
+           "BlocksparseLinear", "BlocksparseMatMul", "BlocksparseTransformer", "PixelflyLinear",
+           "attention", "fused_lstm_gates", "layer_norm"]

@@ -1,7 +1,6 @@
 """Public PyTorch API of the block-sparse matmul: :class:`BlocksparseMatMul`, :class:`BlocksparseLinear`."""
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -9,6 +8,7 @@ from .._frontend import LayoutShapes, check_feature_axis
 from ..layout import Layout
 from ._matmul import ops as _ops
 from ._matmul import plan as _plan
+from ._portable.dispatch import Dispatched, LinearDispatch, uniform_fan_in_
 
 __all__ = ["BlocksparseMatMul", "BlocksparseLinear"]
 
@@ -103,7 +103,7 @@ class BlocksparseMatMul(LayoutShapes):
         return x, w.contiguous()
 
 
-class BlocksparseLinear(nn.Module):
+class BlocksparseLinear(Dispatched, nn.Module):
     """A linear layer ``y = x @ W + bias`` with a block-sparse weight.
 
     Parameters
@@ -118,6 +118,14 @@ class BlocksparseLinear(nn.Module):
         Where and in which dtype to create the parameters.
     allow_tf32 : bool
         Let float32 products use TF32 tensor cores.
+    impl : str
+        Which implementation runs the product: ``"auto"`` (default: the cost model of
+        :mod:`blocksparse.dispatch` chooses per call), ``"kernels"`` / ``"reference"`` (both the
+        matmul ops of :class:`BlocksparseMatMul`: the kernels on CUDA, the reference path elsewhere),
+        ``"portable"`` or ``"dense"``; settable later as ``layer.impl``.  :meth:`plan` says what runs
+        and why.
+    cost_model : blocksparse.dispatch.CostModel, optional
+        The model to plan with (default: the tables shipped for the call's device).
 
     ``weight`` has shape ``(blocks, block_size, block_size)`` (see :class:`BlocksparseMatMul`);
     ``forward`` takes ``(..., in_features)`` and returns ``(..., out_features)``.  Initialised like
@@ -131,10 +139,12 @@ class BlocksparseLinear(nn.Module):
     """
 
     def __init__(self, layout, block_size=32, bias=True, device=None, dtype=None, *,
-                 z_order=False, allow_tf32=False):
+                 z_order=False, allow_tf32=False, impl="auto", cost_model=None):
         super().__init__()
         self.bsmm = BlocksparseMatMul(layout, block_size, feature_axis=1, z_order=z_order,
                                       allow_tf32=allow_tf32)
+        self._dispatch = LinearDispatch(self.bsmm.layout, self.bsmm, impl=impl, cost_model=cost_model,
+                                        device=device)
         self.in_features, self.out_features = self.bsmm.C, self.bsmm.K
         factory = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(self.bsmm.w_shape, **factory))
@@ -147,28 +157,24 @@ class BlocksparseLinear(nn.Module):
 
     def reset_parameters(self):
         """Uniform in +-1/sqrt(fan_in) per output feature, fan_in = features of its blocks."""
-        lay = self.layout
-        fan_in = np.bincount(lay.coords[:, 1], minlength=lay.KB) * lay.block_size  # per column
-        bound = 1.0 / np.sqrt(np.maximum(fan_in[lay.coords[:, 1]], 1))             # per block
-        with torch.no_grad():
-            bound_t = torch.as_tensor(bound, dtype=torch.float32, device=self.weight.device)
-            self.weight.uniform_(-1.0, 1.0).mul_(bound_t.to(self.weight.dtype)[:, None, None])
-            if self.bias is not None:
-                col_bound = 1.0 / np.sqrt(np.maximum(np.repeat(fan_in, lay.block_size), 1))
-                self.bias.uniform_(-1.0, 1.0).mul_(
-                    torch.as_tensor(col_bound, device=self.bias.device).to(self.bias.dtype))
+        uniform_fan_in_(self.weight, self.bias, self.layout)
 
     def forward(self, x):
         if x.dim() == 0 or x.shape[-1] != self.in_features:
             raise ValueError(f"input must have shape (..., {self.in_features}); "
                              f"got {tuple(x.shape)}")
         lead = x.shape[:-1]
-        y = self.bsmm(x.reshape(-1, self.in_features), self.weight)
-        if self.bias is not None:
-            y = y + self.bias.to(y.dtype)
+        x2 = x.reshape(-1, self.in_features)
+        impl = self._dispatch.choose(x2, self.weight)
+        if impl in ("kernels", "reference"):  # the matmul ops: the kernels on CUDA, else the reference path
+            y = self.bsmm(x2, self.weight)
+            if self.bias is not None:
+                y = y + self.bias.to(y.dtype)
+        else:
+            y = self._dispatch.run(impl, x2, self.weight, self.bias)
         return y.reshape(*lead, self.out_features)
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"block_size={self.layout.block_size}, blocks={self.layout.blocks}, "
-                f"density={self.layout.density:.3f}, bias={self.bias is not None}")
+                f"density={self.layout.density:.3f}, bias={self.bias is not None}, impl={self.impl!r}")

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ...layout import Layout
-from ...ops.matmul import configs
+from ...ops.matmul import configs, grouping
 from ...ops.matmul.configs import UpdatConfig, XpropConfig
 
 #: SM count assumed off-GPU (Triton's interpreter), small so that tests exercise the splits.
@@ -81,6 +81,8 @@ def _make_plan(layout, kind, n, device, dtype, tma):
         cfg = configs.updat_config(bs, n, **opts)
         return Plan(cfg, split=configs.updat_split(cfg, n, layout.updat_groups(cfg.G).shape[0], sms))
     cfg = configs.xprop_config(bs, n, **opts)
+    # structured layouts: one activation tile serves G output blocks (blocksparse.ops.matmul.grouping)
+    cfg = grouping.grouped_config(cfg, layout, kind, float32=opts["float32"], interpret=interpret)
     lut = getattr(layout, kind)(None, group=cfg.G)
     slices = bs // (cfg.BN or bs) if cfg.TMA else 1
     programs = math.ceil(max(n, 1) / cfg.BM) * lut.num_segments * slices

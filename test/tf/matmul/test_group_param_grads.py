@@ -49,8 +49,9 @@ def independent_uses(rng, bsmm, T):
 
 
 def make_bsmm(rng, axis, bs=8):
+    # the reference products: the op counts below are theirs (one batched matmul per dW product)
     return BlocksparseMatMul(random_layout(rng, 5, 4, 0.5, empty_rows=1, empty_cols=1),
-                             block_size=bs, feature_axis=axis)
+                             block_size=bs, feature_axis=axis, impl="reference")
 
 
 @pytest.mark.parametrize("T, group_size, axis", [
@@ -171,8 +172,8 @@ def test_other_terms_and_casts_are_kept(rng):
 
 def test_tree_aggregation_and_two_layouts(rng):
     """Nested sums are flattened; products of different layouts are merged separately."""
-    a = BlocksparseMatMul(np.array([[1, 1], [0, 1]]), block_size=8)
-    b = BlocksparseMatMul(np.array([[0, 1], [1, 1]]), block_size=8)  # same w_shape, other layout
+    a = BlocksparseMatMul(np.array([[1, 1], [0, 1]]), block_size=8, impl="reference")
+    b = BlocksparseMatMul(np.array([[0, 1], [1, 1]]), block_size=8, impl="reference")  # same w_shape
     xa, ra, ref_a = independent_uses(rng, a, 3)
     xb, rb, ref_b = independent_uses(rng, b, 3)
     with tf.Graph().as_default():

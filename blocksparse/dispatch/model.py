@@ -1,0 +1,172 @@
+"""The cost model: expected time of each implementation of a problem, and the choice among them.
+
+Prediction.  Each implementation has a work measure -- ``N * C * K`` multiply-adds for ``dense``,
+``N * C * K * density`` for the sparse ones (:meth:`~.problem.Problem.work`) -- and the table
+gives, for each measured row, the time per unit of work.  For a problem, the ``K_NEAREST`` rows
+with the same precision (else the nearest precision, said in the plan), measured for that
+implementation, are taken by distance in log space over (tokens, in, out, block size, density)
+plus one for a structure mismatch; the problem's time is its work times the inverse-distance-
+weighted geometric mean of their time per unit of work.  A measured problem (distance 0) gets
+exactly its measured time.
+
+Choice (the margin rule).  The fastest expected implementation is the *best*; every implementation
+expected within ``margin`` (default 5%) of it is *acceptable*, and the first acceptable one in
+:data:`PREFERENCE` is chosen -- dense first: a tie between dense and a sparse implementation goes
+to the one whose speed varies least across shapes.  On the measured grid the expected times are
+the measurements, so the choice there is never more than ``margin`` slower than the best.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from .table import IMPLS
+
+__all__ = ["CostModel", "K_NEAREST", "MARGIN", "PREFERENCE", "Plan", "leave_one_out"]
+
+#: How much slower than the expected best an implementation may be and still be chosen.
+MARGIN = 0.05
+#: Order of preference among implementations expected within the margin of the best.
+PREFERENCE = ("dense", "kernels", "portable", "reference")
+#: Neighbouring table rows an expected time is interpolated from.
+K_NEAREST = 4
+_NEAREST_PRECISION = {"float32": ("tf32", "float64"), "tf32": ("float32",), "float64": ("float32", "tf32"),
+                      "bfloat16": ("float16",), "float16": ("bfloat16",)}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What runs and why: the chosen ``impl``, the expected milliseconds of each candidate
+    (``times_ms``; empty where no table applies), a sentence saying why, and where the figures
+    come from (``source``: a table file, ``"override"`` or ``"default rule"``)."""
+
+    impl: str
+    times_ms: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+    why: str = ""
+    source: str = ""
+
+    def __str__(self):
+        times = ", ".join(f"{k} {v:.3g} ms" for k, v in sorted(self.times_ms.items(), key=lambda kv: kv[1]))
+        return f"{self.impl}: {self.why}" + (f" (expected: {times})" if times else "")
+
+
+def _features(p):
+    """A problem's coordinates in the space of nearest neighbours (log sizes and density)."""
+    return (math.log2(p.tokens), math.log2(p.in_features), math.log2(p.out_features),
+            math.log2(p.block_size), math.log2(p.density))
+
+
+class CostModel:
+    """Expected times and choices from one :class:`~.table.Table` (or none: the default rule).
+
+    Parameters
+    ----------
+    table : Table or None
+    margin : float
+        See the module docstring.
+    """
+
+    def __init__(self, table, margin=MARGIN):
+        if not 0 <= margin < 1:
+            raise ValueError(f"margin must be in [0, 1); got {margin}")
+        self.table = table
+        self.margin = float(margin)
+
+    def _rows(self, problem, impl):
+        """Rows measuring ``impl`` in the problem's precision, else the nearest one; and that precision."""
+        for dtype in (problem.dtype, *_NEAREST_PRECISION.get(problem.dtype, ())):
+            rows = [r for r in self.table.rows if r.problem.dtype == dtype and impl in r.times(problem.backward)]
+            if rows:
+                return rows, dtype
+        return [], None
+
+    def expected_ms(self, problem, impl):
+        """Expected milliseconds of ``impl`` on ``problem`` and the precision of the rows used, or
+        ``(None, None)`` when the table has no row for it."""
+        if self.table is None:
+            return None, None
+        rows, dtype = self._rows(problem, impl)
+        if not rows:
+            return None, None
+        q = _features(problem)
+        scored = []
+        for r in rows:
+            d = math.dist(q, _features(r.problem)) + (r.problem.structured != problem.structured)
+            scored.append((d, r.times(problem.backward)[impl] / r.problem.work(impl)))
+        scored.sort(key=lambda s: s[0])
+        exact = [rate for d, rate in scored if d < 1e-9]
+        if exact:
+            log_rate = sum(math.log(r) for r in exact) / len(exact)
+        else:
+            near = scored[:K_NEAREST]
+            weights = [1.0 / d for d, _ in near]
+            log_rate = sum(w * math.log(r) for w, (_, r) in zip(weights, near)) / sum(weights)
+        return problem.work(impl) * math.exp(log_rate), dtype
+
+    def choose(self, problem, candidates):
+        """The :class:`Plan` for ``problem`` among the implementations ``candidates`` can run.
+
+        Without a table, or where it measured none of the candidates, the *default rule* serves:
+        the kernels where they can run, else the portable path (or the first candidate).
+        """
+        candidates = tuple(c for c in IMPLS if c in candidates)
+        if not candidates:
+            raise ValueError("candidates must name at least one of " + ", ".join(IMPLS))
+        times, used = {}, set()
+        for impl in candidates:
+            ms, dtype = self.expected_ms(problem, impl)
+            if ms is not None:
+                times[impl] = ms
+                used.add(dtype)
+        if not times:
+            impl = next((c for c in ("kernels", "portable") if c in candidates), candidates[0])
+            why = ("no measured table for this device" if self.table is None else
+                   f"{self.table.source} measured none of {', '.join(candidates)}")
+            return Plan(impl, why=f"{why}; the default rule takes {impl}", source="default rule")
+        best = min(times, key=times.get)
+        limit = times[best] * (1 + self.margin)
+        impl = next(i for i in PREFERENCE if i in times and times[i] <= limit)
+        if impl == best:
+            why = f"fastest expected of {', '.join(sorted(times))}"
+        else:
+            why = (f"expected within {self.margin:.0%} of the fastest ({best}, "
+                   f"{times[impl] / times[best] - 1:+.1%}) and preferred on a near tie")
+        unmeasured = [c for c in candidates if c not in times]
+        if unmeasured:
+            why += f"; {', '.join(unmeasured)} not measured here"
+        if used != {problem.dtype}:
+            why += f"; {problem.dtype} not measured, {'/'.join(sorted(used))} figures used"
+        return Plan(impl, MappingProxyType(times), why, self.table.source)
+
+
+def leave_one_out(table, margin=MARGIN):
+    """How the model chooses where it has not measured: each row measured for two or more
+    implementations is planned from a table without it, and the *regret* of that choice is its
+    measured time over the row's fastest, minus one.
+
+    Returns a JSON-ready dict: ``rows`` (``key`` = tokens, in, out, block size, density, dtype,
+    layout; ``chosen``, ``best``, ``regret`` per row),
+    ``median_regret``, ``max_regret``, ``within_margin`` (fraction of rows with regret <= margin)
+    and ``margin``.
+    """
+    from .table import Table
+
+    rows = []
+    for i, r in enumerate(table.rows):
+        times = dict(r.fwdbwd_ms)
+        others = table.rows[:i] + table.rows[i + 1:]
+        if len(times) < 2 or not others:
+            continue
+        model = CostModel(Table(table.framework, table.device, others, table.meta, table.source), margin)
+        chosen = model.choose(r.problem, tuple(times)).impl
+        best = min(times, key=times.get)
+        p = r.problem
+        rows.append({"key": [p.tokens, p.in_features, p.out_features, p.block_size, round(p.density, 4),
+                             p.dtype, r.layout],
+                     "chosen": chosen, "best": best, "regret": times[chosen] / times[best] - 1})
+    regrets = sorted(x["regret"] for x in rows)
+    if not regrets:
+        return {"margin": margin, "rows": [], "median_regret": 0.0, "max_regret": 0.0, "within_margin": 1.0}
+    return {"margin": margin, "rows": rows, "median_regret": regrets[len(regrets) // 2],
+            "max_regret": regrets[-1], "within_margin": sum(x <= margin + 1e-12 for x in regrets) / len(regrets)}

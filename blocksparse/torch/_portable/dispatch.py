@@ -1,0 +1,273 @@
+"""Per-layer dispatch of a block-sparse linear product in PyTorch (the cost model's glue).
+
+A :class:`LinearDispatch` belongs to one layer.  Per call it names the implementation
+(:meth:`~LinearDispatch.choose`): ``BLOCKSPARSE_BACKEND`` first (``triton``: the kernels;
+``reference``: the reference path, or the portable one where the block size has none), then the
+layer's ``impl`` override, then the cost model's :class:`~blocksparse.dispatch.Plan` for the call's
+(tokens, dtype, device, training or not), made once and cached.  :meth:`~LinearDispatch.run`
+computes the product with it.
+
+Under ``torch.compile`` the plan is made while tracing, for the token count of the layer's last
+eager call (:data:`DEFAULT_TOKENS` before any) -- a symbolic size cannot key a table -- and is a
+constant of the compiled graph.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import weakref
+
+import torch
+from torch import nn
+
+from ... import _env
+from ..._initializers import fan_in_bounds
+from ...dispatch import Problem, check_impl, model_for, override_plan
+from ...layout import Layout
+from ...ops.matmul.grouping import groups_well
+from ...ops.matmul.portable import row_tables
+from ...ops.matmul.refine import refine, refined_block_size
+from ...ops.matmul.configs import KERNEL_BLOCK_SIZES
+from .._matmul.ops import KERNEL_DTYPES, use_triton
+from .matmul import DenseCache, PortableTables, dense_matmul, portable_matmul
+
+__all__ = ["DEFAULT_TOKENS", "Dispatched", "LinearDispatch", "for_layout", "kernel_layout", "uniform_fan_in_"]
+
+#: Tokens assumed when planning a call whose token count is unknown (tracing, ``plan()``).
+DEFAULT_TOKENS = 4096
+_PRECISION = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
+              torch.float64: "float64"}
+
+# handle -> dispatcher, so that a traced graph can reach its layer's planner through an int
+_dispatchers = weakref.WeakValueDictionary()
+_handles = itertools.count()
+
+
+def kernel_layout(layout):
+    """``(layout the kernels / reference path run, Refinement or None)``: ``layout`` itself when its
+    block size is one of theirs, else its refinement to the largest one that divides it, else
+    ``(None, None)`` (e.g. block size 3: only the portable and dense paths)."""
+    fine = refined_block_size(layout.block_size)
+    if fine is None:
+        return None, None
+    if fine == layout.block_size:
+        return layout, None
+    ref = refine(layout, fine)
+    return ref.layout, ref
+
+
+def for_layout(layout, *, allow_tf32=False, impl="auto", cost_model=None, device=None):
+    """A :class:`LinearDispatch` for ``layout`` (any block size) with its own kernel product:
+    over ``layout`` itself, or over its refinement (:func:`kernel_layout`), or none."""
+    from ..matmul import BlocksparseMatMul  # the public module imports this one
+
+    fine, refinement = kernel_layout(layout)
+    bsmm = BlocksparseMatMul(fine, fine.block_size, allow_tf32=allow_tf32) if fine is not None else None
+    return LinearDispatch(layout, bsmm, refinement, impl=impl, cost_model=cost_model, device=device)
+
+
+@torch._dynamo.assume_constant_result
+def _traced_choice(handle, dtype, device_type, backward):
+    d = _dispatchers[handle]
+    return d.plan(d.last_tokens or DEFAULT_TOKENS, dtype, device_type, backward).impl
+
+
+class LinearDispatch(nn.Module):
+    """Chooses and runs the implementation of ``y = x @ W (+ bias)`` for one layer.
+
+    Parameters
+    ----------
+    layout : Layout
+        The layer's layout (any block size).
+    bsmm : blocksparse.torch.BlocksparseMatMul or None
+        The kernels' (and reference path's) product over :func:`kernel_layout`; None where the
+        block size has neither.
+    refinement : Refinement or None
+        How the layer's weight becomes ``bsmm``'s (None: it is already).
+    impl : str
+        ``"auto"`` or one of :data:`blocksparse.dispatch.IMPLS`.
+    cost_model : CostModel, optional
+        Default: the tables shipped for PyTorch on the call's device.
+    device : torch.device, optional
+        Where to create the index buffers (they follow the owning layer's ``.to()``).
+
+    A module without parameters: its buffers (the portable tables, the re-blocking permutation)
+    are not saved in ``state_dict``.
+    """
+
+    def __init__(self, layout: Layout, bsmm=None, refinement=None, *, impl="auto", cost_model=None,
+                 device=None):
+        super().__init__()
+        self.layout = layout
+        self.bsmm = bsmm
+        self.refinement = refinement
+        self.impl = self.check_impl(impl)
+        self.cost_model = cost_model
+        self.tables = PortableTables(row_tables(layout), layout.coords, device)
+        if refinement is not None:
+            self.register_buffer("perm", torch.tensor(refinement.perm, device=device), persistent=False)
+        self.last_tokens = None
+        self._plans = {}
+        self._choices = {}
+        self._structured = None
+        self._dense = DenseCache()
+        self.handle = next(_handles)
+        _dispatchers[self.handle] = self
+
+    def extra_repr(self):
+        return f"impl={self.impl!r}, refined={self.refinement is not None}"
+
+    def check_impl(self, impl):
+        """``impl`` checked against what this layout can run at all."""
+        impl = check_impl(impl)
+        if impl in ("kernels", "reference") and self.bsmm is None:
+            raise ValueError(f"impl={impl!r} cannot run block size {self.layout.block_size}: no kernel or "
+                             "reference block size (8..128) divides it; use 'portable', 'dense' or 'auto'")
+        return impl
+
+    # ------------------------------------------------------------------ choosing
+    @property
+    def structured(self):
+        if self._structured is None:
+            self._structured = groups_well(self.layout)
+        return self._structured
+
+    def candidates(self, device_type, dtype):
+        """Implementations that can run on ``device_type`` in ``dtype`` (a torch dtype)."""
+        out = ["portable", "dense"]
+        if self.bsmm is not None:
+            kernels = (device_type == "cuda" and dtype in KERNEL_DTYPES
+                       and self.bsmm.block_size in KERNEL_BLOCK_SIZES)
+            out.append("kernels" if kernels else "reference")   # both run through bsmm
+        return out
+
+    def _forced(self):
+        """``(impl, why)`` forced by the environment or the layer, or None."""
+        backend = _env.backend()
+        if backend == "triton":
+            if self.bsmm is None:
+                raise ValueError(f"BLOCKSPARSE_BACKEND=triton asks for the kernels, which have no block "
+                                 f"size dividing {self.layout.block_size}; unset it, or use impl='portable'")
+            return "kernels", "BLOCKSPARSE_BACKEND=triton"
+        if backend == "reference":
+            return ("reference" if self.bsmm is not None else "portable"), "BLOCKSPARSE_BACKEND=reference"
+        if self.impl != "auto":
+            return self.impl, f"impl={self.impl!r} was asked for"
+        return None
+
+    def plan(self, tokens, dtype, device_type, backward=True):
+        """The :class:`~blocksparse.dispatch.Plan` of a call on ``tokens`` rows of ``dtype`` on
+        ``device_type`` (``"cpu"``, ``"cuda"``, ...); cached."""
+        forced = self._forced()
+        if forced is not None:
+            return override_plan(*forced)
+        precision = _PRECISION.get(dtype)
+        if precision is None:
+            raise TypeError(f"dtype must be one of {list(_PRECISION)}; got {dtype}")
+        if precision == "float32" and device_type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
+            precision = "tf32"
+        candidates = tuple(self.candidates(device_type, dtype))
+        key = (tokens, precision, device_type, backward, candidates)
+        if key not in self._plans:
+            model = self.cost_model or model_for("torch", "cuda" if device_type == "cuda" else "cpu")
+            lay = self.layout
+            problem = Problem(tokens, lay.C, lay.K, lay.block_size, lay.density, precision,
+                              self.structured, backward)
+            self._plans[key] = model.choose(problem, candidates)
+        return self._plans[key]
+
+    def choose(self, x, w):
+        """The implementation of the call ``x @ W`` (``x`` 2-D, ``w`` the layer's weight).
+
+        Eager calls look their answer up by everything it depends on (one dict lookup after the
+        first call of a kind: the plan is made once); the environment is read on every call, so
+        a change of ``BLOCKSPARSE_BACKEND`` takes effect at once.
+        """
+        device_type = x.device.type
+        dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
+        backward = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
+        if torch.compiler.is_compiling():
+            forced = self._forced()
+            return forced[0] if forced else _traced_choice(self.handle, dtype, device_type, backward)
+        tokens = x.shape[0]
+        self.last_tokens = tokens
+        tf32 = device_type == "cuda" and dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+        key = (tokens, dtype, device_type, backward, self.impl, os.environ.get("BLOCKSPARSE_BACKEND"), tf32)
+        impl = self._choices.get(key)
+        if impl is None:
+            impl = self._choices[key] = self.plan(tokens, dtype, device_type, backward).impl
+        return impl
+
+    # ------------------------------------------------------------------ running
+    def kernel_weight(self, w):
+        """The layer's weight as ``bsmm``'s weight: re-blocked when the layout was refined."""
+        ref = self.refinement
+        if ref is None:
+            return w
+        s, r = ref.layout.block_size, ref.factor
+        fine = w.reshape(w.shape[0], r, s, r, s).transpose(2, 3).reshape(-1, s, s)
+        return fine.index_select(0, self.perm)
+
+    def run(self, impl, x, w, bias=None):
+        """``x @ W (+ bias)`` by ``impl``; ``x`` ``(N, C)``, ``w`` the layer's ``(blocks, bs, bs)``."""
+        if impl in ("kernels", "reference"):
+            if self.bsmm is None:
+                raise ValueError(f"impl={impl!r} cannot run block size {self.layout.block_size}; use "
+                                 "'portable' or 'dense'")
+            if impl == "kernels" and not use_triton(x, self.bsmm.block_size):
+                raise RuntimeError(f"impl='kernels' needs CUDA tensors of float16, bfloat16 or float32 "
+                                   f"(or BLOCKSPARSE_BACKEND=triton with TRITON_INTERPRET=1); got "
+                                   f"{x.dtype} on {x.device}")
+            y = self.bsmm(x, self.kernel_weight(w))
+            return y if bias is None else y + bias.to(y.dtype)
+        self._check(x, w)
+        if impl == "portable":
+            return portable_matmul(x, w, self.tables, bias)
+        return dense_matmul(x, w, self.tables, bias, None if torch.compiler.is_compiling() else self._dense)
+
+    @staticmethod
+    def _check(x, w):
+        if not x.is_floating_point():
+            raise TypeError(f"input must be floating point (float16, bfloat16, float32, float64); got {x.dtype}")
+        if x.device != w.device:
+            raise ValueError(f"input and weight must be on one device; got {x.device} and {w.device}")
+        if x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type):
+            raise TypeError(f"input and weight must have the same dtype (or run under autocast); got "
+                            f"{x.dtype} and {w.dtype}")
+
+
+def uniform_fan_in_(weight, bias, layout):
+    """Initialise a block-sparse layer like ``nn.Linear``: uniform in +-1/sqrt(fan-in) per output
+    feature, the fan-in counting only the blocks that feed it (:func:`blocksparse._initializers.fan_in_bounds`)."""
+    per_block, per_feature = fan_in_bounds(layout)
+    with torch.no_grad():
+        weight.uniform_(-1.0, 1.0).mul_(torch.as_tensor(per_block, device=weight.device)
+                                        .to(weight.dtype)[:, None, None])
+        if bias is not None:
+            bias.uniform_(-1.0, 1.0).mul_(torch.as_tensor(per_feature, device=bias.device).to(bias.dtype))
+
+
+class Dispatched:
+    """Mixin of the layers that own a :class:`LinearDispatch` as ``_dispatch`` and a ``weight``:
+    the ``impl`` override and :meth:`plan`."""
+
+    @property
+    def impl(self):
+        """The implementation override: ``"auto"`` or one of :data:`blocksparse.dispatch.IMPLS`."""
+        return self._dispatch.impl
+
+    @impl.setter
+    def impl(self, value):
+        self._dispatch.impl = self._dispatch.check_impl(value)
+
+    def plan(self, tokens=None, dtype=None, device=None, backward=True):
+        """What runs a call on ``tokens`` rows, and why: a :class:`blocksparse.dispatch.Plan`.
+
+        Defaults: the token count of the last call (else :data:`DEFAULT_TOKENS`), the weight's
+        dtype and device; ``backward``: whether the call is trained through (both gradients too).
+        """
+        if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
+            raise ValueError(f"tokens must be an int >= 1 or None; got {tokens!r}")
+        device = torch.device(device) if device is not None else self.weight.device
+        return self._dispatch.plan(tokens or self._dispatch.last_tokens or DEFAULT_TOKENS,
+                                   dtype or self.weight.dtype, device.type, bool(backward))

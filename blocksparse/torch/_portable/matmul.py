@@ -1,0 +1,135 @@
+"""The portable and dense-masked products in PyTorch ops only (any device, any block size).
+
+Both are plain differentiable PyTorch expressions: autograd derives their gradients,
+``torch.compile`` traces them, autocast casts their matmuls, and the float32 matmul precision
+follows PyTorch's own setting (``torch.backends.cuda.matmul.allow_tf32`` /
+``torch.set_float32_matmul_precision``), as ``nn.Linear`` does.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["DenseCache", "PortableTables", "dense_matmul", "portable_matmul"]
+
+
+class PortableTables(nn.Module):
+    """The portable path's tables (:class:`blocksparse.ops.matmul.portable.RowTables`) and the block
+    coordinates as ``int64`` buffers (not saved in ``state_dict``; they follow the layer's device).
+    Buffers, not per-device caches: ``torch.compile`` sees them as inputs of the graph."""
+
+    def __init__(self, tables, coords, device=None):
+        super().__init__()
+        self.tables = tables
+        self.groups = tuple((g.rows.shape[0], g.m, g.all_rows, g.first) for g in tables.groups)
+
+        def put(name, a):
+            self.register_buffer(name, torch.tensor(np.asarray(a, dtype=np.int64), device=device),
+                                 persistent=False)
+
+        for i, g in enumerate(tables.groups):
+            put(f"rows{i}", g.rows)
+            put(f"blocks{i}", g.blocks.ravel())
+        put("bag_index", tables.bag_index)
+        put("bag_offsets", tables.bag_offsets)
+        put("c_idx", np.asarray(coords)[:, 0])
+        put("k_idx", np.asarray(coords)[:, 1])
+
+    def extra_repr(self):
+        t = self.tables
+        return f"blocks={t.blocks}, row_groups={len(t.groups)}, block_size={t.block_size}"
+
+
+def portable_matmul(x, w, tables, bias=None):
+    """``y = x @ W (+ bias)`` for ``x`` ``(N, C)``, packed ``w`` ``(blocks, bs, bs)`` -> ``(N, K)``.
+
+    Feature-major throughout (see :mod:`blocksparse.ops.matmul.portable`): ``x.T`` as
+    ``(CB, bs, N)``; per row group one ``bmm`` of the stacked transposed blocks of each row with its
+    activations; the ``(bs, N)`` slabs of the products summed per output block by
+    ``embedding_bag``.  The result is returned as a transposed view of the ``(K, N)`` sum.
+    """
+    t = tables.tables
+    bs, n = t.block_size, x.shape[0]
+    xt = x.t().reshape(t.CB, bs, n)
+    parts = []
+    for i, (r, m, all_rows, first) in enumerate(tables.groups):
+        wg = w.narrow(0, first, r * m) if first >= 0 else w.index_select(0, getattr(tables, f"blocks{i}"))
+        # per row: its m blocks transposed and stacked, [m*bs, bs]
+        wg = wg.view(r, m, bs, bs).transpose(2, 3).reshape(r, m * bs, bs)
+        xg = xt if all_rows else xt.index_select(0, getattr(tables, f"rows{i}"))
+        # [r, m*bs, bs] @ [r, bs, N] -> [r, m*bs, N]: one (bs, N) slab per block
+        parts.append(torch.bmm(wg, xg).view(r * m, bs * n))
+    table = parts[0] if len(parts) == 1 else torch.cat(parts)
+    yt = F.embedding_bag(tables.bag_index, table, tables.bag_offsets, mode="sum")     # [KB, bs*N]
+    y = yt.view(t.KB * bs, n).t()
+    return y if bias is None else y + bias.to(y.dtype)
+
+
+def _densify(w, tables):
+    """The dense ``(C, K)`` matrix of the packed blocks ``w``: zeros, then the blocks put in place."""
+    t = tables.tables
+    bs = t.block_size
+    dense = w.new_zeros(t.CB, bs, t.KB, bs)
+    dense[tables.c_idx, :, tables.k_idx, :] = w          # block b -> rows c*bs.., columns k*bs..
+    return dense.view(t.CB * bs, t.KB * bs)
+
+
+class DenseCache:
+    """The dense matrix of a layer's weight, kept while the weight is unchanged (same storage and
+    version counter -- an optimizer step or any in-place write makes a new one), per dtype and
+    device.  A training step densifies once, repeated calls on the same weight not at all."""
+
+    def __init__(self):
+        self._entries = {}
+
+    def get(self, w, tables, dtype):
+        key = (dtype, str(w.device))
+        stamp = (w.data_ptr(), w._version)
+        hit = self._entries.get(key)
+        if hit is None or hit[0] != stamp:
+            with torch.no_grad():
+                hit = (stamp, _densify(w.detach().to(dtype), tables))
+            self._entries[key] = hit
+        return hit[1]
+
+
+class _DenseMasked(torch.autograd.Function):
+    """``x @ dense + bias`` with a precomputed ``dense``; ``w`` receives the gradient's blocks."""
+
+    @staticmethod
+    def forward(ctx, x, w, bias, dense, tables):
+        ctx.save_for_backward(x, dense)
+        ctx.tables, ctx.w_dtype = tables, w.dtype
+        return F.linear(x, dense.t(), bias)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, dense = ctx.saved_tensors
+        tables, t = ctx.tables, ctx.tables.tables
+        dx = dy @ dense.t() if ctx.needs_input_grad[0] else None
+        dw = db = None
+        if ctx.needs_input_grad[1]:
+            full = (x.t() @ dy).view(t.CB, t.block_size, t.KB, t.block_size)    # [C, N] @ [N, K]
+            dw = full[tables.c_idx, :, tables.k_idx, :].to(ctx.w_dtype)
+        if ctx.needs_input_grad[2]:
+            db = dy.sum(0)
+        return dx, dw, db, None, None
+
+
+def dense_matmul(x, w, tables, bias=None, cache=None):
+    """``y = x @ W (+ bias)`` with ``W`` scattered into a dense ``(C, K)`` matrix (zeros elsewhere)
+    and one dense matmul; the weight gradient is the dense one's blocks.
+
+    With a :class:`DenseCache` (eager calls) the dense matrix is reused while the weight is
+    unchanged and the product is one ``F.linear`` forward; without (``torch.compile``) it is built
+    with differentiable ops every call.
+    """
+    if cache is None:
+        # F.linear: one fused matmul + bias, cast as nn.Linear is under autocast
+        return F.linear(x, _densify(w, tables).t(), bias)
+    dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+    with torch.autocast(x.device.type, enabled=False):
+        return _DenseMasked.apply(x.to(dtype), w, None if bias is None else bias.to(dtype),
+                                  cache.get(w, tables, dtype), tables)

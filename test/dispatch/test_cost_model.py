@@ -1,0 +1,173 @@
+"""The dispatch cost model on synthetic tables: exact lookups, the 5% margin, interpolation,
+precision fallback, the default rule, table checks, leave-one-out; the shipped tables."""
+import json
+
+import pytest
+
+from blocksparse.dispatch import CostModel, Plan, Problem, Table, check_impl, model_for
+from blocksparse.dispatch.model import leave_one_out
+from blocksparse.dispatch.table import TABLES_DIR, shipped_table
+
+
+def row(tokens, cin, cout, bs, density, times, dtype="float32", structured=False, fwd=None):
+    return {"tokens": tokens, "in_features": cin, "out_features": cout, "block_size": bs,
+            "density": density, "dtype": dtype, "structured": structured, "layout": "random",
+            "fwd_ms": fwd or {k: v / 3 for k, v in times.items()}, "fwdbwd_ms": times}
+
+
+def table(*rows, framework="torch", device="cpu"):
+    return Table.from_dict({"format": 1, "framework": framework, "device": device, "rows": list(rows)})
+
+
+def problem(tokens=1024, cin=1024, cout=1024, bs=32, density=0.25, dtype="float32", structured=False,
+            backward=True):
+    return Problem(tokens, cin, cout, bs, density, dtype, structured, backward)
+
+
+ALL = ("kernels", "portable", "dense", "reference")
+
+
+def test_exact_row_is_used_as_measured():
+    model = CostModel(table(row(1024, 1024, 1024, 32, 0.25, {"dense": 10.0, "portable": 4.0, "reference": 7.0})))
+    plan = model.choose(problem(), ALL)
+    assert isinstance(plan, Plan) and plan.impl == "portable"
+    assert dict(plan.times_ms) == pytest.approx({"dense": 10.0, "portable": 4.0, "reference": 7.0})
+    assert "fastest" in plan.why and "kernels not measured" in plan.why and plan.source == "<memory>"
+    assert model.choose(problem(backward=False), ALL).times_ms["dense"] == pytest.approx(10 / 3)
+
+
+@pytest.mark.parametrize("portable_ms, chosen", [(9.6, "dense"), (9.55, "dense"), (9.5, "portable")],
+                         ids=["dense-4pct-slower", "dense-4.7pct-slower", "dense-5.3pct-slower"])
+def test_margin_prefers_dense_on_a_near_tie(portable_ms, chosen):
+    """dense (10 ms) is taken while it is within 5% of the fastest."""
+    model = CostModel(table(row(1024, 1024, 1024, 32, 0.25, {"dense": 10.0, "portable": portable_ms})))
+    plan = model.choose(problem(), ("portable", "dense"))
+    assert plan.impl == chosen
+    times = plan.times_ms
+    assert times[plan.impl] <= 1.05 * min(times.values())  # never more than 5% slower than the best
+    if chosen == "dense" and portable_ms < 10:
+        assert "within 5% of the fastest (portable" in plan.why
+
+
+def test_margin_order_kernels_before_portable():
+    model = CostModel(table(row(1024, 1024, 1024, 32, 0.25, {"kernels": 5.1, "portable": 5.0, "dense": 20.0})))
+    assert model.choose(problem(), ALL).impl == "kernels"
+    assert CostModel(model.table, margin=0.0).choose(problem(), ALL).impl == "portable"
+
+
+def test_only_candidates_are_considered():
+    model = CostModel(table(row(1024, 1024, 1024, 32, 0.25, {"kernels": 1.0, "dense": 10.0, "portable": 5.0})))
+    assert model.choose(problem(), ("portable", "dense")).impl == "portable"
+    with pytest.raises(ValueError, match="candidates must name at least one"):
+        model.choose(problem(), ("gpu",))
+
+
+def test_interpolation_scales_with_work():
+    """Between rows, each impl's time per unit of work is interpolated and multiplied by the work:
+    with one row per impl, twice the tokens doubles every expected time; density scales sparse
+    impls only."""
+    model = CostModel(table(row(1024, 1024, 1024, 32, 0.25, {"dense": 8.0, "portable": 4.0})))
+    big = model.choose(problem(tokens=2048), ALL).times_ms
+    assert big["dense"] == pytest.approx(16.0) and big["portable"] == pytest.approx(8.0)
+    sparse = model.choose(problem(density=0.125), ALL)
+    assert sparse.times_ms["dense"] == pytest.approx(8.0) and sparse.times_ms["portable"] == pytest.approx(2.0)
+
+
+def test_nearest_rows_win():
+    """A query next to the rows where portable wins takes portable, next to those where dense wins
+    takes dense (the crossover the tables exist to find)."""
+    model = CostModel(table(
+        row(1024, 1024, 1024, 32, 0.1, {"dense": 10.0, "portable": 2.0}),
+        row(1024, 1024, 1024, 32, 0.5, {"dense": 10.0, "portable": 20.0}),
+        row(1024, 1024, 1024, 128, 0.1, {"dense": 10.0, "portable": 1.5}),
+        row(1024, 1024, 1024, 128, 0.5, {"dense": 10.0, "portable": 12.0})))
+    assert model.choose(problem(density=0.12, bs=48), ALL).impl == "portable"
+    assert model.choose(problem(density=0.45, bs=48), ALL).impl == "dense"
+
+
+def test_structure_mismatch_counts_as_distance():
+    model = CostModel(table(
+        row(1024, 1024, 1024, 32, 0.25, {"dense": 10.0, "kernels": 12.0}),
+        row(1024, 1024, 1024, 32, 0.25, {"dense": 10.0, "kernels": 5.0}, structured=True)))
+    assert model.choose(problem(structured=True), ALL).impl == "kernels"
+    assert model.choose(problem(structured=False), ALL).impl == "dense"
+
+
+def test_precision_fallback_is_said():
+    model = CostModel(table(row(1024, 1024, 1024, 32, 0.25, {"dense": 10.0, "portable": 4.0}, dtype="bfloat16")))
+    plan = model.choose(problem(dtype="float16"), ALL)
+    assert plan.impl == "portable" and "float16 not measured, bfloat16 figures used" in plan.why
+    assert model.choose(problem(dtype="float32"), ALL).source == "default rule"  # no float32-like rows
+
+
+def test_default_rule_without_table():
+    model = CostModel(None)
+    plan = model.choose(problem(), ALL)
+    assert plan.impl == "kernels" and plan.source == "default rule" and "no measured table" in plan.why
+    assert model.choose(problem(), ("portable", "dense")).impl == "portable"
+    assert model.choose(problem(), ("dense",)).impl == "dense"
+    assert str(plan).startswith("kernels: no measured table")
+
+
+def test_leave_one_out():
+    rows = [row(n, 1024, 1024, 32, d, {"dense": 10.0 * n / 1024, "portable": 40.0 * d * n / 1024})
+            for n in (512, 1024, 2048) for d in (0.1, 0.2, 0.5, 0.8)]
+    result = leave_one_out(table(*rows))
+    assert len(result["rows"]) == len(rows) and result["margin"] == 0.05
+    for r in result["rows"]:
+        assert r["regret"] >= 0 and r["chosen"] in ("dense", "portable")
+    assert result["max_regret"] < 0.6 and result["within_margin"] >= 0.75
+    json.dumps(result)
+
+
+@pytest.mark.parametrize("mutate, words", [
+    (lambda d: d.update(format=2), "format must be 1"),
+    (lambda d: d.update(rows=[]), "rows must be a non-empty list"),
+    (lambda d: d["rows"][0]["fwdbwd_ms"].update(gpu=1.0), "unknown impl 'gpu'"),
+    (lambda d: d["rows"][0]["fwdbwd_ms"].update(dense=-1.0), "positive number of milliseconds"),
+    (lambda d: d["rows"][0].update(density=1.5), r"density must be in \(0, 1\]"),
+    (lambda d: d["rows"][0].update(dtype="int8"), "dtype must be one of"),
+    (lambda d: d["rows"][0].update(tokens=0), "tokens must be an int >= 1"),
+    (lambda d: d["rows"][0].pop("block_size"), "missing"),
+    (lambda d: d.update(framework=""), "framework must be a non-empty string"),
+], ids=["format", "no-rows", "impl", "negative", "density", "dtype", "tokens", "missing", "framework"])
+def test_bad_tables(mutate, words):
+    data = {"format": 1, "framework": "torch", "device": "cpu",
+            "rows": [row(1024, 1024, 1024, 32, 0.25, {"dense": 1.0})]}
+    mutate(data)
+    with pytest.raises(ValueError, match=words):
+        Table.from_dict(data)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"dtype": "int8"}, "dtype must be one of"), ({"density": 0.0}, "density must be in"),
+    ({"tokens": 0}, "tokens must be >= 1")], ids=["dtype", "density", "tokens"])
+def test_bad_problems(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        problem(**kwargs)
+
+
+def test_check_impl_and_margin():
+    assert check_impl("auto") == "auto" and check_impl("dense") == "dense"
+    with pytest.raises(ValueError, match=r"impl must be one of \('auto', 'kernels'"):
+        check_impl("fast")
+    with pytest.raises(ValueError, match=r"margin must be in \[0, 1\)"):
+        CostModel(None, margin=1.5)
+
+
+def test_shipped_tables_are_valid():
+    """Every table shipped with the package loads, names its device, and its own grid is planned
+    within the margin (the choice on a measured problem is never more than 5% slower)."""
+    files = sorted(TABLES_DIR.glob("*.json"))
+    assert files, "the package ships at least the CPU tables"
+    for path in files:
+        framework, device = path.stem.split("-", 1)
+        tab = shipped_table(framework, device)
+        assert (tab.framework, tab.device) == (framework, device) and tab.meta["device_name"]
+        model = model_for(framework, device)
+        for r in tab.rows:
+            times = dict(r.fwdbwd_ms)
+            if not times:
+                continue
+            plan = model.choose(r.problem, tuple(times))
+            assert times[plan.impl] <= 1.05 * min(times.values()) * (1 + 1e-9), (path.name, r)

@@ -1,0 +1,73 @@
+"""PixelflyLinear on a CUDA GPU: every implementation (the kernels on refined layouts with grouped
+outputs included) against float64, torch.compile and autocast, the shipped GPU table.  Skipped
+without a GPU."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from blocksparse.layout import Layout  # noqa: E402
+from blocksparse.layouts.butterfly import butterfly_layout  # noqa: E402
+from blocksparse.testing import rel_error, tolerance  # noqa: E402
+from blocksparse.testing.matmul import dense_products_torch  # noqa: E402
+from blocksparse.torch import PixelflyLinear  # noqa: E402
+from blocksparse.torch._matmul import plan as _plan  # noqa: E402
+from blocksparse.torch._portable.dispatch import for_layout  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def _check(dispatch, impl, rng, n, dtype):
+    lay = dispatch.layout
+    t = lambda a: torch.from_numpy(a).to("cuda", DTYPES[dtype])  # noqa: E731
+    x = t(rng.standard_normal((n, lay.C))).requires_grad_()
+    w = t(rng.standard_normal(lay.w_shape) / np.sqrt(lay.block_size * lay.CB * lay.density)).requires_grad_()
+    dy = t(rng.standard_normal((n, lay.K)))
+    y = dispatch.run(impl, x, w)
+    y.backward(dy)
+    refs = dense_products_torch(lay, x, w, dy)
+    for name, got, ref in zip(("y", "dx", "dw"), (y, x.grad, w.grad), refs):
+        assert got.dtype == x.dtype and rel_error(got, ref) < tolerance(dtype), f"{impl} {name}"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("impl", ["kernels", "portable", "dense"])
+@pytest.mark.parametrize("fin, fout, bs", [(384, 1536, 48), (1536, 384, 48), (1024, 2048, 256), (2048, 512, 256)],
+                         ids=["bs48-up", "bs48-down", "bs256-up", "bs256-down"])
+def test_pixelfly_layers_every_impl(rng, dtype, impl, fin, fout, bs):
+    dispatch = for_layout(Layout(butterfly_layout(fin, fout, bs, 64 if bs == 48 else 8), bs, any_block_size=True),
+                          device="cuda")
+    _check(dispatch, impl, rng, 1000, dtype)
+
+
+def test_refined_butterfly_runs_grouped_kernels(rng):
+    dispatch = for_layout(Layout(butterfly_layout(2048, 4096, 256, 8), 256, any_block_size=True), device="cuda")
+    lay = dispatch.bsmm.layout
+    assert dispatch.bsmm.block_size == 128
+    plan = _plan.state(_plan.handle(lay)).plan("fprop", 4096, torch.device("cuda"), torch.bfloat16, True)
+    assert plan.config.G == 2
+    _check(dispatch, "kernels", rng, 4096, "bfloat16")
+
+
+@pytest.mark.parametrize("impl", ["kernels", "portable", "dense"])
+def test_compiled_under_autocast_against_float64(impl):
+    """torch.compile(fullgraph=True) of each implementation under bfloat16 autocast, against the
+    float64 product of the layer's whole matrix (butterfly + low-rank) and bias."""
+    layer = PixelflyLinear(384, 1536, 48, 64, lowrank_size=8, device="cuda", impl=impl)
+    x = torch.randn(400, 384, device="cuda", requires_grad=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = torch.compile(layer, fullgraph=True)(x)
+    assert y.dtype == torch.bfloat16
+    ref = x.detach().double() @ layer.dense_weight().detach().double() + layer.bias.detach().double()
+    assert rel_error(y, ref) < tolerance("bfloat16")
+    y.float().square().mean().backward()
+    assert torch.isfinite(layer.weight.grad).all() and torch.isfinite(x.grad).all()
+
+
+def test_gpu_plan_names_its_source():
+    layer = PixelflyLinear(2048, 8192, 256, 64, device="cuda", dtype=torch.bfloat16)
+    plan = layer.plan(8192)
+    assert plan.impl in ("kernels", "portable", "dense") and plan.why
+    assert plan.source in ("torch-cuda.json", "default rule")

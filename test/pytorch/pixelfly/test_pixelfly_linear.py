@@ -1,0 +1,202 @@
+"""PixelflyLinear (shapes, low-rank term, bias, gradients against float64, state, bad input) and
+the dispatch of both PyTorch layers: plan(), the impl override, decisions from a given table."""
+import doctest
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import blocksparse.torch.pixelfly as pixelfly_mod  # noqa: E402
+from blocksparse.dispatch import CostModel, Plan, Table  # noqa: E402
+from blocksparse.layouts.butterfly import butterfly_layout  # noqa: E402
+from blocksparse.testing import rel_error, tolerance  # noqa: E402
+from blocksparse.testing.matmul import random_layout  # noqa: E402
+from blocksparse.torch import BlocksparseLinear, PixelflyLinear  # noqa: E402
+
+
+def test_doctests():
+    assert doctest.testmod(pixelfly_mod).failed == 0
+
+
+def _reference(layer, x):
+    """float64 numpy: x @ (butterfly + low-rank) + bias, and its gradients for loss = sum(y * r)."""
+    lay = layer.layout
+    w = lay.dense(layer.weight.detach().double().numpy())
+    if layer.lowrank_first is not None:
+        w = w + layer.lowrank_first.detach().double().numpy().T @ layer.lowrank_second.detach().double().numpy().T
+    b = layer.bias.detach().double().numpy() if layer.bias is not None else 0.0
+    return x @ w + b, w
+
+
+@pytest.mark.parametrize("impl", ["portable", "dense", "reference", "auto"])
+@pytest.mark.parametrize("lowrank, bias", [(0, True), (3, False), (5, True)], ids=["plain", "lowrank", "both"])
+def test_values_and_gradients(rng, impl, lowrank, bias):
+    layer = PixelflyLinear(96, 192, 24, 4, 2, lowrank_size=lowrank, bias=bias, dtype=torch.float64, impl=impl)
+    x = torch.from_numpy(rng.standard_normal((2, 3, 96))).requires_grad_()
+    r = torch.from_numpy(rng.standard_normal((2, 3, 192)))
+    y = layer(x)
+    assert y.shape == (2, 3, 192)
+    (y * r).sum().backward()
+    ref, w = _reference(layer, x.detach().numpy().reshape(-1, 96))
+    assert rel_error(y.detach().reshape(-1, 192), ref) < 1e-12
+    rr = r.numpy().reshape(-1, 192)
+    assert rel_error(x.grad.reshape(-1, 96), rr @ w.T) < 1e-12
+    dense_dw = x.detach().numpy().reshape(-1, 96).T @ rr
+    assert rel_error(layer.weight.grad, layer.layout.pack(dense_dw)) < 1e-12
+    if lowrank:
+        first, second = (p.detach().numpy() for p in (layer.lowrank_first, layer.lowrank_second))
+        xr = x.detach().numpy().reshape(-1, 96)
+        assert rel_error(layer.lowrank_second.grad, rr.T @ (xr @ first.T)) < 1e-12
+        assert rel_error(layer.lowrank_first.grad, (rr @ second).T @ xr) < 1e-12
+    if bias:
+        assert rel_error(layer.bias.grad, rr.sum(axis=0)) < 1e-12
+
+
+def test_parameters_and_layout():
+    layer = PixelflyLinear(384, 1536, 48, 64, 6, lowrank_size=16)
+    np.testing.assert_array_equal(layer.layout.mask, butterfly_layout(384, 1536, 48, 64, 6))
+    assert layer.weight.shape == (128, 48, 48) and layer.layout.density == 0.5
+    assert layer.lowrank_first.shape == (16, 384) and layer.lowrank_second.shape == (1536, 16)
+    assert layer.bias.shape == (1536,)
+    assert sum(p.numel() for p in layer.parameters()) == 128 * 48 * 48 + 16 * (384 + 1536) + 1536
+    assert set(layer.state_dict()) == {"weight", "lowrank_first", "lowrank_second", "bias"}
+    assert "butterfly_size=64" in repr(layer) and "impl='auto'" in repr(layer)
+    assert PixelflyLinear(384, 1536, 48).butterfly_size == 8        # pixelfly's default
+    assert PixelflyLinear(64, 64, 16, stretch=True).stretch
+
+
+def test_init_scales_like_linear():
+    layer = PixelflyLinear(256, 256, 16, 16, 2)                     # 3 blocks per column
+    bound = 1 / np.sqrt(3 * 16)
+    w = layer.weight.detach().abs()
+    assert w.max() <= bound and w.max() > 0.9 * bound
+    assert layer.bias.detach().abs().max() <= bound
+
+
+def test_state_dict_round_trip_across_impls(rng):
+    a = PixelflyLinear(96, 48, 24, 4, lowrank_size=2, impl="portable")
+    b = PixelflyLinear(96, 48, 24, 4, lowrank_size=2, impl="dense")
+    b.load_state_dict(a.state_dict())
+    x = torch.from_numpy(rng.standard_normal((4, 96)).astype(np.float32))
+    torch.testing.assert_close(a(x), b(x))
+
+
+def test_low_precision_and_autocast(rng):
+    layer = PixelflyLinear(96, 192, 48, 2, lowrank_size=4, dtype=torch.bfloat16)
+    x = torch.from_numpy(rng.standard_normal((5, 96))).to(torch.bfloat16)
+    y = layer(x)
+    assert y.dtype == torch.bfloat16
+    assert rel_error(y, _reference(layer, x.double().numpy())[0]) < tolerance("bfloat16")
+    f32 = PixelflyLinear(96, 192, 48, 2, lowrank_size=4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = f32(x.float())
+    assert y.dtype == torch.bfloat16
+    assert rel_error(y, _reference(f32, x.double().numpy())[0]) < tolerance("bfloat16")
+
+
+# ---------------------------------------------------------------- dispatch: plan and override
+
+def _model(**times):
+    rows = [{"tokens": 64, "in_features": 96, "out_features": 192, "block_size": 24, "density": 0.5,
+             "dtype": "float32", "fwd_ms": times, "fwdbwd_ms": times}]
+    return CostModel(Table.from_dict({"format": 1, "framework": "torch", "device": "cpu", "rows": rows}))
+
+
+def test_plan_follows_the_table():
+    layer = PixelflyLinear(96, 192, 24, 4, 1, cost_model=_model(dense=2.0, portable=1.0, reference=3.0))
+    assert layer.layout.density == 0.5
+    plan = layer.plan(64)
+    assert isinstance(plan, Plan) and plan.impl == "portable"
+    assert set(plan.times_ms) == {"dense", "portable", "reference"}
+    layer(torch.randn(64, 96))
+    assert layer.plan().impl == "portable"                          # the last call's token count
+    near_tie = PixelflyLinear(96, 192, 24, 4, 1, cost_model=_model(dense=1.04, portable=1.0))
+    assert near_tie.plan(64).impl == "dense" and "within 5%" in near_tie.plan(64).why
+
+
+def test_the_chosen_impl_runs(monkeypatch):
+    layer = PixelflyLinear(96, 192, 24, 4, 1, cost_model=_model(dense=2.0, portable=1.0))
+    calls = []
+    from blocksparse.torch._portable import dispatch as dispatch_mod
+
+    monkeypatch.setattr(dispatch_mod, "portable_matmul",
+                        lambda *a: calls.append("portable") or a[0] @ torch.zeros(96, 192))
+    layer(torch.randn(64, 96))
+    assert calls == ["portable"]
+
+
+def test_override(monkeypatch):
+    layer = PixelflyLinear(96, 192, 24, 4, 1, cost_model=_model(dense=2.0, portable=1.0), impl="dense")
+    assert layer.plan(64).impl == "dense" and layer.plan(64).source == "override"
+    layer.impl = "auto"
+    assert layer.plan(64).impl == "portable"
+    with pytest.raises(ValueError, match="impl must be one of"):
+        layer.impl = "fastest"
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "reference")
+    assert layer.plan(64).impl == "reference" and "BLOCKSPARSE_BACKEND=reference" in layer.plan(64).why
+    assert PixelflyLinear(9, 18, 3, 2).plan().impl == "portable"   # no reference path for block size 3
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "triton")
+    with pytest.raises(ValueError, match="BLOCKSPARSE_BACKEND=triton asks for the kernels"):
+        PixelflyLinear(9, 18, 3, 2).plan()
+
+
+def test_blocksparse_linear_dispatches(rng):
+    mask = random_layout(rng, 6, 12, 0.5)
+    rows = [{"tokens": 8, "in_features": 96, "out_features": 192, "block_size": 16, "density": float(mask.mean()),
+             "dtype": "float64", "fwd_ms": {"dense": 1.0, "reference": 5.0},
+             "fwdbwd_ms": {"dense": 1.0, "reference": 5.0}}]
+    model = CostModel(Table.from_dict({"format": 1, "framework": "torch", "device": "cpu", "rows": rows}))
+    layer = BlocksparseLinear(mask, 16, dtype=torch.float64, cost_model=model)
+    assert layer.plan(8).impl == "dense" and layer.impl == "auto"
+    x = torch.from_numpy(rng.standard_normal((8, 96)))
+    ref = x.numpy() @ layer.layout.dense(layer.weight.detach().numpy()) + layer.bias.detach().numpy()
+    outs = {}
+    for impl in ("auto", "dense", "portable", "reference"):
+        layer.impl = impl
+        outs[impl] = layer(x)
+        assert rel_error(outs[impl], ref) < 1e-12, impl
+    assert layer.plan(8).source == "override" and "impl='reference'" in repr(layer)
+    assert set(layer.state_dict()) == {"weight", "bias"}
+
+
+@pytest.mark.parametrize("args, err, words", [
+    ((100, 96, 48), ValueError, "in_features must be a multiple of block_size=48; got 100"),
+    ((96, 100, 48), ValueError, "out_features must be a multiple"),
+    ((96, 96, 48, 3), ValueError, "butterfly_size must be a power of two"),
+    ((96, 96, 48, 2, 2), ValueError, r"n_factors must be in 1..log2\(butterfly_size\) = 1..1"),
+    ((0, 96, 48), ValueError, "in_features must be an int >= 1"),
+    ((96, 96, 0), ValueError, "block_size must be an int >= 1"),
+], ids=["in", "out", "butterfly", "factors", "zero-in", "zero-bs"])
+def test_bad_constructor_args(args, err, words):
+    with pytest.raises(err, match=words):
+        PixelflyLinear(*args)
+    with pytest.raises(ValueError, match="lowrank_size must be an int >= 0"):
+        PixelflyLinear(96, 96, 48, lowrank_size=-1)
+
+
+def test_bad_call_args():
+    layer = PixelflyLinear(96, 96, 48)
+    with pytest.raises(ValueError, match=r"input must have shape \(\.\.\., 96\); got \(3, 95\)"):
+        layer(torch.randn(3, 95))
+    with pytest.raises(TypeError, match="input must be a torch.Tensor"):
+        layer(np.ones((3, 96)))
+    with pytest.raises(TypeError, match="same dtype"):
+        layer.impl = "portable"
+        layer(torch.randn(3, 96, dtype=torch.float64))
+    with pytest.raises(ValueError, match="tokens must be an int >= 1"):
+        layer.plan(0)
+
+
+def test_readme_example():
+    """The README's pixelfly example runs as printed (on smaller inputs) and trains through."""
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8")
+    code = re.search(r"<!-- example: pixelfly -->\s*```python\n(.*?)```", text, re.S).group(1)
+    scope = {}
+    exec(compile(code.replace("torch.randn(16, 512, 384", "torch.randn(2, 8, 384"), "README:pixelfly", "exec"), scope)
+    mlp, x = scope["mlp"], scope["x"]
+    assert x.grad is not None and mlp[0].weight.grad is not None and mlp[0].lowrank_first.grad is not None
+    assert mlp[0].impl == "dense" and mlp[0].plan().source == "override"
