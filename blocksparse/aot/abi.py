@@ -80,7 +80,10 @@ class KernelLibrary:
         if len(self.specs) != lib.bsk_spec_count():
             raise KernelError(1, f"{self.path}: the manifest lists {len(self.specs)} kernels, the table "
                                  f"{lib.bsk_spec_count()}")
-        self.raw_launch = lib.bsk_launch  # the launch layer calls it directly, with prebuilt arguments
+        # the launch layer calls it directly with prebuilt arguments, holding the GIL: no other
+        # thread can rewrite an argument array while the runtime reads it
+        self.raw_launch = ctypes.PyDLL(self.path).bsk_launch
+        self.raw_launch.restype, self.raw_launch.argtypes = lib.bsk_launch.restype, lib.bsk_launch.argtypes
 
     @property
     def archs(self):

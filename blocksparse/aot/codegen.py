@@ -30,8 +30,8 @@ def manifest_entry(kernel: CompiledKernel):
     return {**kernel.fields, "family": kernel.family, "name": kernel.spec.name, "arch": kernel.spec.arch,
             "kernel": kernel.kernel, "num_warps": kernel.num_warps, "num_stages": kernel.num_stages,
             "shared": kernel.shared, "cubin_bytes": len(kernel.cubin),
-            "params": [{"name": p.name, "kind": p.kind, "divisible": p.divisible, "rank": p.rank}
-                       for p in kernel.params],
+            "params": [{"name": p.name, "kind": p.kind, "type": p.type, "divisible": p.divisible,
+                        "rank": p.rank} for p in kernel.params],
             "constexprs": kernel.constexprs,
             "tensormaps": [{"param": m.param, "box": list(m.box)} for m in kernel.tensormaps]}
 

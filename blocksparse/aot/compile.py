@@ -45,6 +45,7 @@ class Param:
     kind: str
     divisible: bool = False
     rank: int = 0
+    type: str = ""     # Triton's type of the parameter ("*bf16", "i32", "tensordesc<...>")
 
 
 @dataclass(frozen=True)
@@ -104,11 +105,11 @@ def _params(signature, divisible, tensordesc_meta, name, arch):
                 raise AotError(f"{name}: descriptor {arg} has {rank} dimensions; at most {MAX_RANK}")
             maps.append(TensorMap(arg, _TMA_DTYPE_TO_HOST[m["elem_type"]], m["elem_size"],
                                   tuple(m["block_size"]), m["swizzle"]))
-            params.append(Param(arg, "tensor", False, rank))
+            params.append(Param(arg, "tensor", False, rank, ty))
         elif ty.startswith("*"):
-            params.append(Param(arg, "ptr", arg in divisible))
+            params.append(Param(arg, "ptr", arg in divisible, 0, ty))
         elif ty in KINDS:
-            params.append(Param(arg, KINDS[ty], arg in divisible))
+            params.append(Param(arg, KINDS[ty], arg in divisible, 0, ty))
         else:
             raise AotError(f"{name}: parameter {arg} has type {ty}, which the AOT launchers do not "
                            f"pass (pointers, {', '.join(KINDS)} and tensor descriptors)")

@@ -70,6 +70,7 @@ class BlocksparseMatMul(LayoutShapes):
         return _ops.matmul(x, w, self._handle, self.axis, "tf32" if self.allow_tf32 else "ieee")
 
     def _check(self, x, w):
+        """The inputs as the products take them (autocast applied), or ValueError / TypeError."""
         for name, t in (("x", x), ("w", w)):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
@@ -90,9 +91,7 @@ class BlocksparseMatMul(LayoutShapes):
             x, w = x.to(dtype), w.to(dtype)
         if x.dtype != w.dtype:
             raise TypeError(f"x and w must have the same dtype; got {x.dtype} and {w.dtype}")
-        if 0 in x.stride() or (x.stride(0) != 1 and x.stride(1) != 1):
-            x = x.contiguous()
-        return x, w.contiguous()
+        return x, w
 
 
 class BlocksparseLinear(nn.Module):
