@@ -6,6 +6,7 @@ header and can be replayed with ``BLOCKSPARSE_TEST_SEED=<seed> make test``.
 import os
 import secrets
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +22,23 @@ def pytest_report_header(config):
 def rng(request):
     """A numpy Generator for this test: the run's base seed mixed with the test id."""
     return np.random.default_rng([BASE_SEED, zlib.crc32(request.node.nodeid.encode())])
+
+
+@pytest.fixture(scope="session")
+def kernel_library_path(tmp_path_factory):
+    """Path of a kernel library (``_kernels.so``): ``BLOCKSPARSE_KERNELS`` if it names one (to test a
+    full build), else a small one built now (``kernel_build.KERNEL_BUILD``), else the installed one."""
+    from kernel_build import KERNEL_BUILD, build, can_build
+
+    given = os.environ.get("BLOCKSPARSE_KERNELS", "")
+    if given and given != "jit":
+        return Path(given).resolve()
+    if can_build():
+        return build(tmp_path_factory.mktemp("kernels"), *KERNEL_BUILD)
+    installed = Path(__import__("blocksparse").__file__).with_name("_kernels.so")
+    if not installed.is_file():
+        pytest.skip("no kernel library installed, and this machine cannot build one")
+    return installed
 
 
 def pytest_collection_modifyitems(config, items):

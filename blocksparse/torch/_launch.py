@@ -241,11 +241,14 @@ class AotLaunch:
             else:
                 setattr(arg.value, p["kind"], _check_fixed(p["name"], p, value))
         self.slots = tuple(slots)
+        self.grid = (ctypes.c_uint * 3)(*launch.grid, *(1,) * (3 - len(launch.grid)))
         self._words = memoryview(self.args).cast("B").cast("Q")
-        self._grid = (ctypes.c_uint * 3)(*launch.grid, *(1,) * (3 - len(launch.grid)))
-        self._nargs = len(params)
+        # everything the ctypes call takes, ready (kernels.raw_launch converts nothing)
+        self._stream = ctypes.c_void_p()
         self._message = ctypes.create_string_buffer(1024)
         self._raw = kernels.raw_launch
+        self._argv = (spec_index, ctypes.byref(self.grid), ctypes.byref(self.args), len(params), self._stream,
+                      self._message, len(self._message))
 
     def __call__(self, tensors):
         words = self._words
@@ -254,11 +257,12 @@ class AotLaunch:
         device = self.device_index
         if _current_device is not None and _current_device() != device:
             with torch.cuda.device(device):  # the NULL stream launches in the current context
-                return self._launch(_stream(device))
-        self._launch(_stream(device))
+                return self._launch(device)
+        self._launch(device)
 
-    def _launch(self, stream):
-        status = self._raw(self.spec_index, self._grid, self.args, self._nargs, stream, self._message, 1024)
+    def _launch(self, device):
+        self._stream.value = _stream(device)
+        status = self._raw(*self._argv)
         if status:
             self.kernels.check(status, self._message)
 
