@@ -60,12 +60,23 @@ def _c_string(text, width=96):
     return "\n".join(f'    "{escape(text[i:i + width])}"' for i in range(0, len(text), width)) or '""'
 
 
+def _items(items, indent, width=100):
+    """``items`` joined by commas, wrapped at ``width`` columns with ``indent`` spaces."""
+    lines, line = [], ""
+    for item in items:
+        if line and len(indent) + len(line) + len(item) + 2 > width:
+            lines.append(line + ",")
+            line = ""
+        line = f"{line}, {item}" if line else item
+    return f"\n{indent}".join([*lines, line])
+
+
 def _launcher(kernel: CompiledKernel):
     """The C function packing ``bsk_arg a[]`` into this kernel's launch parameters."""
     sym = kernel.symbol
     maps = {m.param: m for m in kernel.tensormaps}
-    lines = [f"static CUresult launch_{sym}(CUfunction function, CUstream stream, const unsigned grid[3],",
-             "                                const bsk_arg *a) {"]
+    lines = [f"static CUresult launch_{sym}(CUfunction function, CUstream stream,",
+             "                                const unsigned grid[3], const bsk_arg *a) {"]
     values = []
     encode = []
     for i, p in enumerate(kernel.params):
@@ -86,7 +97,7 @@ def _launcher(kernel: CompiledKernel):
     if encode:
         lines += ["  CUresult err;", *encode]
     lines.append("  CUdeviceptr scratch = 0;")
-    lines.append("  void *params[] = {" + ", ".join([*values, "&scratch", "&scratch"]) + "};")
+    lines.append("  void *params[] = {" + _items([*values, "&scratch", "&scratch"], " " * 20) + "};")
     lines.append(f"  return bsk_launch_kernel(function, stream, grid, {kernel.num_warps}, {kernel.shared}, "
                  "params);")
     lines.append("}")
@@ -96,12 +107,12 @@ def _launcher(kernel: CompiledKernel):
 def _tables(kernel: CompiledKernel):
     """The spec's static argument and key arrays."""
     sym = kernel.symbol
-    params = ", ".join(f"{{{_c_literal(p.name)}, {ARG_KINDS[p.kind]}, {p.rank}, {int(p.divisible)}}}"
-                       for p in kernel.params)
-    keys = ", ".join(f"{{{_c_literal(n)}, {v}, {_c_literal(t) if t is not None else 'NULL'}}}"
-                     for n, v, t in c_keys(kernel.fields))
-    return (f"static const bsk_param params_{sym}[] = {{{params or '{NULL, 0, 0, 0}'}}};\n"
-            f"static const bsk_key keys_{sym}[] = {{{keys or '{NULL, 0, NULL}'}}};")
+    params = _items([f"{{{_c_literal(p.name)}, {ARG_KINDS[p.kind]}, {p.rank}, {int(p.divisible)}}}"
+                     for p in kernel.params], "    ")
+    keys = _items([f"{{{_c_literal(n)}, {v}, {_c_literal(t) if t is not None else 'NULL'}}}"
+                   for n, v, t in c_keys(kernel.fields)], "    ")
+    return (f"static const bsk_param params_{sym}[] = {{\n    {params or '{NULL, 0, 0, 0}'}}};\n"
+            f"static const bsk_key keys_{sym}[] = {{\n    {keys or '{NULL, 0, NULL}'}}};")
 
 
 def _row(kernel: CompiledKernel):
