@@ -5,6 +5,8 @@ header and can be replayed with ``BLOCKSPARSE_TEST_SEED=<seed> make test``.
 """
 import os
 import secrets
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 
@@ -39,6 +41,29 @@ def kernel_library_path(tmp_path_factory):
     if not installed.is_file():
         pytest.skip("no kernel library installed, and this machine cannot build one")
     return installed
+
+
+@pytest.fixture(scope="session")
+def toy_build(tmp_path_factory):
+    """The build directory of the toy family (``toy_family.py``, built by ``toy_build.py``):
+    ``bsk_specs.c``, ``cubins/``, ``_kernels.so``."""
+    from kernel_build import can_build
+
+    if not can_build():
+        pytest.skip("needs the source tree, Triton and a C compiler")
+    out = tmp_path_factory.mktemp("toy")
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("toy_build.py")), str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return out
+
+
+@pytest.fixture(scope="session")
+def toy_library(toy_build):
+    """The toy family's kernel library, loaded."""
+    from blocksparse.aot.abi import KernelLibrary
+
+    return KernelLibrary(toy_build / "_kernels.so")
 
 
 def pytest_collection_modifyitems(config, items):

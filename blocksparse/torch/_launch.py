@@ -201,7 +201,9 @@ def _match(launch: KernelLaunch, spec):
     if unknown:
         raise Mismatch(f"the launch gives {sorted(unknown)}, which the spec neither takes nor fixes")
     for p in spec["params"]:
-        value = launch.args.get(p["name"])
+        if p["name"] not in launch.args:
+            raise Mismatch(f"{p['name']}: the spec takes it, the launch does not give it")
+        value = launch.args[p["name"]]
         if isinstance(value, Descriptor):
             if p["kind"] != "tensor" or len(value.shape) != p["rank"] or tuple(value.block) != _block(p):
                 raise Mismatch(f"{p['name']}: the spec takes {p['type']}, the launch a descriptor of block "

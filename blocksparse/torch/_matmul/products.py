@@ -55,6 +55,8 @@ def _strided(t):
 
 def plan_of(kind, a, b, layout_handle, axis, precision, dw_dtype=None):
     """The :class:`~.plan.Plan` of a kernel call (inputs as the product functions take them)."""
+    if a.dtype is not torch.float32:
+        precision = "ieee"  # TF32 concerns float32 products only: one plan (and compiled spec) for both
     aligned = not (a.data_ptr() | b.data_ptr()) & 15
     key = (kind, a.shape, a.stride(), b.stride() if kind == "updat" else None, a.dtype, a.get_device(), axis,
            precision, dw_dtype, aligned)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import toy_family  # noqa: E402
 
