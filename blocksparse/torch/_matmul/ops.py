@@ -96,11 +96,20 @@ class MatmulFunction(torch.autograd.Function):
         return dx, dw, None, None, None
 
 
+# Function.apply's Python wrapper (default-argument binding, functorch's pytree unwrapping) costs
+# as much as the C++ apply behind it; without functorch transforms it does nothing for this
+# function (no setup_context, no defaults), so eager calls go to the C++ apply directly.
+_apply = super(torch.autograd.Function, MatmulFunction).apply
+_functorch_active = torch._C._are_functorch_transforms_active
+
+
 def matmul(x, w, layout, axis, precision):
     """``y = x @ W`` (checked inputs): the custom op while ``torch.compile`` traces, else the
     eager path -- :class:`MatmulFunction` when a gradient is wanted, the product alone when not."""
     if torch.compiler.is_compiling():
         return matmul_op(x, w, layout, axis, precision)
     if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
-        return MatmulFunction.apply(x, w, layout, axis, precision)
+        if _functorch_active():
+            return MatmulFunction.apply(x, w, layout, axis, precision)
+        return _apply(x, w, layout, axis, precision)
     return _products.fprop(x, w, layout, axis, precision)

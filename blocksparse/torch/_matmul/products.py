@@ -48,7 +48,8 @@ def _triton_importable():
 def _strided(t):
     """``t``, or a contiguous copy where neither dimension is unit-stride (the kernels index
     activations through one unit stride), e.g. the expanded gradient of a ``sum()``."""
-    if t.stride(1) != 1 and t.stride(0) != 1 or 0 in t.stride():
+    s = t.stride()
+    if s[0] != 1 and s[1] != 1 or 0 in s:
         return t.contiguous()
     return t
 
@@ -66,10 +67,10 @@ def plan_of(kind, a, b, layout_handle, axis, precision, dw_dtype=None):
 def _xprop(kind, x, w, layout_handle, axis, precision):
     st = _plan.state(layout_handle)
     lay = st.layout
-    x = _strided(x)
-    if not w.is_contiguous():
-        w = w.contiguous()
     if use_triton(x, lay.block_size):
+        x = _strided(x)
+        if not w.is_contiguous():
+            w = w.contiguous()
         return plan_of(kind, x, w, layout_handle, axis, precision)(x, w)
     trans = kind == "bprop"
     coords = st.coords(x.device)
@@ -92,8 +93,8 @@ def updat(x, dy, layout_handle, axis, precision, dw_dtype):
     """``dW = x.T @ dy`` on the layout's blocks, in ``dw_dtype``."""
     st = _plan.state(layout_handle)
     lay = st.layout
-    x, dy = _strided(x), _strided(dy)
     if use_triton(x, lay.block_size):
+        x, dy = _strided(x), _strided(dy)
         return plan_of("updat", x, dy, layout_handle, axis, precision, dw_dtype)(x, dy)
     coords = st.coords(x.device)
     return _reference.updat(x, dy, coords[:, 0], coords[:, 1], lay.block_size, axis, dw_dtype)
