@@ -8,13 +8,16 @@ One run times, for C = K = 4096, N = 8192 (compute bound) and N = 64 (memory bou
 
 * ``dense``      torch.matmul on the dense matrices (cuBLAS);
 * ``torch-bsr``  torch.sparse._triton_ops: bsr_dense_mm (fprop, bprop), sampled_addmm (updat);
-* ``blocksparse`` the ``blocksparse::matmul*`` ops, through the library's own plan and tile tables.
+* ``blocksparse`` the products as eager calls reach them (``blocksparse.torch._matmul.products``: plan
+  lookup, then the kernel library's compiled kernel or the JIT; ``BLOCKSPARSE_KERNELS`` chooses).
 
 Every timed configuration is first checked against a float64 reference (outputs NaN-poisoned).
 ``frac_of_dense`` = useful TFLOP/s (nonzero blocks only) over dense TFLOP/s of the same op, shape
 and dtype in this run.  N = 64 calls are timed in CUDA graphs over rotating operand copies
 (several times the L2), so that weights come from device memory; ``hbm_frac`` is the fewest bytes
-the op must move over that time, as a fraction of the copy bandwidth measured in this run.
+the op must move over that time, as a fraction of the copy bandwidth measured in this run.  For
+N = 64 ``eager_ms`` is also measured: back-to-back eager calls (events around 50 of them), host
+time included -- what a training loop sees, where the graph time is the kernels' alone.
 Writes ``bsmm-h200.json`` and ``bsmm-h200.md`` into ``--out``.
 """
 from __future__ import annotations
@@ -56,7 +59,7 @@ class Case:
 
     def __init__(self, n, dt, bs, d):
         self.p = common.Problem(C, K, n, bs, d, common.DTYPES[dt], seed=1000 * bs + int(100 * d))
-        from blocksparse.torch import _plan
+        from blocksparse.torch._matmul import plan as _plan
         self.handle = _plan.handle(self.p.layout)
         self._bsr = None
 
@@ -93,12 +96,12 @@ class Case:
     def call(self, impl, op, tensors):
         x, w, dy = tensors
         if impl == "blocksparse":
-            ops = torch.ops.blocksparse
+            from blocksparse.torch._matmul import products
             if op == "fprop":
-                return lambda: ops.matmul(x, w, self.handle, 1, "ieee")
+                return lambda: products.fprop(x, w, self.handle, 1, "ieee")
             if op == "bprop":
-                return lambda: ops.matmul_dx(dy, w, self.handle, 1, "ieee")
-            return lambda: ops.matmul_dw(x, dy, self.handle, 1, "ieee", x.dtype)
+                return lambda: products.bprop(dy, w, self.handle, 1, "ieee")
+            return lambda: products.updat(x, dy, self.handle, 1, "ieee", x.dtype)
         from torch.sparse._triton_ops import bsr_dense_mm, sampled_addmm
         wt_bsr, w_bsr = self.bsr(w)
         if op == "fprop":
@@ -119,11 +122,12 @@ class Case:
         return out.t()
 
     def config(self, op):
-        from blocksparse.torch import _plan, _triton
+        from blocksparse.torch._matmul import products
         p = self.p
-        kind = {"fprop": "fprop", "bprop": "bprop", "updat": "updat"}[op]
-        plan = _plan.state(self.handle).plan(kind, p.N, p.x.device, p.x.dtype, _triton.tma_ok(p.x, p.dy))
-        return dict(asdict(plan.config), max_segment=plan.max_segment, split=plan.split)
+        a, b = {"fprop": (p.x, p.w), "bprop": (p.dy, p.w), "updat": (p.x, p.dy)}[op]
+        plan = products.plan_of(op, a, b, self.handle, 1, "ieee", p.x.dtype if op == "updat" else None)
+        return dict(asdict(plan.config), max_segment=plan.max_segment, split=plan.split, path=plan.path,
+                    launches=plan.launches)
 
 
 def _warm(chunk):
@@ -158,6 +162,24 @@ def timed(n, build, per_set_bytes):
     except Exception:  # a call that cannot be captured: events (launch latency included)
         torch.cuda.synchronize()
         return common.time_ms(build(False), warmup=10, rep=50), "events"
+
+
+def eager_ms(build):
+    """Median ms per call of back-to-back eager calls (events around 50), host time included."""
+    fn = build(False)
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(50):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 50)
+    return sorted(times)[2]
 
 
 def timed_twice(n, build, per_set_bytes):
@@ -202,6 +224,8 @@ def measure(hbm_gbs, save):
                 dense[key] = 2.0 * n * C * K / ms / 1e9
                 rows.append(dict(impl="dense", op=op, dtype=dt, bs=0, density=1.0, N=n, C=C, K=K, ms=ms,
                                  spread=spread, tflops=dense[key], frac_of_dense=1.0, timer=timer))
+                if n <= 512:
+                    rows[-1]["eager_ms"] = eager_ms(lambda copy: case.dense_call(op, case.operands(copy)))
                 print(json.dumps(rows[-1]), flush=True)
             for impl in IMPLS:
                 row = checked[(impl, op)]
@@ -213,6 +237,7 @@ def measure(hbm_gbs, save):
                         row["frac_of_dense"] = row["tflops"] / dense[(n, dt, op)]
                         if n <= 512:
                             row["hbm_frac"] = bytes_moved(p, op) / ms / 1e6 / hbm_gbs
+                            row["eager_ms"] = eager_ms(lambda copy: case.call(impl, op, case.operands(copy)))
                         if impl == "blocksparse":
                             row["config"] = case.config(op)
                     except Exception as exc:
@@ -245,10 +270,14 @@ def markdown(meta, rows):
         for dt in common.DTYPES:
             dense = {op: index.get(("dense", op, dt, 0, 1.0, n)) for op in OPS}
             label = "compute bound" if n > 512 else "memory bound"
-            head = " | ".join(f"{op} ours | {op} bsr" for op in OPS)
+            eager = n <= 512  # host time matters here: an eager column (µs per call, back to back)
+            head = " | ".join(f"{op} ours | {op} ours eager µs | {op} bsr" if eager else f"{op} ours | {op} bsr"
+                              for op in OPS)
+            dense_eager = ("; eager µs: " + ", ".join(f"{op} {1000 * dense[op]['eager_ms']:.1f}" for op in OPS
+                                                      if dense[op] and "eager_ms" in dense[op])) if eager else ""
             out += [f"## N = {n} ({label}), {dt}", "",
-                    "dense ms: " + ", ".join(f"{op} {dense[op]['ms']:.4f}" for op in OPS if dense[op]), "",
-                    f"| bs | density | {head} |", "|" + "---|" * (2 + 2 * len(OPS))]
+                    "dense ms: " + ", ".join(f"{op} {dense[op]['ms']:.4f}" for op in OPS if dense[op]) + dense_eager,
+                    "", f"| bs | density | {head} |", "|" + "---|" * (2 + (3 if eager else 2) * len(OPS))]
             for bs in BLOCK_SIZES:
                 for d in DENSITIES:
                     cells = []
@@ -261,6 +290,8 @@ def markdown(meta, rows):
                                 mark = ("" if r.get("ok") else "!") + ("~" if r.get("spread", 0) > 0.1 else "")
                                 hbm = f" ({r['hbm_frac']:.2f} hbm)" if n <= 512 else ""
                                 cells.append(f"{r['frac_of_dense']:.2f}{hbm}{mark}")
+                            if eager and impl == "blocksparse":
+                                cells.append(f"{1000 * r['eager_ms']:.1f}" if "eager_ms" in r else "–")
                     out.append(f"| {bs} | {d} | " + " | ".join(cells) + " |")
             out.append("")
     out += ["`!` marks a result outside the dtype's tolerance against float64 (none expected); `~` one "

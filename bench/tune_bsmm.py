@@ -77,7 +77,7 @@ def problem(n, bs, density, dtype):
 
 def make_call(p, op, impl, cfg, waves, tensors=None):
     """A zero-argument launch of one variant on problem ``p`` (or on ``tensors`` = (x, w, dy))."""
-    from blocksparse.torch import _triton
+    from blocksparse.torch._matmul import launch as _triton
 
     lay, bs = p.layout, p.bs
     x, w, dy = tensors or (p.x, p.w, p.dy)
