@@ -51,4 +51,4 @@ bench:  ## GPU benchmarks (on a GPU machine): bench/results/bsmm-h200.{json,md}
 	$(BENCH_PYTHON) bench/bsmm.py --out bench/results
 
 clean:
-	rm -rf build dist reports *.egg-info .matrix blocksparse/_tf_ops.so blocksparse/_build_info.json
+	rm -rf build dist reports *.egg-info .matrix blocksparse/_tf_ops.so blocksparse/_kernels.so blocksparse/_build_info.json
