@@ -46,9 +46,10 @@ release: install  ## gates + twine check + tag + upload; DRY_RUN=1 (default) onl
 
 # The benchmark needs a CUDA build of torch and triton: BENCH_PYTHON=<such a python>, else .venv.
 BENCH_PYTHON ?= $(PY)
-bench:  ## GPU benchmarks (on a GPU machine): bench/results/bsmm-h200.{json,md}
+bench:  ## GPU benchmarks (on a GPU machine): bench/results/bsmm-h200.{json,md}, latency.{json,md}
 	$(if $(filter $(PY),$(BENCH_PYTHON)),$(MAKE) install)
 	$(BENCH_PYTHON) bench/bsmm.py --out bench/results
+	$(BENCH_PYTHON) bench/latency.py --out bench/results
 
 clean:
 	rm -rf build dist reports *.egg-info .matrix blocksparse/_tf_ops.so blocksparse/_kernels.so blocksparse/_build_info.json
