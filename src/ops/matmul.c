@@ -6,11 +6,11 @@
  * specs are read once from the runtime's table (their keys are the fields of
  * blocksparse/ops/matmul/aot.py), their arguments matched by name. */
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "bsk_message.h"
 #include "matmul.h"
 
 static const char *const PRODUCTS[] = {"fprop", "bprop", "updat"};
@@ -97,16 +97,6 @@ static const mm_spec *find(int index) {
   return NULL;
 }
 
-static int fail(char *message, size_t size, int status, const char *format, ...) {
-  if (message && size) {
-    va_list args;
-    va_start(args, format);
-    vsnprintf(message, size, format, args);
-    va_end(args);
-  }
-  return status;
-}
-
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* Whether tensor descriptors can address the activations: (F, N) rows must span a multiple of
@@ -147,45 +137,45 @@ int bsk_matmul_updat_split(int spec, int64_t n_tokens, int64_t table_rows, int s
 /* ---- checks ---------------------------------------------------------------------------- */
 
 static int check_kind(const bsk_matmul_call *call, char *message, size_t size) {
-  if (!call) return fail(message, size, BSK_ERR_INVALID, "call must not be NULL");
+  if (!call) return bsk_fail(message, size, BSK_ERR_INVALID, "call must not be NULL");
   if (call->product < BSK_FPROP || call->product > BSK_UPDAT || call->dtype < BSK_FP16 ||
       call->dtype > BSK_FP32)
-    return fail(message, size, BSK_ERR_INVALID, "unknown product %d or dtype %d", call->product,
-                call->dtype);
+    return bsk_fail(message, size, BSK_ERR_INVALID, "unknown product %d or dtype %d", call->product,
+                    call->dtype);
   return BSK_OK;
 }
 
 static int check_call(const mm_spec *s, const bsk_matmul_call *call, char *message, size_t size) {
   if (s->problem)
-    return fail(message, size, BSK_ERR_INVALID, "spec %s cannot run: %s", s->name, s->problem);
+    return bsk_fail(message, size, BSK_ERR_INVALID, "spec %s cannot run: %s", s->name, s->problem);
   if (!matches(s, call))
-    return fail(message, size, BSK_ERR_INVALID,
-                "specialisation %s serves %s %s bs=%d axis=%d G=%d; the call is %s %s bs=%d "
-                "axis=%d G=%d", s->name, PRODUCTS[s->product], DTYPES[s->dtype], s->block_size,
-                s->axis, s->group, PRODUCTS[call->product], DTYPES[call->dtype],
-                call->block_size, call->axis, call->group);
+    return bsk_fail(message, size, BSK_ERR_INVALID,
+                    "specialisation %s serves %s %s bs=%d axis=%d G=%d; the call is %s %s bs=%d "
+                    "axis=%d G=%d", s->name, PRODUCTS[s->product], DTYPES[s->dtype], s->block_size,
+                    s->axis, s->group, PRODUCTS[call->product], DTYPES[call->dtype],
+                    call->block_size, call->axis, call->group);
   if (call->n_tokens < 0 || call->n_tokens > INT32_MAX)
-    return fail(message, size, BSK_ERR_INVALID, "n_tokens must be in [0, 2^31); got %lld",
-                (long long)call->n_tokens);
+    return bsk_fail(message, size, BSK_ERR_INVALID, "n_tokens must be in [0, 2^31); got %lld",
+                    (long long)call->n_tokens);
   int64_t bs = call->block_size;
   if (call->c_blocks < 1 || call->k_blocks < 1 || call->c_blocks * bs > INT32_MAX ||
       call->k_blocks * bs > INT32_MAX)
-    return fail(message, size, BSK_ERR_INVALID,
-                "c_blocks and k_blocks must be >= 1 with C and K below 2^31; got %lld and %lld",
-                (long long)call->c_blocks, (long long)call->k_blocks);
+    return bsk_fail(message, size, BSK_ERR_INVALID,
+                    "c_blocks and k_blocks must be >= 1 with C and K below 2^31; got %lld and %lld",
+                    (long long)call->c_blocks, (long long)call->k_blocks);
   if (call->blocks < 1 || call->blocks > call->c_blocks * call->k_blocks)
-    return fail(message, size, BSK_ERR_INVALID, "blocks must be in [1, %lld]; got %lld",
-                (long long)(call->c_blocks * call->k_blocks), (long long)call->blocks);
+    return bsk_fail(message, size, BSK_ERR_INVALID, "blocks must be in [1, %lld]; got %lld",
+                    (long long)(call->c_blocks * call->k_blocks), (long long)call->blocks);
   if (call->table_rows < 1 || call->table_rows > INT32_MAX)
-    return fail(message, size, BSK_ERR_INVALID, "table_rows must be in [1, 2^31); got %lld",
-                (long long)call->table_rows);
+    return bsk_fail(message, size, BSK_ERR_INVALID, "table_rows must be in [1, 2^31); got %lld",
+                    (long long)call->table_rows);
   if (s->tma && !rows_aligned(call))
-    return fail(message, size, BSK_ERR_INVALID,
-                "%s uses tensor descriptors: (F, N) rows of %lld tokens are not a multiple of "
-                "16 bytes", s->name, (long long)call->n_tokens);
+    return bsk_fail(message, size, BSK_ERR_INVALID,
+                    "%s uses tensor descriptors: (F, N) rows of %lld tokens are not a multiple of "
+                    "16 bytes", s->name, (long long)call->n_tokens);
   if (s->product == BSK_UPDAT && (call->split < 1 || (!s->atomic && call->split != 1)))
-    return fail(message, size, BSK_ERR_INVALID,
-                "%s needs split %s; got %d", s->name, s->atomic ? ">= 1" : "== 1", call->split);
+    return bsk_fail(message, size, BSK_ERR_INVALID,
+                    "%s needs split %s; got %d", s->name, s->atomic ? ">= 1" : "== 1", call->split);
   /* the kernels were compiled for 16-byte aligned buffers; empty activations may be NULL */
   typedef struct { const char *name; uint64_t address; int activations; } buffer;
   const buffer buffers[3][5] = {
@@ -198,9 +188,9 @@ static int check_call(const mm_spec *s, const bsk_matmul_call *call, char *messa
   for (const buffer *b = buffers[s->product]; b < buffers[s->product] + 5 && b->name; ++b) {
     int may_be_null = b->activations && call->n_tokens == 0;
     if (b->address % 16 || (!b->address && !may_be_null))
-      return fail(message, size, BSK_ERR_INVALID,
-                  "%s must be a device address aligned to 16 bytes; got 0x%llx", b->name,
-                  (unsigned long long)b->address);
+      return bsk_fail(message, size, BSK_ERR_INVALID,
+                      "%s must be a device address aligned to 16 bytes; got 0x%llx", b->name,
+                      (unsigned long long)b->address);
   }
   return BSK_OK;
 }
@@ -279,8 +269,8 @@ int bsk_matmul_run_spec(int index, const bsk_matmul_call *call, void *stream, ch
   if (status) return status;
   const mm_spec *s = find(index);
   if (!s)
-    return fail(message, size, BSK_ERR_INVALID, "no matmul spec %d (this build has %d specs)", index,
-                bsk_spec_count());
+    return bsk_fail(message, size, BSK_ERR_INVALID, "no matmul spec %d (this build has %d specs)", index,
+                    bsk_spec_count());
   if ((status = check_call(s, call, message, size))) return status;
   return launch(s, call, stream, message, size);
 }
@@ -312,10 +302,10 @@ int bsk_matmul_run(const bsk_matmul_call *call, void *stream, char *message, siz
   if (index < 0) {
     char archs[128];
     archs_text(archs, sizeof(archs));
-    return fail(message, size, BSK_ERR_UNSUPPORTED,
-                "no compiled kernel for %s %s block_size=%d axis=%d G=%d on sm_%d (this build "
-                "has kernels for %s)", PRODUCTS[call->product], DTYPES[call->dtype], call->block_size,
-                call->axis, call->group, arch, archs);
+    return bsk_fail(message, size, BSK_ERR_UNSUPPORTED,
+                    "no compiled kernel for %s %s block_size=%d axis=%d G=%d on sm_%d (this build "
+                    "has kernels for %s)", PRODUCTS[call->product], DTYPES[call->dtype], call->block_size,
+                    call->axis, call->group, arch, archs);
   }
   return bsk_matmul_run_spec(index, &chosen, stream, message, size);
 }

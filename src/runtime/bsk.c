@@ -4,12 +4,12 @@
  * launch plans, or a family's C file such as src/ops/matmul.c); this file only checks them
  * against what the spec was compiled for and hands them to the spec's generated launcher. */
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "bsk_internal.h"
+#include "bsk_message.h"
 
 int bsk_abi_version(void) { return BSK_ABI_VERSION; }
 int bsk_spec_count(void) { return bsk_specs_count; }
@@ -51,19 +51,9 @@ int bsk_arch_serves(int compiled, int arch) {
   return compiled / 10 == arch / 10 && compiled % 10 <= arch % 10;
 }
 
-static int fail(char *message, size_t size, int status, const char *format, ...) {
-  if (message && size) {
-    va_list args;
-    va_start(args, format);
-    vsnprintf(message, size, format, args);
-    va_end(args);
-  }
-  return status;
-}
-
 static int cuda_fail(char *message, size_t size, const char *what, CUresult err) {
-  return fail(message, size, BSK_ERR_CUDA, "%s failed: %s (CUDA error %d)", what,
-              bsk_cuda_error(err), (int)err);
+  return bsk_fail(message, size, BSK_ERR_CUDA, "%s failed: %s (CUDA error %d)", what,
+                  bsk_cuda_error(err), (int)err);
 }
 
 /* ---- checks: what every launch of a spec must satisfy ------------------------------------- */
@@ -76,17 +66,17 @@ static const char *kind_name(int kind) {
 
 static int check_args(const bsk_spec *s, const unsigned grid[3], const bsk_arg *args, int nargs,
                       char *message, size_t size) {
-  if (!grid) return fail(message, size, BSK_ERR_INVALID, "grid must not be NULL");
+  if (!grid) return bsk_fail(message, size, BSK_ERR_INVALID, "grid must not be NULL");
   if (nargs != s->nparams)
-    return fail(message, size, BSK_ERR_INVALID, "%s/%s takes %d arguments; got %d", s->family, s->name,
-                s->nparams, nargs);
-  if (nargs && !args) return fail(message, size, BSK_ERR_INVALID, "args must not be NULL");
+    return bsk_fail(message, size, BSK_ERR_INVALID, "%s/%s takes %d arguments; got %d", s->family, s->name,
+                    s->nparams, nargs);
+  if (nargs && !args) return bsk_fail(message, size, BSK_ERR_INVALID, "args must not be NULL");
   for (int i = 0; i < nargs; ++i) {
     const bsk_param *p = &s->params[i];
     const bsk_arg *a = &args[i];
     if (a->kind != p->kind)
-      return fail(message, size, BSK_ERR_INVALID, "%s/%s: argument %d (%s) must be a %s; got kind %d (%s)",
-                  s->family, s->name, i, p->name, kind_name(p->kind), a->kind, kind_name(a->kind));
+      return bsk_fail(message, size, BSK_ERR_INVALID, "%s/%s: argument %d (%s) must be a %s; got kind %d (%s)",
+                      s->family, s->name, i, p->name, kind_name(p->kind), a->kind, kind_name(a->kind));
     uint64_t bits = 0;
     switch (p->kind) {
       case BSK_ARG_PTR: bits = a->value.ptr; break;
@@ -94,28 +84,28 @@ static int check_args(const bsk_spec *s, const unsigned grid[3], const bsk_arg *
       case BSK_ARG_I64: bits = (uint64_t)a->value.i64; break;
       case BSK_ARG_TENSOR:
         if (a->rank != p->rank)
-          return fail(message, size, BSK_ERR_INVALID, "%s/%s: tensor %s must have %d dimensions; got %d",
-                      s->family, s->name, p->name, p->rank, a->rank);
+          return bsk_fail(message, size, BSK_ERR_INVALID, "%s/%s: tensor %s must have %d dimensions; got %d",
+                          s->family, s->name, p->name, p->rank, a->rank);
         for (int d = 0; d < a->rank; ++d)
           if (a->shape[d] < 0 || a->shape[d] > INT32_MAX || a->strides[d] < 0)
-            return fail(message, size, BSK_ERR_INVALID,
-                        "%s/%s: tensor %s has shape[%d] = %lld and strides[%d] = %lld; shapes must be "
-                        "in [0, 2^31) and strides >= 0", s->family, s->name, p->name, d,
-                        (long long)a->shape[d], d, (long long)a->strides[d]);
+            return bsk_fail(message, size, BSK_ERR_INVALID,
+                            "%s/%s: tensor %s has shape[%d] = %lld and strides[%d] = %lld; shapes must be "
+                            "in [0, 2^31) and strides >= 0", s->family, s->name, p->name, d,
+                            (long long)a->shape[d], d, (long long)a->strides[d]);
         if (a->strides[a->rank - 1] != 1)
-          return fail(message, size, BSK_ERR_INVALID,
-                      "%s/%s: tensor %s must have an innermost stride of 1; got %lld", s->family, s->name,
-                      p->name, (long long)a->strides[a->rank - 1]);
+          return bsk_fail(message, size, BSK_ERR_INVALID,
+                          "%s/%s: tensor %s must have an innermost stride of 1; got %lld", s->family, s->name,
+                          p->name, (long long)a->strides[a->rank - 1]);
         bits = a->value.ptr;
         break;
       default: break;
     }
     /* the kernel was compiled assuming these are multiples of 16: anything else is wrong answers */
     if (p->divisible && bits % 16)
-      return fail(message, size, BSK_ERR_INVALID,
-                  "%s/%s: %s must be %s 16; got %s0x%llx", s->family, s->name, p->name,
-                  p->kind == BSK_ARG_PTR ? "a device address aligned to" : "a multiple of",
-                  p->kind == BSK_ARG_PTR ? "" : "value ", (unsigned long long)bits);
+      return bsk_fail(message, size, BSK_ERR_INVALID,
+                      "%s/%s: %s must be %s 16; got %s0x%llx", s->family, s->name, p->name,
+                      p->kind == BSK_ARG_PTR ? "a device address aligned to" : "a multiple of",
+                      p->kind == BSK_ARG_PTR ? "" : "value ", (unsigned long long)bits);
   }
   return BSK_OK;
 }
@@ -156,7 +146,7 @@ static int context_entry(const bsk_driver *cu, bsk_context **out, char *message,
       }
       CUfunction *functions = calloc((size_t)bsk_specs_count + 1, sizeof(CUfunction));
       if (!functions) {
-        status = fail(message, size, BSK_ERR_CUDA, "out of host memory");
+        status = bsk_fail(message, size, BSK_ERR_CUDA, "out of host memory");
         break;
       }
       contexts[i] = (bsk_context){context, 10 * major + minor, sms, functions};
@@ -164,7 +154,7 @@ static int context_entry(const bsk_driver *cu, bsk_context **out, char *message,
     }
   }
   if (!entry && !status)
-    status = fail(message, size, BSK_ERR_CUDA, "more than %d CUDA contexts", BSK_MAX_CONTEXTS);
+    status = bsk_fail(message, size, BSK_ERR_CUDA, "more than %d CUDA contexts", BSK_MAX_CONTEXTS);
   pthread_mutex_unlock(&contexts_lock);
   *out = entry;
   return status;
@@ -208,7 +198,7 @@ static int enter(void *stream, const bsk_driver **cu, int *pushed, bsk_context *
   const char *why = NULL;
   *pushed = 0;
   *cu = bsk_driver_get(&why);
-  if (!*cu) return fail(message, size, BSK_ERR_DRIVER, "%s", why);
+  if (!*cu) return bsk_fail(message, size, BSK_ERR_DRIVER, "%s", why);
   CUcontext context = NULL, current = NULL;
   CUresult err;
   if (stream && (*cu)->StreamGetCtx((CUstream)stream, &context) == CUDA_SUCCESS && context) {
@@ -220,7 +210,7 @@ static int enter(void *stream, const bsk_driver **cu, int *pushed, bsk_context *
   } else {
     if ((err = (*cu)->CtxGetCurrent(&current))) return cuda_fail(message, size, "cuCtxGetCurrent", err);
     if (!current)
-      return fail(message, size, BSK_ERR_CUDA, "no CUDA context: the stream has none and none is current");
+      return bsk_fail(message, size, BSK_ERR_CUDA, "no CUDA context: the stream has none and none is current");
   }
   int status = context_entry(*cu, entry, message, size);
   if (status && *pushed) {
@@ -252,7 +242,7 @@ int bsk_launch(int index, const unsigned grid[3], const bsk_arg *args, int nargs
                char *message, size_t size) {
   const bsk_spec *s = spec_at(index);
   if (!s)
-    return fail(message, size, BSK_ERR_INVALID, "no spec %d (this build has %d)", index, bsk_specs_count);
+    return bsk_fail(message, size, BSK_ERR_INVALID, "no spec %d (this build has %d)", index, bsk_specs_count);
   int status = check_args(s, grid, args, nargs, message, size);
   if (status) return status;
   if (!grid[0] || !grid[1] || !grid[2]) return BSK_OK;
@@ -263,14 +253,14 @@ int bsk_launch(int index, const unsigned grid[3], const bsk_arg *args, int nargs
   CUfunction function;
   CUresult err;
   if (!bsk_arch_serves(s->arch, entry->arch)) {
-    status = fail(message, size, BSK_ERR_UNSUPPORTED, "%s/%s was compiled for sm_%d; this GPU is sm_%d",
-                  s->family, s->name, s->arch, entry->arch);
+    status = bsk_fail(message, size, BSK_ERR_UNSUPPORTED, "%s/%s was compiled for sm_%d; this GPU is sm_%d",
+                      s->family, s->name, s->arch, entry->arch);
   } else if ((err = load_function(cu, entry, index, &function))) {
-    status = fail(message, size, BSK_ERR_CUDA, "loading kernel %s/%s failed: %s (CUDA error %d)", s->family,
-                  s->name, bsk_cuda_error(err), (int)err);
+    status = bsk_fail(message, size, BSK_ERR_CUDA, "loading kernel %s/%s failed: %s (CUDA error %d)", s->family,
+                      s->name, bsk_cuda_error(err), (int)err);
   } else if ((err = s->launch(function, (CUstream)stream, grid, args))) {
-    status = fail(message, size, BSK_ERR_CUDA, "launching kernel %s/%s failed: %s (CUDA error %d)",
-                  s->family, s->name, bsk_cuda_error(err), (int)err);
+    status = bsk_fail(message, size, BSK_ERR_CUDA, "launching kernel %s/%s failed: %s (CUDA error %d)",
+                      s->family, s->name, bsk_cuda_error(err), (int)err);
   }
   leave(cu, pushed);
   return status;
@@ -280,8 +270,8 @@ int bsk_memset32(uint64_t address, uint32_t value, size_t count, void *stream, c
                  size_t size) {
   if (!count) return BSK_OK;
   if (!address || address % 4)
-    return fail(message, size, BSK_ERR_INVALID, "address must be a device address aligned to 4 bytes; "
-                "got 0x%llx", (unsigned long long)address);
+    return bsk_fail(message, size, BSK_ERR_INVALID, "address must be a device address aligned to 4 bytes; "
+                    "got 0x%llx", (unsigned long long)address);
   const bsk_driver *cu;
   bsk_context *entry;
   int pushed;
