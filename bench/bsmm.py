@@ -12,11 +12,15 @@ One run times, for C = K = 4096, N = 8192 (compute bound) and N = 64 (memory bou
   lookup, then the kernel library's compiled kernel or the JIT; ``BLOCKSPARSE_KERNELS`` chooses).
 
 Every timed configuration is first checked against a float64 reference (outputs NaN-poisoned).
-``frac_of_dense`` = useful TFLOP/s (nonzero blocks only) over dense TFLOP/s of the same op, shape
-and dtype in this run.  N = 64 calls are timed in CUDA graphs over rotating operand copies
+Then, per problem and op, dense, ours and PyTorch BSR are timed interleaved in ``--rounds`` rounds
+(each round times each once, in rotated order) and the median of each is kept: a change of the
+GPU's clocks shifts all three alike, so ``frac_of_dense`` = useful TFLOP/s (nonzero blocks only)
+over the dense TFLOP/s measured beside it (``dense_ms`` in each row) holds from run to run.
+``--runs 2`` repeats the whole run and reports the largest disagreement of ``frac_of_dense``
+(``bsmm-h200-agreement.json``).  N = 64 calls are timed in CUDA graphs over rotating operand copies
 (several times the L2), so that weights come from device memory; ``hbm_frac`` is the fewest bytes
 the op must move over that time, as a fraction of the copy bandwidth measured in this run.  For
-N = 64 ``eager_ms`` is also measured: back-to-back eager calls (events around 50 of them), host
+N = 64 ``eager_ms`` is measured too: back-to-back eager calls (events around 50 of them), host
 time included -- what a training loop sees, where the graph time is the kernels' alone.
 Writes ``bsmm-h200.json`` and ``bsmm-h200.md`` into ``--out``.
 """
@@ -26,6 +30,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -44,10 +49,11 @@ DENSITIES = (0.1, 0.25, 0.5)
 BLOCK_SIZES = (16, 32, 64, 128)
 OPS = ("fprop", "bprop", "updat")
 IMPLS = ("blocksparse", "torch-bsr")
+SMALL_N = 512
 
 
-def problems():
-    for dt in common.DTYPES:
+def problems(dtypes=tuple(common.DTYPES)):
+    for dt in dtypes:
         for n in NS:
             for bs in BLOCK_SIZES:
                 for d in DENSITIES:
@@ -149,24 +155,30 @@ def _warm(chunk):
     return fails
 
 
-def timed(n, build, per_set_bytes):
-    """Median ms per call of ``build(copy)`` (a call on the problem's operands, or on fresh
-    copies): events around each call for many tokens; for few tokens a CUDA graph over enough
-    copies to overflow the L2 four times."""
-    if n > 512:
-        # 100 ms of warm-up: GPU clocks take a while to come back up after host-side work
-        return common.time_ms(build(False), warmup=100), "events"
-    copies = max(2, min(64, math.ceil(4 * 60 * 2**20 / per_set_bytes)))
-    try:
-        return common.time_rotating_ms(lambda: [build(True) for _ in range(copies)]), "graph"
-    except Exception:  # a call that cannot be captured: events (launch latency included)
-        torch.cuda.synchronize()
-        return common.time_ms(build(False), warmup=10, rep=50), "events"
+class Timer:
+    """Times one callable, again and again: events around calls for many tokens (compute bound);
+    for few tokens a CUDA graph over enough operand copies to overflow the L2 four times."""
+
+    def __init__(self, n, build, per_set_bytes):
+        self.graph = None
+        self.fn = build(False)
+        if n <= SMALL_N:
+            copies = max(2, min(64, math.ceil(4 * 60 * 2**20 / per_set_bytes)))
+            try:
+                self.graph = common.GraphTimer(lambda: [build(True) for _ in range(copies)])
+            except Exception:  # a call that cannot be captured: events (launch latency included)
+                torch.cuda.synchronize()
+        self.kind = "graph" if self.graph else "events"
+
+    def ms(self, first=False):
+        if self.graph:
+            return self.graph.median_ms(replays=10)
+        # the first round warms up for 100 ms: clocks take a while to rise after host-side work
+        return common.time_ms(self.fn, warmup=100 if first else 10, rep=40)
 
 
-def eager_ms(build):
-    """Median ms per call of back-to-back eager calls (events around 50), host time included."""
-    fn = build(False)
+def eager_ms(fn, calls=50):
+    """Median ms per call of back-to-back eager calls (events around ``calls``), host time included."""
     for _ in range(5):
         fn()
     torch.cuda.synchronize()
@@ -174,29 +186,36 @@ def eager_ms(build):
     for _ in range(5):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for _ in range(50):
+        for _ in range(calls):
             fn()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) / 50)
-    return sorted(times)[2]
+        times.append(start.elapsed_time(end) / calls)
+    return statistics.median(times)
 
 
-def timed_twice(n, build, per_set_bytes):
-    """:func:`timed` twice; the faster median and the relative spread between the two."""
-    (a, timer), (b, _) = timed(n, build, per_set_bytes), timed(n, build, per_set_bytes)
-    return min(a, b), abs(a - b) / min(a, b), timer
+def interleaved(timers, rounds):
+    """Median ms of each timer over ``rounds`` rounds; each round times every timer once, in an
+    order rotated per round, so a clock change shifts all implementations of a problem alike."""
+    names = list(timers)
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            times[name].append(timers[name].ms(first=r == 0))
+    return {name: (statistics.median(t), (max(t) - min(t)) / min(t)) for name, t in times.items()}
 
 
 def _nbytes(*tensors):
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def measure(hbm_gbs, save):
-    """Check and time everything; ``save(rows)`` is called after each problem (partial results
-    survive an interrupted run)."""
-    rows, dense = [], {}
-    for n, dt, bs, d in problems():
+def measure(hbm_gbs, save, dtypes, rounds):
+    """Check, then time everything, problem by problem: dense, ours and PyTorch BSR interleaved
+    in ``rounds`` rounds per problem; ``save(rows)`` is called after each problem (partial
+    results survive an interrupted run)."""
+    rows = []
+    for n, dt, bs, d in problems(dtypes):
         case = Case(n, dt, bs, d)
         p = case.p
         operand_bytes = _nbytes(p.x, p.w, p.dy)
@@ -217,32 +236,44 @@ def measure(hbm_gbs, save):
                 checked[(impl, op)] = row
         case.p._refs.clear()
         for op in OPS:
-            key = (n, dt, op)
-            if key not in dense:
-                ms, spread, timer = timed_twice(n, lambda copy: case.dense_call(op, case.operands(copy)),
-                                                operand_bytes + C * K * p.x.element_size())
-                dense[key] = 2.0 * n * C * K / ms / 1e9
-                rows.append(dict(impl="dense", op=op, dtype=dt, bs=0, density=1.0, N=n, C=C, K=K, ms=ms,
-                                 spread=spread, tflops=dense[key], frac_of_dense=1.0, timer=timer))
-                if n <= 512:
-                    rows[-1]["eager_ms"] = eager_ms(lambda copy: case.dense_call(op, case.operands(copy)))
+            timers = {"dense": Timer(n, lambda copy: case.dense_call(op, case.operands(copy)),
+                                     operand_bytes + C * K * p.x.element_size())}
+            for impl in IMPLS:
+                if "error" not in checked[(impl, op)]:
+                    try:
+                        timers[impl] = Timer(n, lambda copy, impl=impl: case.call(impl, op, case.operands(copy)),
+                                             operand_bytes)
+                    except Exception as exc:
+                        checked[(impl, op)]["error"] = repr(exc)[:300]
+                        torch.cuda.synchronize()
+            try:
+                medians = interleaved(timers, rounds)
+            except Exception as exc:
+                torch.cuda.synchronize()
+                for impl in IMPLS:
+                    checked[(impl, op)].setdefault("error", repr(exc)[:300])
+                medians = {}
+            if "dense" in medians:
+                dense_ms, spread = medians["dense"]
+                dense_tflops = 2.0 * n * C * K / dense_ms / 1e9
+                rows.append(dict(impl="dense", op=op, dtype=dt, bs=bs, density=d, N=n, C=C, K=K,
+                                 ms=dense_ms, spread=spread, tflops=dense_tflops, frac_of_dense=1.0,
+                                 timer=timers["dense"].kind))
+                if n <= SMALL_N:
+                    rows[-1]["eager_ms"] = eager_ms(timers["dense"].fn)
                 print(json.dumps(rows[-1]), flush=True)
             for impl in IMPLS:
                 row = checked[(impl, op)]
-                if "error" not in row:
-                    try:
-                        ms, spread, timer = timed_twice(
-                            n, lambda copy: case.call(impl, op, case.operands(copy)), operand_bytes)
-                        row.update(ms=ms, spread=spread, timer=timer, tflops=p.useful_flops / ms / 1e9)
-                        row["frac_of_dense"] = row["tflops"] / dense[(n, dt, op)]
-                        if n <= 512:
-                            row["hbm_frac"] = bytes_moved(p, op) / ms / 1e6 / hbm_gbs
-                            row["eager_ms"] = eager_ms(lambda copy: case.call(impl, op, case.operands(copy)))
-                        if impl == "blocksparse":
-                            row["config"] = case.config(op)
-                    except Exception as exc:
-                        row["error"] = repr(exc)[:300]
-                        torch.cuda.synchronize()
+                if impl in medians and "dense" in medians:
+                    ms, spread = medians[impl]
+                    row.update(ms=ms, spread=spread, timer=timers[impl].kind, dense_ms=dense_ms,
+                               tflops=p.useful_flops / ms / 1e9)
+                    row["frac_of_dense"] = row["tflops"] / dense_tflops
+                    if n <= SMALL_N:
+                        row["hbm_frac"] = bytes_moved(p, op) / ms / 1e6 / hbm_gbs
+                        row["eager_ms"] = eager_ms(timers[impl].fn)
+                    if impl == "blocksparse":
+                        row["config"] = case.config(op)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
         torch.cuda.empty_cache()
@@ -267,17 +298,21 @@ def markdown(meta, rows):
            f"L2 read {meta['l2_gbs']:.0f} GB/s.", ""]
     index = {(r["impl"], r["op"], r["dtype"], r["bs"], r["density"], r["N"]): r for r in rows}
     for n in NS:
-        for dt in common.DTYPES:
-            dense = {op: index.get(("dense", op, dt, 0, 1.0, n)) for op in OPS}
-            label = "compute bound" if n > 512 else "memory bound"
-            eager = n <= 512  # host time matters here: an eager column (µs per call, back to back)
+        for dt in meta.get("dtypes", common.DTYPES):
+            dense = {op: sorted(r["ms"] for r in rows if (r["impl"], r["op"], r["dtype"], r["N"]) ==
+                                ("dense", op, dt, n)) for op in OPS}
+            label = "compute bound" if n > SMALL_N else "memory bound"
+            eager = n <= SMALL_N  # host time matters here: an eager column (µs per call, back to back)
             head = " | ".join(f"{op} ours | {op} ours eager µs | {op} bsr" if eager else f"{op} ours | {op} bsr"
                               for op in OPS)
-            dense_eager = ("; eager µs: " + ", ".join(f"{op} {1000 * dense[op]['eager_ms']:.1f}" for op in OPS
-                                                      if dense[op] and "eager_ms" in dense[op])) if eager else ""
+            dense_eager = {op: sorted(1000 * r["eager_ms"] for r in rows if "eager_ms" in r and
+                                      (r["impl"], r["op"], r["dtype"], r["N"]) == ("dense", op, dt, n)) for op in OPS}
+            eager_text = ("; eager µs: " + ", ".join(f"{op} {dense_eager[op][0]:.1f}-{dense_eager[op][-1]:.1f}"
+                                                     for op in OPS if dense_eager[op])) if eager else ""
             out += [f"## N = {n} ({label}), {dt}", "",
-                    "dense ms: " + ", ".join(f"{op} {dense[op]['ms']:.4f}" for op in OPS if dense[op]) + dense_eager,
-                    "", f"| bs | density | {head} |", "|" + "---|" * (2 + (3 if eager else 2) * len(OPS))]
+                    "dense ms (per problem, measured beside ours; min-max): " + ", ".join(
+                        f"{op} {dense[op][0]:.4f}-{dense[op][-1]:.4f}" for op in OPS if dense[op]) + eager_text, "",
+                    f"| bs | density | {head} |", "|" + "---|" * (2 + (3 if eager else 2) * len(OPS))]
             for bs in BLOCK_SIZES:
                 for d in DENSITIES:
                     cells = []
@@ -288,24 +323,47 @@ def markdown(meta, rows):
                                 cells.append("err")
                             else:
                                 mark = ("" if r.get("ok") else "!") + ("~" if r.get("spread", 0) > 0.1 else "")
-                                hbm = f" ({r['hbm_frac']:.2f} hbm)" if n <= 512 else ""
+                                hbm = f" ({r['hbm_frac']:.2f} hbm)" if n <= SMALL_N else ""
                                 cells.append(f"{r['frac_of_dense']:.2f}{hbm}{mark}")
                             if eager and impl == "blocksparse":
                                 cells.append(f"{1000 * r['eager_ms']:.1f}" if "eager_ms" in r else "–")
                     out.append(f"| {bs} | {d} | " + " | ".join(cells) + " |")
             out.append("")
     out += ["`!` marks a result outside the dtype's tolerance against float64 (none expected); `~` one "
-            "whose two timings differed by more than 10% (the faster is shown).", ""]
+            f"whose {meta.get('rounds', 5)} interleaved timings spread by more than 10% (the median is shown).", ""]
     return "\n".join(out)
+
+
+def agreement(rows_a, rows_b):
+    """Per row of ours / PyTorch BSR present in both runs: the relative difference of
+    ``frac_of_dense``; returns (largest, its row key, all differences)."""
+    def key(r):
+        return (r["impl"], r["op"], r["dtype"], r["bs"], r["density"], r["N"])
+
+    b = {key(r): r for r in rows_b if "frac_of_dense" in r and r["impl"] != "dense"}
+    diffs = {}
+    for r in rows_a:
+        if "frac_of_dense" in r and r["impl"] != "dense" and key(r) in b:
+            diffs[key(r)] = abs(r["frac_of_dense"] - b[key(r)]["frac_of_dense"]) / b[key(r)]["frac_of_dense"]
+    worst = max(diffs, key=diffs.get) if diffs else None
+    return (diffs[worst] if worst else float("nan")), worst, diffs
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
     ap.add_argument("--workers", type=int, default=14)
+    ap.add_argument("--dtypes", default=",".join(common.DTYPES), help="comma-separated subset of bf16,fp16,fp32")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds per problem")
+    ap.add_argument("--runs", type=int, default=1, help="full runs; with 2 the second is written as "
+                    "bsmm-h200-run2.* and the largest disagreement of frac_of_dense is reported")
     args = ap.parse_args()
+    dtypes = tuple(d for d in args.dtypes.split(",") if d)
+    unknown = set(dtypes) - set(common.DTYPES)
+    if unknown:
+        ap.error(f"--dtypes must be a subset of {','.join(common.DTYPES)}; got {sorted(unknown)}")
     t0 = time.time()
-    todo = list(problems())
+    todo = list(problems(dtypes))
     import multiprocessing as mp
     with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as pool:
         fails = [f for part in pool.map(_warm, [todo[i::args.workers] for i in range(args.workers)])
@@ -313,24 +371,38 @@ def main():
     print(f"warmed {len(todo)} problems in {time.time() - t0:.0f}s; {len(fails)} failures", flush=True)
     for f in fails:
         print("  WARM FAIL", *f, flush=True)
-    hbm, l2 = common.hbm_bandwidth_gbs(), common.l2_bandwidth_gbs()
-    import triton
-    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                date=time.strftime("%Y-%m-%d"), hbm_gbs=hbm, l2_gbs=l2, C=C, K=K)
     os.makedirs(args.out, exist_ok=True)
+    import triton
+    runs = []
+    for run in range(1, args.runs + 1):
+        hbm, l2 = common.hbm_bandwidth_gbs(), common.l2_bandwidth_gbs()
+        meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                    date=time.strftime("%Y-%m-%d"), hbm_gbs=hbm, l2_gbs=l2, C=C, K=K, dtypes=dtypes,
+                    rounds=args.rounds, run=run)
+        stem = "bsmm-h200" if run == 1 else f"bsmm-h200-run{run}"
 
-    def save(rows):
-        with open(os.path.join(args.out, "bsmm-h200.json"), "w") as f:
-            json.dump(dict(meta, rows=rows), f, indent=1)
-        with open(os.path.join(args.out, "bsmm-h200.md"), "w") as f:
-            f.write(markdown(meta, rows))
+        def save(rows, meta=meta, stem=stem):
+            with open(os.path.join(args.out, stem + ".json"), "w") as f:
+                json.dump(dict(meta, rows=rows), f, indent=1)
+            with open(os.path.join(args.out, stem + ".md"), "w") as f:
+                f.write(markdown(meta, rows))
 
-    rows = measure(hbm, save)
-    bad = [r for r in rows if r["impl"] != "dense" and not r.get("ok")]
-    print(markdown(meta, rows))
-    print(f"{len(rows)} rows, {len(bad)} failed or inaccurate; {time.time() - t0:.0f}s")
-    for r in bad:
-        print("  BAD", json.dumps(r))
+        rows = measure(hbm, save, dtypes, args.rounds)
+        runs.append(rows)
+        bad = [r for r in rows if r["impl"] != "dense" and not r.get("ok")]
+        print(markdown(meta, rows))
+        print(f"run {run}: {len(rows)} rows, {len(bad)} failed or inaccurate; {time.time() - t0:.0f}s")
+        for r in bad:
+            print("  BAD", json.dumps(r))
+    if len(runs) > 1:
+        worst, where, diffs = agreement(runs[0], runs[1])
+        summary = dict(largest_rel_diff=worst, row=where, rows_compared=len(diffs),
+                       over_5_percent=sorted([list(k) + [v] for k, v in diffs.items() if v > 0.05],
+                                             key=lambda x: -x[-1]))
+        with open(os.path.join(args.out, "bsmm-h200-agreement.json"), "w") as f:
+            json.dump(summary, f, indent=1)
+        print(f"runs 1 and 2: largest frac_of_dense disagreement {worst:.1%} at {where}; "
+              f"{len(summary['over_5_percent'])} of {len(diffs)} rows over 5%")
 
 
 if __name__ == "__main__":

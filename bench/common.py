@@ -78,31 +78,43 @@ def time_ms(fn, warmup=25, rep=100):
     return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
 
 
-def time_rotating_ms(make_fns, replays=20):
-    """Median ms per call for memory-bound calls: a CUDA graph runs one call per input set
-    (together several times the L2), so every call reads its operands from device memory."""
-    fns = make_fns()
-    for f in fns:
-        f()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        for f in fns:  # warm the stream's allocator pool before capture
-            f()
-    torch.cuda.synchronize()
-    with torch.cuda.graph(graph, stream=stream):
+class GraphTimer:
+    """Times memory-bound calls: one CUDA graph runs one call per operand set (together several
+    times the L2), so every call reads its operands from device memory.  Captured once; each
+    :meth:`median_ms` replays it (rounds of several implementations can then interleave)."""
+
+    def __init__(self, make_fns):
+        fns = make_fns()
+        self.calls = len(fns)
         for f in fns:
             f()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / len(fns))
-    return float(np.median(times))
+        self.graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            for f in fns:  # warm the stream's allocator pool before capture
+                f()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(self.graph, stream=stream):
+            for f in fns:
+                f()
+
+    def median_ms(self, replays=20):
+        """Median milliseconds per call over ``replays`` replays of the graph."""
+        times = []
+        for _ in range(replays):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            self.graph.replay()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) / self.calls)
+        return float(np.median(times))
+
+
+def time_rotating_ms(make_fns, replays=20):
+    """Median ms per call of memory-bound calls (see :class:`GraphTimer`)."""
+    return GraphTimer(make_fns).median_ms(replays)
 
 
 def hbm_bandwidth_gbs():

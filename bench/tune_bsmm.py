@@ -4,7 +4,7 @@ Produces the numbers behind ``blocksparse/ops/matmul/configs.py``.  One run:
 
     python bench/tune_bsmm.py --out bench/results/tune-h200.json
 
-Variants: the pointer-load kernels (:mod:`blocksparse.kernels.xprop`, ``.updat``) and the TMA
+Variants: the pointer-load kernels (:mod:`blocksparse.ops.matmul.xprop`, ``.updat``) and the TMA
 kernels (``.xprop_tma``, ``.updat_tma``) over output-group size ``G``, tile sizes, warps and
 pipeline stages; compute-bound (N = 8192) and memory-bound (N = 64) problems; alongside, the
 ceilings of the same GPU: dense cuBLAS, HBM copy bandwidth and L2 read bandwidth.
@@ -26,8 +26,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import common  # noqa: E402
-from blocksparse.kernels.configs import UpdatConfig as U  # noqa: E402
-from blocksparse.kernels.configs import XpropConfig as X  # noqa: E402
+from blocksparse.ops.matmul.configs import UpdatConfig as U  # noqa: E402
+from blocksparse.ops.matmul.configs import XpropConfig as X  # noqa: E402
 
 C = K = 4096
 

@@ -1,6 +1,5 @@
 """blocksparse.torch on a CUDA GPU: the Triton kernels (TMA and pointer paths) through the public
 API against float64, torch.compile, autocast.  Skipped without a GPU."""
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
