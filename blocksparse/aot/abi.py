@@ -83,8 +83,11 @@ class KernelLibrary:
         # The launch layer's entry: no argument conversion (a third of the cost of a ctypes call;
         # it passes ints, byref()s of its prebuilt arrays, a c_void_p stream and a buffer), and
         # the GIL held, so no other thread rewrites an argument array while the runtime reads it.
-        self.raw_launch = ctypes.PyDLL(self.path).bsk_launch
+        python_dll = ctypes.PyDLL(self.path)
+        self.raw_launch = python_dll.bsk_launch
         self.raw_launch.restype = ctypes.c_int
+        self.raw_memset32 = python_dll.bsk_memset32  # the launch layer's fills (typed: rare enough)
+        self.raw_memset32.restype, self.raw_memset32.argtypes = lib.bsk_memset32.restype, lib.bsk_memset32.argtypes
 
     @property
     def archs(self):

@@ -59,7 +59,9 @@ class Descriptor:
 @dataclass(frozen=True, eq=False)
 class KernelLaunch:
     """One launch of ``kernel`` over ``grid``: ``args`` by parameter name (fixed values,
-    :class:`Operand` or :class:`Descriptor`), ``constexprs`` and compile options."""
+    :class:`Operand` or :class:`Descriptor`), ``constexprs`` and compile options; ``zero``: the
+    call's tensors (by position; sizes a multiple of 4 bytes) zero-filled just before the kernel,
+    e.g. float32 buffers that atomics add into."""
 
     kernel: object
     grid: tuple
@@ -67,6 +69,7 @@ class KernelLaunch:
     constexprs: dict
     num_warps: int = 4
     num_stages: int = 3
+    zero: tuple = ()
 
     @property
     def kernel_name(self):
@@ -133,6 +136,8 @@ class JitLaunch:
         return kwargs
 
     def __call__(self, tensors):
+        for index in self.launch.zero:
+            tensors[index].zero_()
         if self._empty:
             return
         if self._run is None:
@@ -258,6 +263,8 @@ class AotLaunch:
         self._raw = kernels.raw_launch
         self._argv = (spec_index, ctypes.byref(self.grid), ctypes.byref(self.args), len(params), self._stream,
                       self._message, len(self._message))
+        self._zero = tuple(launch.zero)
+        self._memset = kernels.raw_memset32
 
     def __call__(self, tensors):
         words = self._words
@@ -266,11 +273,16 @@ class AotLaunch:
         device = self.device_index
         if _current_device is not None and _current_device() != device:
             with torch.cuda.device(device):  # the NULL stream launches in the current context
-                return self._launch(device)
-        self._launch(device)
+                return self._launch(device, tensors)
+        self._launch(device, tensors)
 
-    def _launch(self, device):
-        self._stream.value = _stream(device)
+    def _launch(self, device, tensors):
+        stream = self._stream.value = _stream(device)
+        for index in self._zero:  # in the runtime: no torch op (and its dispatch) for a fill
+            t = tensors[index]
+            status = self._memset(t.data_ptr(), 0, t.numel() * t.element_size() // 4, stream, self._message, 1024)
+            if status:
+                self.kernels.check(status, self._message)
         status = self._raw(*self._argv)
         if status:
             self.kernels.check(status, self._message)

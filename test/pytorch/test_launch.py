@@ -116,6 +116,20 @@ def test_prepare_without_a_spec_takes_the_jit(toy_library):
     assert prepare(scale_launch(64), -1, toy_library, _index(toy_library, SCALE)).path == "aot"
 
 
+def test_zero_filled_operands_are_filled_by_the_runtime(toy_library, rng, no_gpu):
+    aot = AotLaunch(scale_launch(64, zero=(1,)), toy_library, _index(toy_library, SCALE), -1)
+    with pytest.raises(KernelError, match="libcuda.so.1|cuInit") as info:  # the fill comes first
+        aot(_scale_tensors(rng, 64))
+    assert info.value.status == 3
+
+
+@pytest.mark.interpreter
+def test_the_jit_launch_zero_fills_first(rng):
+    x, y = _scale_tensors(rng, 64)
+    JitLaunch(scale_launch(64, zero=(1,)))((x, y))
+    assert torch.equal(y[:16], torch.zeros(16)) and torch.allclose(y[16:], 0.5 * x)
+
+
 @pytest.mark.interpreter
 def test_the_jit_launch_computes(rng):
     n = 300

@@ -92,7 +92,8 @@ def xprop_launch(variant, x_shape, x_strides, dtype, headers, entries, *, blocks
                     stride_yn=y_n, stride_yf=y_f)
         consts.update(BK=bk, BN=bn, X_T=axis == 0, UNROLL=cfg.UNROLL)
         grid = (segments * (bs // bn) * triton.cdiv(n, cfg.BM),)
-    return KernelLaunch(KERNELS[("xprop", variant)], grid, args, consts, cfg.num_warps, cfg.num_stages)
+    return KernelLaunch(KERNELS[("xprop", variant)], grid, args, consts, cfg.num_warps, cfg.num_stages,
+                        zero=(OUT,) if atomic else ())
 
 
 def updat_launch(variant, x_shape, x_strides, dy_shape, dy_strides, dtype, groups, *, bs, axis, cfg, split,
@@ -114,7 +115,8 @@ def updat_launch(variant, x_shape, x_strides, dy_shape, dy_strides, dtype, group
                     dy_desc=_desc(B, dtype, dy_shape, dy_strides, axis, cfg.BK, bs), DW=Operand(OUT, dw_dtype),
                     GROUPS=groups, tokens_per_split=per_split, N=n)
         consts.update(X_T=axis == 0)
-    return KernelLaunch(KERNELS[("updat", variant)], grid, args, consts, cfg.num_warps, cfg.num_stages)
+    return KernelLaunch(KERNELS[("updat", variant)], grid, args, consts, cfg.num_warps, cfg.num_stages,
+                        zero=(OUT,) if split > 1 else ())
 
 
 # --- direct calls: allocate, launch through Triton (kernel tests, GPU verification) ------------
@@ -139,9 +141,8 @@ def updat(x, dy, groups, *, w_shape, bs, axis, cfg, split, precision, dw_dtype):
 
 def _xprop_direct(variant, x, w, headers, entries, *, out_features, bs, axis, trans, cfg, atomic, precision):
     n = tokens(x, axis)
-    shape = activation_shape(n, out_features, axis)
-    out = x.new_zeros(shape, dtype=torch.float32) if atomic else x.new_empty(shape)
-    if n:
+    out = x.new_empty(activation_shape(n, out_features, axis), dtype=torch.float32 if atomic else x.dtype)
+    if n:  # the launch zero-fills a float32 buffer first
         JitLaunch(xprop_launch(variant, tuple(x.shape), x.stride(), x.dtype, headers, entries, blocks=w.shape[0],
                                out_features=out_features, bs=bs, axis=axis, trans=trans, cfg=cfg, atomic=atomic,
                                precision=precision))((x, w, out))
@@ -151,11 +152,13 @@ def _xprop_direct(variant, x, w, headers, entries, *, out_features, bs, axis, tr
 def _updat_direct(variant, x, dy, groups, *, w_shape, bs, axis, cfg, split, precision, dw_dtype):
     n = tokens(x, axis)
     atomic = split > 1 or n == 0
-    dw = x.new_zeros(w_shape, dtype=torch.float32) if atomic else x.new_empty(w_shape, dtype=dw_dtype)
-    if n:
+    dw = x.new_empty(w_shape, dtype=torch.float32 if atomic else dw_dtype)
+    if n:  # the launch zero-fills a float32 buffer first
         JitLaunch(updat_launch(variant, tuple(x.shape), x.stride(), tuple(dy.shape), dy.stride(), x.dtype, groups,
                                bs=bs, axis=axis, cfg=cfg, split=split, precision=precision,
                                dw_dtype=dw.dtype))((x, dy, dw))
+    else:
+        dw.zero_()  # no tokens: the gradient is zero
     return _cast(dw, dw_dtype)
 
 

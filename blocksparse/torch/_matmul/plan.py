@@ -42,8 +42,9 @@ class Plan:
     ``config``: the tile; ``max_segment``: xprop table segment length (None: one program per
     group); ``split``: updat token slices; ``runner``: the prepared launch (None without tokens);
     the kernel writes a buffer of ``out_shape`` and ``out_dtype``, zero-filled first where
-    ``zero`` (split reductions), cast to ``cast_to`` after where set; ``pretranspose``: bprop
-    reads the weight's blocks transposed beforehand.
+    ``zero`` (split reductions: by the launch, in the runtime on the ahead-of-time path), cast to
+    ``cast_to`` after where set; ``pretranspose``: bprop reads the weight's blocks transposed
+    beforehand.
     """
 
     kind: str
@@ -72,12 +73,11 @@ class Plan:
     def __call__(self, a, b):
         if self.pretranspose:
             b = b.transpose(1, 2).contiguous()
-        if self.zero:
-            out = torch.zeros(self.out_shape, dtype=self.out_dtype, device=self.device)
-        else:
-            out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
         if self.runner is not None:
-            self.runner((a, b, out))
+            out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
+            self.runner((a, b, out))  # zero-fills out first where the launch asks
+        else:  # no tokens
+            out = (torch.zeros if self.zero else torch.empty)(self.out_shape, dtype=self.out_dtype, device=self.device)
         return out if self.cast_to is None else out.to(self.cast_to)
 
 
