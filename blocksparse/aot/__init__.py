@@ -21,6 +21,7 @@ from pathlib import Path
 
 from .. import _env
 from .._version import minor_text
+from .abi import ABI_VERSION
 from .codegen import manifest_entry, write_sources
 from .compile import AotError, compile_specs
 from .family import registered
@@ -28,8 +29,6 @@ from .family import registered
 __all__ = ["DEFAULT_ARCHS", "ABI_VERSION", "parse_archs", "parse_filters", "resolve_archs", "collect",
            "build_sources", "AotError"]
 
-#: The runtime ABI the generated sources are written for (BSK_ABI_VERSION in src/runtime/bsk.h).
-ABI_VERSION = 2
 
 #: Architectures compiled when nothing else says which.
 DEFAULT_ARCHS = (80, 90)
