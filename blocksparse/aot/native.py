@@ -21,8 +21,7 @@ RUNTIME_DIR = ROOT / "src" / "runtime"
 #: The families' own C (selection, grids, arguments of the TensorFlow ops), one file per family.
 OPS_DIR = ROOT / "src" / "ops"
 RUNTIME_SOURCES = ("bsk.c", "driver.c")
-#: The kernel library's file name; also its soname, so that a library linked against it finds it
-#: beside itself ($ORIGIN).
+#: The kernel library's file name: a library linked against it finds it beside itself ($ORIGIN).
 KERNELS_LIBRARY = "_kernels.so"
 #: Before glibc 2.34 dlopen and pthread_once live in libdl / libpthread (see driver.c).
 LINK_LIBS = ("-Wl,--push-state,--no-as-needed", "-l:libdl.so.2", "-l:libpthread.so.0",
@@ -109,11 +108,13 @@ def runtime_sources():
 def build_kernel_library(generated_c, out, cc=None, jobs=None):
     """The kernel library (no TensorFlow): the runtime, the families' C and ``generated_c``.
 
-    Its soname is :data:`KERNELS_LIBRARY`, whatever ``out`` is called.
+    It has no soname, on purpose: the dynamic loader would take any library of that soname
+    already in the process (another build, loaded by path) for the one the TensorFlow op library
+    needs; without one it finds the file beside the op library, and shares it only when it is
+    the same file.
     """
     cc = cc or c_compiler()
     out = Path(out)
     objects = compile_c([*runtime_sources(), generated_c], out.parent / (out.stem + "_objects"), cc, jobs)
-    run([cc, "-shared", f"-Wl,-soname,{KERNELS_LIBRARY}", *objects, "-o", out, *LINK_LIBS],
-        f"linking {out.name}")
+    run([cc, "-shared", *objects, "-o", out, *LINK_LIBS], f"linking {out.name}")
     return out

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-import toy_family
+import toy_family  # after conftest's torch_setup: see test/aot/conftest.py
 from blocksparse.aot import collect, parse_filters
 from blocksparse.aot.codegen import c_keys, generate
 from blocksparse.aot.compile import CompiledKernel, Param, TensorMap, launch_param_bytes

@@ -158,6 +158,19 @@ def test_the_op_library_reaches_its_kernel_library(op_library_path):
     assert {s["family"] for s in lib.specs} == {"matmul"}
 
 
+def test_another_kernel_library_in_the_process_is_not_the_op_library_s(toy_library, op_library_path):
+    """Kernel libraries carry no soname: one loaded by path before (the toy family's, or one
+    BLOCKSPARSE_KERNELS names) is not taken for the file beside the op library."""
+    pytest.importorskip("tensorflow")
+    from blocksparse._tf import loader as ops
+    from blocksparse.aot.abi import KernelLibrary
+
+    assert {s["family"] for s in toy_library.specs} == {"toy"}
+    lib, why = ops.load(str(op_library_path))
+    assert lib is not None, why
+    assert {s["family"] for s in KernelLibrary(op_library_path).specs} == {"matmul"}
+
+
 # ------------------------------------------------------------------ platform tag
 
 
