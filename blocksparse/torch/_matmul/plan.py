@@ -127,11 +127,10 @@ def _to(array, device):
 
 def _aot_spec(kernels, arch, product, dtype, bs, axis, tma, atomic):
     """Index of the library's spec for this product (TMA kernel first where it can run), or None."""
-    family = "updat" if product == "updat" else "xprop"
+    names = _KERNEL_NAMES["updat" if product == "updat" else "xprop"]
     fields = dict(product=product, dtype=_DTYPE_NAMES.get(dtype), block_size=bs, axis=axis, atomic=atomic)
-    variants = ("tma", "ptr") if tma else ("ptr",)
-    for variant in variants:
-        index = kernels.find("matmul", arch, kernel=_KERNEL_NAMES[family][variant], **fields)
+    for variant in ("tma", "ptr") if tma else ("ptr",):
+        index = kernels.find("matmul", arch, kernel=names[variant], **fields)
         if index is not None:
             return index
     return None
