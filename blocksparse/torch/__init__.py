@@ -1,8 +1,10 @@
 """PyTorch frontend: :class:`BlocksparseMatMul` and :class:`BlocksparseLinear`.
 
-Requires PyTorch (``pip install blocksparse[torch]``).  On CUDA tensors the Triton kernels run;
-elsewhere (and for block size 8) the reference path does.  ``BLOCKSPARSE_BACKEND`` forces a path
-(see :mod:`blocksparse._env`).
+Requires PyTorch (``pip install blocksparse[torch]``).  On CUDA tensors the Triton kernels run --
+launched from the kernel library (ahead-of-time cubins) where it has them, else through Triton's
+JIT (:mod:`blocksparse.torch._launch`); elsewhere (and for block size 8) the reference path does.
+``BLOCKSPARSE_BACKEND`` forces a path, ``BLOCKSPARSE_KERNELS`` names the kernel library (see
+:mod:`blocksparse._env`).
 """
 try:
     import torch  # noqa: F401
