@@ -58,12 +58,13 @@ release: install  ## gates + twine check + tag + upload; DRY_RUN=1 (default) onl
 
 # The benchmark needs a CUDA build of torch and triton: BENCH_PYTHON=<such a python>, else .venv.
 BENCH_PYTHON ?= $(PY)
-bench:  ## GPU benchmarks (on a GPU machine): bench/results/*-h200.{json,md}, the dispatch tables
+bench:  ## GPU benchmarks (on a GPU machine): bench/results/*-h200.{json,md}, latency.{json,md}, the dispatch tables
 	$(if $(filter $(PY),$(BENCH_PYTHON)),$(MAKE) install)
 	$(BENCH_PYTHON) bench/bsmm.py --out bench/results
+	$(BENCH_PYTHON) bench/latency.py --out bench/results
 	$(BENCH_PYTHON) bench/attention.py --out bench/results
 	$(BENCH_PYTHON) bench/dispatch.py --out bench/results --install
 	$(BENCH_PYTHON) bench/pixelfly.py --out bench/results
 
 clean:
-	rm -rf build dist reports *.egg-info .matrix blocksparse/_tf_ops.so blocksparse/_build_info.json
+	rm -rf build dist reports *.egg-info .matrix blocksparse/_tf_ops.so blocksparse/_kernels.so blocksparse/_build_info.json

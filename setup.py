@@ -1,10 +1,10 @@
 """Build script.  The wheel's version and TensorFlow window come from the TensorFlow it is built
 for: ``BLOCKSPARSE_TF_VERSION`` if set, else the installed ``tensorflow`` / ``tensorflow-cpu``.
 
-When ``scripts/build_ops.py`` has built the TensorFlow op library into the package (``make
-compile``), the wheel is a platform wheel tagged from the library's manifest
-(``py3-none-manylinux_2_X_x86_64``: the library needs no Python ABI, and X follows the glibc /
-libstdc++ symbol versions it requires); otherwise it is pure Python."""
+When ``scripts/build_ops.py`` has built the kernel library and the TensorFlow op library into the
+package (``make compile``), the wheel is a platform wheel tagged from their manifest
+(``py3-none-manylinux_2_X_x86_64``: the libraries need no Python ABI, and X follows the glibc /
+libstdc++ symbol versions they require); otherwise it is pure Python."""
 import json
 import os
 import runpy
@@ -43,11 +43,13 @@ def _op_library_build():
         return None
     with open(path, encoding="utf-8") as f:
         info = json.load(f)
+    libraries = [info["library"], *([info["kernels_library"]] if "kernels_library" in info else [])]
     stale = ("rebuild it with `make compile`, or delete blocksparse/_build_info.json and "
-             f"blocksparse/{info.get('library', '_tf_ops.so')} for a pure wheel")
-    if not os.path.exists(os.path.join(HERE, "blocksparse", info["library"])):
-        raise SystemExit(f"blocksparse: blocksparse/_build_info.json names {info['library']}, "
-                         f"which is missing; {stale}")
+             f"blocksparse/{' and blocksparse/'.join(libraries)} for a pure wheel")
+    for library in libraries:
+        if not os.path.exists(os.path.join(HERE, "blocksparse", library)):
+            raise SystemExit(f"blocksparse: blocksparse/_build_info.json names {library}, "
+                             f"which is missing; {stale}")
     if _minor(info["tensorflow"]) != _minor(TF_VERSION):
         raise SystemExit(f"blocksparse: the op library in blocksparse/ was built for TensorFlow "
                          f"{info['tensorflow']}, the wheel is for {TF_VERSION}; {stale}")

@@ -8,7 +8,8 @@ One run times, for C = K = 4096, N = 8192 (compute bound) and N = 64 (memory bou
 
 * ``dense``      torch.matmul on the dense matrices (cuBLAS);
 * ``torch-bsr``  torch.sparse._triton_ops: bsr_dense_mm (fprop, bprop), sampled_addmm (updat);
-* ``blocksparse`` the ``blocksparse::matmul*`` ops, through the library's own plan and tile tables.
+* ``blocksparse`` the products as eager calls reach them (``blocksparse.torch._matmul.products``: plan
+  lookup, then the kernel library's compiled kernel or the JIT; ``BLOCKSPARSE_KERNELS`` chooses).
 
 Every timed configuration is first checked against a float64 reference (outputs NaN-poisoned).
 Then, per problem and op, dense, ours and PyTorch BSR are timed interleaved in ``--rounds`` rounds
@@ -18,7 +19,9 @@ over the dense TFLOP/s measured beside it (``dense_ms`` in each row) holds from 
 ``--runs 2`` repeats the whole run and reports the largest disagreement of ``frac_of_dense``
 (``bsmm-h200-agreement.json``).  N = 64 calls are timed in CUDA graphs over rotating operand copies
 (several times the L2), so that weights come from device memory; ``hbm_frac`` is the fewest bytes
-the op must move over that time, as a fraction of the copy bandwidth measured in this run.
+the op must move over that time, as a fraction of the copy bandwidth measured in this run.  For
+N = 64 ``eager_ms`` is measured too: back-to-back eager calls (events around 50 of them), host
+time included -- what a training loop sees, where the graph time is the kernels' alone.
 Writes ``bsmm-h200.json`` and ``bsmm-h200.md`` into ``--out``.
 """
 from __future__ import annotations
@@ -99,12 +102,12 @@ class Case:
     def call(self, impl, op, tensors):
         x, w, dy = tensors
         if impl == "blocksparse":
-            ops = torch.ops.blocksparse
+            from blocksparse.torch._matmul import products
             if op == "fprop":
-                return lambda: ops.matmul(x, w, self.handle, 1, "ieee")
+                return lambda: products.fprop(x, w, self.handle, 1, "ieee")
             if op == "bprop":
-                return lambda: ops.matmul_dx(dy, w, self.handle, 1, "ieee")
-            return lambda: ops.matmul_dw(x, dy, self.handle, 1, "ieee", x.dtype)
+                return lambda: products.bprop(dy, w, self.handle, 1, "ieee")
+            return lambda: products.updat(x, dy, self.handle, 1, "ieee", x.dtype)
         from torch.sparse._triton_ops import bsr_dense_mm, sampled_addmm
         wt_bsr, w_bsr = self.bsr(w)
         if op == "fprop":
@@ -125,12 +128,12 @@ class Case:
         return out.t()
 
     def config(self, op):
-        from blocksparse.torch._matmul import launch as _triton
-        from blocksparse.torch._matmul import plan as _plan
+        from blocksparse.torch._matmul import products
         p = self.p
-        kind = {"fprop": "fprop", "bprop": "bprop", "updat": "updat"}[op]
-        plan = _plan.state(self.handle).plan(kind, p.N, p.x.device, p.x.dtype, _triton.tma_ok(p.x, p.dy))
-        return dict(asdict(plan.config), max_segment=plan.max_segment, split=plan.split)
+        a, b = {"fprop": (p.x, p.w), "bprop": (p.dy, p.w), "updat": (p.x, p.dy)}[op]
+        plan = products.plan_of(op, a, b, self.handle, 1, "ieee", p.x.dtype if op == "updat" else None)
+        return dict(asdict(plan.config), max_segment=plan.max_segment, split=plan.split, path=plan.path,
+                    launches=plan.launches)
 
 
 def _warm(chunk):
@@ -172,6 +175,23 @@ class Timer:
             return self.graph.median_ms(replays=10)
         # the first round warms up for 100 ms: clocks take a while to rise after host-side work
         return common.time_ms(self.fn, warmup=100 if first else 10, rep=40)
+
+
+def eager_ms(fn, calls=50):
+    """Median ms per call of back-to-back eager calls (events around ``calls``), host time included."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    return statistics.median(times)
 
 
 def interleaved(timers, rounds):
@@ -239,6 +259,8 @@ def measure(hbm_gbs, save, dtypes, rounds):
                 rows.append(dict(impl="dense", op=op, dtype=dt, bs=bs, density=d, N=n, C=C, K=K,
                                  ms=dense_ms, spread=spread, tflops=dense_tflops, frac_of_dense=1.0,
                                  timer=timers["dense"].kind))
+                if n <= SMALL_N:
+                    rows[-1]["eager_ms"] = eager_ms(timers["dense"].fn)
                 print(json.dumps(rows[-1]), flush=True)
             for impl in IMPLS:
                 row = checked[(impl, op)]
@@ -249,6 +271,7 @@ def measure(hbm_gbs, save, dtypes, rounds):
                     row["frac_of_dense"] = row["tflops"] / dense_tflops
                     if n <= SMALL_N:
                         row["hbm_frac"] = bytes_moved(p, op) / ms / 1e6 / hbm_gbs
+                        row["eager_ms"] = eager_ms(timers[impl].fn)
                     if impl == "blocksparse":
                         row["config"] = case.config(op)
                 rows.append(row)
@@ -279,11 +302,17 @@ def markdown(meta, rows):
             dense = {op: sorted(r["ms"] for r in rows if (r["impl"], r["op"], r["dtype"], r["N"]) ==
                                 ("dense", op, dt, n)) for op in OPS}
             label = "compute bound" if n > SMALL_N else "memory bound"
-            head = " | ".join(f"{op} ours | {op} bsr" for op in OPS)
+            eager = n <= SMALL_N  # host time matters here: an eager column (µs per call, back to back)
+            head = " | ".join(f"{op} ours | {op} ours eager µs | {op} bsr" if eager else f"{op} ours | {op} bsr"
+                              for op in OPS)
+            dense_eager = {op: sorted(1000 * r["eager_ms"] for r in rows if "eager_ms" in r and
+                                      (r["impl"], r["op"], r["dtype"], r["N"]) == ("dense", op, dt, n)) for op in OPS}
+            eager_text = ("; eager µs: " + ", ".join(f"{op} {dense_eager[op][0]:.1f}-{dense_eager[op][-1]:.1f}"
+                                                     for op in OPS if dense_eager[op])) if eager else ""
             out += [f"## N = {n} ({label}), {dt}", "",
                     "dense ms (per problem, measured beside ours; min-max): " + ", ".join(
-                        f"{op} {dense[op][0]:.4f}-{dense[op][-1]:.4f}" for op in OPS if dense[op]), "",
-                    f"| bs | density | {head} |", "|" + "---|" * (2 + 2 * len(OPS))]
+                        f"{op} {dense[op][0]:.4f}-{dense[op][-1]:.4f}" for op in OPS if dense[op]) + eager_text, "",
+                    f"| bs | density | {head} |", "|" + "---|" * (2 + (3 if eager else 2) * len(OPS))]
             for bs in BLOCK_SIZES:
                 for d in DENSITIES:
                     cells = []
@@ -296,6 +325,8 @@ def markdown(meta, rows):
                                 mark = ("" if r.get("ok") else "!") + ("~" if r.get("spread", 0) > 0.1 else "")
                                 hbm = f" ({r['hbm_frac']:.2f} hbm)" if n <= SMALL_N else ""
                                 cells.append(f"{r['frac_of_dense']:.2f}{hbm}{mark}")
+                            if eager and impl == "blocksparse":
+                                cells.append(f"{1000 * r['eager_ms']:.1f}" if "eager_ms" in r else "–")
                     out.append(f"| {bs} | {d} | " + " | ".join(cells) + " |")
             out.append("")
     out += ["`!` marks a result outside the dtype's tolerance against float64 (none expected); `~` one "

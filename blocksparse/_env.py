@@ -7,6 +7,10 @@
     CPU tensors through Triton's interpreter).  ``reference`` always takes the reference path.
 ``BLOCKSPARSE_TF_OPS``  path of the compiled TensorFlow op library to load instead of the one
     shipped in the wheel (development and tests).
+``BLOCKSPARSE_KERNELS``  the kernel library (``_kernels.so``) the PyTorch frontend launches
+    ahead-of-time compiled kernels from: a path (e.g. one ``python -m blocksparse.aot --library``
+    built), or ``jit`` to launch every kernel through Triton's JIT instead.  Unset: the library
+    installed in the package (platform wheels), else the JIT.
 ``TRITON_INTERPRET``  Triton's own switch; read here only to know that kernels may run on CPU.
 ``BLOCKSPARSE_CUDA_ARCHS``  build time only: the GPU architectures the TensorFlow op library's kernels
     are compiled for, e.g. ``sm_80,sm_90`` (the matrix harness sets it per cell; default: the cell's
@@ -17,11 +21,18 @@ import os
 BACKENDS = ("auto", "triton", "reference")
 
 
+_parsed_backend = {}
+
+
 def backend():
-    """The requested backend, validated."""
-    value = os.environ.get("BLOCKSPARSE_BACKEND", "auto").strip().lower() or "auto"
-    if value not in BACKENDS:
-        raise ValueError(f"BLOCKSPARSE_BACKEND must be one of {BACKENDS}; got {value!r}")
+    """The requested backend, validated (read at every call: cheap, a parse per distinct value)."""
+    raw = os.environ.get("BLOCKSPARSE_BACKEND", "auto")
+    value = _parsed_backend.get(raw)
+    if value is None:
+        value = raw.strip().lower() or "auto"
+        if value not in BACKENDS:
+            raise ValueError(f"BLOCKSPARSE_BACKEND must be one of {BACKENDS}; got {value!r}")
+        _parsed_backend[raw] = value
     return value
 
 
@@ -33,6 +44,16 @@ def triton_interpret():
 def tf_ops_path():
     """Override for the compiled TensorFlow op library, or None."""
     return os.environ.get("BLOCKSPARSE_TF_OPS") or None
+
+
+#: ``BLOCKSPARSE_KERNELS`` value that switches the kernel library off.
+KERNELS_OFF = "jit"
+
+
+def kernels_path():
+    """``BLOCKSPARSE_KERNELS``: a path, :data:`KERNELS_OFF`, or None when unset."""
+    value = os.environ.get("BLOCKSPARSE_KERNELS", "").strip()
+    return (KERNELS_OFF if value.lower() == KERNELS_OFF else value) or None
 
 
 def cuda_archs():

@@ -13,20 +13,27 @@ def build_info():
 
     A platform wheel returns ``{"compiled": True, ...}`` with ``version``, ``tensorflow`` (the
     version built against) and ``tensorflow_window``, ``cuda`` (of the headers the launchers were
-    compiled with), ``triton``, ``archs`` (e.g. ``["sm_80", "sm_90"]``), ``git_revision``,
-    ``platform_tag`` and ``specializations`` (one record per compiled kernel).  A source tree or
-    a wheel without the op library returns ``{"compiled": False, "version": ..., "reason": ...}``.
-    Nothing here imports TensorFlow or loads the library.
+    compiled with), ``triton``, ``archs`` (e.g. ``["sm_80", "sm_90"]``), ``families``,
+    ``git_revision``, ``platform_tag`` and ``specializations`` (one record per compiled kernel).
+    A source tree or a wheel without the op library returns ``{"compiled": False, "version": ...,
+    "reason": ...}``.  Either way ``"kernels"`` says how the PyTorch frontend launches kernels:
+    ``{"launch": "aot", "library": path, "source": "installed" | "BLOCKSPARSE_KERNELS"}`` from a
+    kernel library, or ``{"launch": "jit", "library": None, "reason": ...}`` through Triton's JIT.
+    Nothing here imports a framework or loads a library.
 
     >>> info = build_info()
     >>> isinstance(info["compiled"], bool)
     True
     """
+    from ._kernels import describe
+
     try:
-        return json.loads(MANIFEST.read_text(encoding="utf-8"))
+        info = json.loads(MANIFEST.read_text(encoding="utf-8"))
     except FileNotFoundError:
         from . import __version__
 
-        return {"compiled": False, "version": __version__,
+        info = {"compiled": False, "version": __version__,
                 "reason": "no compiled TensorFlow op library in this installation (a source tree "
                           "or a pure wheel); `make compile` builds one"}
+    info["kernels"] = describe()
+    return info

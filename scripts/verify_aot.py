@@ -1,20 +1,23 @@
 #!/usr/bin/env python3
-"""Verify the ahead-of-time kernels of the TensorFlow GPU path on a GPU, in one run.
+"""Verify the ahead-of-time matmul kernels on a GPU, in one run, through both callers.
 
     python scripts/verify_aot.py --out DIR [--archs sm_80,sm_90] [--dtypes bf16] [--block-sizes 32]
                                  [--jobs N] [--dry-run]
 
-Compiles every specialisation (``configs.aot_specializations``) for the archs, generates the C
-launchers and builds them with the kernel runtime into a shared library (system C compiler), loads
-it with ctypes, and calls every specialisation this GPU can run on PyTorch CUDA tensors: its output
-is compared with the JIT kernel (``blocksparse.torch._matmul.launch``, same kernel, tile and inputs) and
-with a float64 reference.  Then ``bsk_run`` -- the entry point the TensorFlow ops call, which picks
-the kernel and the updat split itself -- is checked once per product, dtype, block size and axis.
-Needs torch, triton and a C compiler; no TensorFlow.  Writes ``DIR/aot-verify.json`` and
-``DIR/aot-verify.md``; exits 1 if any check failed.
+Compiles every matmul spec (``configs.aot_specializations``) for the archs, generates the C
+launchers and builds them with the kernel runtime into a kernel library (system C compiler), loads
+it with ctypes, and runs every spec this GPU can run on PyTorch CUDA tensors twice: through the
+PyTorch launch layer (the launch a plan describes, packed into ``bsk_arg`` and launched by
+``bsk_launch``) and through ``bsk_matmul_run_spec`` (the matmul C the TensorFlow ops call).  Both
+outputs are compared with the JIT kernel (the same launch through Triton) and with a float64
+reference.  Then ``bsk_matmul_run`` -- which picks the kernel and the updat split itself -- is
+checked once per product, dtype, block size and axis.  Needs torch, triton and a C compiler; no
+TensorFlow.  Writes ``DIR/aot-verify.json`` and ``DIR/aot-verify.md``; exits 1 if any check
+failed.
 
 ``--dry-run`` (any machine, no GPU): compiles, generates, builds and loads everything, checks the
-library's manifest and kernel selection, launches nothing.
+library's manifest, kernel selection and that every spec packs the launch a PyTorch plan
+describes; launches nothing.
 """
 from __future__ import annotations
 
@@ -35,8 +38,9 @@ import numpy as np  # noqa: E402
 
 from blocksparse.ops.matmul import configs  # noqa: E402
 from blocksparse.aot import DEFAULT_ARCHS, build_sources, parse_archs, parse_filters  # noqa: E402
-from blocksparse.aot.abi import DTYPES, PRODUCTS, BskCall, KernelLibrary  # noqa: E402
-from blocksparse.aot.native import build_runtime_library  # noqa: E402
+from blocksparse.aot.abi import KernelLibrary  # noqa: E402
+from blocksparse.aot.native import build_kernel_library  # noqa: E402
+from blocksparse.ops.matmul.capi import DTYPES, PRODUCTS, MatmulCall, MatmulRuntime  # noqa: E402
 from blocksparse.layout import Layout  # noqa: E402
 from blocksparse.testing import TOLERANCE  # noqa: E402
 from blocksparse.testing.matmul import dense_products  # noqa: E402
@@ -60,10 +64,10 @@ def _rel(out, ref):
 class Problem:
     """Random inputs of one layout, dtype and activation layout, and their float64 products."""
 
-    def __init__(self, torch, rng, layout, dtype, axis, n):
-        self.torch, self.layout, self.axis, self.n = torch, layout, axis, n
+    def __init__(self, torch, rng, layout, dtype, axis, n, device="cuda"):
+        self.torch, self.layout, self.axis, self.n, self.device = torch, layout, axis, n, device
         self.dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
-        to = lambda a: torch.from_numpy(a).to(self.dtype).cuda()  # noqa: E731
+        to = lambda a: torch.from_numpy(a).to(self.dtype).to(device)  # noqa: E731
         self.x = to(rng.standard_normal(self.shape(layout.C)))
         self.w = to(rng.standard_normal(layout.w_shape) / np.sqrt(layout.block_size))
         self.dy = to(rng.standard_normal(self.shape(layout.K)))
@@ -74,7 +78,7 @@ class Problem:
         return (self.n, features) if self.axis == 1 else (features, self.n)
 
     def table(self, array):
-        return self.torch.from_numpy(np.array(array, dtype=np.int32)).cuda()  # a writable copy
+        return self.torch.from_numpy(np.array(array, dtype=np.int32)).to(self.device)  # a writable copy
 
     def tables(self, product, group):
         if product == "updat":
@@ -86,13 +90,13 @@ class Problem:
         """A NaN-filled output: a tile never written shows up."""
         torch = self.torch
         if product == "updat":
-            return torch.full(self.layout.w_shape, math.nan, dtype=torch.float32, device="cuda")
+            return torch.full(self.layout.w_shape, math.nan, dtype=torch.float32, device=self.device)
         features = self.layout.K if product == "fprop" else self.layout.C
-        return torch.full(self.shape(features), math.nan, dtype=self.dtype, device="cuda")
+        return torch.full(self.shape(features), math.nan, dtype=self.dtype, device=self.device)
 
     def call(self, spec, out, tables, split):
         lay = self.layout
-        c = BskCall(product=PRODUCTS[spec["product"]], dtype=DTYPES[spec["dtype"]],
+        c = MatmulCall(product=PRODUCTS[spec["product"]], dtype=DTYPES[spec["dtype"]],
                     block_size=lay.block_size, axis=self.axis, group=spec["group"], split=split,
                     n_tokens=self.n, c_blocks=lay.CB, k_blocks=lay.KB, blocks=lay.blocks,
                     table_rows=tables[0].shape[0])
@@ -114,23 +118,38 @@ class Problem:
             self._w_t = self.w.transpose(1, 2).contiguous()
         return self._w_t
 
-    def jit(self, spec, tables, split):
-        """The same kernel and tile through the JIT launcher."""
-        from blocksparse.torch._matmul import launch as _triton
+    def operands(self, spec):
+        """(input, weight or dy) of the spec's product."""
+        if spec["product"] == "fprop":
+            return self.x, self.w
+        if spec["product"] == "bprop":
+            return self.dy, self.bprop_weight(spec)
+        return self.x, self.dy
+
+    def launch(self, spec, tables, split):
+        """The launch a PyTorch plan describes for this spec's kernel and tile."""
+        from blocksparse.torch._matmul import launch as _launches
 
         lay, bs = self.layout, self.layout.block_size
+        a, b = self.operands(spec)
+        variant = "tma" if spec["tma"] else "ptr"
         if spec["product"] == "updat":
-            cfg = configs.UpdatConfig(**spec["config"])
-            launch = _triton.updat_ptr if spec["kernel"] == "updat_kernel" else _triton.updat_tma
-            return launch(self.x, self.dy, tables[0], w_shape=lay.w_shape, bs=bs, axis=self.axis,
-                          cfg=cfg, split=split, precision="ieee", dw_dtype=self.torch.float32)
-        cfg = configs.XpropConfig(**spec["config"])
-        launch = _triton.xprop_tma if spec["kernel"] == "xprop_tma_kernel" else _triton.xprop_ptr
-        if spec["product"] == "fprop":
-            return launch(self.x, self.w, *tables, out_features=lay.K, bs=bs, axis=self.axis,
-                          trans=False, cfg=cfg, atomic=False, precision="ieee")
-        return launch(self.dy, self.bprop_weight(spec), *tables, out_features=lay.C, bs=bs,
-                      axis=self.axis, trans=spec["trans_w"], cfg=cfg, atomic=False, precision="ieee")
+            return _launches.updat_launch(variant, tuple(a.shape), a.stride(), tuple(b.shape), b.stride(),
+                                          self.dtype, tables[0], bs=bs, axis=self.axis,
+                                          cfg=configs.UpdatConfig(**spec["config"]), split=split,
+                                          precision="ieee")
+        return _launches.xprop_launch(variant, tuple(a.shape), a.stride(), self.dtype, *tables,
+                                      blocks=lay.blocks, out_features=lay.K if spec["product"] == "fprop" else lay.C,
+                                      bs=bs, axis=self.axis, trans=spec["trans_w"],
+                                      cfg=configs.XpropConfig(**spec["config"]), atomic=False, precision="ieee")
+
+    def run(self, runner, spec, split):
+        """``runner`` (an AotLaunch or JitLaunch) on fresh buffers: NaN-filled, zeros for atomics."""
+        out = self.output(spec["product"])
+        if spec["product"] == "updat" and (split > 1 or self.n == 0):  # as a plan zero-fills
+            out.zero_()
+        runner((*self.operands(spec), out))
+        return out
 
 
 def _time_us(torch, fn, repeats=20):
@@ -153,7 +172,10 @@ def _token_counts(spec):
 
 
 def check_spec(torch, lib, index, spec, rng):
-    """Every case of one specialisation; returns its record."""
+    """Every case of one spec through both callers; returns its record."""
+    from blocksparse.torch._launch import AotLaunch, JitLaunch
+
+    mm = MatmulRuntime(lib)
     record = {k: spec[k] for k in ("name", "arch", "product", "dtype", "block_size", "axis",
                                    "kernel", "atomic", "group")}
     lay = Layout(random_layout(rng, max(2, 512 // spec["block_size"]),
@@ -170,18 +192,26 @@ def check_spec(torch, lib, index, spec, rng):
         call = prob.call(spec, out, tables, split)
         case = {"n": n, "split": split}
         try:
-            lib.run_spec(index, call, stream)
+            mm.run_spec(index, call, stream)
+            launch = prob.launch(spec, tables, split)
+            torch_aot, torch_jit = AotLaunch(launch, lib, index, torch.cuda.current_device()), JitLaunch(launch)
+            via_torch = prob.run(torch_aot, spec, split)
             torch.cuda.synchronize()
-            case["rel_err_ref"] = _rel(out.double().cpu().numpy(), prob.refs[spec["product"]])
+            ref = prob.refs[spec["product"]]
+            case["rel_err_ref"] = _rel(out.double().cpu().numpy(), ref)
+            case["rel_err_ref_torch"] = _rel(via_torch.double().cpu().numpy(), ref)
             if compare_jit:
-                jit = prob.jit(spec, tables, split)
+                jit = prob.run(torch_jit, spec, split)
                 torch.cuda.synchronize()
                 case["rel_err_jit"] = _rel(out.double().cpu().numpy(), jit.double().cpu().numpy())
                 case["bitwise_equal_jit"] = bool(torch.equal(out, jit))
+                case["bitwise_equal_jit_torch"] = bool(torch.equal(via_torch, jit))
             if n == LARGE_N:
-                case["aot_us"] = _time_us(torch, lambda: lib.run_spec(index, call, stream))
-                case["jit_us"] = _time_us(torch, lambda: prob.jit(spec, tables, split))
-            good = case["rel_err_ref"] < tol and case.get("rel_err_jit", 0.0) < tol
+                case["aot_us"] = _time_us(torch, lambda: mm.run_spec(index, call, stream))
+                case["aot_torch_us"] = _time_us(torch, lambda: prob.run(torch_aot, spec, split))
+                case["jit_us"] = _time_us(torch, lambda: prob.run(torch_jit, spec, split))
+            good = (case["rel_err_ref"] < tol and case["rel_err_ref_torch"] < tol
+                    and case.get("rel_err_jit", 0.0) < tol)
         except Exception as exc:  # a launch failure is a result, not the end of the run
             case["error"] = f"{type(exc).__name__}: {exc}"
             good = False
@@ -194,7 +224,8 @@ def check_spec(torch, lib, index, spec, rng):
 
 
 def check_dispatch(torch, lib, arch, rng):
-    """``bsk_run`` (kernel and split chosen by the runtime) once per product family."""
+    """``bsk_matmul_run`` (kernel and split chosen by the runtime) once per product family."""
+    mm = MatmulRuntime(lib)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     keys = sorted({(s["product"], s["dtype"], s["block_size"], s["axis"], s["group"])
                    for s in lib.specs if s["arch"] // 10 == arch // 10 and s["arch"] <= arch})
@@ -210,15 +241,15 @@ def check_dispatch(torch, lib, arch, rng):
             out = prob.output(product)
             call = prob.call(spec, out, tables, split=0)
             record = {"product": product, "dtype": dtype, "block_size": bs, "axis": axis, "n": n}
-            index = lib.select(call, arch, False)
+            index = mm.select(call, arch, False)
             if product == "updat" and index >= 0:
                 cfg = configs.UpdatConfig(**lib.specs[index]["config"])
                 record["split"] = configs.updat_split(cfg, n, tables[0].shape[0], sms)
                 if record["split"] > 1:
-                    index = lib.select(call, arch, True)
+                    index = mm.select(call, arch, True)
             record["kernel"] = lib.specs[index]["name"] if index >= 0 else None
             try:
-                lib.run(call, stream)
+                mm.run(call, stream)
                 torch.cuda.synchronize()
                 record["rel_err_ref"] = _rel(out.double().cpu().numpy(), prob.refs[product])
                 record["passed"] = record["rel_err_ref"] < TOLERANCE[TOL_NAMES[dtype]]
@@ -229,21 +260,43 @@ def check_dispatch(torch, lib, arch, rng):
     return records
 
 
+def check_packing(torch, lib, rng):
+    """Without a GPU: the launch a PyTorch plan describes for each spec packs into that spec's
+    arguments (no mismatch of kernel, constexprs, kinds, dtypes, alignment or boxes), so the
+    PyTorch frontend can launch every compiled kernel.  Names the specs that cannot."""
+    from blocksparse.torch._launch import AotLaunch, Mismatch
+
+    problems = []
+    for index, spec in enumerate(lib.specs):
+        bs = spec["block_size"]
+        lay = Layout(random_layout(rng, max(2, 256 // bs), max(2, 128 // bs), 0.5), bs)
+        n = 64 if "_tma" in spec["kernel"] else 13
+        prob = Problem(torch, rng, lay, spec["dtype"], spec["axis"], n, device="cpu")
+        try:
+            AotLaunch(prob.launch(spec, prob.tables(spec["product"], spec["group"]), 3 if spec["atomic"] else 1),
+                      lib, index, -1)
+        except Mismatch as exc:
+            problems.append(f"{spec['name']}: {exc}")
+    return problems
+
+
 def check_selection(lib):
-    """Pure checks of the library without a GPU: each arch's kernels are found by bsk_select."""
+    """Pure checks of the library without a GPU: each arch's kernels are found by
+    bsk_matmul_select."""
+    mm = MatmulRuntime(lib)
     problems = []
     for index, spec in enumerate(lib.specs):
         n = 64 if "_tma" in spec["kernel"] else 13  # unaligned: where pointer kernels stand in
-        call = BskCall(product=PRODUCTS[spec["product"]], dtype=DTYPES[spec["dtype"]],
-                       block_size=spec["block_size"], axis=spec["axis"], group=spec["group"],
-                       n_tokens=n, c_blocks=4, k_blocks=4, blocks=4, table_rows=4)
-        if lib.select(call, spec["arch"], spec["atomic"]) != index:
+        call = MatmulCall(product=PRODUCTS[spec["product"]], dtype=DTYPES[spec["dtype"]],
+                          block_size=spec["block_size"], axis=spec["axis"], group=spec["group"],
+                          n_tokens=n, c_blocks=4, k_blocks=4, blocks=4, table_rows=4)
+        if mm.select(call, spec["arch"], spec["atomic"]) != index:
             problems.append(spec["name"])
     return problems
 
 
 def _markdown(result):
-    lines = ["# Ahead-of-time kernels (TensorFlow GPU path): verification", ""]
+    lines = ["# Ahead-of-time kernels: verification", ""]
     env = result["environment"]
     lines += [f"- GPU: {result['gpu'] or 'none (dry run)'}", f"- torch {env['torch']}, triton "
               f"{env['triton']}, CUDA headers {env['cuda_headers']}, Python {env['python']}",
@@ -254,21 +307,26 @@ def _markdown(result):
     if result["dry_run"]:
         lines += ["This was a dry run: everything compiled and loaded, nothing launched.", ""]
         return "\n".join(lines)
-    lines += ["Each runnable kernel ran through the generated C launcher (ctypes) at N = 1 (8), 77 "
-              "(88), 1000 and 0 tokens on NaN-filled outputs; error = ||out - ref|| / ||ref|| "
-              "against float64 and against the JIT kernel with the same tile (N = 77/88 and "
-              "1000); times at N = 1000, median of 20.", "",
-              "| kernel | status | max err vs float64 | max err vs JIT | bitwise = JIT | AOT us | JIT us |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["Each runnable kernel ran through its generated C launcher at N = 1 (8), 77 (88), 1000 "
+              "and 0 tokens on NaN-filled outputs, from the matmul C (`bsk_matmul_run_spec`, the "
+              "TensorFlow ops' path) and from the PyTorch launch layer (`bsk_launch` with the "
+              "arguments a plan packs); error = ||out - ref|| / ||ref|| against float64 and against "
+              "the JIT kernel with the same launch (N = 77/88 and 1000); times at N = 1000, median of "
+              "20, events around each call (host time included).", "",
+              "| kernel | status | max err vs float64 (C / torch) | max err vs JIT | bitwise = JIT | "
+              "C us | torch AOT us | JIT us |", "|---|---|---|---|---|---|---|---|"]
     for k in result["kernels"]:
         cases = k.get("cases", [])
         ref = max((c.get("rel_err_ref", math.nan) for c in cases), default=math.nan)
+        ref_torch = max((c.get("rel_err_ref_torch", math.nan) for c in cases), default=math.nan)
         jit = max((c["rel_err_jit"] for c in cases if "rel_err_jit" in c), default=math.nan)
-        bitwise = all(c.get("bitwise_equal_jit", True) for c in cases) if cases else None
+        bitwise = all(c.get("bitwise_equal_jit", True) and c.get("bitwise_equal_jit_torch", True)
+                      for c in cases) if cases else None
         large = next((c for c in cases if "aot_us" in c), {})
-        lines.append(f"| {k['name']} | {k['status']} | {ref:.2e} | {jit:.2e} | {bitwise} | "
-                     f"{large.get('aot_us', math.nan):.1f} | {large.get('jit_us', math.nan):.1f} |")
-    lines += ["", "`bsk_run` (the TensorFlow ops' entry point: kernel and split chosen by the runtime):",
+        lines.append(f"| {k['name']} | {k['status']} | {ref:.2e} / {ref_torch:.2e} | {jit:.2e} | {bitwise} | "
+                     f"{large.get('aot_us', math.nan):.1f} | {large.get('aot_torch_us', math.nan):.1f} | "
+                     f"{large.get('jit_us', math.nan):.1f} |")
+    lines += ["", "`bsk_matmul_run` (the TensorFlow ops' entry point: kernel and split chosen by the runtime):",
               "", "| product | dtype | bs | axis | N | split | kernel | err vs float64 | passed |",
               "|---|---|---|---|---|---|---|---|---|"]
     for d in result["dispatch"]:
@@ -283,6 +341,7 @@ def _write(out, result):
     result["summary"] = {s: statuses.count(s) for s in sorted(set(statuses))}
     result["summary"]["dispatch_failed"] = sum(not d["passed"] for d in result["dispatch"])
     result["summary"]["selection_mismatches"] = len(result["selection_mismatches"])
+    result["summary"]["packing_mismatches"] = len(result["packing_mismatches"])
     (out / "aot-verify.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "aot-verify.md").write_text(_markdown(result))
 
@@ -312,8 +371,8 @@ def main(argv=None):
     archs = parse_archs(args.archs)
     work = Path(tempfile.mkdtemp(prefix="blocksparse-verify-"))
     start = time.perf_counter()
-    source, manifest = build_sources(archs, work / "aot", jobs=args.jobs, **filters)
-    library = build_runtime_library(source, work / "libblocksparse_kernels.so")
+    source, manifest = build_sources(archs, work / "aot", jobs=args.jobs, families=("matmul",), **filters)
+    library = build_kernel_library(source, work / "_kernels.so", jobs=args.jobs)
     lib = KernelLibrary(library)
     build = {"seconds": time.perf_counter() - start, "library_bytes": library.stat().st_size,
              "cubin_bytes": sum(s["cubin_bytes"] for s in lib.specs)}
@@ -322,7 +381,9 @@ def main(argv=None):
     result = {"dry_run": args.dry_run, "archs": manifest["archs"], "build": build, "gpu": None,
               "environment": {"torch": torch.__version__, "triton": triton.__version__,
                               "cuda_headers": manifest["cuda"], "python": platform.python_version()},
-              "selection_mismatches": check_selection(lib), "kernels": [], "dispatch": []}
+              "selection_mismatches": check_selection(lib),
+              "packing_mismatches": check_packing(torch, lib, np.random.default_rng(args.seed)),
+              "kernels": [], "dispatch": []}
     if args.dry_run:
         result["kernels"] = [{**{k: s[k] for k in ("name", "arch", "product", "dtype", "block_size",
                                                     "axis", "kernel", "atomic", "group")},
@@ -348,7 +409,7 @@ def main(argv=None):
     _write(out, result)
     print(f"verify_aot: {json.dumps(result['summary'])} -> {out / 'aot-verify.md'}")
     failed = (result["summary"].get("failed", 0) + result["summary"]["dispatch_failed"]
-              + result["summary"]["selection_mismatches"])
+              + result["summary"]["selection_mismatches"] + result["summary"]["packing_mismatches"])
     return 1 if failed else 0
 
 

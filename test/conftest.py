@@ -5,7 +5,10 @@ header and can be replayed with ``BLOCKSPARSE_TEST_SEED=<seed> make test``.
 """
 import os
 import secrets
+import subprocess
+import sys
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +24,46 @@ def pytest_report_header(config):
 def rng(request):
     """A numpy Generator for this test: the run's base seed mixed with the test id."""
     return np.random.default_rng([BASE_SEED, zlib.crc32(request.node.nodeid.encode())])
+
+
+@pytest.fixture(scope="session")
+def kernel_library_path(tmp_path_factory):
+    """Path of a kernel library (``_kernels.so``): ``BLOCKSPARSE_KERNELS`` if it names one (to test a
+    full build), else a small one built now (``kernel_build.KERNEL_BUILD``), else the installed one."""
+    from kernel_build import KERNEL_BUILD, build, can_build
+
+    given = os.environ.get("BLOCKSPARSE_KERNELS", "")
+    if given and given != "jit":
+        return Path(given).resolve()
+    if can_build():
+        return build(tmp_path_factory.mktemp("kernels"), *KERNEL_BUILD)
+    installed = Path(__import__("blocksparse").__file__).with_name("_kernels.so")
+    if not installed.is_file():
+        pytest.skip("no kernel library installed, and this machine cannot build one")
+    return installed
+
+
+@pytest.fixture(scope="session")
+def toy_build(tmp_path_factory):
+    """The build directory of the toy family (``toy_family.py``, built by ``toy_build.py``):
+    ``bsk_specs.c``, ``cubins/``, ``_kernels.so``."""
+    from kernel_build import can_build
+
+    if not can_build():
+        pytest.skip("needs the source tree, Triton and a C compiler")
+    out = tmp_path_factory.mktemp("toy")
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("toy_build.py")), str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return out
+
+
+@pytest.fixture(scope="session")
+def toy_library(toy_build):
+    """The toy family's kernel library, loaded."""
+    from blocksparse.aot.abi import KernelLibrary
+
+    return KernelLibrary(toy_build / "_kernels.so")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -53,8 +53,9 @@ warn_once = WarnOnce()
 
 @dataclass(frozen=True)
 class OpLibrary:
-    """A loaded op library: its ``path``, the op wrappers (``module``) and the kernels it holds
-    (``specs``: the build manifest's records, see ``blocksparse.ops.matmul.configs.AotSpec``)."""
+    """A loaded op library: its ``path``, the op wrappers (``module``) and the kernels of its kernel
+    library (``specs``: the build manifest's records, each with its ``family`` and that family's
+    fields, see :mod:`blocksparse.aot.family`)."""
 
     path: str
     module: object
@@ -66,7 +67,7 @@ class OpLibrary:
         return tuple(sorted({s["arch"] for s in self.specs}))
 
     def group(self, arch, product, dtype, block_size, axis):
-        """``G`` of the tables the kernels for this product read on a GPU of compute capability
+        """``G`` of the tables the matmul kernels for this product read on a GPU of compute capability
         ``arch`` (10 * major + minor), or None when no kernel serves it.
 
         The specialisations of one product share their ``G`` (the pointer kernels that stand in
@@ -76,8 +77,8 @@ class OpLibrary:
         if not served:
             return None
         newest = max(s["arch"] for s in served)
-        groups = {s["group"] for s in served if s["arch"] == newest and s["product"] == product
-                  and s["dtype"] == dtype and s["block_size"] == block_size and s["axis"] == axis}
+        groups = {s["group"] for s in served if s["arch"] == newest and s["family"] == "matmul"
+                  and (s["product"], s["dtype"], s["block_size"], s["axis"]) == (product, dtype, block_size, axis)}
         if len(groups) > 1:
             raise RuntimeError(f"{self.path}: the kernels for {product} {dtype} bs={block_size} "
                                f"axis={axis} on sm_{newest} read tables of different G {groups}")

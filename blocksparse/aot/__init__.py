@@ -1,14 +1,18 @@
-"""Ahead-of-time compilation of the Triton kernels, for the TensorFlow op library.
+"""Ahead-of-time compilation of the Triton kernels of every registered op family.
 
 ::
 
-    configs.aot_specializations(archs)   the list, in one place
+    family.registered()                  the families of blocksparse.ops.AOT_FAMILIES, each
+                                         listing its specs (blocksparse/ops/<family>/aot.py)
       -> compile.compile_specs           triton.compile for an explicit target (no GPU needed)
       -> codegen.write_sources           cubins + generated launchers + manifest (bsk_specs.c)
-      -> native                          with the runtime (src/runtime/): objects or a library
+      -> native                          with the runtime (src/runtime/) and the families' C
+                                         (src/ops/): objects, or the kernel library _kernels.so
 
-``python -m blocksparse.aot --out DIR [--archs 80,90] [--library]`` runs the steps (the
-TensorFlow build is ``scripts/build_ops.py``; the GPU check ``scripts/verify_aot.py``).
+The kernel library serves the PyTorch frontend (through ctypes, :mod:`.abi`) and the TensorFlow
+op library (linked against it).  ``python -m blocksparse.aot --out DIR [--archs 80,90] [--library]``
+runs the steps (the wheel's build is ``scripts/build_ops.py``; the GPU check
+``scripts/verify_aot.py``).  Nothing here knows an op family: see :mod:`.family`.
 """
 from __future__ import annotations
 
@@ -17,25 +21,31 @@ from pathlib import Path
 
 from .. import _env
 from .._version import minor_text
-from ..ops.matmul.configs import aot_specializations
+from .abi import ABI_VERSION
 from .codegen import manifest_entry, write_sources
 from .compile import AotError, compile_specs
+from .family import registered
 
-__all__ = ["DEFAULT_ARCHS", "parse_archs", "parse_filters", "resolve_archs", "build_sources",
-           "AotError"]
+__all__ = ["DEFAULT_ARCHS", "ABI_VERSION", "parse_archs", "parse_filters", "resolve_archs", "collect",
+           "build_sources", "AotError"]
+
 
 #: Architectures compiled when nothing else says which.
 DEFAULT_ARCHS = (80, 90)
 MATRIX = Path(__file__).resolve().parents[2] / "matrix.yaml"
 
 
-def parse_filters(dtypes=None, block_sizes=None):
-    """Command-line subsets (``"bf16,fp32"``, ``"32,64"``) as :func:`build_sources` filters."""
+def parse_filters(dtypes=None, block_sizes=None, families=None):
+    """Command-line subsets (``"bf16,fp32"``, ``"32,64"``, ``"matmul"``) as :func:`collect`
+    filters: values a spec's ``dtype`` / ``block_size`` field must take (a family whose specs have
+    no such field is not filtered by it), and the families to build."""
     filters = {}
     if dtypes:
-        filters["dtypes"] = tuple(dtypes.split(","))
+        filters["dtype"] = tuple(dtypes.split(","))
     if block_sizes:
-        filters["block_sizes"] = tuple(int(b) for b in block_sizes.split(","))
+        filters["block_size"] = tuple(int(b) for b in block_sizes.split(","))
+    if families:
+        filters["families"] = tuple(families.split(","))
     return filters
 
 
@@ -85,19 +95,42 @@ def resolve_archs(archs=None, tf_version=None, matrix=MATRIX):
     return DEFAULT_ARCHS
 
 
-def build_sources(archs, out_dir, *, jobs=None, **filters):
-    """Compile :func:`aot_specializations` for ``archs`` (``filters``: its ``dtypes`` /
-    ``block_sizes``) and write the C sources under ``out_dir``.
+def collect(archs, families=None, **fields):
+    """``(family, spec)`` of every registered spec for ``archs`` whose fields match ``fields``
+    (``name=values``: the spec's field ``name`` is one of ``values``, or the spec has no such field).
+
+    ``families``: names to take (default: all of :data:`blocksparse.ops.AOT_FAMILIES`), or
+    :class:`.family.Family` objects (tests register their own).
+    """
+    chosen = [f for f in (families or ()) if not isinstance(f, str)]
+    names = [f for f in (families or ()) if isinstance(f, str)]
+    if names or not chosen:
+        chosen += registered(names or None)
+    out = []
+    for family in chosen:
+        for spec in family.specializations(archs):
+            values = family.fields(spec)
+            if all(values[k] in allowed for k, allowed in fields.items() if k in values):
+                out.append((family, spec))
+    return out
+
+
+def build_sources(archs, out_dir, *, jobs=None, families=None, **fields):
+    """Compile the registered specs for ``archs`` (``families`` and ``fields``: see :func:`collect`)
+    and write the C sources under ``out_dir``.
 
     Returns ``(path of bsk_specs.c, manifest)``; the manifest (also embedded in the C file) lists
-    the archs, the Triton and CUDA-header versions and every specialisation.
+    the ABI, the archs, the Triton and CUDA-header versions and every spec.
     """
     import triton
 
     from .native import cuda_version
 
-    specs = aot_specializations(tuple(archs), **filters)
-    kernels = compile_specs(specs, jobs=jobs)
-    manifest = {"abi": 1, "archs": [f"sm_{a}" for a in archs], "triton": triton.__version__,
-                "cuda": cuda_version(), "specializations": [manifest_entry(k) for k in kernels]}
+    work = collect(tuple(archs), families, **fields)
+    if not work:
+        raise AotError(f"no registered kernel matches archs {list(archs)}, families {families} and {fields}")
+    kernels = compile_specs(work, jobs=jobs)
+    manifest = {"abi": ABI_VERSION, "archs": [f"sm_{a}" for a in archs], "triton": triton.__version__,
+                "cuda": cuda_version(), "families": sorted({k.family for k in kernels}),
+                "specializations": [manifest_entry(k) for k in kernels]}
     return write_sources(kernels, out_dir, manifest), manifest

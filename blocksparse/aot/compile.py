@@ -1,65 +1,84 @@
-"""Compile specialisations with Triton for an explicit GPU target -- no GPU needed.
+"""Compile registered specs with Triton for an explicit GPU target -- no GPU needed.
 
 Each result holds the cubin and what a launcher must know: the kernel's symbol, warps, shared
-memory, and its launch parameters in order.  Those follow Triton's CUDA launcher
-(``triton/backends/nvidia/driver.py``): the non-constexpr parameters, each host tensor descriptor
-expanded into a ``CUtensorMap`` passed by value, its shape (``i32`` each) and strides (``i64``
-each), then two scratch pointers (global, profile).  The list is checked against the ``.param``
-declarations of the kernel's PTX, so a change in Triton's calling convention fails the build
-instead of a launch.
+memory, and its arguments in order (:class:`Param`: the kernel's non-constexpr parameters).  The
+launch parameters follow Triton's CUDA launcher (``triton/backends/nvidia/driver.py``): each
+argument in order, a host tensor descriptor expanded into a ``CUtensorMap`` passed by value, its
+shape (``i32`` each) and strides (``i64`` each), then two scratch pointers (global, profile).  The
+list is checked against the ``.param`` declarations of the kernel's PTX, so a change in Triton's
+calling convention fails the build instead of a launch.  Nothing here knows an op family.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import re
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
 
-from ..ops.matmul.aot import compile_args, kernel_function
-from ..ops.matmul.configs import AotSpec
+from .family import Family
 
-__all__ = ["Param", "TensorMap", "CompiledKernel", "compile_spec", "compile_specs", "AotError"]
+__all__ = ["Param", "TensorMap", "CompiledKernel", "compile_spec", "compile_specs", "launch_param_bytes",
+           "AotError", "KINDS"]
 
+#: Triton parameter types the generated launchers pass -> the runtime's argument kinds.
+KINDS = {"i32": "i32", "i64": "i64", "fp32": "f32"}
 #: Triton's tensor-map element types (device-side numbering) -> CUtensorMapDataType.
 _TMA_DTYPE_TO_HOST = {**{i: i for i in range(16)}, 8: 10, 9: 8, 10: 9}
-_PARAM_BYTES = {"ptr": 8, "i32": 4, "i64": 8, "tensormap": 128}
+_KIND_BYTES = {"ptr": 8, "i32": 4, "i64": 8, "f32": 4}
+#: Tensor descriptors of at most this many dimensions (the tensor memory accelerator's limit).
+MAX_RANK = 5
 
 
 class AotError(RuntimeError):
-    """A specialisation cannot be compiled ahead of time (the message says which and why)."""
+    """A spec cannot be compiled ahead of time (the message says which and why)."""
 
 
 @dataclass(frozen=True)
 class Param:
-    """One launch parameter: ``kind`` is ``ptr``, ``i32``, ``i64`` or ``tensormap``; ``source``
-    names the value: a kernel argument (``"N"``), a descriptor's map (``"x_desc"``), one of its
-    fields (``"x_desc.shape[0]"``, ``"x_desc.strides[1]"``), or ``"scratch"``."""
+    """One kernel argument as the runtime receives it: ``kind`` is ``ptr``, ``i32``, ``i64``,
+    ``f32`` or ``tensor`` (a host tensor descriptor of ``rank`` dimensions); ``divisible``: compiled
+    assuming a multiple of 16 (a pointer: 16-byte aligned)."""
 
+    name: str
     kind: str
-    source: str
+    divisible: bool = False
+    rank: int = 0
+    type: str = ""     # Triton's type of the parameter ("*bf16", "i32", "tensordesc<...>")
 
 
 @dataclass(frozen=True)
 class TensorMap:
-    """How to encode the ``CUtensorMap`` of one descriptor parameter."""
+    """How to encode the ``CUtensorMap`` of one descriptor argument (the box is fixed at compile
+    time; the tensor's base, shape and strides come with each launch)."""
 
     param: str
     data_type: int     # CUtensorMapDataType
     elem_size: int
-    box: tuple         # block, outer dimension first
+    box: tuple         # block, outermost dimension first
     swizzle: int       # CUtensorMapSwizzle
 
 
 @dataclass(frozen=True)
 class CompiledKernel:
-    spec: AotSpec
+    family: str
+    spec: object
+    fields: dict
+    kernel: str        # the @triton.jit function's name
     cubin: bytes
-    function: str
+    function: str      # its symbol in the cubin
     num_warps: int
+    num_stages: int
     shared: int
-    params: tuple
-    tensormaps: tuple
+    params: tuple      # Param, in the kernel's order
+    tensormaps: tuple  # TensorMap, in the order of the tensor params
+    constexprs: dict
+
+    @property
+    def symbol(self):
+        """A C identifier unique within a build: family and spec name."""
+        return f"{self.family}_{self.spec.name}"
 
 
 def _target(arch):
@@ -68,33 +87,41 @@ def _target(arch):
     return GPUTarget("cuda", arch, 32)
 
 
-def _params(signature, tensordesc_meta, spec):
+def _params(signature, divisible, tensordesc_meta, name, arch):
     params, maps = [], []
     meta = list(tensordesc_meta or [])
-    for name, ty in signature.items():
+    for arg, ty in signature.items():
         if ty == "constexpr":
             continue
         if ty.startswith("tensordesc"):
             if not meta:
-                raise AotError(f"{spec.name}: Triton did not lower {name} to a TMA descriptor "
-                               f"on sm_{spec.arch}; descriptor kernels need sm_90 or newer")
+                raise AotError(f"{name}: Triton did not lower {arg} to a TMA descriptor on sm_{arch}; "
+                               "descriptor kernels need sm_90 or newer")
             m = meta.pop(0)
             if m.get("fp4_padded"):
-                raise AotError(f"{spec.name}: fp4-padded descriptors are not supported")
-            maps.append(TensorMap(name, _TMA_DTYPE_TO_HOST[m["elem_type"]], m["elem_size"],
+                raise AotError(f"{name}: fp4-padded descriptors are not supported")
+            rank = len(m["block_size"])
+            if not 1 <= rank <= MAX_RANK:
+                raise AotError(f"{name}: descriptor {arg} has {rank} dimensions; at most {MAX_RANK}")
+            maps.append(TensorMap(arg, _TMA_DTYPE_TO_HOST[m["elem_type"]], m["elem_size"],
                                   tuple(m["block_size"]), m["swizzle"]))
-            params += [Param("tensormap", name),
-                       Param("i32", f"{name}.shape[0]"), Param("i32", f"{name}.shape[1]"),
-                       Param("i64", f"{name}.strides[0]"), Param("i64", f"{name}.strides[1]")]
+            params.append(Param(arg, "tensor", False, rank, ty))
         elif ty.startswith("*"):
-            params.append(Param("ptr", name))
-        elif ty in ("i32", "i64"):
-            params.append(Param(ty, name))
+            params.append(Param(arg, "ptr", arg in divisible, 0, ty))
+        elif ty in KINDS:
+            params.append(Param(arg, KINDS[ty], arg in divisible, 0, ty))
         else:
-            raise AotError(f"{spec.name}: parameter {name} has type {ty}, which the AOT "
-                           "launchers do not pass")
-    params += [Param("ptr", "scratch"), Param("ptr", "scratch")]
+            raise AotError(f"{name}: parameter {arg} has type {ty}, which the AOT launchers do not "
+                           f"pass (pointers, {', '.join(KINDS)} and tensor descriptors)")
     return tuple(params), tuple(maps)
+
+
+def launch_param_bytes(params):
+    """Sizes of the launch parameters Triton's convention derives from ``params`` (see module doc)."""
+    sizes = []
+    for p in params:
+        sizes += [128] + [4] * p.rank + [8] * p.rank if p.kind == "tensor" else [_KIND_BYTES[p.kind]]
+    return sizes + [8, 8]
 
 
 def _ptx_param_bytes(ptx, function):
@@ -109,19 +136,22 @@ def _ptx_param_bytes(ptx, function):
     return sizes
 
 
-def compile_spec(spec: AotSpec) -> CompiledKernel:
-    """Compile ``spec`` for ``sm_{spec.arch}`` and describe its launch."""
+def compile_spec(family: Family, spec) -> CompiledKernel:
+    """Compile ``spec`` of ``family`` for ``sm_{spec.arch}`` and describe its launch."""
     import triton
     from triton.compiler import ASTSource
 
-    args = compile_args(spec)
-    fn = kernel_function(spec.kernel)
+    name = f"{family.name}/{spec.name}"
+    args = family.compile_args(spec)
+    fn = family.kernel(spec)
     if not hasattr(fn, "cache_key"):  # an InterpretedFunction
         raise AotError("TRITON_INTERPRET is set, so the kernels were loaded for Triton's CPU "
                        "interpreter; ahead-of-time compilation needs it unset")
-    index = {name: i for i, name in enumerate(fn.arg_names)}
-    attrs = {(index[name],): [["tt.divisibility", 16]] for name in args.divisible}
-    cfg = spec.config
+    if list(args.signature) != list(fn.arg_names):
+        raise AotError(f"{name}: the signature names {list(args.signature)}; the kernel "
+                       f"{fn.__name__} takes {list(fn.arg_names)}")
+    index = {arg: i for i, arg in enumerate(fn.arg_names)}
+    attrs = {(index[arg],): [["tt.divisibility", 16]] for arg in args.divisible}
     # without line info the cubins are a third of the size; the environment variable (not only
     # the knob) so that Triton's cache keys see it; scope() restores both
     with triton.knobs.compilation.scope():
@@ -129,29 +159,37 @@ def compile_spec(spec: AotSpec) -> CompiledKernel:
         try:
             compiled = triton.compile(ASTSource(fn, args.signature, args.constexprs, attrs),
                                       target=_target(spec.arch),
-                                      options={"num_warps": cfg.num_warps,
-                                               "num_stages": cfg.num_stages})
-        except Exception as exc:  # Triton raises many kinds; name the specialisation
-            raise AotError(f"{spec.name}: triton.compile failed: {exc}") from exc
+                                      options={"num_warps": args.num_warps, "num_stages": args.num_stages})
+        except Exception as exc:  # Triton raises many kinds; name the spec
+            raise AotError(f"{name}: triton.compile failed: {exc}") from exc
     md = compiled.metadata
     if md.global_scratch_size or md.profile_scratch_size:
-        raise AotError(f"{spec.name}: the kernel needs scratch memory, which the AOT launchers "
-                       "do not allocate")
+        raise AotError(f"{name}: the kernel needs scratch memory, which the AOT launchers do not allocate")
     if md.num_ctas != 1 or md.launch_cooperative_grid or md.launch_pdl:
-        raise AotError(f"{spec.name}: clusters, cooperative or PDL launches are not supported")
-    params, maps = _params(args.signature, getattr(md, "tensordesc_meta", None), spec)
-    if [_PARAM_BYTES[p.kind] for p in params] != _ptx_param_bytes(compiled.asm["ptx"], md.name):
-        raise AotError(f"{spec.name}: the launch parameters do not match the kernel's PTX; "
-                       "Triton's calling convention changed")
-    return CompiledKernel(spec, compiled.asm["cubin"], md.name, md.num_warps, md.shared, params, maps)
+        raise AotError(f"{name}: clusters, cooperative or PDL launches are not supported")
+    params, maps = _params(args.signature, args.divisible, getattr(md, "tensordesc_meta", None), name,
+                           spec.arch)
+    if launch_param_bytes(params) != _ptx_param_bytes(compiled.asm["ptx"], md.name):
+        raise AotError(f"{name}: the launch parameters do not match the kernel's PTX; Triton's "
+                       "calling convention changed")
+    return CompiledKernel(family.name, spec, family.fields(spec), fn.__name__, compiled.asm["cubin"], md.name,
+                          md.num_warps, args.num_stages, md.shared, params, maps, dict(args.constexprs))
 
 
-def compile_specs(specs, jobs=None):
-    """Compile every spec, ``jobs`` processes at a time (default: the CPUs); results in order."""
-    specs = list(specs)
+def _compile_in_worker(job):
+    family_name, module_name, spec = job
+    return compile_spec(Family(family_name, importlib.import_module(module_name)), spec)
+
+
+def compile_specs(jobs_list, jobs=None):
+    """Compile every ``(family, spec)``, ``jobs`` processes at a time (default: the CPUs); results
+    in order."""
+    work = list(jobs_list)
     jobs = jobs or os.cpu_count() or 1
-    if jobs == 1 or len(specs) <= 1:
-        return [compile_spec(s) for s in specs]
-    # spawn: Triton keeps threads and caches that a forked child must not inherit
+    if jobs == 1 or len(work) <= 1:
+        return [compile_spec(f, s) for f, s in work]
+    # spawn: Triton keeps threads and caches that a forked child must not inherit; a worker
+    # imports the family's module by name
+    tasks = [(f.name, f.module.__name__, s) for f, s in work]
     with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
-        return list(pool.map(compile_spec, specs, chunksize=max(1, len(specs) // (4 * jobs))))
+        return list(pool.map(_compile_in_worker, tasks, chunksize=max(1, len(tasks) // (4 * jobs))))

@@ -1,7 +1,8 @@
-"""Compile the kernel runtime (``src/runtime/``) and the generated launchers with the system C
-compiler: into objects for the TensorFlow op library, or into a standalone shared library that
-ctypes loads (tests, GPU verification).  Needs the source tree; ``cuda.h`` comes from Triton's
-wheel, and nothing links against CUDA (``libcuda`` is opened at run time)."""
+"""Compile the kernel runtime (``src/runtime/``), the families' C (``src/ops/*.c``) and the
+generated launchers with the system C compiler into the kernel library (``_kernels.so``): the
+PyTorch frontend loads it with ctypes, the TensorFlow op library links against it.  Needs the
+source tree; ``cuda.h`` comes from Triton's wheel, and nothing links against CUDA (``libcuda`` is
+opened at run time)."""
 from __future__ import annotations
 
 import os
@@ -11,12 +12,17 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-__all__ = ["RUNTIME_DIR", "LINK_LIBS", "cuda_include", "cuda_version", "c_compiler", "compile_c",
-           "path_maps", "runtime_sources", "build_runtime_library", "NativeBuildError"]
+__all__ = ["RUNTIME_DIR", "OPS_DIR", "KERNELS_LIBRARY", "LINK_LIBS", "cuda_include", "cuda_version",
+           "c_compiler", "compile_c", "path_maps", "runtime_sources", "build_kernel_library",
+           "NativeBuildError"]
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNTIME_DIR = ROOT / "src" / "runtime"
+#: The families' own C (selection, grids, arguments of the TensorFlow ops), one file per family.
+OPS_DIR = ROOT / "src" / "ops"
 RUNTIME_SOURCES = ("bsk.c", "driver.c")
+#: The kernel library's file name: a library linked against it finds it beside itself ($ORIGIN).
+KERNELS_LIBRARY = "_kernels.so"
 #: Before glibc 2.34 dlopen and pthread_once live in libdl / libpthread (see driver.c).
 LINK_LIBS = ("-Wl,--push-state,--no-as-needed", "-l:libdl.so.2", "-l:libpthread.so.0",
              "-Wl,--pop-state")
@@ -81,7 +87,7 @@ def compile_c(sources, out_dir, cc=None, jobs=None):
     cc = cc or c_compiler()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    flags = [*C_FLAGS, f"-I{RUNTIME_DIR}", f"-I{cuda_include()}",
+    flags = [*C_FLAGS, f"-I{RUNTIME_DIR}", f"-I{OPS_DIR}", f"-I{cuda_include()}",
              *path_maps(src=ROOT, build=out_dir.parent, cuda=cuda_include())]
 
     def one(source):
@@ -94,15 +100,21 @@ def compile_c(sources, out_dir, cc=None, jobs=None):
 
 
 def runtime_sources():
-    """The hand-written C files of the runtime."""
+    """The hand-written C files: the runtime and every family's (``src/ops/*.c``)."""
     _check_runtime_sources()
-    return [RUNTIME_DIR / name for name in RUNTIME_SOURCES]
+    return [RUNTIME_DIR / name for name in RUNTIME_SOURCES] + sorted(OPS_DIR.glob("*.c"))
 
 
-def build_runtime_library(generated_c, out, cc=None):
-    """A standalone shared library of the runtime and ``generated_c`` (no TensorFlow)."""
+def build_kernel_library(generated_c, out, cc=None, jobs=None):
+    """The kernel library (no TensorFlow): the runtime, the families' C and ``generated_c``.
+
+    It has no soname, on purpose: the dynamic loader would take any library of that soname
+    already in the process (another build, loaded by path) for the one the TensorFlow op library
+    needs; without one it finds the file beside the op library, and shares it only when it is
+    the same file.
+    """
     cc = cc or c_compiler()
     out = Path(out)
-    objects = compile_c([*runtime_sources(), generated_c], out.parent / (out.stem + "_objects"), cc)
+    objects = compile_c([*runtime_sources(), generated_c], out.parent / (out.stem + "_objects"), cc, jobs)
     run([cc, "-shared", *objects, "-o", out, *LINK_LIBS], f"linking {out.name}")
     return out

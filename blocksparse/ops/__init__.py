@@ -15,15 +15,17 @@ common       what several families share (the interpreter fix, deterministic par
 ===========  ===============================================================================
 
 A family's frontends live beside the public modules: ``blocksparse/torch/_<family>/`` (PyTorch
-launchers and custom ops) and ``blocksparse/_tf/<family>/`` (TensorFlow glue and reference path).
-Families that compile kernels ahead of time for the TensorFlow op library are listed in
-:data:`AOT_FAMILIES`; see the README's "Adding an op family".
+plans and call paths) and ``blocksparse/_tf/<family>/`` (TensorFlow glue and reference path).
+Families whose kernels are compiled ahead of time into the kernel library (launched by the PyTorch
+frontend and the TensorFlow op library alike) are listed in :data:`AOT_FAMILIES`, each registering
+them in ``blocksparse/ops/<family>/aot.py`` (:mod:`blocksparse.aot.family`); see the README's
+"Adding an op family".
 """
 import importlib
 
 __all__ = ["AOT_FAMILIES", "family"]
 
-#: Families whose kernels the TensorFlow op library compiles ahead of time.
+#: Families whose kernels are compiled ahead of time (each has an ``aot`` module).
 AOT_FAMILIES = ("matmul",)
 
 

@@ -1,11 +1,14 @@
-"""float64 numpy references of the block-sparse matmul, and random layouts (no framework import).
+"""float64 numpy references of the block-sparse matmul, and random layouts (no framework import;
+:func:`check_torch_products` imports torch when called).
 
 The references work on the dense ``(C, K)`` matrix the packed blocks describe (``Layout.dense``),
 so they share no code with any implementation under test.
 """
 import numpy as np
 
-__all__ = ["dense_products", "dense_products_torch", "l2_normalize_dense", "random_layout"]
+from .numerics import rel_error, tolerance
+
+__all__ = ["dense_products", "dense_products_torch", "l2_normalize_dense", "random_layout", "check_torch_products"]
 
 
 def random_layout(rng, CB, KB, density, *, empty_rows=0, empty_cols=0, cover=False):
@@ -54,3 +57,23 @@ def l2_normalize_dense(dense, gain=None, epsilon=1e-6):
     norm = np.sqrt(np.maximum((dense ** 2).sum(axis=0, keepdims=True), epsilon))
     out = dense / norm
     return out if gain is None else out * gain[None, :]
+
+
+def check_torch_products(bsmm, rng, n, dtype, device="cuda", tol=None):
+    """Assert ``y = bsmm(x, w)``, ``dx`` and ``dW`` (one backward) of a PyTorch ``BlocksparseMatMul``
+    on fresh random ``dtype`` inputs of ``n`` tokens against float64, within ``tol`` (default: the
+    dtype's tolerance); the outputs must come back in ``dtype``."""
+    import torch
+
+    def t(a):
+        return torch.from_numpy(a).to(dtype=dtype, device=device)
+
+    x = t(rng.standard_normal(bsmm.i_shape(n))).requires_grad_()
+    w = t(rng.standard_normal(bsmm.w_shape) / np.sqrt(bsmm.block_size)).requires_grad_()
+    dy = t(rng.standard_normal(bsmm.o_shape(n)))
+    y = bsmm(x, w)
+    y.backward(dy)
+    refs = dense_products(bsmm.layout, *(a.detach().double().cpu().numpy() for a in (x, w, dy)), bsmm.axis)
+    for name, got, ref in zip(("y", "dx", "dw"), (y, x.grad, w.grad), refs):
+        assert got.dtype == dtype, (name, got.dtype)
+        assert rel_error(got, ref) < (tol or tolerance(dtype)), name

@@ -4,9 +4,11 @@ block-sparse :func:`attention` with its prepared :class:`AttentionLayout`, and t
 convolution :class:`BlocksparseConv`, :class:`BlocksparseDeconv` and :class:`BlocksparseConvLayer`.
 
 Requires PyTorch (``pip install blocksparse[torch]``).  :class:`PixelflyLinear`: a flat block
-butterfly layer with an optional low-rank term, any block size.  On CUDA tensors the Triton kernels run;
-elsewhere (and for block size 8) the reference path does.  ``BLOCKSPARSE_BACKEND`` forces a path
-(see :mod:`blocksparse._env`).
+butterfly layer with an optional low-rank term, any block size.  On CUDA tensors the Triton kernels
+run -- launched from the kernel library (ahead-of-time cubins) where it has them, else through
+Triton's JIT (:mod:`blocksparse.torch._launch`); elsewhere (and for block size 8) the reference path
+does.  ``BLOCKSPARSE_BACKEND`` forces a path, ``BLOCKSPARSE_KERNELS`` names the kernel library (see
+:mod:`blocksparse._env`).
 """
 try:
     import torch  # noqa: F401

@@ -52,6 +52,8 @@ class BlocksparseMatMul(LayoutShapes):
         self.axis = check_feature_axis(feature_axis)
         self.allow_tf32 = bool(allow_tf32)
         self._handle = _plan.handle(self.layout)
+        self._precision = "tf32" if self.allow_tf32 else "ieee"
+        self._w_size = torch.Size(self.layout.w_shape)
 
     # ------------------------------------------------------------------ shape helpers
     block_size = property(lambda self: self.layout.block_size)
@@ -75,9 +77,28 @@ class BlocksparseMatMul(LayoutShapes):
     def __call__(self, x, w):
         """``y = x @ W``; see the class docstring for shapes."""
         x, w = self._check(x, w)
-        return _ops.matmul(x, w, self._handle, self.axis, "tf32" if self.allow_tf32 else "ieee")
+        return _ops.matmul(x, w, self._handle, self.axis, self._precision)
 
     def _check(self, x, w):
+        """The inputs as the products take them (autocast applied), or ValueError / TypeError.
+        The common case costs a handful of attribute reads; :meth:`_refuse` explains the rest."""
+        try:
+            good = (x.dim() == 2 and x.shape[self.axis] == self.layout.C and w.shape == self._w_size
+                    and x.dtype.is_floating_point and w.dtype.is_floating_point and x.device == w.device)
+        except (AttributeError, TypeError):  # not tensors
+            good = False
+        if not good:
+            self._refuse(x, w)
+        device = "cuda" if x.is_cuda else x.device.type
+        if torch.is_autocast_enabled(device):
+            dtype = torch.get_autocast_dtype(device)
+            x, w = x.to(dtype), w.to(dtype)
+        if x.dtype != w.dtype:
+            raise TypeError(f"x and w must have the same dtype; got {x.dtype} and {w.dtype}")
+        return x, w
+
+    def _refuse(self, x, w):
+        """Raise the error that says what is wrong with ``x`` and ``w``."""
         for name, t in (("x", x), ("w", w)):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
@@ -91,16 +112,7 @@ class BlocksparseMatMul(LayoutShapes):
                              f"{self.i_shape('N')}); got shape {tuple(x.shape)}")
         if tuple(w.shape) != self.w_shape:
             raise ValueError(f"w must have shape {self.w_shape}; got {tuple(w.shape)}")
-        if x.device != w.device:
-            raise ValueError(f"x and w must be on one device; got {x.device} and {w.device}")
-        if torch.is_autocast_enabled(x.device.type):
-            dtype = torch.get_autocast_dtype(x.device.type)
-            x, w = x.to(dtype), w.to(dtype)
-        if x.dtype != w.dtype:
-            raise TypeError(f"x and w must have the same dtype; got {x.dtype} and {w.dtype}")
-        if 0 in x.stride() or (x.stride(0) != 1 and x.stride(1) != 1):
-            x = x.contiguous()
-        return x, w.contiguous()
+        raise ValueError(f"x and w must be on one device; got {x.device} and {w.device}")
 
 
 class BlocksparseLinear(Dispatched, nn.Module):

@@ -1,20 +1,16 @@
-/* blocksparse kernel runtime: the ahead-of-time compiled Triton kernels behind a small C API.
+/* blocksparse kernel runtime: the ahead-of-time compiled Triton kernels of every op family behind
+ * one small, family-neutral C API.
  *
- * The TensorFlow op library calls it with TensorFlow's CUDA stream; the GPU verification script
- * (scripts/verify_aot.py) calls the same functions through ctypes with PyTorch's.  Nothing here
- * links against CUDA: libcuda.so.1 is opened at the first launch, so a library holding this
- * runtime loads on machines without a GPU driver.
+ * A build holds a table of *specs*: one compiled kernel each (a cubin for one GPU architecture),
+ * with its family, its arguments in order and the family's key fields (product, dtype, ... as
+ * the family chose them).  Callers pick a spec (by its keys, or from the embedded JSON manifest)
+ * and launch it with bsk_launch: a grid and one tagged bsk_arg per kernel argument.  The PyTorch
+ * frontend calls bsk_launch through ctypes with prebuilt argument arrays; families' C code (e.g.
+ * src/ops/matmul.c, which the TensorFlow ops call) builds the same arrays.
  *
- * A call describes one product of y = x @ W (W block-sparse, packed (blocks, bs, bs)):
- *   fprop  y  = x @ W      x (N, C) -> y  (N, K)      tables: fprop headers / entries
- *   bprop  dx = dy @ W.T   dy (N, K) -> dx (N, C)     tables: bprop headers / entries
- *   updat  dw = x.T @ dy   per block, float32         table:  updat_groups(G)
- * with C = c_blocks * bs, K = k_blocks * bs, activations transposed ((F, N)) when axis == 0.  The
- * tables are the layout core's (blocksparse/layout.py), int32, in device memory, built with the G
- * of the kernel that runs (the build manifest lists each specialisation's G).  Every pointer is a
- * device address aligned to 16 bytes.  Where a bprop specialisation has "trans_w": false in the
- * manifest (float32: blocksparse.ops.matmul.configs.bprop_pretransposes_weight), `w` must hold every
- * block transposed (W[b].T, packed), as the JIT launcher passes it too.
+ * Nothing here links against CUDA: libcuda.so.1 is opened at the first launch, so a library
+ * holding this runtime loads on machines without a GPU driver.  Modules are loaded once per
+ * (spec, CUDA context); device properties are read once per context.
  */
 #ifndef BLOCKSPARSE_BSK_H_
 #define BLOCKSPARSE_BSK_H_
@@ -28,54 +24,74 @@ extern "C" {
 
 #define BSK_API __attribute__((visibility("default")))
 
-/* Bumped whenever bsk_call or a function below changes. */
-#define BSK_ABI_VERSION 1
+/* Bumped whenever bsk_arg or a function below changes. */
+#define BSK_ABI_VERSION 2
 
 /* Status codes. */
 enum {
   BSK_OK = 0,
-  BSK_ERR_INVALID = 1,     /* the call is malformed (shapes, alignment, a mismatched spec) */
+  BSK_ERR_INVALID = 1,     /* the call is malformed (arguments, alignment, spec index) */
   BSK_ERR_UNSUPPORTED = 2, /* no compiled kernel serves this call on this GPU */
   BSK_ERR_DRIVER = 3,      /* libcuda.so.1 missing or too old */
   BSK_ERR_CUDA = 4         /* a CUDA driver call failed */
 };
 
-enum { BSK_FPROP = 0, BSK_BPROP = 1, BSK_UPDAT = 2 };
-enum { BSK_FP16 = 0, BSK_BF16 = 1, BSK_FP32 = 2 };
+/* Argument kinds. */
+enum { BSK_ARG_PTR = 1, BSK_ARG_I32 = 2, BSK_ARG_I64 = 3, BSK_ARG_F32 = 4, BSK_ARG_TENSOR = 5 };
 
+#define BSK_MAX_RANK 5
+
+/* One kernel argument, in the order of the kernel's non-constexpr parameters.  A tensor stands
+ * for a Triton host tensor descriptor: the runtime encodes its CUtensorMap from the base address,
+ * shape and strides given here and the box and swizzle the spec was compiled with. */
 typedef struct {
-  int32_t product;      /* BSK_FPROP, BSK_BPROP or BSK_UPDAT */
-  int32_t dtype;        /* of the activations and the weight (dw is always float32) */
-  int32_t block_size;   /* 16, 32, 64 or 128 */
-  int32_t axis;         /* feature axis: 1 for (N, F) activations, 0 for (F, N) */
-  int32_t group;        /* G the tables were built with */
-  int32_t split;        /* updat: token slices (0: bsk_run chooses); fprop / bprop: unused */
-  int64_t n_tokens;     /* N */
-  int64_t c_blocks;     /* CB: C = CB * block_size */
-  int64_t k_blocks;     /* KB: K = KB * block_size */
-  int64_t blocks;       /* nonzero blocks (rows of the packed weight) */
-  int64_t table_rows;   /* rows of headers (fprop / bprop) or of the updat_groups table */
-  uint64_t x, dy, w;    /* inputs: fprop x, w; bprop dy, w; updat x, dy */
-  uint64_t y, dx, dw;   /* the output of the product */
-  uint64_t headers, entries, groups;
-} bsk_call;
+  int32_t kind; /* BSK_ARG_* */
+  int32_t rank; /* tensors: number of dimensions (1..BSK_MAX_RANK); else 0 */
+  union {
+    uint64_t ptr; /* BSK_ARG_PTR: a device address; BSK_ARG_TENSOR: the tensor's base */
+    int64_t i64;
+    int32_t i32;
+    float f32;
+  } value;
+  int64_t shape[BSK_MAX_RANK];   /* tensors: sizes, outermost first */
+  int64_t strides[BSK_MAX_RANK]; /* tensors: in elements, the innermost one 1 */
+} bsk_arg;
 
 BSK_API int bsk_abi_version(void);
-/* Number of compiled specialisations, and the build manifest (JSON) describing each in order. */
+/* Number of compiled specs, and the build manifest (JSON) describing each in order. */
 BSK_API int bsk_spec_count(void);
 BSK_API const char *bsk_manifest(void);
+/* A spec's name, family, compiled arch (10 * major + minor) and argument count; NULL / -1 for an
+ * index out of range. */
+BSK_API const char *bsk_spec_name(int spec);
+BSK_API const char *bsk_spec_family(int spec);
+BSK_API int bsk_spec_arch(int spec);
+BSK_API int bsk_spec_nargs(int spec);
+/* Argument `i` of a spec: 1 and its name, kind (BSK_ARG_*), rank (tensors) and whether it was
+ * compiled as a multiple of 16 (any output pointer may be NULL); 0 past the last one. */
+BSK_API int bsk_spec_arg(int spec, int i, const char **name, int *kind, int *rank, int *divisible);
+/* A key field of a spec: 1 if present (*value holds ints and bools, *text strings, else NULL),
+ * 0 if the spec has no such key. */
+BSK_API int bsk_spec_key(int spec, const char *key, int64_t *value, const char **text);
+/* Whether a kernel compiled for `compiled` runs on a GPU of `arch`: same major version, equal or
+ * newer minor one. */
+BSK_API int bsk_arch_serves(int compiled, int arch);
 
-/* The specialisation serving `call` on a GPU of compute capability `arch` (10 * major + minor),
- * with float32 atomics or without, or -1.  Pure: touches no GPU. */
-BSK_API int bsk_select(const bsk_call *call, int arch, int atomic);
-/* Token slices of an updat call on specialisation `spec` for a GPU with `sms` multiprocessors. */
-BSK_API int bsk_updat_split(int spec, int64_t n_tokens, int64_t table_rows, int sms);
+/* Compute capability (10 * major + minor) and multiprocessor count of the GPU of `stream`'s
+ * context (the current context for the NULL stream). */
+BSK_API int bsk_device(void *stream, int *arch, int *sms, char *message, size_t size);
 
-/* Run `call` on `stream` (a CUstream; the context is the stream's).  bsk_run picks the
- * specialisation (and the updat split when call->split is 0); bsk_run_spec runs the one given.
- * On failure `message` (if not NULL) receives a NUL-terminated explanation. */
-BSK_API int bsk_run(const bsk_call *call, void *stream, char *message, size_t size);
-BSK_API int bsk_run_spec(int spec, const bsk_call *call, void *stream, char *message, size_t size);
+/* Launch `spec` on `stream` (a CUstream) over `grid` with `args` (exactly bsk_spec_nargs(spec),
+ * in order).  Checks kinds, ranks and the alignment every argument was compiled for, and that
+ * the spec was compiled for this GPU; an empty grid launches nothing.  On failure `message` (if
+ * not NULL) receives a NUL-terminated explanation. */
+BSK_API int bsk_launch(int spec, const unsigned grid[3], const bsk_arg *args, int nargs, void *stream,
+                       char *message, size_t size);
+
+/* Fill `count` 32-bit words at `address` with `value` on `stream` (e.g. float32 zeros that
+ * atomics add into). */
+BSK_API int bsk_memset32(uint64_t address, uint32_t value, size_t count, void *stream, char *message,
+                         size_t size);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,5 @@
-/* Internals shared by the runtime (bsk.c, driver.c) and the generated specialisation table
- * (bsk_specs.c, written by blocksparse.aot.codegen). */
+/* Internals shared by the runtime (bsk.c, driver.c) and the generated spec table (bsk_specs.c,
+ * written by blocksparse.aot.codegen). */
 #ifndef BLOCKSPARSE_BSK_INTERNAL_H_
 #define BLOCKSPARSE_BSK_INTERNAL_H_
 
@@ -8,37 +8,36 @@
 
 #define BSK_HIDDEN __attribute__((visibility("hidden")))
 
-/* Kernel families: how a kernel's arguments and grid are computed (one parameter list each). */
-enum { BSK_XPROP_PTR = 0, BSK_XPROP_TMA = 1, BSK_UPDAT_PTR = 2, BSK_UPDAT_TMA = 3 };
-
-/* A 2-D tensor a descriptor covers, in storage order; strides in elements. */
+/* One kernel argument as compiled: kind (BSK_ARG_*), rank (tensors), and whether the kernel was
+ * compiled assuming a multiple of 16 (pointers: 16-byte aligned). */
 typedef struct {
-  CUdeviceptr base;
-  int32_t shape[2];
-  int64_t strides[2];
-} bsk_tensor;
+  const char *name;
+  int kind, rank, divisible;
+} bsk_param;
 
-/* Every argument one of the kernels takes, named as the kernel names it.  The runtime fills the
- * ones a family uses; a generated launcher passes those its kernel was compiled to take. */
+/* A key field of a spec: ints and bools in `value`, strings in `text` (NULL otherwise). */
 typedef struct {
-  CUdeviceptr X, W, Y, DY, DW, HEADERS, ENTRIES, GROUPS;
-  int32_t N, OUT_FEATURES, num_segments, tokens_per_split;
-  int32_t stride_xn, stride_xf, stride_yn, stride_yf, stride_dn, stride_df;
-  bsk_tensor x_desc, w_desc, y_desc, dy_desc;
-} bsk_values;
+  const char *name;
+  int64_t value;
+  const char *text;
+} bsk_key;
 
+/* Packs `args` into the kernel's launch parameters (encoding tensor maps) and launches. */
 typedef CUresult (*bsk_launcher)(CUfunction function, CUstream stream, const unsigned grid[3],
-                                 const bsk_values *values);
+                                 const bsk_arg *args);
 
 typedef struct {
-  const char *name;     /* the specialisation (AotSpec.name) */
+  const char *name;     /* the spec's name within its family */
   const char *function; /* the kernel's symbol in the cubin */
-  int arch, product, dtype, block_size, axis, family, atomic;
-  int group, bm, bk, bn, waves; /* tile: G, BM, BK, BN (resolved: never 0), WAVES */
-  int num_warps, shared;
+  const char *family;
+  int arch, num_warps, shared;
   const unsigned char *cubin;
   size_t cubin_size;
   bsk_launcher launch;
+  int nparams;
+  const bsk_param *params;
+  int nkeys;
+  const bsk_key *keys;
 } bsk_spec;
 
 /* Defined by the generated bsk_specs.c. */
@@ -75,8 +74,8 @@ BSK_HIDDEN const bsk_driver *bsk_driver_get(const char **why);
 BSK_HIDDEN const char *bsk_cuda_error(CUresult result);
 
 /* Helpers of the generated launchers. */
-BSK_HIDDEN CUresult bsk_encode_tensormap(CUtensorMap *map, const bsk_tensor *tensor, int data_type,
-                                         int elem_size, int box0, int box1, int swizzle);
+BSK_HIDDEN CUresult bsk_encode_tensormap(CUtensorMap *map, const bsk_arg *tensor, int data_type,
+                                         int elem_size, const unsigned *box, int swizzle);
 BSK_HIDDEN CUresult bsk_launch_kernel(CUfunction function, CUstream stream, const unsigned grid[3],
                                       int num_warps, int shared, void **params);
 

@@ -80,18 +80,25 @@ const char *bsk_cuda_error(CUresult result) {
   return "unknown CUDA error";
 }
 
-CUresult bsk_encode_tensormap(CUtensorMap *map, const bsk_tensor *tensor, int data_type,
-                              int elem_size, int box0, int box1, int swizzle) {
+CUresult bsk_encode_tensormap(CUtensorMap *map, const bsk_arg *tensor, int data_type,
+                              int elem_size, const unsigned *box, int swizzle) {
   /* cuTensorMapEncodeTiled lists dimensions innermost first; strides in bytes, the innermost
-   * one (always 1 element) left out. */
-  cuuint64_t dims[2] = {(cuuint64_t)tensor->shape[1], (cuuint64_t)tensor->shape[0]};
-  cuuint64_t strides[1] = {(cuuint64_t)(tensor->strides[0] * elem_size)};
-  cuuint32_t box[2] = {(cuuint32_t)box1, (cuuint32_t)box0};
-  cuuint32_t element_strides[2] = {1, 1};
+   * one (always 1 element) left out.  As Triton's launcher encodes its descriptors. */
+  int rank = tensor->rank;
+  cuuint64_t dims[BSK_MAX_RANK], strides[BSK_MAX_RANK];
+  cuuint32_t boxes[BSK_MAX_RANK], element_strides[BSK_MAX_RANK];
+  for (int i = 0; i < rank; ++i) {
+    dims[i] = (cuuint64_t)tensor->shape[rank - 1 - i];
+    boxes[i] = (cuuint32_t)box[rank - 1 - i];
+    element_strides[i] = 1;
+  }
+  for (int i = 0; i + 1 < rank; ++i)
+    strides[i] = (cuuint64_t)(tensor->strides[rank - 2 - i] * elem_size);
   return driver.TensorMapEncodeTiled(
-      map, (CUtensorMapDataType)data_type, 2, (void *)(uintptr_t)tensor->base, dims, strides, box,
-      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, (CUtensorMapSwizzle)swizzle,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+      map, (CUtensorMapDataType)data_type, (cuuint32_t)rank, (void *)(uintptr_t)tensor->value.ptr,
+      dims, strides, boxes, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      (CUtensorMapSwizzle)swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
 CUresult bsk_launch_kernel(CUfunction function, CUstream stream, const unsigned grid[3],

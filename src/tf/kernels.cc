@@ -1,10 +1,11 @@
 // OpKernels of the three ops: input checks, output allocation and a launch of the compiled
-// kernels on TensorFlow's CUDA stream, through the kernel runtime (src/runtime/bsk.h).
+// kernels on TensorFlow's CUDA stream, through the matmul family's C (src/ops/matmul.h) on the
+// kernel runtime (src/runtime/bsk.h), both in the kernel library this library links against.
 //
 // The CPU kernels only check their inputs and then report that the op runs on GPUs:
 // blocksparse's dispatcher (blocksparse/_tf/dispatch.py) takes the reference path on the CPU, so
 // they serve the checks (tested on CPU-only machines) and a clear error for a misplaced op.
-#include "bsk.h"
+#include "matmul.h"
 #include "problem.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -86,9 +87,9 @@ class BlocksparseOp : public OpKernel {
   }
 
  protected:
-  bsk_call Call(int product, DataType dtype, int64_t n_tokens, const Tensor& table,
+  bsk_matmul_call Call(int product, DataType dtype, int64_t n_tokens, const Tensor& table,
                 int64_t group) const {
-    bsk_call call = {};
+    bsk_matmul_call call = {};
     call.product = product;
     call.dtype = DtypeOf(dtype);
     call.block_size = static_cast<int32_t>(p_.block_size);
@@ -103,7 +104,7 @@ class BlocksparseOp : public OpKernel {
   }
 
   // Checks done: on the CPU, say where the op runs; on a GPU, launch on TensorFlow's stream.
-  void Run(OpKernelContext* ctx, const bsk_call& call) {
+  void Run(OpKernelContext* ctx, const bsk_matmul_call& call) {
     if (!kGpu) {
       ctx->SetStatus(tensorflow::errors::Unimplemented(
           type_string(), " runs on GPUs only; on the CPU blocksparse computes the product with "
@@ -112,7 +113,7 @@ class BlocksparseOp : public OpKernel {
     }
     void* stream = ctx->op_device_context()->stream()->platform_specific_handle().stream;
     char message[1024] = {0};
-    OP_REQUIRES_OK(ctx, FromRuntime(bsk_run(&call, stream, message, sizeof(message)), message));
+    OP_REQUIRES_OK(ctx, FromRuntime(bsk_matmul_run(&call, stream, message, sizeof(message)), message));
   }
 
   int64_t Tokens(const Tensor& t) const { return t.dim_size(p_.axis == 1 ? 0 : 1); }
@@ -140,7 +141,7 @@ class MatmulOp : public BlocksparseOp<kGpu> {
     OP_REQUIRES_OK(ctx, CheckTable(ctx->input(5), "dx_entries", 0));
     OP_REQUIRES_OK(ctx, CheckTable(ctx->input(6), "dw_groups", -1));
     const int64_t n = this->Tokens(x);
-    bsk_call call = this->Call(BSK_FPROP, x.dtype(), n, headers, entries.dim_size(1) - 1);
+    bsk_matmul_call call = this->Call(BSK_FPROP, x.dtype(), n, headers, entries.dim_size(1) - 1);
     Tensor* y = nullptr;
     if (kGpu) OP_REQUIRES_OK(ctx, ctx->allocate_output(0, this->ActivationShape(n, p.K()), &y));
     if (kGpu && n == 0) return;
@@ -166,7 +167,7 @@ class MatmulDXOp : public BlocksparseOp<kGpu> {
     OP_REQUIRES_OK(ctx, CheckTable(headers, "headers", 4));
     OP_REQUIRES_OK(ctx, CheckTable(entries, "entries", 0));
     const int64_t n = this->Tokens(dy);
-    bsk_call call = this->Call(BSK_BPROP, dy.dtype(), n, headers, entries.dim_size(1) - 1);
+    bsk_matmul_call call = this->Call(BSK_BPROP, dy.dtype(), n, headers, entries.dim_size(1) - 1);
     Tensor* dx = nullptr;
     if (kGpu) OP_REQUIRES_OK(ctx, ctx->allocate_output(0, this->ActivationShape(n, p.C()), &dx));
     if (kGpu && n == 0) return;
@@ -193,7 +194,7 @@ class MatmulDWOp : public BlocksparseOp<kGpu> {
                     "x and dy must have the same number of tokens N; got ", this->Tokens(x),
                     " and ", this->Tokens(dy)));
     OP_REQUIRES_OK(ctx, CheckTable(groups, "groups", -1));
-    bsk_call call = this->Call(BSK_UPDAT, x.dtype(), this->Tokens(x), groups,
+    bsk_matmul_call call = this->Call(BSK_UPDAT, x.dtype(), this->Tokens(x), groups,
                                (groups.dim_size(1) - 1) / 2);
     Tensor* dw = nullptr;
     if (kGpu) {

@@ -1,33 +1,52 @@
-"""What ``triton.compile`` gets for each ahead-of-time specialisation: signature, constexprs, hints.
+"""The matmul family's ahead-of-time registration (see :mod:`blocksparse.aot.family`): its specs,
+their kernels, what ``triton.compile`` gets for each (signature, constexprs, hints) and the fields
+that select them at run time.
 
-These mirror the JIT call sites in :mod:`blocksparse.torch._matmul.launch` (same kernels, tiles and
-tensor-descriptor blocks).  Where the JIT specialises on the values it is given -- a stride of 1
+The compile arguments mirror the JIT launches of :mod:`blocksparse.torch._matmul.launch` (same
+kernels, tiles and tensor-descriptor blocks).  Where the JIT specialises on the values it is given -- a stride of 1
 becomes a constant, 16-byte aligned pointers and multiples of 16 get divisibility hints -- these fix
 what holds for every call of the op library: activations are dense and row-major, so the feature
 stride (axis 1) or the token stride (axis 0) is 1; buffers are 16-byte aligned (the runtime checks);
-feature counts are multiples of the block size.  The runtime (``src/runtime/bsk.c``) passes the
-remaining arguments.
+feature counts are multiples of the block size.  The callers (the PyTorch launch plans,
+``src/ops/matmul.c`` for the TensorFlow ops) pass the remaining arguments; the runtime checks the
+alignment hints at every launch.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict
 
-from .configs import AotSpec
+from ...aot.family import CompileArgs
+from .configs import AotSpec, aot_specializations
 
-__all__ = ["CompileArgs", "compile_args", "kernel_function", "PRECISION"]
+__all__ = ["specializations", "kernel", "compile_args", "fields", "kernel_function", "PRECISION"]
 
 #: float32 products run in IEEE precision (no TF32), as the PyTorch frontend's default.
 PRECISION = "ieee"
 
 
-@dataclass(frozen=True)
-class CompileArgs:
-    """``signature`` (every parameter in the kernel's order, constexprs as ``"constexpr"``),
-    ``constexprs`` and ``divisible`` (parameters hinted as multiples of 16) of one kernel."""
+def specializations(archs):
+    """Every matmul spec for ``archs``: :func:`.configs.aot_specializations`."""
+    return aot_specializations(tuple(archs))
 
-    signature: dict
-    constexprs: dict
-    divisible: frozenset
+
+def kernel(spec: AotSpec):
+    """The ``@triton.jit`` function ``spec`` compiles."""
+    return kernel_function(spec.kernel)
+
+
+def fields(spec: AotSpec):
+    """What selects ``spec`` at run time (the manifest's record; scalars are C keys too):
+    product, dtype, block size, axis, kernel, atomics, the tables' ``G``, whether bprop transposes
+    weight tiles itself, TMA, the resolved tile (``bm``, ``bk``, ``bn``; 0 where unused), ``waves``
+    and the whole ``config``."""
+    cfg, bs = spec.config, spec.block_size
+    if spec.product == "updat":
+        bm, bk, bn = 0, cfg.BK, 0
+    else:
+        bm, bk, bn = cfg.BM, (cfg.BK or bs) if spec.tma else bs, (cfg.BN or bs) if spec.tma else bs
+    return {"product": spec.product, "dtype": spec.dtype, "block_size": bs, "axis": spec.axis,
+            "kernel": spec.kernel, "atomic": spec.atomic, "group": spec.group, "trans_w": spec.trans_w,
+            "tma": spec.tma, "bm": bm, "bk": bk, "bn": bn, "waves": cfg.WAVES, "config": asdict(cfg)}
 
 
 def kernel_function(name):
@@ -37,7 +56,7 @@ def kernel_function(name):
     for module in (xprop, xprop_tma, updat, updat_tma):
         if hasattr(module, name):
             return getattr(module, name)
-    raise ValueError(f"no Triton kernel named {name!r} in blocksparse.kernels")
+    raise ValueError(f"no Triton kernel named {name!r} in blocksparse.ops.matmul")
 
 
 def _desc(dtype, block, transposed=False):
@@ -107,7 +126,7 @@ def compile_args(spec: AotSpec) -> CompileArgs:
     unknown = (set(types) | set(consts)) - set(names)
     missing = set(names) - set(types) - set(consts)
     if unknown or missing:
-        raise ValueError(f"{spec.kernel}: parameters changed; signatures.py names {sorted(unknown)} "
+        raise ValueError(f"{spec.kernel}: parameters changed; aot.py names {sorted(unknown)} "
                          f"that the kernel lacks and lacks {sorted(missing)}")
     signature = {n: "constexpr" if n in consts else types[n] for n in names}
-    return CompileArgs(signature, consts, frozenset(divisible))
+    return CompileArgs(signature, consts, frozenset(divisible), spec.config.num_warps, spec.config.num_stages)

@@ -1,2 +1,3 @@
-"""PyTorch glue of the matmul family: custom ops (:mod:`.ops`), layout handles and launch plans
-(:mod:`.plan`), Triton launchers (:mod:`.launch`), the reference path (:mod:`.reference`)."""
+"""PyTorch glue of the matmul family: the eager and compiled call paths (:mod:`.ops`), the products
+(:mod:`.products`), layout handles and launch plans (:mod:`.plan`), the kernels' launches
+(:mod:`.launch`) and the reference path (:mod:`.reference`)."""

@@ -1,13 +1,14 @@
-"""Launchers of the Triton kernels on torch tensors: read dims, allocate, grid, launch.
+"""The matmul kernels' launches on torch tensors: what to launch for each product and kernel
+variant (a :class:`~blocksparse.torch._launch.KernelLaunch`, built once per plan), and direct calls
+(read dims, allocate, launch through Triton) for the kernel tests and the GPU verification.
 
-:func:`xprop` and :func:`updat` choose between the TMA kernels (Hopper and newer, where tensor
-descriptors can address the tensors) and the pointer-load kernels, as the tile config asks.
-Split reductions (``atomic`` / ``split > 1``) accumulate into a zeroed float32 buffer that is cast
-to the output dtype at the end.
+Operands of every launch, in order: the input activations (``x`` / ``dy``), the weight (or ``dy``
+for updat), the output buffer.  Split reductions (``atomic`` / ``split > 1``) accumulate into a
+zeroed float32 buffer that is cast to the output dtype at the end.  The compile arguments of the
+ahead-of-time specs (:mod:`blocksparse.ops.matmul.aot`) follow these launches exactly.
 """
 import torch
 import triton
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ... import _env
 from ...ops.matmul import configs
@@ -15,19 +16,115 @@ from ...ops.matmul.updat import updat_kernel
 from ...ops.matmul.updat_tma import updat_tma_kernel
 from ...ops.matmul.xprop import xprop_kernel
 from ...ops.matmul.xprop_tma import xprop_tma_kernel
+from .._launch import Descriptor, JitLaunch, KernelLaunch, Operand
 
 if _env.triton_interpret():
     from ...ops.common.interpreter import patch_bf16_dot
 
     patch_bf16_dot()
 
+#: Kernels by (product family, variant).
+KERNELS = {("xprop", "ptr"): xprop_kernel, ("xprop", "tma"): xprop_tma_kernel,
+           ("updat", "ptr"): updat_kernel, ("updat", "tma"): updat_tma_kernel}
+X, B, OUT = 0, 1, 2  # the operands' positions
+
+
+def tokens(t, axis):
+    return t.shape[0] if axis == 1 else t.shape[1]
+
+
+def activation_shape(n, features, axis):
+    return (n, features) if axis == 1 else (features, n)
+
+
+def dense_strides(shape):
+    """Strides of a fresh row-major 2-D tensor of ``shape`` (as torch gives them)."""
+    return (max(shape[1], 1), 1)
+
+
+def _token_feature(strides, axis):
+    """(token stride, feature stride) of activations with ``strides`` in either layout."""
+    return tuple(strides) if axis == 1 else (strides[1], strides[0])
+
+
+def _desc(operand, dtype, shape, strides, axis, tokens_block, features_block):
+    """Descriptor over activations in storage order, tile [tokens, features] (or transposed)."""
+    block = (tokens_block, features_block) if axis == 1 else (features_block, tokens_block)
+    return Descriptor(operand, tuple(shape), tuple(strides), block, dtype)
+
+
+def tma_ok(*tensors):
+    """Whether tensor descriptors can address these tensors: row-major with 16-byte aligned rows,
+    on a GPU with the tensor memory accelerator (sm_90+) or in Triton's interpreter."""
+    for t in tensors:
+        if t.stride(-1) != 1 or t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16:
+            return False
+        if t.is_cuda and torch.cuda.get_device_capability(t.device)[0] < 9:
+            return False
+    return True
+
+
+def xprop_launch(variant, x_shape, x_strides, dtype, headers, entries, *, blocks, out_features, bs, axis, trans,
+                 cfg, atomic, precision):
+    """fprop (``trans=False``) or bprop of ``dtype`` activations ``x_shape`` / ``x_strides``
+    through the ``"ptr"`` or ``"tma"`` kernel; ``headers`` / ``entries``: the xprop table built
+    with ``cfg.G``.  The output is float32 where ``atomic``."""
+    n = x_shape[0] if axis == 1 else x_shape[1]
+    y_shape = activation_shape(n, out_features, axis)
+    y_strides = dense_strides(y_shape)
+    y_dtype = torch.float32 if atomic else dtype
+    segments = headers.shape[0]
+    consts = dict(BS=bs, G=cfg.G, BM=cfg.BM, TRANS_W=trans, ATOMIC=atomic, PRECISION=precision)
+    if variant == "ptr":
+        args = dict(X=Operand(X, dtype), W=Operand(B, dtype), Y=Operand(OUT, y_dtype), HEADERS=headers,
+                    ENTRIES=entries, N=n, OUT_FEATURES=out_features, num_segments=segments)
+        x_n, x_f = _token_feature(x_strides, axis)
+        y_n, y_f = _token_feature(y_strides, axis)
+        args.update(stride_xn=x_n, stride_xf=x_f, stride_yn=y_n, stride_yf=y_f)
+        grid = (segments * triton.cdiv(n, cfg.BM),)
+    else:
+        bk, bn = cfg.BK or bs, cfg.BN or bs
+        w_desc = Descriptor(B, (blocks * bs, bs), (bs, 1), (bn, bk) if trans else (bk, bn), dtype)
+        y_n, y_f = _token_feature(y_strides, axis)
+        args = dict(x_desc=_desc(X, dtype, x_shape, x_strides, axis, cfg.BM, bk), w_desc=w_desc,
+                    y_desc=_desc(OUT, y_dtype, y_shape, y_strides, axis, cfg.BM, bn), Y=Operand(OUT, y_dtype),
+                    HEADERS=headers, ENTRIES=entries, num_segments=segments, N=n, OUT_FEATURES=out_features,
+                    stride_yn=y_n, stride_yf=y_f)
+        consts.update(BK=bk, BN=bn, X_T=axis == 0, UNROLL=cfg.UNROLL)
+        grid = (segments * (bs // bn) * triton.cdiv(n, cfg.BM),)
+    return KernelLaunch(KERNELS[("xprop", variant)], grid, args, consts, cfg.num_warps, cfg.num_stages,
+                        zero=(OUT,) if atomic else ())
+
+
+def updat_launch(variant, x_shape, x_strides, dy_shape, dy_strides, dtype, groups, *, bs, axis, cfg, split,
+                 precision, dw_dtype=torch.float32):
+    """updat of ``dtype`` activations ``x`` and ``dy`` through the ``"ptr"`` or ``"tma"`` kernel
+    into a ``dw_dtype`` buffer (float32 where ``split > 1``: the slices are reduced by atomics);
+    ``groups`` is ``Layout.updat_groups(cfg.G)``."""
+    n = x_shape[0] if axis == 1 else x_shape[1]
+    per_split = triton.cdiv(triton.cdiv(n, split), cfg.BK) * cfg.BK
+    grid = (groups.shape[0], triton.cdiv(n, per_split))
+    consts = dict(BS=bs, G=cfg.G, BK=cfg.BK, ATOMIC=split > 1, PRECISION=precision)
+    if variant == "ptr":
+        x_n, x_f = _token_feature(x_strides, axis)
+        d_n, d_f = _token_feature(dy_strides, axis)
+        args = dict(X=Operand(X, dtype), DY=Operand(B, dtype), DW=Operand(OUT, dw_dtype), GROUPS=groups, N=n,
+                    tokens_per_split=per_split, stride_xn=x_n, stride_xf=x_f, stride_dn=d_n, stride_df=d_f)
+    else:
+        args = dict(x_desc=_desc(X, dtype, x_shape, x_strides, axis, cfg.BK, bs),
+                    dy_desc=_desc(B, dtype, dy_shape, dy_strides, axis, cfg.BK, bs), DW=Operand(OUT, dw_dtype),
+                    GROUPS=groups, tokens_per_split=per_split, N=n)
+        consts.update(X_T=axis == 0)
+    return KernelLaunch(KERNELS[("updat", variant)], grid, args, consts, cfg.num_warps, cfg.num_stages,
+                        zero=(OUT,) if split > 1 else ())
+
+
+# --- direct calls: allocate, launch through Triton (kernel tests, GPU verification) ------------
+
 
 def xprop(x, w, headers, entries, *, out_features, bs, axis, trans, cfg, atomic, precision):
-    """fprop (``trans=False``) or bprop (``trans=True``).
-
-    ``headers``/``entries`` are the layout core's xprop table built with ``group=cfg.G``;
-    ``atomic`` must be true when any output group has more than one segment.
-    """
+    """fprop (``trans=False``) or bprop; the TMA kernel where ``cfg`` asks for it and descriptors
+    can address the tensors.  ``atomic`` must be true when any output group has several segments."""
     if trans and configs.bprop_pretransposes_weight(x.dtype == torch.float32):
         w, trans = w.transpose(1, 2).contiguous(), False
     launch = xprop_tma if cfg.TMA and tma_ok(x, w) else xprop_ptr
@@ -42,112 +139,48 @@ def updat(x, dy, groups, *, w_shape, bs, axis, cfg, split, precision, dw_dtype):
                   precision=precision, dw_dtype=dw_dtype)
 
 
-def tma_ok(*tensors):
-    """Whether tensor descriptors can address these tensors: row-major with 16-byte aligned rows,
-    on a GPU with the tensor memory accelerator (sm_90+) or in Triton's interpreter."""
-    for t in tensors:
-        if t.stride(-1) != 1 or t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16:
-            return False
-        if t.is_cuda and torch.cuda.get_device_capability(t.device)[0] < 9:
-            return False
-    return True
-
-
-def xprop_ptr(x, w, headers, entries, *, out_features, bs, axis, trans, cfg, atomic, precision):
-    """:func:`xprop` through :func:`xprop_kernel` (pointer loads, any GPU)."""
-    n_tokens, out = _xprop_out(x, out_features, axis, atomic)
-    if n_tokens:
-        grid = (headers.shape[0] * triton.cdiv(n_tokens, cfg.BM),)
-        xprop_kernel[grid](
-            x, w, out, headers, entries,
-            n_tokens, out_features, headers.shape[0],
-            *_strides(x, axis), *_strides(out, axis),
-            BS=bs, G=cfg.G, BM=cfg.BM, TRANS_W=trans, ATOMIC=atomic, PRECISION=precision,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
+def _xprop_direct(variant, x, w, headers, entries, *, out_features, bs, axis, trans, cfg, atomic, precision):
+    n = tokens(x, axis)
+    out = x.new_empty(activation_shape(n, out_features, axis), dtype=torch.float32 if atomic else x.dtype)
+    if n:  # the launch zero-fills a float32 buffer first
+        JitLaunch(xprop_launch(variant, tuple(x.shape), x.stride(), x.dtype, headers, entries, blocks=w.shape[0],
+                               out_features=out_features, bs=bs, axis=axis, trans=trans, cfg=cfg, atomic=atomic,
+                               precision=precision))((x, w, out))
     return _cast(out, x.dtype)
 
 
-def xprop_tma(x, w, headers, entries, *, out_features, bs, axis, trans, cfg, atomic, precision):
-    """:func:`xprop` through :func:`xprop_tma_kernel` (needs :func:`tma_ok` tensors)."""
-    n_tokens, out = _xprop_out(x, out_features, axis, atomic)
-    if n_tokens:
-        bk, bn = cfg.BK or bs, cfg.BN or bs
-        w_desc = TensorDescriptor(w, [w.shape[0] * bs, bs], [bs, 1], [bn, bk] if trans else [bk, bn])
-        grid = (headers.shape[0] * (bs // bn) * triton.cdiv(n_tokens, cfg.BM),)
-        xprop_tma_kernel[grid](
-            _desc(x, axis, cfg.BM, bk), w_desc, _desc(out, axis, cfg.BM, bn), out, headers, entries,
-            headers.shape[0], n_tokens, out_features, *_strides(out, axis),
-            BS=bs, G=cfg.G, BM=cfg.BM, BK=bk, BN=bn, X_T=axis == 0, TRANS_W=trans, ATOMIC=atomic,
-            PRECISION=precision, UNROLL=cfg.UNROLL,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
-    return _cast(out, x.dtype)
-
-
-def updat_ptr(x, dy, groups, *, w_shape, bs, axis, cfg, split, precision, dw_dtype):
-    """:func:`updat` through :func:`updat_kernel` (pointer loads, any GPU)."""
-    n_tokens, atomic, dw = _updat_out(x, axis, w_shape, split, dw_dtype)
-    if n_tokens:
-        per_split, grid = _token_slices(n_tokens, split, cfg.BK, groups)
-        updat_kernel[grid](
-            x, dy, dw, groups,
-            n_tokens, per_split,
-            *_strides(x, axis), *_strides(dy, axis),
-            BS=bs, G=cfg.G, BK=cfg.BK, ATOMIC=atomic, PRECISION=precision,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
-    return _cast(dw, dw_dtype)
-
-
-def updat_tma(x, dy, groups, *, w_shape, bs, axis, cfg, split, precision, dw_dtype):
-    """:func:`updat` through :func:`updat_tma_kernel` (needs :func:`tma_ok` tensors)."""
-    n_tokens, atomic, dw = _updat_out(x, axis, w_shape, split, dw_dtype)
-    if n_tokens:
-        per_split, grid = _token_slices(n_tokens, split, cfg.BK, groups)
-        updat_tma_kernel[grid](
-            _desc(x, axis, cfg.BK, bs), _desc(dy, axis, cfg.BK, bs), dw, groups, per_split, n_tokens,
-            BS=bs, G=cfg.G, BK=cfg.BK, X_T=axis == 0, ATOMIC=atomic, PRECISION=precision,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
-    return _cast(dw, dw_dtype)
-
-
-def _tokens(t, axis):
-    return t.shape[0] if axis == 1 else t.shape[1]
-
-
-def _strides(t, axis):
-    """(token stride, feature stride) of activations in either layout."""
-    return (t.stride(0), t.stride(1)) if axis == 1 else (t.stride(1), t.stride(0))
-
-
-def _xprop_out(x, out_features, axis, atomic):
-    """(tokens, output buffer): float32 zeros for atomics, else uninitialised in x's dtype."""
-    n = _tokens(x, axis)
-    shape = (n, out_features) if axis == 1 else (out_features, n)
-    return n, (x.new_zeros(shape, dtype=torch.float32) if atomic else x.new_empty(shape))
-
-
-def _updat_out(x, axis, w_shape, split, dw_dtype):
-    """(tokens, atomic, dw buffer): token slices reduce into float32 zeros."""
-    n = _tokens(x, axis)
+def _updat_direct(variant, x, dy, groups, *, w_shape, bs, axis, cfg, split, precision, dw_dtype):
+    n = tokens(x, axis)
     atomic = split > 1 or n == 0
-    return n, atomic, (x.new_zeros(w_shape, dtype=torch.float32) if atomic
-                       else x.new_empty(w_shape, dtype=dw_dtype))
+    dw = x.new_empty(w_shape, dtype=torch.float32 if atomic else dw_dtype)
+    if n:  # the launch zero-fills a float32 buffer first
+        JitLaunch(updat_launch(variant, tuple(x.shape), x.stride(), tuple(dy.shape), dy.stride(), x.dtype, groups,
+                               bs=bs, axis=axis, cfg=cfg, split=split, precision=precision,
+                               dw_dtype=dw.dtype))((x, dy, dw))
+    else:
+        dw.zero_()  # no tokens: the gradient is zero
+    return _cast(dw, dw_dtype)
 
 
-def _token_slices(n_tokens, split, bk, groups):
-    """Tokens per slice (a multiple of ``bk``) and the (runs, slices) grid."""
-    per_split = triton.cdiv(triton.cdiv(n_tokens, split), bk) * bk
-    return per_split, (groups.shape[0], triton.cdiv(n_tokens, per_split))
+def xprop_ptr(x, w, headers, entries, **kwargs):
+    """:func:`xprop` through :func:`xprop_kernel` (pointer loads, any GPU)."""
+    return _xprop_direct("ptr", x, w, headers, entries, **kwargs)
+
+
+def xprop_tma(x, w, headers, entries, **kwargs):
+    """:func:`xprop` through :func:`xprop_tma_kernel` (needs :func:`tma_ok` tensors)."""
+    return _xprop_direct("tma", x, w, headers, entries, **kwargs)
+
+
+def updat_ptr(x, dy, groups, **kwargs):
+    """:func:`updat` through :func:`updat_kernel` (pointer loads, any GPU)."""
+    return _updat_direct("ptr", x, dy, groups, **kwargs)
+
+
+def updat_tma(x, dy, groups, **kwargs):
+    """:func:`updat` through :func:`updat_tma_kernel` (needs :func:`tma_ok` tensors)."""
+    return _updat_direct("tma", x, dy, groups, **kwargs)
 
 
 def _cast(t, dtype):
     return t if t.dtype == dtype else t.to(dtype)
-
-
-def _desc(t, axis, tokens_block, features_block):
-    """Descriptor over activations in storage order, tile [tokens, features] (or transposed)."""
-    block = [tokens_block, features_block] if axis == 1 else [features_block, tokens_block]
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), block)

@@ -1,9 +1,16 @@
-"""Host-side state of the custom ops: layout handles, device tables and launch plans.
+"""Host-side state of the matmul products: layout handles, device tables and launch plans.
 
 The custom ops take an integer *layout handle* rather than the layout's tables: ``torch.compile``
 then sees only tensors and ints at the op boundary, and the tables are built eagerly, once per
-device, inside the op.  Handles intern layouts: equal layouts share one handle and one set of
-tables for the life of the process (a layout is a few kilobytes of numpy).
+device, inside the op.  Handles intern layouts: equal layouts share one handle, one set of tables
+and one plan cache for the life of the process (a layout is a few kilobytes of numpy).
+
+A :class:`Plan` is everything about one product that does not change between calls of the same
+shape: its tile, split, tables, output shape, and a prepared launch -- a compiled spec of the
+kernel library where one serves the call (sm_80+ GPUs, dense activations, 16-byte aligned
+buffers, IEEE float32), else the Triton JIT with the tile tables' choice.  Plans are cached per
+layout by (product, tokens, strides, dtype, device, alignment, precision, axis[, dW dtype]); a
+call looks its plan up and runs it.
 """
 from __future__ import annotations
 
@@ -17,40 +24,84 @@ import torch
 from ...layout import Layout
 from ...ops.matmul import configs, grouping
 from ...ops.matmul.configs import UpdatConfig, XpropConfig
+from .. import _launch
+from . import launch as _kernels
 
 #: SM count assumed off-GPU (Triton's interpreter), small so that tests exercise the splits.
 INTERPRETER_SMS = 4
+_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+_KERNEL_NAMES = {"xprop": {"tma": "xprop_tma_kernel", "ptr": "xprop_kernel"},
+                 "updat": {"tma": "updat_tma_kernel", "ptr": "updat_kernel"}}
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Plan:
-    """How one product runs: its tile config and how its reduction is split."""
+    """How one product runs for one call shape; calling it runs it on ``(a, b)`` (``(x, w)``,
+    ``(dy, w)`` or ``(x, dy)``) and returns the output.
 
+    ``config``: the tile; ``max_segment``: xprop table segment length (None: one program per
+    group); ``split``: updat token slices; ``runner``: the prepared launch (None without tokens);
+    the kernel writes a buffer of ``out_shape`` and ``out_dtype``, zero-filled first where
+    ``zero`` (split reductions: by the launch, in the runtime on the ahead-of-time path), cast to
+    ``cast_to`` after where set; ``pretranspose``: bprop reads the weight's blocks transposed
+    beforehand.
+    """
+
+    kind: str
     config: XpropConfig | UpdatConfig
-    max_segment: int | None = None   # xprop: table segment length (None: one program per group)
-    split: int = 1                   # updat: token slices reduced by atomics
+    runner: object
+    device: torch.device
+    out_shape: tuple
+    out_dtype: torch.dtype
+    zero: bool = False
+    cast_to: torch.dtype | None = None
+    pretranspose: bool = False
+    max_segment: int | None = None
+    split: int = 1
+
+    @property
+    def path(self):
+        """``"aot"`` (kernel library), ``"jit"`` (Triton) or ``"none"`` (nothing to launch)."""
+        return self.runner.path if self.runner is not None else "none"
+
+    @property
+    def launches(self):
+        """Kernels one call starts: the product, plus the weight transpose, the zero fill and the
+        cast of split reductions where they apply."""
+        return (self.runner is not None) + self.pretranspose + self.zero + (self.cast_to is not None)
+
+    def __call__(self, a, b):
+        if self.pretranspose:
+            b = b.transpose(1, 2).contiguous()
+        if self.runner is not None:
+            out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
+            self.runner((a, b, out))  # zero-fills out first where the launch asks
+        else:  # no tokens
+            out = (torch.zeros if self.zero else torch.empty)(self.out_shape, dtype=self.out_dtype, device=self.device)
+        return out if self.cast_to is None else out.to(self.cast_to)
 
 
-class _LayoutState:
+class LayoutState:
     """A layout with its memoised device tables and plans."""
 
     def __init__(self, layout):
         self.layout = layout
+        self.plans = {}
         self._tables = {}
-        self._plans = {}
+        self._lock = threading.Lock()
 
-    def xprop_tables(self, kind, plan, device):
-        """(headers, entries) of the fprop/bprop table for ``plan`` on ``device``."""
-        key = (kind, plan.max_segment, plan.config.G, str(device))
+    def xprop_tables(self, kind, max_segment, group, device):
+        """(headers, entries) of the fprop/bprop table on ``device``."""
+        key = (kind, max_segment, group, str(device))
         if key not in self._tables:
-            lut = getattr(self.layout, kind)(plan.max_segment, group=plan.config.G)
+            lut = getattr(self.layout, kind)(max_segment, group=group)
             self._tables[key] = (_to(lut.headers, device), _to(lut.entries, device))
         return self._tables[key]
 
-    def updat_table(self, plan, device):
-        key = ("updat", plan.config.G, str(device))
+    def updat_table(self, group, device):
+        key = ("updat", group, str(device))
         if key not in self._tables:
-            self._tables[key] = _to(self.layout.updat_groups(plan.config.G), device)
+            self._tables[key] = _to(self.layout.updat_groups(group), device)
         return self._tables[key]
 
     def coords(self, device):
@@ -59,27 +110,57 @@ class _LayoutState:
             self._tables[key] = _to(self.layout.coords, device).long()
         return self._tables[key]
 
-    def plan(self, kind, n_tokens, device, dtype, tma):
-        """The :class:`Plan` of ``kind`` (fprop / bprop / updat) for ``n_tokens`` of ``dtype`` on
-        ``device``; ``tma``: whether the TMA kernels can address the tensors."""
-        key = (kind, n_tokens, str(device), dtype, tma)
-        if key not in self._plans:
-            self._plans[key] = _make_plan(self.layout, kind, n_tokens, device, dtype, tma)
-        return self._plans[key]
+    def plan(self, key, kind, a, b, axis, precision, dw_dtype=None, aligned=True):
+        """The cached :class:`Plan` under ``key`` (see the module doc), built on first use from
+        the call's tensors ``a``, ``b``."""
+        plan = self.plans.get(key)
+        if plan is None:
+            with self._lock:
+                plan = self.plans.get(key) or _build(self, kind, a, b, axis, precision, dw_dtype, aligned)
+                self.plans[key] = plan
+        return plan
 
 
 def _to(array, device):
     return torch.from_numpy(np.array(array, dtype=np.int32)).to(device)
 
 
-def _make_plan(layout, kind, n, device, dtype, tma):
+def _aot_spec(kernels, arch, product, dtype, bs, axis, tma, atomic):
+    """Index of the library's spec for this product (TMA kernel first where it can run), or None."""
+    names = _KERNEL_NAMES["updat" if product == "updat" else "xprop"]
+    fields = dict(product=product, dtype=_DTYPE_NAMES.get(dtype), block_size=bs, axis=axis, atomic=atomic)
+    for variant in ("tma", "ptr") if tma else ("ptr",):
+        index = kernels.find("matmul", arch, kernel=names[variant], **fields)
+        if index is not None:
+            return index
+    return None
+
+
+def _aot_choice(kernels, arch, sms, layout, kind, a, b, axis):
+    """``(config, split, spec index)`` of the kernel library for this call, or None where it has no
+    spec (or the tensors are not dense): the specs are compiled for contiguous activations."""
+    if kernels is None or a.dtype not in _DTYPE_NAMES or not (a.is_contiguous() and b.is_contiguous()):
+        return None
+    n, bs, tma = _kernels.tokens(a, axis), layout.block_size, _kernels.tma_ok(a, b)
+    index = _aot_spec(kernels, arch, kind, a.dtype, bs, axis, tma, False)
+    if index is None:
+        return None
+    spec = kernels.specs[index]
+    if kind != "updat":
+        return XpropConfig(**spec["config"]), 1, index
+    cfg = UpdatConfig(**spec["config"])
+    split = configs.updat_split(cfg, n, layout.updat_groups(cfg.G).shape[0], sms)
+    atomic = _aot_spec(kernels, arch, kind, a.dtype, bs, axis, spec["tma"], True) if split > 1 else None
+    return (cfg, split, atomic) if atomic is not None else (cfg, 1, index)
+
+
+def _jit_choice(layout, kind, n, dtype, interpret, sms, tma):
+    """``(config, max_segment or split)`` from the tile tables (the JIT path)."""
     bs = layout.block_size
-    interpret = device.type != "cuda"
-    sms = INTERPRETER_SMS if interpret else torch.cuda.get_device_properties(device).multi_processor_count
     opts = dict(float32=dtype == torch.float32, tma=tma, interpret=interpret)
     if kind == "updat":
         cfg = configs.updat_config(bs, n, **opts)
-        return Plan(cfg, split=configs.updat_split(cfg, n, layout.updat_groups(cfg.G).shape[0], sms))
+        return cfg, configs.updat_split(cfg, n, layout.updat_groups(cfg.G).shape[0], sms)
     cfg = configs.xprop_config(bs, n, **opts)
     # structured layouts: one activation tile serves G output blocks (blocksparse.ops.matmul.grouping)
     cfg = grouping.grouped_config(cfg, layout, kind, float32=opts["float32"], interpret=interpret)
@@ -88,13 +169,58 @@ def _make_plan(layout, kind, n, device, dtype, tma):
     programs = math.ceil(max(n, 1) / cfg.BM) * lut.num_segments * slices
     want = cfg.WAVES * sms
     if programs >= want or lut.max_count <= 1:
-        return Plan(cfg)
-    return Plan(cfg, max_segment=max(1, math.ceil(lut.max_count * programs / want)))
+        return cfg, None
+    return cfg, max(1, math.ceil(lut.max_count * programs / want))
+
+
+def _build(state, kind, a, b, axis, precision, dw_dtype, aligned, target=None):
+    """A new :class:`Plan` for ``kind`` on the call's tensors.  ``target``: ``(kernel library or
+    None, DeviceInfo)`` to plan for; default: the call's GPU and the kernel library, or Triton's
+    interpreter for CPU tensors."""
+    layout, device = state.layout, a.device
+    if target is None:
+        target = (_launch.library(), _launch.device_info(a.get_device())) if a.is_cuda else (None, None)
+    kernels, info = target
+    arch, sms = (info.arch, info.sms) if info is not None else (0, INTERPRETER_SMS)
+    n, bs = _kernels.tokens(a, axis), layout.block_size
+    tma = aligned and _kernels.tma_ok(a, b) and (info is None or arch >= 90)
+    aot = _aot_choice(kernels, arch, sms, layout, kind, a, b, axis) if aligned else None
+    if aot is not None:
+        cfg, split, spec_index = aot
+        max_segment, tma = None, "_tma" in kernels.specs[spec_index]["kernel"]
+    else:
+        cfg, part = _jit_choice(layout, kind, n, a.dtype, not a.is_cuda, sms, tma)
+        spec_index, tma = None, tma and cfg.TMA
+        max_segment, split = (None, part) if kind == "updat" else (part, 1)
+    variant = "tma" if tma else "ptr"
+    if kind == "updat":
+        zero = split > 1 or n == 0
+        # the compiled specs write float32 (as the TensorFlow ops); the JIT writes dw_dtype directly
+        buffer = torch.float32 if zero or spec_index is not None else dw_dtype
+        launch = _kernels.updat_launch(variant, tuple(a.shape), a.stride(), tuple(b.shape), b.stride(), a.dtype,
+                                       state.updat_table(cfg.G, device), bs=bs, axis=axis, cfg=cfg, split=split,
+                                       precision=precision, dw_dtype=buffer)
+        out = dict(out_shape=layout.w_shape, out_dtype=buffer, zero=zero,
+                   cast_to=dw_dtype if buffer != dw_dtype else None)
+    else:
+        trans = kind == "bprop"
+        pretranspose = trans and configs.bprop_pretransposes_weight(a.dtype == torch.float32)
+        atomic = max_segment is not None
+        headers, entries = state.xprop_tables(kind, max_segment, cfg.G, device)
+        out_features = layout.C if trans else layout.K
+        launch = _kernels.xprop_launch(variant, tuple(a.shape), a.stride(), a.dtype, headers, entries,
+                                       blocks=layout.blocks, out_features=out_features, bs=bs, axis=axis,
+                                       trans=trans and not pretranspose, cfg=cfg, atomic=atomic, precision=precision)
+        out = dict(out_shape=_kernels.activation_shape(n, out_features, axis),
+                   out_dtype=torch.float32 if atomic else a.dtype, zero=atomic, cast_to=a.dtype if atomic else None,
+                   pretranspose=pretranspose)
+    runner = _launch.prepare(launch, a.get_device(), kernels, spec_index) if n else None
+    return Plan(kind, cfg, runner, device, max_segment=max_segment, split=split, **out)
 
 
 _lock = threading.Lock()
 _handles: dict[Layout, int] = {}
-_states: list[_LayoutState] = []
+_states: list[LayoutState] = []
 
 
 def handle(layout: Layout) -> int:
@@ -102,13 +228,13 @@ def handle(layout: Layout) -> int:
     with _lock:
         if layout not in _handles:
             _handles[layout] = len(_states)
-            _states.append(_LayoutState(layout))
+            _states.append(LayoutState(layout))
         return _handles[layout]
 
 
-def state(layout_handle: int) -> _LayoutState:
+def state(layout_handle: int) -> LayoutState:
     """The layout state behind a handle from :func:`handle`."""
     if not 0 <= layout_handle < len(_states):
         raise ValueError(f"unknown layout handle {layout_handle}; handles come from "
-                         "blocksparse.torch._plan.handle()")
+                         "blocksparse.torch._matmul.plan.handle()")
     return _states[layout_handle]

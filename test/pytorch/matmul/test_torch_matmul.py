@@ -63,7 +63,7 @@ def test_triton_backend_through_module(rng, monkeypatch, bs, axis, n, dtype):
 
 
 def test_backend_choice(monkeypatch):
-    from blocksparse.torch._matmul.ops import use_triton
+    from blocksparse.torch._matmul.products import use_triton
 
     cpu = torch.zeros(1)
     monkeypatch.setenv("BLOCKSPARSE_BACKEND", "auto")

@@ -1,14 +1,11 @@
 """blocksparse.torch on a CUDA GPU: the Triton kernels (TMA and pointer paths) through the public
 API against float64, torch.compile, autocast.  Skipped without a GPU."""
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from blocksparse.torch import BlocksparseLinear, BlocksparseMatMul  # noqa: E402
-from blocksparse.testing import TOLERANCE, rel_error  # noqa: E402
-from blocksparse.testing.matmul import dense_products  # noqa: E402
-from blocksparse.testing.matmul import random_layout  # noqa: E402
+from blocksparse.testing.matmul import check_torch_products, random_layout  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -16,16 +13,7 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 
 def _check(bsmm, rng, n, dtype, tol=None):
-    t = lambda a: torch.from_numpy(a).to(DTYPES[dtype]).cuda()  # noqa: E731
-    x = t(rng.standard_normal(bsmm.i_shape(n))).requires_grad_()
-    w = t(rng.standard_normal(bsmm.w_shape) / np.sqrt(bsmm.block_size)).requires_grad_()
-    dy = t(rng.standard_normal(bsmm.o_shape(n)))
-    y = bsmm(x, w)
-    y.backward(dy)
-    refs = dense_products(bsmm.layout, *(a.detach().double().cpu().numpy() for a in (x, w, dy)), bsmm.axis)
-    for name, got, ref in zip(("y", "dx", "dw"), (y, x.grad, w.grad), refs):
-        assert got.dtype == x.dtype
-        assert rel_error(got.detach().double().cpu().numpy(), ref) < (tol or TOLERANCE[dtype]), name
+    check_torch_products(bsmm, rng, n, DTYPES[dtype], "cuda", tol)
 
 
 @pytest.mark.parametrize("n", [7, 257, 2048])

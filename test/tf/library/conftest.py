@@ -1,6 +1,6 @@
-"""The TensorFlow op library under test: built small from the source tree (a few kernels for
-sm_80 and sm_90, once per session), or, where the tests run without the sources (matrix cells
-test the installed wheel), the installed one."""
+"""The TensorFlow op library under test: built small from the source tree (around the session's
+kernel library: a few kernels for sm_80 and sm_90), or, where the tests run without the sources
+(matrix cells test the installed wheel), the installed one."""
 import os
 import subprocess
 import sys
@@ -12,17 +12,18 @@ from tf_op_build import BUILD_SCRIPT, TEST_BUILD, can_build
 
 
 @pytest.fixture(scope="session")
-def op_library_path(tmp_path_factory):
+def op_library_path(tmp_path_factory, request):
     """Path of an op library for this TensorFlow: ``BLOCKSPARSE_TF_OPS`` if set (to test a full
-    build: ``BLOCKSPARSE_TF_OPS=blocksparse/_tf_ops.so make test``), else a small one built now,
-    else the installed one."""
+    build: ``BLOCKSPARSE_TF_OPS=blocksparse/_tf_ops.so make test``), else a small one built now
+    around the session's kernel library, else the installed one."""
     pytest.importorskip("tensorflow")
     if os.environ.get("BLOCKSPARSE_TF_OPS"):
         return Path(os.environ["BLOCKSPARSE_TF_OPS"]).resolve()
     if can_build():
+        kernels = request.getfixturevalue("kernel_library_path")
         out = tmp_path_factory.mktemp("ops")
-        done = subprocess.run([sys.executable, str(BUILD_SCRIPT), "--out", str(out), *TEST_BUILD],
-                              capture_output=True, text=True, timeout=1200)
+        done = subprocess.run([sys.executable, str(BUILD_SCRIPT), "--out", str(out), *TEST_BUILD,
+                               "--kernels", str(kernels)], capture_output=True, text=True, timeout=1200)
         assert done.returncode == 0, f"build_ops failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
         return out / "_tf_ops.so"
     import blocksparse

@@ -1,6 +1,6 @@
-"""The ahead-of-time side of the TensorFlow GPU path, without a GPU: the specialisation list,
-the compile arguments, the arch resolution, the kernel runtime's choices and checks (through
-ctypes), the wheel's platform tag, and scripts/verify_aot.py --dry-run."""
+"""The ahead-of-time side of the TensorFlow GPU path, without a GPU: the matmul spec list, the
+compile arguments, the arch resolution, the op library's kernel library, the wheel's platform
+tag, and scripts/verify_aot.py --dry-run.  The runtime's choices and checks: test/aot/."""
 import importlib.util
 import json
 import subprocess
@@ -141,142 +141,34 @@ def test_resolve_archs(monkeypatch, tmp_path):
     assert resolve_archs("sm_90", "2.21.0", matrix) == (90,)
 
 
-# ------------------------------------------------------- the runtime, through ctypes
+# ------------------------------------------------------- the op library's kernels
 
 
-@pytest.fixture(scope="module")
-def kernels(op_library_path):
-    """The op library's kernel runtime, through ctypes (loaded by TensorFlow first: it needs
-    libtensorflow_framework)."""
+def test_the_op_library_reaches_its_kernel_library(op_library_path):
+    """The ops call the kernel library linked beside them: its runtime and manifest are reachable
+    through the op library (loaded by TensorFlow first: it needs libtensorflow_framework)."""
     pytest.importorskip("tensorflow")
     from blocksparse._tf import loader as ops
     from blocksparse.aot.abi import KernelLibrary
 
     lib, why = ops.load(str(op_library_path))
     assert lib is not None, why
-    return KernelLibrary(op_library_path)
+    direct = KernelLibrary(op_library_path.with_name("_kernels.so"))
+    assert [s["name"] for s in lib.specs] == [s["name"] for s in direct.specs]
+    assert {s["family"] for s in lib.specs} == {"matmul"}
 
 
-def _call(product="fprop", dtype="bf16", bs=32, axis=1, n=64, group=None, split=0, **fields):
-    from blocksparse.aot.abi import DTYPES, PRODUCTS, BskCall
+def test_another_kernel_library_in_the_process_is_not_the_op_library_s(toy_library, op_library_path):
+    """Kernel libraries carry no soname: one loaded by path before (the toy family's, or one
+    BLOCKSPARSE_KERNELS names) is not taken for the file beside the op library."""
+    pytest.importorskip("tensorflow")
+    from blocksparse._tf import loader as ops
+    from blocksparse.aot.abi import KernelLibrary
 
-    group = group if group is not None else (8 if product == "updat" else 1)
-    call = BskCall(product=PRODUCTS[product], dtype=DTYPES[dtype], block_size=bs, axis=axis,
-                   group=group, split=split, n_tokens=n, c_blocks=4, k_blocks=3, blocks=6, table_rows=4)
-    for name, value in {"x": 1 << 20, "dy": 2 << 20, "w": 3 << 20, "y": 4 << 20, "dx": 5 << 20,
-                        "dw": 6 << 20, "headers": 7 << 20, "entries": 8 << 20, "groups": 9 << 20,
-                        **fields}.items():
-        setattr(call, name, value)
-    return call
-
-
-def _expected(specs, product, dtype, bs, axis, arch, atomic, n):
-    """The spec a GPU of ``arch`` should run, from the manifest alone."""
-    served = [s for s in specs if s["arch"] // 10 == arch // 10 and s["arch"] <= arch
-              and (s["product"], s["dtype"], s["block_size"], s["axis"], s["atomic"])
-              == (product, dtype, bs, axis, atomic)]
-    if not served:
-        return None
-    newest = max(s["arch"] for s in served)
-    aligned = axis == 1 or n * (4 if dtype == "fp32" else 2) % 16 == 0
-    ranked = sorted((s for s in served if s["arch"] == newest and (aligned or "_tma" not in s["kernel"])),
-                    key=lambda s: "_tma" not in s["kernel"])
-    return ranked[0]["name"] if ranked else None
-
-
-@pytest.mark.parametrize("arch", [80, 86, 89, 90, 100])
-@pytest.mark.parametrize("axis, n", [(1, 13), (0, 13), (0, 16), (0, 1)])
-@pytest.mark.parametrize("product, atomic", [("fprop", False), ("bprop", False), ("updat", False),
-                                             ("updat", True)])
-def test_runtime_selects_the_specialisation(kernels, arch, axis, n, product, atomic):
-    spec = kernels.specs[-1]
-    dtype, bs = spec["dtype"], spec["block_size"]
-    group = next(s["group"] for s in kernels.specs if (s["product"], s["dtype"], s["block_size"],
-                                                       s["axis"]) == (product, dtype, bs, axis))
-    index = kernels.select(_call(product, dtype, bs, axis, n, group), arch, atomic)
-    want = _expected(kernels.specs, product, dtype, bs, axis, arch, atomic, n)
-    assert (kernels.specs[index]["name"] if index >= 0 else None) == want
-
-
-def test_runtime_refuses_calls_it_has_no_kernel_for(kernels):
-    spec = next(s for s in kernels.specs if s["product"] == "fprop" and s["arch"] == 90)
-    call = _call("fprop", spec["dtype"], spec["block_size"], spec["axis"], group=spec["group"])
-    assert kernels.select(call, 90) >= 0
-    call.group = spec["group"] + 2  # tables built for another G
-    assert kernels.select(call, 90) == -1
-    call.group, call.block_size = spec["group"], 8
-    assert kernels.select(call, 90) == -1
-    call.block_size, call.dtype = spec["block_size"], 7
-    assert kernels.select(call, 90) == -1
-
-
-def test_runtime_updat_split_is_the_python_formula(kernels):
-    for index, spec in enumerate(kernels.specs):
-        if spec["product"] != "updat":
-            continue
-        cfg = UpdatConfig(**spec["config"])
-        for n in (0, 1, 255, 4096, 100_000):
-            for rows in (1, 7, 500):
-                for sms in (1, 108, 132):
-                    assert kernels.updat_split(index, n, rows, sms) == configs.updat_split(cfg, n, rows, sms)
-
-
-def _index(kernels, **match):
-    return next(i for i, s in enumerate(kernels.specs) if all(s[k] == v for k, v in match.items()))
-
-
-@pytest.mark.parametrize("case, fields, message", [
-    ("misaligned", {"x": (1 << 20) + 8}, "x must be a device address aligned to 16 bytes"),
-    ("null-weight", {"w": 0}, "w must be a device address"),
-    ("wrong-spec", {"axis": 0}, r"serves fprop \w+ bs=\d+ axis=1 G=1; the call is fprop .* axis=0"),
-    ("too-many-blocks", {"blocks": 13}, r"blocks must be in \[1, 12\]"),
-    ("negative-tokens", {"n_tokens": -1}, "n_tokens must be in"),
-])
-def test_runtime_checks_a_call_before_touching_the_gpu(kernels, case, fields, message):
-    from blocksparse.aot.abi import KernelError
-
-    index = _index(kernels, product="fprop", axis=1, arch=90)
-    spec = kernels.specs[index]
-    call = _call(dtype=spec["dtype"], bs=spec["block_size"], group=spec["group"])
-    for name, value in fields.items():
-        setattr(call, name, value)
-    with pytest.raises(KernelError, match=message) as info:
-        kernels.run_spec(index, call)
-    assert info.value.status == 1
-
-
-def test_runtime_refuses_descriptors_on_unaligned_rows(kernels):
-    from blocksparse.aot.abi import KernelError
-
-    index = _index(kernels, product="bprop", axis=0, arch=90, kernel="xprop_tma_kernel")
-    spec = kernels.specs[index]
-    with pytest.raises(KernelError, match="not a multiple of 16 bytes"):
-        kernels.run_spec(index, _call("bprop", spec["dtype"], spec["block_size"], 0, n=13,
-                                      group=spec["group"]))
-
-
-def test_runtime_updat_split_must_match_the_variant(kernels):
-    from blocksparse.aot.abi import KernelError
-
-    index = _index(kernels, product="updat", axis=1, arch=90, atomic=False)
-    spec = kernels.specs[index]
-    with pytest.raises(KernelError, match="needs split == 1; got 3"):
-        kernels.run_spec(index, _call("updat", spec["dtype"], spec["block_size"], 1, split=3,
-                                      group=spec["group"]))
-
-
-def test_runtime_without_a_driver_says_so(kernels):
-    """On this CPU-only machine a valid call gets as far as opening libcuda."""
-    from blocksparse.aot.abi import KernelError
-
-    spec = kernels.specs[0]
-    call = _call(spec["product"], spec["dtype"], spec["block_size"], spec["axis"], group=spec["group"],
-                 split=1)
-    if importlib.util.find_spec("torch") and __import__("torch").cuda.is_available():
-        pytest.skip("a GPU is present")
-    with pytest.raises(KernelError, match="libcuda.so.1|cuInit") as info:
-        kernels.run(call)
-    assert info.value.status == 3
+    assert {s["family"] for s in toy_library.specs} == {"toy"}
+    lib, why = ops.load(str(op_library_path))
+    assert lib is not None, why
+    assert {s["family"] for s in KernelLibrary(op_library_path).specs} == {"matmul"}
 
 
 # ------------------------------------------------------------------ platform tag

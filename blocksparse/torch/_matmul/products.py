@@ -1,0 +1,100 @@
+"""The three products of the block-sparse matmul on torch tensors: each picks the kernels (through
+its cached :class:`~.plan.Plan`) or the reference path, and computes.  The eager autograd function
+and the custom ops (:mod:`.ops`) both call these.
+
+``fprop``  y = x @ W          ``bprop``  dx = dy @ W.T          ``updat``  dW = x.T @ dy, per block
+"""
+from __future__ import annotations
+
+import torch
+
+from ... import _env
+from ...ops.matmul.configs import KERNEL_BLOCK_SIZES
+from . import plan as _plan
+from . import reference as _reference
+
+__all__ = ["fprop", "bprop", "updat", "use_triton", "plan_of", "KERNEL_DTYPES"]
+
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def use_triton(t, block_size):
+    """Whether the kernels serve a call on ``t`` (else the reference path does)."""
+    backend = _env.backend()
+    if backend == "reference" or block_size not in KERNEL_BLOCK_SIZES or t.dtype not in KERNEL_DTYPES:
+        return False
+    if backend == "triton":
+        if not (t.is_cuda or _env.triton_interpret()):
+            raise RuntimeError("BLOCKSPARSE_BACKEND=triton needs CUDA tensors, or TRITON_INTERPRET=1 "
+                               f"to run the kernels on the CPU; got a tensor on {t.device}")
+        return True
+    return t.is_cuda and _triton_importable()
+
+
+_triton = []
+
+
+def _triton_importable():
+    if not _triton:
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            _triton.append(False)
+        else:
+            _triton.append(True)
+    return _triton[0]
+
+
+def _strided(t):
+    """``t``, or a contiguous copy where neither dimension is unit-stride (the kernels index
+    activations through one unit stride), e.g. the expanded gradient of a ``sum()``."""
+    s = t.stride()
+    if s[0] != 1 and s[1] != 1 or 0 in s:
+        return t.contiguous()
+    return t
+
+
+def plan_of(kind, a, b, layout_handle, axis, precision, dw_dtype=None):
+    """The :class:`~.plan.Plan` of a kernel call (inputs as the product functions take them)."""
+    if a.dtype is not torch.float32:
+        precision = "ieee"  # TF32 concerns float32 products only: one plan (and compiled spec) for both
+    aligned = not (a.data_ptr() | b.data_ptr()) & 15
+    key = (kind, a.shape, a.stride(), b.stride() if kind == "updat" else None, a.dtype, a.get_device(), axis,
+           precision, dw_dtype, aligned)
+    return _plan.state(layout_handle).plan(key, kind, a, b, axis, precision, dw_dtype, aligned)
+
+
+def _xprop(kind, x, w, layout_handle, axis, precision):
+    st = _plan.state(layout_handle)
+    lay = st.layout
+    if use_triton(x, lay.block_size):
+        x = _strided(x)
+        if not w.is_contiguous():
+            w = w.contiguous()
+        return plan_of(kind, x, w, layout_handle, axis, precision)(x, w)
+    trans = kind == "bprop"
+    coords = st.coords(x.device)
+    inp, out = (coords[:, 1], coords[:, 0]) if trans else (coords[:, 0], coords[:, 1])
+    return _reference.xprop(x, w, inp, out, (lay.C if trans else lay.K) // lay.block_size, lay.block_size, axis,
+                            trans)
+
+
+def fprop(x, w, layout_handle, axis, precision):
+    """``y = x @ W``: ``x`` activations ``(N, C)`` (``axis=1``) or ``(C, N)``, ``w`` the packed weight."""
+    return _xprop("fprop", x, w, layout_handle, axis, precision)
+
+
+def bprop(dy, w, layout_handle, axis, precision):
+    """``dx = dy @ W.T``."""
+    return _xprop("bprop", dy, w, layout_handle, axis, precision)
+
+
+def updat(x, dy, layout_handle, axis, precision, dw_dtype):
+    """``dW = x.T @ dy`` on the layout's blocks, in ``dw_dtype``."""
+    st = _plan.state(layout_handle)
+    lay = st.layout
+    if use_triton(x, lay.block_size):
+        x, dy = _strided(x), _strided(dy)
+        return plan_of("updat", x, dy, layout_handle, axis, precision, dw_dtype)(x, dy)
+    coords = st.coords(x.device)
+    return _reference.updat(x, dy, coords[:, 0], coords[:, 1], lay.block_size, axis, dw_dtype)

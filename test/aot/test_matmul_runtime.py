@@ -1,0 +1,129 @@
+"""The matmul family's C (src/ops/matmul.c) in a kernel library, through ctypes, without a GPU
+or TensorFlow: spec selection (as the manifest says it should be), the updat split (the Python
+formula), the checks of a call before it touches the GPU, and a clean error without a driver."""
+import importlib.util
+
+import pytest
+
+from blocksparse.aot.abi import KernelError
+from blocksparse.ops.matmul import configs
+from blocksparse.ops.matmul.capi import DTYPES, PRODUCTS, MatmulCall, MatmulRuntime
+from blocksparse.ops.matmul.configs import UpdatConfig
+
+
+@pytest.fixture(scope="module")
+def kernels(kernel_library_path):
+    """The matmul entry points of the session's kernel library."""
+    return MatmulRuntime(kernel_library_path)
+
+
+def _call(product="fprop", dtype="bf16", bs=32, axis=1, n=64, group=None, split=0, **fields):
+    group = group if group is not None else (8 if product == "updat" else 1)
+    call = MatmulCall(product=PRODUCTS[product], dtype=DTYPES[dtype], block_size=bs, axis=axis,
+                   group=group, split=split, n_tokens=n, c_blocks=4, k_blocks=3, blocks=6, table_rows=4)
+    for name, value in {"x": 1 << 20, "dy": 2 << 20, "w": 3 << 20, "y": 4 << 20, "dx": 5 << 20,
+                        "dw": 6 << 20, "headers": 7 << 20, "entries": 8 << 20, "groups": 9 << 20,
+                        **fields}.items():
+        setattr(call, name, value)
+    return call
+
+
+def _expected(specs, product, dtype, bs, axis, arch, atomic, n):
+    """The spec a GPU of ``arch`` should run, from the manifest alone."""
+    served = [s for s in specs if s["arch"] // 10 == arch // 10 and s["arch"] <= arch
+              and (s["product"], s["dtype"], s["block_size"], s["axis"], s["atomic"])
+              == (product, dtype, bs, axis, atomic)]
+    if not served:
+        return None
+    newest = max(s["arch"] for s in served)
+    aligned = axis == 1 or n * (4 if dtype == "fp32" else 2) % 16 == 0
+    ranked = sorted((s for s in served if s["arch"] == newest and (aligned or "_tma" not in s["kernel"])),
+                    key=lambda s: "_tma" not in s["kernel"])
+    return ranked[0]["name"] if ranked else None
+
+
+@pytest.mark.parametrize("arch", [80, 86, 89, 90, 100])
+@pytest.mark.parametrize("axis, n", [(1, 13), (0, 13), (0, 16), (0, 1)])
+@pytest.mark.parametrize("product, atomic", [("fprop", False), ("bprop", False), ("updat", False),
+                                             ("updat", True)])
+def test_runtime_selects_the_specialisation(kernels, arch, axis, n, product, atomic):
+    spec = kernels.specs[-1]
+    dtype, bs = spec["dtype"], spec["block_size"]
+    group = next(s["group"] for s in kernels.specs if (s["product"], s["dtype"], s["block_size"],
+                                                       s["axis"]) == (product, dtype, bs, axis))
+    index = kernels.select(_call(product, dtype, bs, axis, n, group), arch, atomic)
+    want = _expected(kernels.specs, product, dtype, bs, axis, arch, atomic, n)
+    assert (kernels.specs[index]["name"] if index >= 0 else None) == want
+
+
+def test_runtime_refuses_calls_it_has_no_kernel_for(kernels):
+    spec = next(s for s in kernels.specs if s["product"] == "fprop" and s["arch"] == 90)
+    call = _call("fprop", spec["dtype"], spec["block_size"], spec["axis"], group=spec["group"])
+    assert kernels.select(call, 90) >= 0
+    call.group = spec["group"] + 2  # tables built for another G
+    assert kernels.select(call, 90) == -1
+    call.group, call.block_size = spec["group"], 8
+    assert kernels.select(call, 90) == -1
+    call.block_size, call.dtype = spec["block_size"], 7
+    assert kernels.select(call, 90) == -1
+
+
+def test_runtime_updat_split_is_the_python_formula(kernels):
+    for index, spec in enumerate(kernels.specs):
+        if spec["product"] != "updat":
+            continue
+        cfg = UpdatConfig(**spec["config"])
+        for n in (0, 1, 255, 4096, 100_000):
+            for rows in (1, 7, 500):
+                for sms in (1, 108, 132):
+                    assert kernels.updat_split(index, n, rows, sms) == configs.updat_split(cfg, n, rows, sms)
+
+
+def _index(kernels, **match):
+    return next(i for i, s in enumerate(kernels.specs) if all(s[k] == v for k, v in match.items()))
+
+
+@pytest.mark.parametrize("case, fields, message", [
+    ("misaligned", {"x": (1 << 20) + 8}, "x must be a device address aligned to 16 bytes"),
+    ("null-weight", {"w": 0}, "w must be a device address"),
+    ("wrong-spec", {"axis": 0}, r"serves fprop \w+ bs=\d+ axis=1 G=1; the call is fprop .* axis=0"),
+    ("too-many-blocks", {"blocks": 13}, r"blocks must be in \[1, 12\]"),
+    ("negative-tokens", {"n_tokens": -1}, "n_tokens must be in"),
+])
+def test_runtime_checks_a_call_before_touching_the_gpu(kernels, case, fields, message):
+    index = _index(kernels, product="fprop", axis=1, arch=90)
+    spec = kernels.specs[index]
+    call = _call(dtype=spec["dtype"], bs=spec["block_size"], group=spec["group"])
+    for name, value in fields.items():
+        setattr(call, name, value)
+    with pytest.raises(KernelError, match=message) as info:
+        kernels.run_spec(index, call)
+    assert info.value.status == 1
+
+
+def test_runtime_refuses_descriptors_on_unaligned_rows(kernels):
+    index = _index(kernels, product="bprop", axis=0, arch=90, kernel="xprop_tma_kernel")
+    spec = kernels.specs[index]
+    with pytest.raises(KernelError, match="not a multiple of 16 bytes"):
+        kernels.run_spec(index, _call("bprop", spec["dtype"], spec["block_size"], 0, n=13,
+                                      group=spec["group"]))
+
+
+def test_runtime_updat_split_must_match_the_variant(kernels):
+    index = _index(kernels, product="updat", axis=1, arch=90, atomic=False)
+    spec = kernels.specs[index]
+    with pytest.raises(KernelError, match="needs split == 1; got 3"):
+        kernels.run_spec(index, _call("updat", spec["dtype"], spec["block_size"], 1, split=3,
+                                      group=spec["group"]))
+
+
+def test_runtime_without_a_driver_says_so(kernels):
+    """On this CPU-only machine a valid call gets as far as opening libcuda."""
+    spec = kernels.specs[0]
+    call = _call(spec["product"], spec["dtype"], spec["block_size"], spec["axis"], group=spec["group"],
+                 split=1)
+    if importlib.util.find_spec("torch") and __import__("torch").cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(KernelError, match="libcuda.so.1|cuInit") as info:
+        kernels.run(call)
+    assert info.value.status == 3

@@ -1,0 +1,25 @@
+"""A small kernel library for the tests, built once per session from the source tree (import as
+``from kernel_build import ...``; the fixture is ``kernel_library_path`` in ``test/conftest.py``)."""
+import importlib.util
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Both archs, TMA and pointer kernels, one dtype and block size: the subset the tests build.
+KERNEL_BUILD = ("--archs", "sm_80,sm_90", "--dtypes", "bf16", "--block-sizes", "32")
+
+
+def can_build():
+    """Whether this machine can build kernel libraries: the sources, Triton, a C compiler."""
+    return ((ROOT / "src" / "runtime" / "bsk.c").is_file() and importlib.util.find_spec("triton") is not None
+            and any(shutil.which(c) for c in ("cc", "gcc", "clang")))
+
+
+def build(out, *args):
+    """``python -m blocksparse.aot --out OUT --library *args``; the library's path."""
+    done = subprocess.run([sys.executable, "-m", "blocksparse.aot", "--out", str(out), "--library", *args],
+                          capture_output=True, text=True, timeout=1200, cwd=ROOT)
+    assert done.returncode == 0, f"blocksparse.aot failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    return Path(out) / "_kernels.so"

@@ -1,0 +1,131 @@
+"""blocksparse.torch on a CUDA GPU through the kernel library (the ahead-of-time path): every block
+size, dtype and feature axis against float64 with NaN-poisoned outputs, every plan of the calls
+taking a compiled spec, the plan cache, CUDA graphs, several devices' current streams.  Skipped
+without a GPU.
+
+The library: ``BLOCKSPARSE_KERNELS`` if it names one, else one built for this GPU's architecture
+at the start of the session (about a minute: every dtype and block size)."""
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from blocksparse.testing import TOLERANCE, rel_error  # noqa: E402
+from blocksparse.testing.matmul import check_torch_products, random_layout  # noqa: E402
+from blocksparse.torch import BlocksparseLinear, BlocksparseMatMul  # noqa: E402
+from blocksparse.torch._matmul import plan as _plan  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@pytest.fixture(scope="module")
+def gpu_kernels(tmp_path_factory):
+    """Path of a kernel library with every kernel for this GPU."""
+    given = os.environ.get("BLOCKSPARSE_KERNELS", "")
+    if given and given != "jit":
+        return given
+    from kernel_build import build, can_build
+
+    if not can_build():
+        pytest.skip("no BLOCKSPARSE_KERNELS library and no way to build one")
+    major, minor = torch.cuda.get_device_capability()
+    arch = 80 if major == 8 else 10 * major + minor
+    return str(build(tmp_path_factory.mktemp("gpu-kernels"), "--archs", f"sm_{arch}"))
+
+
+@pytest.fixture
+def aot(gpu_kernels, monkeypatch):
+    """The kernel library serves the calls of the test (a fresh load of its path)."""
+    monkeypatch.setenv("BLOCKSPARSE_KERNELS", gpu_kernels)
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "auto")
+
+
+def _plans(bsmm):
+    return list(_plan.state(bsmm._handle).plans.values())
+
+
+def _check(bsmm, rng, n, dtype):
+    check_torch_products(bsmm, rng, n, DTYPES[dtype], "cuda")
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("axis", [1, 0])
+@pytest.mark.parametrize("bs", [16, 32, 64, 128])
+def test_every_block_size_dtype_and_axis_through_compiled_kernels(aot, rng, bs, axis, dtype):
+    mask = random_layout(rng, 512 // bs, 384 // bs, 0.3, empty_rows=1, empty_cols=1)
+    bsmm = BlocksparseMatMul(mask, bs, axis)
+    for n in (64, 1000):  # (F, N) rows of 1000 tokens are 16-byte aligned in every dtype
+        _check(bsmm, rng, n, dtype)
+    paths = {(p.kind, p.path) for p in _plans(bsmm)}
+    assert paths == {("fprop", "aot"), ("bprop", "aot"), ("updat", "aot")}, paths
+
+
+def test_unaligned_rows_take_the_compiled_pointer_kernels(aot, rng):
+    bsmm = BlocksparseMatMul(random_layout(rng, 4, 6, 0.5), 32, feature_axis=0)
+    _check(bsmm, rng, 13, "bfloat16")
+    assert {p.path for p in _plans(bsmm)} == {"aot"}
+    assert not any("_tma" in p.runner.kernels.specs[p.runner.spec_index]["kernel"] for p in _plans(bsmm))
+
+
+def test_the_plan_cache(aot, rng):
+    bsmm = BlocksparseMatMul(random_layout(rng, 8, 8, 0.4), 64)
+    w = torch.randn(bsmm.w_shape, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(256, bsmm.C, device="cuda", dtype=torch.bfloat16)
+    y1 = bsmm(x, w)
+    plans = dict(_plan.state(bsmm._handle).plans)
+    y2 = bsmm(x.clone(), w)
+    assert _plan.state(bsmm._handle).plans == plans and torch.equal(y1, y2)  # same shape: the same plan
+    bsmm(torch.randn(300, bsmm.C, device="cuda", dtype=torch.bfloat16), w)
+    assert len(_plan.state(bsmm._handle).plans) == len(plans) + 1
+
+
+def test_tf32_products_take_the_jit(aot, rng):
+    bsmm = BlocksparseMatMul(random_layout(rng, 4, 4, 0.5), 64, allow_tf32=True)
+    x = torch.randn(128, bsmm.C, device="cuda")
+    bsmm(x, torch.randn(bsmm.w_shape, device="cuda"))
+    assert {p.path for p in _plans(bsmm)} == {"jit"}  # the compiled float32 kernels are exact (IEEE)
+
+
+def test_cuda_graphs_replay_compiled_launches(aot, rng):
+    lin = BlocksparseLinear(random_layout(rng, 8, 8, 0.3), block_size=64, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(64, 512, device="cuda", dtype=torch.bfloat16)
+    ref = lin(x)  # warms the plans up
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        lin(x)
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph, stream=stream):
+        out = lin(x)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, lin(x)) and not torch.equal(out, ref)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_a_tensor_on_another_device_than_the_current_one(aot, rng):
+    bsmm = BlocksparseMatMul(random_layout(rng, 4, 4, 0.5), 32)
+    with torch.cuda.device(0):
+        x = torch.randn(64, bsmm.C, device="cuda:1", dtype=torch.bfloat16)
+        w = torch.randn(bsmm.w_shape, device="cuda:1", dtype=torch.bfloat16)
+        y = bsmm(x, w)
+    ref = x.double().cpu().numpy() @ bsmm.layout.dense(w.double().cpu().numpy())
+    assert rel_error(y, ref) < TOLERANCE["bfloat16"]
+
+
+def test_without_the_library_the_jit_serves(monkeypatch, rng):
+    monkeypatch.setenv("BLOCKSPARSE_KERNELS", "jit")
+    bsmm = BlocksparseMatMul(random_layout(rng, 4, 4, 0.5), 32)
+    _check(bsmm, rng, 64, "bfloat16")
+    assert {p.path for p in _plans(bsmm)} == {"jit"}
+
+
+def test_build_info_names_the_library(aot, gpu_kernels):
+    import blocksparse
+
+    info = blocksparse.build_info()["kernels"]
+    assert info == {"library": gpu_kernels, "source": "BLOCKSPARSE_KERNELS", "launch": "aot"}
+

@@ -1,0 +1,193 @@
+"""The matmul family's launch plans: which compiled spec a GPU call gets (planned here for an sm_90 /
+sm_80 target with the session's kernel library, on CPU tensors), that its packed arguments are
+what the JIT passes for the same launch, the updat split and its atomics, when the JIT serves
+instead, the plan cache, and the two call paths (eager autograd function, custom ops under
+torch.compile) giving identical results through the kernels (Triton's interpreter)."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from launch_checks import assert_packed_like_jit  # noqa: E402
+
+from blocksparse.aot.abi import KernelLibrary  # noqa: E402
+from blocksparse.layout import Layout  # noqa: E402
+from blocksparse.testing import rel_error, tolerance  # noqa: E402
+from blocksparse.testing.matmul import dense_products, random_layout  # noqa: E402
+from blocksparse.torch import BlocksparseLinear, BlocksparseMatMul  # noqa: E402
+from blocksparse.torch._launch import DeviceInfo  # noqa: E402
+from blocksparse.torch._matmul import ops, plan, products  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def kernels(kernel_library_path):
+    """The session's kernel library: bf16, block size 32, sm_80 and sm_90."""
+    lib = KernelLibrary(kernel_library_path)
+    if not any(s["dtype"] == "bf16" and s["block_size"] == 32 for s in lib.specs):
+        pytest.skip("the kernel library under test has no bf16 / 32 kernels")
+    return lib
+
+
+def _operands(rng, lay, kind, n, axis, dtype=torch.bfloat16):
+    """The two inputs of ``kind`` as the products take them, and the tensors of the call."""
+    def act(features):
+        return torch.from_numpy(rng.standard_normal((n, features) if axis == 1 else (features, n))).to(dtype)
+    w = torch.from_numpy(rng.standard_normal(lay.w_shape)).to(dtype)
+    return {"fprop": (act(lay.C), w), "bprop": (act(lay.K), w), "updat": (act(lay.C), act(lay.K))}[kind]
+
+
+def _plan(kernels, lay, kind, a, b, axis, arch=90, precision="ieee", aligned=True):
+    dw_dtype = b.dtype if kind == "updat" else None
+    return plan._build(plan.LayoutState(lay), kind, a, b, axis, precision, dw_dtype, aligned,
+                       target=(kernels, DeviceInfo(arch, 132)))
+
+
+def _call_tensors(p, a, b):
+    out = torch.empty(p.out_shape, dtype=p.out_dtype)
+    return (a, b.transpose(1, 2).contiguous() if p.pretranspose else b, out)
+
+
+def _packed(p, tensors):
+    for word, index in p.runner.slots:
+        p.runner._words[word] = tensors[index].data_ptr()
+    return p.runner
+
+
+@pytest.mark.parametrize("kind", ["fprop", "bprop", "updat"])
+@pytest.mark.parametrize("axis, n, arch, kernel", [
+    (1, 40, 90, "tma"), (0, 48, 90, "tma"), (0, 13, 90, "ptr"), (1, 40, 80, "ptr"), (0, 16, 86, "ptr")],
+    ids=["nc-sm90", "cn-aligned-sm90", "cn-unaligned-sm90", "nc-sm80", "cn-sm86"])
+def test_a_gpu_call_gets_a_compiled_spec_packed_as_the_jit_launch(kernels, rng, kind, axis, n, arch, kernel):
+    lay = Layout(random_layout(rng, 4, 3, 0.5, empty_cols=1), 32)
+    a, b = _operands(rng, lay, kind, n, axis)
+    p = _plan(kernels, lay, kind, a, b, axis, arch)
+    assert p.path == "aot", p.runner.reason
+    spec = kernels.specs[p.runner.spec_index]
+    assert (spec["product"], spec["dtype"], spec["block_size"], spec["axis"]) == (kind, "bf16", 32, axis)
+    has_tma = any(s["tma"] for s in kernels.specs if (s["product"], s["axis"], s["arch"]) == (kind, axis, 90))
+    assert spec["arch"] == (90 if arch >= 90 else 80) and spec["tma"] == (kernel == "tma" and has_tma)
+    assert spec["group"] == p.config.G and spec["atomic"] == (p.split > 1)
+    tensors = _call_tensors(p, a, b)
+    assert_packed_like_jit(_packed(p, tensors), tensors)
+
+
+def test_updat_splits_tokens_into_the_atomic_spec(kernels, rng):
+    lay = Layout(random_layout(rng, 4, 4, 0.5), 32)
+    for n, split in ((64, False), (8192, True)):
+        x, dy = _operands(rng, lay, "updat", n, 1)
+        p = _plan(kernels, lay, "updat", x, dy, 1)
+        spec = kernels.specs[p.runner.spec_index]
+        assert (p.split > 1) is split and spec["atomic"] is split
+        # the compiled kernels write float32: zero-filled for atomics, cast to the weight's dtype after
+        assert p.out_dtype == torch.float32 and p.zero is split and p.cast_to == torch.bfloat16
+        assert p.launches == 1 + split + 1
+
+
+@pytest.mark.parametrize("case", ["no-dtype", "no-arch", "strided", "unaligned", "tf32-float32"])
+def test_the_jit_serves_what_no_spec_does(kernels, rng, case):
+    lay = Layout(random_layout(rng, 4, 3, 0.5), 32)
+    dtype = torch.float16 if case == "no-dtype" else torch.float32 if case == "tf32-float32" else torch.bfloat16
+    x, w = _operands(rng, lay, "fprop", 64, 1, dtype)
+    if case == "strided":
+        x = torch.cat([x, x], dim=1)[:, :lay.C]  # a column slice: the specs assume dense rows
+    p = _plan(kernels, lay, "fprop", x, w, 1, arch=100 if case == "no-arch" else 90,
+              precision="tf32" if case == "tf32-float32" else "ieee", aligned=case != "unaligned")
+    assert p.path == "jit" and "no compiled spec" in p.runner.reason
+
+
+def test_a_spec_compiled_for_other_constexprs_is_not_used(kernels, rng):
+    """bf16 products compiled with IEEE precision serve TF32 requests (TF32 concerns float32
+    only); a launch that really differs falls back to the JIT, saying why."""
+    from blocksparse.torch._launch import prepare
+
+    lay = Layout(random_layout(rng, 4, 3, 0.5), 32)
+    x, w = _operands(rng, lay, "fprop", 64, 1)
+    p = _plan(kernels, lay, "fprop", x, w, 1)
+    launch = p.runner.launch
+    changed = type(launch)(launch.kernel, launch.grid, launch.args, {**launch.constexprs, "PRECISION": "tf32"},
+                           launch.num_warps, launch.num_stages)
+    runner = prepare(changed, -1, kernels, p.runner.spec_index)
+    assert runner.path == "jit" and "PRECISION" in runner.reason
+
+
+def test_plans_are_cached_per_call_shape(rng, monkeypatch):
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    lay = Layout(random_layout(rng, 3, 2, 0.6), 16)
+    handle = plan.handle(lay)
+    state = plan.state(handle)
+    x, w = (torch.randn(5, lay.C), torch.randn(lay.w_shape))
+    first = products.plan_of("fprop", x, w, handle, 1, "ieee")
+    assert products.plan_of("fprop", x.clone(), w.clone(), handle, 1, "ieee") is first
+    assert products.plan_of("fprop", torch.randn(6, lay.C), w, handle, 1, "ieee") is not first
+    assert products.plan_of("fprop", x.double().float(), w, handle, 1, "tf32") is not first
+    assert products.plan_of("fprop", x.half(), w.half(), handle, 1, "tf32") is \
+        products.plan_of("fprop", x.half(), w.half(), handle, 1, "ieee")  # one plan: TF32 is float32's
+    assert first.path == "jit" and first.launches >= 1
+    keys = [k for k in state.plans if k[0] == "fprop"]
+    assert len(keys) == len(set(keys)) >= 3
+
+
+# ------------------------------------------------------------------- the two call paths
+
+def _triton(monkeypatch):
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "triton")
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_eager_and_compiled_calls_give_identical_results(rng, monkeypatch, dtype):
+    _triton(monkeypatch)
+    bsmm = BlocksparseMatMul(random_layout(rng, 2, 3, 0.7), 16)
+    x = torch.from_numpy(rng.standard_normal((5, bsmm.C))).to(dtype).requires_grad_()
+    w = torch.from_numpy(rng.standard_normal(bsmm.w_shape) / 4).to(dtype).requires_grad_()
+    dy = torch.from_numpy(rng.standard_normal((5, bsmm.K))).to(dtype)
+
+    def step(forward):
+        y = forward(x, w)
+        return (y, *torch.autograd.grad(y, (x, w), dy))
+
+    eager = step(bsmm)
+    compiled = step(torch.compile(lambda x, w: bsmm(x, w), fullgraph=True, backend="aot_eager"))
+    for a, b in zip(eager, compiled):
+        assert torch.equal(a, b)
+    refs = dense_products(bsmm.layout, *(t.detach().double().numpy() for t in (x, w, dy)), 1)
+    for got, ref in zip(eager, refs):
+        assert rel_error(got, ref) < tolerance(dtype)
+
+
+def test_eager_calls_bypass_the_dispatcher(rng, monkeypatch):
+    def refuse(*args):
+        raise AssertionError("the custom op was called eagerly")
+
+    monkeypatch.setattr(ops, "matmul_op", refuse)
+    bsmm = BlocksparseMatMul(random_layout(rng, 2, 2, 0.7), 16)
+    x, w = torch.randn(3, bsmm.C, dtype=torch.float64), torch.randn(bsmm.w_shape, dtype=torch.float64)
+    assert bsmm(x, w).grad_fn is None                       # no gradient wanted: no autograd at all
+    y = bsmm(x.requires_grad_(), w)
+    assert type(y.grad_fn).__name__ == "MatmulFunctionBackward"
+    y.sum().backward()
+    assert rel_error(x.grad, np.ones((3, bsmm.K)) @ bsmm.layout.dense(w.numpy()).T) < 1e-12
+
+
+def test_double_backward_is_refused(rng):
+    bsmm = BlocksparseMatMul(random_layout(rng, 2, 2, 0.7), 16)
+    x = torch.randn(3, bsmm.C, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(bsmm.w_shape, dtype=torch.float64, requires_grad=True)
+    (gx,) = torch.autograd.grad(bsmm(x, w).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|does not require grad"):
+        gx.sum().backward()
+
+
+@pytest.mark.interpreter
+def test_autocast_through_the_kernels(rng, monkeypatch):
+    _triton(monkeypatch)
+    lin = BlocksparseLinear(random_layout(rng, 2, 2, 0.7), block_size=16, bias=False)
+    x = torch.from_numpy(rng.standard_normal((4, 32))).float()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = lin(x)
+    assert y.dtype == torch.bfloat16
+    ref = x.bfloat16().double().numpy() @ lin.layout.dense(lin.weight.detach().bfloat16().double().numpy())
+    assert rel_error(y, ref) < tolerance(torch.bfloat16)
