@@ -15,34 +15,23 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ... import _env
 from ...ops.attention import configs
+from .._backend import kernels_serve
 from . import reference as _reference
 from . import state as _state
 
+#: The fused kernels take 16-bit inputs only (float32 takes the reference path).
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def use_triton(q: Tensor, block_size: int) -> bool:
-    """Whether the Triton kernels serve a call on ``q`` (else the reference path does)."""
-    backend = _env.backend()
-    if (backend == "reference" or q.dtype not in KERNEL_DTYPES or q.shape[-1] not in configs.HEAD_DIMS
+    """Whether the Triton kernels serve a call on ``q`` (else the reference path does): the
+    family's dtypes, head dims and block sizes, then the rule every family shares
+    (:func:`blocksparse.torch._backend.kernels_serve`)."""
+    if (q.dtype not in KERNEL_DTYPES or q.shape[-1] not in configs.HEAD_DIMS
             or block_size not in configs.KERNEL_BLOCK_SIZES):
         return False
-    if backend == "triton":
-        if not (q.is_cuda or _env.triton_interpret()):
-            raise RuntimeError("BLOCKSPARSE_BACKEND=triton needs CUDA tensors, or TRITON_INTERPRET=1 "
-                               f"to run the kernels on the CPU; got a tensor on {q.device}")
-        return True
-    return q.is_cuda and _triton_importable()
-
-
-def _triton_importable():
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return kernels_serve(q)
 
 
 @torch.library.custom_op("blocksparse::attention_fwd", mutates_args=())

@@ -8,41 +8,17 @@ from __future__ import annotations
 
 import torch
 
-from ... import _env
 from ...ops.matmul.configs import KERNEL_BLOCK_SIZES
+from .._backend import kernels_serve
 from . import plan as _plan
 from . import reference as _reference
 
-__all__ = ["fprop", "bprop", "updat", "use_triton", "plan_of", "KERNEL_DTYPES"]
-
-KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
+__all__ = ["fprop", "bprop", "updat", "use_triton", "plan_of"]
 
 def use_triton(t, block_size):
-    """Whether the kernels serve a call on ``t`` (else the reference path does)."""
-    backend = _env.backend()
-    if backend == "reference" or block_size not in KERNEL_BLOCK_SIZES or t.dtype not in KERNEL_DTYPES:
-        return False
-    if backend == "triton":
-        if not (t.is_cuda or _env.triton_interpret()):
-            raise RuntimeError("BLOCKSPARSE_BACKEND=triton needs CUDA tensors, or TRITON_INTERPRET=1 "
-                               f"to run the kernels on the CPU; got a tensor on {t.device}")
-        return True
-    return t.is_cuda and _triton_importable()
-
-
-_triton = []
-
-
-def _triton_importable():
-    if not _triton:
-        try:
-            import triton  # noqa: F401
-        except ImportError:
-            _triton.append(False)
-        else:
-            _triton.append(True)
-    return _triton[0]
+    """Whether the kernels serve a call on ``t`` (else the reference path does): the family's block
+    sizes, then the rule every family shares (:func:`blocksparse.torch._backend.kernels_serve`)."""
+    return block_size in KERNEL_BLOCK_SIZES and kernels_serve(t)
 
 
 def _strided(t):

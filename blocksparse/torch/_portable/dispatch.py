@@ -28,7 +28,8 @@ from ...ops.matmul.grouping import groups_well
 from ...ops.matmul.portable import row_tables
 from ...ops.matmul.refine import refine, refined_block_size
 from ...ops.matmul.configs import KERNEL_BLOCK_SIZES
-from .._matmul.ops import KERNEL_DTYPES, use_triton
+from .._backend import KERNEL_DTYPES
+from .._matmul.products import use_triton
 from .matmul import DenseCache, PortableTables, dense_matmul, portable_matmul
 
 __all__ = ["DEFAULT_TOKENS", "Dispatched", "LinearDispatch", "for_layout", "kernel_layout", "uniform_fan_in_"]
@@ -113,6 +114,11 @@ class LinearDispatch(nn.Module):
         self._dense = DenseCache()
         self.handle = next(_handles)
         _dispatchers[self.handle] = self
+
+
+    def __getstate__(self):
+        # the decisions are a per-process memo (and hold read-only mappings that do not pickle)
+        return {**self.__dict__, "_plans": {}}
 
     def extra_repr(self):
         return f"impl={self.impl!r}, refined={self.refinement is not None}"

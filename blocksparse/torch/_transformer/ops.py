@@ -10,7 +10,7 @@ The three products are closed under differentiation (``d(nt) = nn, tn``; ``d(nn)
 ``d(tn) = nt, nn``), so their registered backward passes call these ops again and second order
 works.  The softmax gradient op has no gradient of its own.  Each op takes a layout handle
 (:func:`.state.handle`) and chooses at run time between the Triton kernels and the reference path
-(:func:`blocksparse.torch._matmul.ops.use_triton`, the same rule as the matmul); a fake function
+(:func:`blocksparse.torch._matmul.products.use_triton`, the same rule as the matmul); a fake function
 per op lets ``torch.compile`` trace them without graph breaks.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .._matmul.ops import use_triton
+from .._matmul.products import use_triton
 from . import reference as _reference
 from . import state as _state
 

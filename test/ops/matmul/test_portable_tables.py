@@ -143,6 +143,7 @@ def test_grouped_kernels_through_the_plan(rng, monkeypatch, dtype):
     from blocksparse.testing.matmul import dense_products
     from blocksparse.torch import BlocksparseMatMul
     from blocksparse.torch._matmul import plan as _plan
+    from blocksparse.torch._matmul import products
 
     monkeypatch.setenv("BLOCKSPARSE_BACKEND", "triton")
     lay = refine(Layout(butterfly_layout(128, 128, 32, 4, 1), 32, any_block_size=True), 16).layout
@@ -154,7 +155,7 @@ def test_grouped_kernels_through_the_plan(rng, monkeypatch, dtype):
     y = bsmm(x, w)
     y.backward(dy)
     assert lay.density == 0.5
-    assert _plan.state(_plan.handle(lay)).plan("fprop", 5, x.device, tdt, True).config.G > 1
+    assert products.plan_of("fprop", x.detach(), w.detach(), _plan.handle(lay), 1, "ieee").config.G > 1
     refs = dense_products(lay, *(a.detach().double().numpy() for a in (x, w, dy)), 1)
     for got, ref in zip((y, x.grad, w.grad), refs):
         assert rel_error(got, ref) < tolerance(dtype)

@@ -85,3 +85,12 @@ def test_a_pickled_matmul_finds_its_own_layout_in_another_process(rng):
     got = pickle.loads(done.stdout)
     for g, e in zip(got, expect):
         assert rel_error(g, e) < 1e-12
+
+
+def test_a_layer_that_ran_pickles(rng):
+    """torch.save / DDP spawn of a model after a forward: per-process memos must not ride along."""
+    lin = BlocksparseLinear(random_layout(rng, 3, 2, 0.7), block_size=16, dtype=torch.float64)
+    x = torch.randn(5, lin.in_features, dtype=torch.float64)
+    expect = lin(x).detach()
+    again = pickle.loads(pickle.dumps(lin))
+    assert rel_error(again(x).detach(), expect) < 1e-12
