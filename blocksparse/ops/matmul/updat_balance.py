@@ -12,17 +12,20 @@ import numbers
 __all__ = ["balanced_split"]
 
 
-def balanced_split(runs, n_tokens, bk, slots, *, max_excess=0.05):
-    """Token slices of an updat call: the smallest ``split`` whose estimated time
-    ``ceil(runs * split / slots) / split`` (rounds of ``slots`` programs running at once, each
-    ``1 / split`` of the tokens long) is within ``max_excess`` of the best over
-    ``1 .. ceil(n_tokens / (4 * bk))`` (slices of at least 4 steps of ``bk`` tokens).
+def balanced_split(runs, n_tokens, bk, slots, *, min_gain=0.15, max_excess=0.05):
+    """Token slices of an updat call, against the wave tail.
+
+    Estimated time of ``split`` slices: ``ceil(runs * split / slots) / split`` (rounds of ``slots``
+    programs running at once, each ``1 / split`` of the tokens long), for ``split`` in
+    ``1 .. ceil(n_tokens / (4 * bk))`` (slices of at least 4 steps of ``bk`` tokens).  More than one
+    slice costs float32 atomics, a zeroed buffer and a cast, so ``1`` unless the best estimate is
+    ``min_gain`` below one slice's; else the smallest ``split`` within ``max_excess`` of the best.
 
     ``slots``: programs that run at once (multiprocessors x programs per multiprocessor).
 
     >>> balanced_split(150, 8192, 64, 132)     # 1 split: 2 rounds, the second 18 programs long
     6
-    >>> balanced_split(512, 8192, 64, 264)     # already 1.94 rounds: no gain worth the atomics
+    >>> balanced_split(512, 8192, 64, 264)     # 1.94 rounds at best: not worth the atomics
     1
     """
     for name, value, least in (("runs", runs, 1), ("n_tokens", n_tokens, 0), ("bk", bk, 1), ("slots", slots, 1)):
@@ -33,4 +36,6 @@ def balanced_split(runs, n_tokens, bk, slots, *, max_excess=0.05):
     most = max(1, math.ceil(n_tokens / (4 * bk)))
     cost = {s: math.ceil(runs * s / slots) / s for s in range(1, most + 1)}
     best = min(cost.values())
+    if best > (1 - min_gain) * cost[1]:
+        return 1
     return min(s for s, c in cost.items() if c <= best * (1 + max_excess))

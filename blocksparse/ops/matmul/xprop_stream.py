@@ -168,7 +168,8 @@ def _finish(item, Y, WS, CNT, OUTS, OFFSETS, N, stride_yn, stride_yf,
     tl.atomic_xchg(CNT + item, 0)
 
 
-@triton.jit
+# table sizes change with every layout and token count: one compiled kernel serves them all
+@triton.jit(do_not_specialize=["N", "num_entries", "num_groups", "num_units", "num_programs"])
 def xprop_stream_kernel(
     x_desc, w_desc, Y, WS, CNT, STEPS, CUTS, ENTRIES, OUTS, OFFSETS,
     N, stride_yn, stride_yf, num_entries, num_groups, num_units, num_programs,
