@@ -17,7 +17,8 @@ measurements about 60 s.  Candidates (predictions in ``bench/README.md``, "Round
 * ``streamk``, ``streamk-1``, ``streamk-g2``  few tokens: stream-K ranges with the in-kernel
                         reduction of split outputs (2 or 1 programs per SM; output pairs);
 * ``balanced``          updat with token slices chosen against the wave tail
-                        (:func:`~blocksparse.ops.matmul.updat_balance.balanced_split`).
+                        (:func:`~blocksparse.ops.matmul.updat_balance.balanced_split`);
+* ``tile-g16``, ``tile-g8-bk32``  updat at bs 32: other tiles of the row-stacked pointer kernel.
 
 Problems: C = K = 4096, bf16; N = 8192 (fprop and updat at block sizes 32 / 64 / 128 and densities
 0.1 / 0.25 / 0.5, bprop at 32 / 64 and 0.25 / 0.5) and N = 64 (fprop, 32 / 64 / 128 at 0.25 / 0.5).
@@ -78,6 +79,9 @@ SMALL_XPROP = {
     "streamk-1": {32: S(64, 1, 4, 8, SPLIT=True, PER_SM=1), 64: S(64, 1, 4, 6, SPLIT=True, PER_SM=1)},
     "streamk-g2": {32: S(64, 2, 4, 6, SPLIT=True, PER_SM=2), 64: S(64, 2, 4, 3, SPLIT=True, PER_SM=2)},
 }
+U = configs.UpdatConfig
+#: updat candidates: other tiles for bs 32 (the row-stacked pointer kernel, today's split rule).
+UPDAT = {"tile-g16": {32: U(16, 32, 8, 3, TMA=False)}, "tile-g8-bk32": {32: U(8, 32, 8, 4, TMA=False)}}
 #: Shared memory per SM (H100 / H200) for the updat occupancy estimate.
 SMEM_PER_SM = 228 * 1024
 
@@ -99,13 +103,12 @@ def problems(quick=False):
 
 def candidates(n, bs, op, cpu=False):
     """(name, config) of the candidates timed on a problem (configs shrunk for the interpreter)."""
-    if op == "updat":
-        return [("balanced", None)]
-    table = SMALL_XPROP if n == SMALL else XPROP
+    table = UPDAT if op == "updat" else SMALL_XPROP if n == SMALL else XPROP
     out = [(name, cfgs[bs]) for name, cfgs in table.items() if bs in cfgs]
     if cpu:  # the interpreter's cost grows with tile area
-        out = [(name, replace(c, BM=16, num_stages=min(c.num_stages, 2))) for name, c in out]
-    return out
+        small = dict(BK=16) if op == "updat" else dict(BM=16)
+        out = [(name, replace(c, num_stages=min(c.num_stages, 2), **small)) for name, c in out]
+    return [("balanced", None)] + out if op == "updat" else out
 
 
 class Case:
@@ -134,9 +137,9 @@ class Case:
             return {"fprop": lambda: ops.matmul(x, w, self.handle, 1, "ieee"),
                     "bprop": lambda: ops.matmul_dx(dy, w, self.handle, 1, "ieee"),
                     "updat": lambda: ops.matmul_dw(x, dy, self.handle, 1, "ieee", x.dtype)}[op]
-        if impl == "balanced":
+        if op == "updat":
             from blocksparse.torch._matmul import launch
-            cfg, groups, split = self.updat_plan()
+            cfg, groups, split = self.updat_plan(cfg)
             fn = launch.updat_tma if cfg.TMA and launch.tma_ok(x, dy) else launch.updat_ptr
             return lambda: fn(x, dy, groups, w_shape=p.layout.w_shape, bs=p.bs, axis=1, cfg=cfg, split=split,
                               precision="ieee", dw_dtype=x.dtype)
@@ -152,20 +155,25 @@ class Case:
             self._plans[key] = (plan, device_plan(plan, self.p.x.device))
         return self._plans[key]
 
-    def updat_plan(self):
-        """(config, device table, split) of the ``balanced`` updat: the current tile, slices by
-        :func:`balanced_split` for the programs per SM the tile's shared memory allows."""
-        if "updat" not in self._plans:
+    def updat_plan(self, cfg=None):
+        """(config, device table, split) of an updat candidate: ``cfg`` with today's split rule,
+        or (None: ``balanced``) today's tile with :func:`balanced_split` for the programs per SM
+        the tile's shared memory allows."""
+        key = ("updat", cfg)
+        if key not in self._plans:
             p = self.p
-            interpret = p.x.device.type != "cuda"
-            cfg = configs.updat_config(p.bs, p.N, tma=True, interpret=interpret)
-            table = p.layout.updat_groups(cfg.G)
-            tile = 2 * cfg.BK * p.bs * (1 + cfg.G) * cfg.num_stages          # x + G dy tiles per stage
-            per_sm = max(1, min(SMEM_PER_SM // (tile + 1024), 64 // cfg.num_warps))
-            split = balanced_split(int(table.shape[0]), p.N, cfg.BK, self.sms * per_sm)
+            if cfg is None:
+                cfg = configs.updat_config(p.bs, p.N, tma=True, interpret=p.x.device.type != "cuda")
+                table = p.layout.updat_groups(cfg.G)
+                tile = 2 * cfg.BK * p.bs * (1 + cfg.G) * cfg.num_stages          # x + G dy tiles per stage
+                per_sm = max(1, min(SMEM_PER_SM // (tile + 1024), 64 // cfg.num_warps))
+                split = balanced_split(int(table.shape[0]), p.N, cfg.BK, self.sms * per_sm)
+            else:
+                table = p.layout.updat_groups(cfg.G)
+                split = configs.updat_split(cfg, p.N, int(table.shape[0]), self.sms)
             groups = torch.tensor(table.astype("int32"), device=p.x.device)
-            self._plans["updat"] = (cfg, groups, split)
-        return self._plans["updat"]
+            self._plans[key] = (cfg, groups, split)
+        return self._plans[key]
 
     def detail(self, impl, op, cfg):
         """What a row records about the implementation's plan."""
@@ -175,11 +183,11 @@ class Case:
             p = self.p
             plan = _plan.state(self.handle).plan(op, p.N, p.x.device, p.x.dtype, launch.tma_ok(p.x, p.dy))
             return dict(config=asdict(plan.config), max_segment=plan.max_segment, split=plan.split)
-        if impl == "balanced":
-            cfg, groups, split = self.updat_plan()
-            return dict(config=asdict(cfg), split=split, runs=int(groups.shape[0]))
         if impl == "dense":
             return {}
+        if op == "updat":
+            cfg, groups, split = self.updat_plan(cfg)
+            return dict(config=asdict(cfg), split=split, runs=int(groups.shape[0]))
         plan, _ = self.stream_plan(op, cfg)
         from blocksparse.ops.matmul.stream_table import reuse
         return dict(config=asdict(cfg), programs=plan.programs, steps=int(plan.steps.size),

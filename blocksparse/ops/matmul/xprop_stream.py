@@ -20,7 +20,7 @@ last entry.  Compared with one program per (token tile, output group):
   ``WS[2 * p + slot]`` (slot 0: the group is the first of the program's range), takes a ticket from
   ``CNT[m * NG + group]``; the part that draws the last ticket adds every part's partial after its
   own loop, writes the output and puts the counter back to zero (so ``CNT``, zeroed once, serves
-  every later call on the same stream);
+  every later call on the same stream; calls that may run at once need counters of their own);
 * grouped outputs (``G`` 2 or 4, any output groups, e.g. :func:`.stream_table.overlap_groups`):
   one activation tile serves ``G`` weight blocks; with ``SKIP`` a missing block (``-1``) costs
   neither matrix work nor bytes (its TMA load is zero-filled without a memory access, its dot is
@@ -29,7 +29,8 @@ last entry.  Compared with one program per (token tile, output group):
 Descriptors: ``x_desc`` over the activations in storage order, block ``[BM, BK]`` for (N, F)
 (``[BK, BM]`` for (F, N), ``X_T``); ``w_desc`` over the packed weight viewed as
 ``(blocks * BS, BS)``, block ``[BK, BS]`` (``[BS, BK]`` with ``TRANS_W``).  Outputs are written
-through pointers (``Y`` and its strides): no shared-memory staging inside the loop.
+through pointers (``Y`` and its strides), not a TMA store, whose staging buffer would stay
+allocated beside the pipeline's inside the loop.
 """
 from __future__ import annotations
 
