@@ -16,6 +16,7 @@ measurements about 60 s.  Candidates (predictions in ``bench/README.md``, "Round
 * ``g4-adjacent-skip``  control: adjacent outputs grouped (the layout core's grouping), skipping;
 * ``streamk``, ``streamk-1``, ``streamk-g2``  few tokens: stream-K ranges with the in-kernel
                         reduction of split outputs (2 or 1 programs per SM; output pairs);
+* ``current-deep``      few tokens: the current kernel and plan with a deeper pipeline;
 * ``balanced``          updat with token slices chosen against the wave tail
                         (:func:`~blocksparse.ops.matmul.updat_balance.balanced_split`);
 * ``tile-g16``, ``tile-g8-bk32``  updat at bs 32: other tiles of the row-stacked pointer kernel.
@@ -60,25 +61,29 @@ BIG, SMALL = 8192, 64
 S = StreamConfig
 
 #: N = 8192 candidates: name -> {block size: config}.  Tiles follow the current table
-#: (configs._XPROP) where they can; stages are cut so that the pipeline, plus the output tile's
-#: conversion scratch the in-loop epilogue keeps live, fits PER_SM programs in 228 KB per SM.
+#: (configs._XPROP).  ``num_stages`` is Triton's knob, not the depth: with one level of table loads
+#: before the tile loads it gives (num_stages - 1) // 2 + 1 tile buffers (the current kernels: 3),
+#: without a dot outside a branch (SKIP) num_stages buffers; ``preflight_tune2.py`` prints them.
+#: Depths match the current kernel's (persist) or each other's (skip and its control).
 XPROP = {
-    "persist": {32: S(256, 1, 8, 5, PER_SM=2), 64: S(256, 1, 8, 4, PER_SM=1),
-                128: S(128, 1, 4, 5, BK=64, PER_SM=1)},
-    "g2-skip": {32: S(256, 2, 8, 6, SKIP=True), 64: S(256, 2, 8, 3, SKIP=True)},
+    "persist": {32: S(256, 1, 8, 5, PER_SM=3), 64: S(256, 1, 8, 5, PER_SM=1),
+                128: S(128, 1, 4, 5, BK=64, PER_SM=2)},
+    "g2-skip": {32: S(256, 2, 8, 5, SKIP=True), 64: S(256, 2, 8, 3, SKIP=True)},
     "g4-skip": {32: S(256, 4, 8, 5, SKIP=True), 64: S(128, 4, 8, 4, SKIP=True)},
     "g4-skip-persist": {32: S(256, 4, 8, 5, SKIP=True, PER_SM=1), 64: S(128, 4, 8, 4, SKIP=True, PER_SM=1)},
-    "g4-noskip": {32: S(256, 4, 8, 5), 64: S(128, 4, 8, 4)},
+    "g4-noskip": {32: S(256, 4, 8, 9), 64: S(128, 4, 8, 7)},
     "g4-adjacent-skip": {32: S(256, 4, 8, 5, SKIP=True, GROUPING="adjacent"),
                          64: S(128, 4, 8, 4, SKIP=True, GROUPING="adjacent")},
 }
-#: N = 64 candidates (one token tile: stream-K ranges over the weight blocks).
+#: N = 64 candidates (one token tile: stream-K ranges over the weight blocks), 4-6 tile buffers.
 SMALL_XPROP = {
-    "streamk": {32: S(64, 1, 4, 8, SPLIT=True, PER_SM=2), 64: S(64, 1, 4, 6, SPLIT=True, PER_SM=2),
-                128: S(64, 1, 4, 6, BK=64, SPLIT=True, PER_SM=1)},
-    "streamk-1": {32: S(64, 1, 4, 8, SPLIT=True, PER_SM=1), 64: S(64, 1, 4, 6, SPLIT=True, PER_SM=1)},
-    "streamk-g2": {32: S(64, 2, 4, 6, SPLIT=True, PER_SM=2), 64: S(64, 2, 4, 3, SPLIT=True, PER_SM=2)},
+    "streamk": {32: S(64, 1, 4, 11, SPLIT=True, PER_SM=2), 64: S(64, 1, 4, 8, SPLIT=True, PER_SM=2),
+                128: S(64, 1, 4, 8, BK=64, SPLIT=True, PER_SM=1)},
+    "streamk-1": {32: S(64, 1, 4, 15, SPLIT=True, PER_SM=1), 64: S(64, 1, 4, 11, SPLIT=True, PER_SM=1)},
+    "streamk-g2": {32: S(64, 2, 4, 11, SPLIT=True, PER_SM=2), 64: S(64, 2, 4, 7, SPLIT=True, PER_SM=2)},
 }
+#: N = 64: the current kernel and plan with a deeper pipeline (today 2 tile buffers at bs 32, 3 above).
+DEEP_STAGES = {32: 7, 64: 8, 128: 8}
 U = configs.UpdatConfig
 #: updat candidates: other tiles for bs 32 (the row-stacked pointer kernel, today's split rule).
 UPDAT = {"tile-g16": {32: U(16, 32, 8, 3, TMA=False)}, "tile-g8-bk32": {32: U(8, 32, 8, 4, TMA=False)}}
@@ -108,7 +113,9 @@ def candidates(n, bs, op, cpu=False):
     if cpu:  # the interpreter's cost grows with tile area
         small = dict(BK=16) if op == "updat" else dict(BM=16)
         out = [(name, replace(c, num_stages=min(c.num_stages, 2), **small)) for name, c in out]
-    return [("balanced", None)] + out if op == "updat" else out
+    if op == "updat":
+        return [("balanced", None)] + out
+    return ([("current-deep", DEEP_STAGES[bs])] if n == SMALL else []) + out
 
 
 class Case:
@@ -137,6 +144,14 @@ class Case:
             return {"fprop": lambda: ops.matmul(x, w, self.handle, 1, "ieee"),
                     "bprop": lambda: ops.matmul_dx(dy, w, self.handle, 1, "ieee"),
                     "updat": lambda: ops.matmul_dw(x, dy, self.handle, 1, "ieee", x.dtype)}[op]
+        if impl == "current-deep":  # cfg: num_stages
+            from blocksparse.torch._matmul import launch
+            plan, headers, entries = self.current_plan(op)
+            deep = replace(plan.config, num_stages=cfg)
+            inp, out_features = (x, K) if op == "fprop" else (dy, C)
+            return lambda: launch.xprop(inp, w, headers, entries, out_features=out_features, bs=p.bs, axis=1,
+                                        trans=op == "bprop", cfg=deep, atomic=plan.max_segment is not None,
+                                        precision="ieee")
         if op == "updat":
             from blocksparse.torch._matmul import launch
             cfg, groups, split = self.updat_plan(cfg)
@@ -147,6 +162,15 @@ class Case:
         inp, out_features = (x, K) if op == "fprop" else (dy, C)
         return lambda: xprop_stream(inp, w, plan, tables, out_features=out_features, bs=p.bs, axis=1,
                                     trans=op == "bprop", cfg=cfg)
+
+    def current_plan(self, op):
+        """(plan, headers, entries) the current kernel runs ``op`` with."""
+        from blocksparse.torch._matmul import launch
+        from blocksparse.torch._matmul import plan as _plan
+        p = self.p
+        st = _plan.state(self.handle)
+        plan = st.plan(op, p.N, p.x.device, p.x.dtype, launch.tma_ok(p.x, p.dy))
+        return (plan, *st.xprop_tables(op, plan, p.x.device)) if op != "updat" else (plan, None, None)
 
     def stream_plan(self, op, cfg):
         key = (op, cfg)
@@ -177,12 +201,10 @@ class Case:
 
     def detail(self, impl, op, cfg):
         """What a row records about the implementation's plan."""
-        if impl == "current":
-            from blocksparse.torch._matmul import launch
-            from blocksparse.torch._matmul import plan as _plan
-            p = self.p
-            plan = _plan.state(self.handle).plan(op, p.N, p.x.device, p.x.dtype, launch.tma_ok(p.x, p.dy))
-            return dict(config=asdict(plan.config), max_segment=plan.max_segment, split=plan.split)
+        if impl in ("current", "current-deep"):
+            plan = self.current_plan(op)[0]
+            config = asdict(plan.config) | ({"num_stages": cfg} if impl == "current-deep" else {})
+            return dict(config=config, max_segment=plan.max_segment, split=plan.split)
         if impl == "dense":
             return {}
         if op == "updat":

@@ -6,9 +6,12 @@ Candidates of the second round of kernel work (issue 16), swept on a GPU by
 
 A call's work is a sequence of *steps* ``(m, e)``: token tile ``m`` times entry ``e`` of a
 :class:`~.stream_table.StreamTable` (one input block, up to ``G`` weight blocks, one per output of
-the entry's group).  Each step runs in ``BS // BK`` sub-steps; program ``p`` walks the sub-steps
-``[lo, hi)`` in ONE software-pipelined loop and writes an output group when it reaches the group's
-last entry.  Compared with one program per (token tile, output group):
+the entry's group).  The kernel reads them from ``STEPS``, one row per step,
+``(m, inp, group, last, block_0, ..., block_{G-1})`` (the entry copied in, so that the tile loads
+wait on one level of table loads, as in :mod:`.xprop_tma`).  Each step runs in ``BS // BK``
+sub-steps; program ``p`` walks the sub-steps ``[lo, hi)`` in ONE software-pipelined loop and writes
+an output group when it reaches the group's last entry.  Compared with one program per (token tile,
+output group):
 
 * persistent (``SPLIT=False``, a few programs per SM; :func:`.stream_table.aligned_schedule`):
   loads of the next output tile are in flight while the current one finishes, so a short output
@@ -17,10 +20,11 @@ last entry.  Compared with one program per (token tile, output group):
   equal ranges ``lo(p) = p * U // P`` -- for few tokens, every program streams the same number of
   weight blocks.  An output group cut between programs is reduced in the kernel, without atomics
   on the output and without zeroing or casting passes: each part writes its float32 partial to
-  ``WS[2 * p + slot]`` (slot 0: the group is the first of the program's range), takes a ticket from
-  ``CNT[m * NG + group]``; the part that draws the last ticket adds every part's partial after its
-  own loop, writes the output and puts the counter back to zero (so ``CNT``, zeroed once, serves
-  every later call on the same stream; calls that may run at once need counters of their own);
+  ``WS[2 * p + slot]`` (slot 0: the group is the first of the program's range) and, after its
+  loop, takes a ticket from ``CNT[m * NG + group]``; the part that draws the last ticket adds every
+  part's partial, writes the output and puts the counter back to zero (so ``CNT``, zeroed once,
+  serves every later call on the same stream; calls that may run at once need counters of their
+  own);
 * grouped outputs (``G`` 2 or 4, any output groups, e.g. :func:`.stream_table.overlap_groups`):
   one activation tile serves ``G`` weight blocks; with ``SKIP`` a missing block (``-1``) costs
   neither matrix work nor bytes (its TMA load is zero-filled without a memory access, its dot is
@@ -83,6 +87,7 @@ class StreamPlan:
 
     table: StreamTable
     steps: np.ndarray           # (S,) int32 step codes m * E + e
+    rows: np.ndarray            # (S, 4 + G) int32 the kernel's step table: (m, *entries[e])
     cuts: np.ndarray | None     # (P + 1,) program ranges in steps (aligned schedules)
     programs: int
     token_tiles: int
@@ -135,51 +140,56 @@ def _put(Y, OUTS, grp, j: tl.constexpr, acc, i_m, N, stride_yn, stride_yf,
 
 
 @triton.jit
-def _finish(item, Y, WS, CNT, OUTS, OFFSETS, N, stride_yn, stride_yf,
+def _settle(item, Y, WS, CNT, OUTS, OFFSETS, N, stride_yn, stride_yf,
             num_entries, num_groups, num_units, num_programs,
             BS: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, KS: tl.constexpr):
-    """Add the float32 partials of every part of a split ``item``, write it, reset its counter."""
+    """Take a ticket for split ``item`` (its partial written); the last part adds every part's
+    float32 partial, writes the output and resets the counter."""
     i_m = item // num_groups
     grp = item % num_groups
     a = (i_m * num_entries + tl.load(OFFSETS + grp)) * KS
     b = (i_m * num_entries + tl.load(OFFSETS + grp + 1)) * KS
-    o_t = _tile_offsets(BM, BS)
-    acc0 = tl.zeros((BM, BS), dtype=tl.float32)
-    if G > 1:
-        acc1 = tl.zeros((BM, BS), dtype=tl.float32)
-    if G > 2:
-        acc2 = tl.zeros((BM, BS), dtype=tl.float32)
-        acc3 = tl.zeros((BM, BS), dtype=tl.float32)
-    for q in range(_owner(a, num_units, num_programs), _owner(b - 1, num_units, num_programs) + 1):
-        first = a <= _unit_start(q, num_units, num_programs)
-        ws = WS + (q * 2 + (1 - first.to(tl.int32))).to(tl.int64) * (G * BM * BS) + o_t
-        # .cg: read through L2, where the other programs' partials are (never a stale L1 line)
-        acc0 += tl.load(ws, cache_modifier=".cg")
+    q_lo = _owner(a, num_units, num_programs)
+    q_hi = _owner(b - 1, num_units, num_programs)
+    ticket = tl.atomic_add(CNT + item, 1, sem="acq_rel")
+    if ticket == q_hi - q_lo:
+        o_t = _tile_offsets(BM, BS)
+        acc0 = tl.zeros((BM, BS), dtype=tl.float32)
         if G > 1:
-            acc1 += tl.load(ws + BM * BS, cache_modifier=".cg")
+            acc1 = tl.zeros((BM, BS), dtype=tl.float32)
         if G > 2:
-            acc2 += tl.load(ws + 2 * BM * BS, cache_modifier=".cg")
-            acc3 += tl.load(ws + 3 * BM * BS, cache_modifier=".cg")
-    _put(Y, OUTS, grp, 0, acc0, i_m, N, stride_yn, stride_yf, BM, BS, G)
-    if G > 1:
-        _put(Y, OUTS, grp, 1, acc1, i_m, N, stride_yn, stride_yf, BM, BS, G)
-    if G > 2:
-        _put(Y, OUTS, grp, 2, acc2, i_m, N, stride_yn, stride_yf, BM, BS, G)
-        _put(Y, OUTS, grp, 3, acc3, i_m, N, stride_yn, stride_yf, BM, BS, G)
-    tl.atomic_xchg(CNT + item, 0)
+            acc2 = tl.zeros((BM, BS), dtype=tl.float32)
+            acc3 = tl.zeros((BM, BS), dtype=tl.float32)
+        for q in range(q_lo, q_hi + 1):
+            first = a <= _unit_start(q, num_units, num_programs)
+            ws = WS + (q * 2 + (1 - first.to(tl.int32))).to(tl.int64) * (G * BM * BS) + o_t
+            # .cg: read through L2, where the other programs' partials are (never a stale L1 line)
+            acc0 += tl.load(ws, cache_modifier=".cg")
+            if G > 1:
+                acc1 += tl.load(ws + BM * BS, cache_modifier=".cg")
+            if G > 2:
+                acc2 += tl.load(ws + 2 * BM * BS, cache_modifier=".cg")
+                acc3 += tl.load(ws + 3 * BM * BS, cache_modifier=".cg")
+        _put(Y, OUTS, grp, 0, acc0, i_m, N, stride_yn, stride_yf, BM, BS, G)
+        if G > 1:
+            _put(Y, OUTS, grp, 1, acc1, i_m, N, stride_yn, stride_yf, BM, BS, G)
+        if G > 2:
+            _put(Y, OUTS, grp, 2, acc2, i_m, N, stride_yn, stride_yf, BM, BS, G)
+            _put(Y, OUTS, grp, 3, acc3, i_m, N, stride_yn, stride_yf, BM, BS, G)
+        tl.atomic_xchg(CNT + item, 0)
 
 
 # table sizes change with every layout and token count: one compiled kernel serves them all
 @triton.jit(do_not_specialize=["N", "num_entries", "num_groups", "num_units", "num_programs"])
 def xprop_stream_kernel(
-    x_desc, w_desc, Y, WS, CNT, STEPS, CUTS, ENTRIES, OUTS, OFFSETS,
+    x_desc, w_desc, Y, WS, CNT, STEPS, CUTS, OUTS, OFFSETS,
     N, stride_yn, stride_yf, num_entries, num_groups, num_units, num_programs,
     BS: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
     X_T: tl.constexpr, TRANS_W: tl.constexpr, SKIP: tl.constexpr, SPLIT: tl.constexpr,
     PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):
     KS: tl.constexpr = BS // BK
-    ROW: tl.constexpr = 3 + G
+    ROW: tl.constexpr = 4 + G
     i_p = tl.program_id(0)
     if SPLIT:
         lo = _unit_start(i_p, num_units, num_programs)
@@ -187,7 +197,7 @@ def xprop_stream_kernel(
     else:
         lo = tl.load(CUTS + i_p) * KS
         hi = tl.load(CUTS + i_p + 1) * KS
-    pend0 = i_p * 0 - 1      # split items this program finishes after its loop (at most two)
+    pend0 = i_p * 0 - 1      # split items this program wrote a partial of (at most two)
     pend1 = i_p * 0 - 1
 
     acc0 = tl.zeros((BM, BS), dtype=tl.float32)
@@ -198,20 +208,21 @@ def xprop_stream_kernel(
         acc3 = tl.zeros((BM, BS), dtype=tl.float32)
     # one flat loop (no nested loop: Triton pipelines innermost loops only)
     for t in tl.range(lo, hi, num_stages=NUM_STAGES):
-        step = tl.load(STEPS + t // KS)
+        # the step's row holds the table entry itself: one level of loads before the tiles' (each
+        # level of indirection divides the pipeline depth Triton gives the tile loads)
+        row = STEPS + (t // KS) * ROW
         h = t % KS
-        i_m = step // num_entries
-        row = ENTRIES + (step % num_entries) * ROW
-        b_x = _x_tile(x_desc, i_m, tl.load(row) * BS + h * BK, BM, X_T)
-        acc0 = _lane_dot(acc0, b_x, w_desc, tl.load(row + 3), h, BS, BK, TRANS_W, SKIP, PRECISION)
+        i_m = tl.load(row)
+        b_x = _x_tile(x_desc, i_m, tl.load(row + 1) * BS + h * BK, BM, X_T)
+        acc0 = _lane_dot(acc0, b_x, w_desc, tl.load(row + 4), h, BS, BK, TRANS_W, SKIP, PRECISION)
         if G > 1:
-            acc1 = _lane_dot(acc1, b_x, w_desc, tl.load(row + 4), h, BS, BK, TRANS_W, SKIP, PRECISION)
+            acc1 = _lane_dot(acc1, b_x, w_desc, tl.load(row + 5), h, BS, BK, TRANS_W, SKIP, PRECISION)
         if G > 2:
-            acc2 = _lane_dot(acc2, b_x, w_desc, tl.load(row + 5), h, BS, BK, TRANS_W, SKIP, PRECISION)
-            acc3 = _lane_dot(acc3, b_x, w_desc, tl.load(row + 6), h, BS, BK, TRANS_W, SKIP, PRECISION)
+            acc2 = _lane_dot(acc2, b_x, w_desc, tl.load(row + 6), h, BS, BK, TRANS_W, SKIP, PRECISION)
+            acc3 = _lane_dot(acc3, b_x, w_desc, tl.load(row + 7), h, BS, BK, TRANS_W, SKIP, PRECISION)
 
-        if ((h == KS - 1) & (tl.load(row + 2) != 0)) | (t == hi - 1):
-            grp = tl.load(row + 1)
+        if ((h == KS - 1) & (tl.load(row + 3) != 0)) | (t == hi - 1):
+            grp = tl.load(row + 2)
             whole = True
             if SPLIT:
                 a = (i_m * num_entries + tl.load(OFFSETS + grp)) * KS
@@ -226,14 +237,12 @@ def xprop_stream_kernel(
                     if G > 2:
                         tl.store(ws + 2 * BM * BS, acc2)
                         tl.store(ws + 3 * BM * BS, acc3)
-                    tl.debug_barrier()   # every thread's partial is written before the ticket
-                    ticket = tl.atomic_add(CNT + i_m * num_groups + grp, 1, sem="acq_rel")
-                    parts = _owner(b - 1, num_units, num_programs) - _owner(a, num_units, num_programs) + 1
-                    if ticket == parts - 1:
-                        if pend0 < 0:
-                            pend0 = i_m * num_groups + grp
-                        else:
-                            pend1 = i_m * num_groups + grp
+                    # its ticket is taken after the loop: a barrier in the loop stops Triton
+                    # from pipelining it
+                    if pend0 < 0:
+                        pend0 = i_m * num_groups + grp
+                    else:
+                        pend1 = i_m * num_groups + grp
             if whole:
                 _put(Y, OUTS, grp, 0, acc0, i_m, N, stride_yn, stride_yf, BM, BS, G)
                 if G > 1:
@@ -249,11 +258,12 @@ def xprop_stream_kernel(
                 acc3 = tl.zeros((BM, BS), dtype=tl.float32)
 
     if SPLIT:
+        tl.debug_barrier()   # every thread's partials are written before a ticket is taken
         if pend0 >= 0:
-            _finish(pend0, Y, WS, CNT, OUTS, OFFSETS, N, stride_yn, stride_yf, num_entries, num_groups,
+            _settle(pend0, Y, WS, CNT, OUTS, OFFSETS, N, stride_yn, stride_yf, num_entries, num_groups,
                     num_units, num_programs, BS, G, BM, KS)
         if pend1 >= 0:
-            _finish(pend1, Y, WS, CNT, OUTS, OFFSETS, N, stride_yn, stride_yf, num_entries, num_groups,
+            _settle(pend1, Y, WS, CNT, OUTS, OFFSETS, N, stride_yn, stride_yf, num_entries, num_groups,
                     num_units, num_programs, BS, G, BM, KS)
 
 
@@ -284,7 +294,9 @@ def plan_stream(layout, kind, n_tokens, cfg: StreamConfig, sms):
         steps, cuts = aligned_schedule(table, tiles, programs)
     if steps.size * sub_steps >= 2**31:
         raise ValueError(f"{steps.size * sub_steps} sub-steps do not fit int32; use fewer tokens per call")
-    return StreamPlan(table, steps, cuts, int(programs), tiles, sub_steps)
+    rows = np.concatenate([(steps // table.num_entries)[:, None], table.entries[steps % table.num_entries]], axis=1)
+    return StreamPlan(table, steps, np.ascontiguousarray(rows, dtype=np.int32), cuts, int(programs), tiles,
+                      sub_steps)
 
 
 def device_plan(plan: StreamPlan, device):
@@ -297,7 +309,7 @@ def device_plan(plan: StreamPlan, device):
 
     t = plan.table
     cuts = plan.cuts if plan.cuts is not None else np.zeros(1, dtype=np.int32)
-    return dict(steps=put(plan.steps), cuts=put(cuts), entries=put(t.entries), outs=put(t.outs),
+    return dict(steps=put(plan.rows), cuts=put(cuts), outs=put(t.outs),
                 offsets=put(t.offsets),
                 counters=torch.zeros(max(1, plan.token_tiles * t.num_groups), dtype=torch.int32, device=device))
 
@@ -329,7 +341,7 @@ def xprop_stream(x, w, plan: StreamPlan, tables, *, out_features, bs, axis, tran
     xprop_stream_kernel[(plan.programs,)](
         TensorDescriptor(x, list(x.shape), list(x.stride()), x_block),
         TensorDescriptor(w, [w.shape[0] * bs, bs], [bs, 1], [bs, bk] if trans else [bk, bs]),
-        y, ws, tables["counters"], tables["steps"], tables["cuts"], tables["entries"], tables["outs"],
+        y, ws, tables["counters"], tables["steps"], tables["cuts"], tables["outs"],
         tables["offsets"],
         n, stride_yn, stride_yf, t.num_entries, t.num_groups, plan.steps.size * plan.sub_steps, plan.programs,
         BS=bs, G=cfg.G, BM=cfg.BM, BK=bk, X_T=axis == 0, TRANS_W=trans, SKIP=cfg.SKIP, SPLIT=cfg.SPLIT,
