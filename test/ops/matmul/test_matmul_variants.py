@@ -109,6 +109,20 @@ def test_aligned_schedule(rng, programs):
     assert np.array_equal(st.split_schedule(t, 2), np.arange(2 * E))
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["aligned", "stream-K"])
+def test_plan_rows(rng, split):
+    """The kernel's step rows are (token tile, the entry) of each step code; programs fit the work."""
+    lay = Layout(random_layout(rng, 4, 6, 0.5, empty_cols=1), 32)
+    cfg = StreamConfig(BM=16, G=2, num_warps=4, num_stages=2, BK=16, SPLIT=split, PER_SM=3)
+    plan = plan_stream(lay, "bprop", 40, cfg, sms=2)
+    E = plan.table.num_entries
+    assert plan.token_tiles == 3 and plan.sub_steps == 2 and plan.programs == 6
+    assert plan.rows.shape == (3 * E, 4 + 2) and plan.rows.dtype == np.int32
+    assert np.array_equal(plan.rows[:, 0], plan.steps // E)
+    assert np.array_equal(plan.rows[:, 1:], plan.table.entries[plan.steps % E])
+    assert (plan.cuts is None) == split
+
+
 @pytest.mark.parametrize("call, err, words", [
     (lambda lay: st.overlap_groups(lay.mask, 3), ValueError, "group must be one of"),
     (lambda lay: st.adjacent_groups(4, 2.0), TypeError, "group must be an int"),
