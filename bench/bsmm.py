@@ -33,7 +33,6 @@ import os
 import statistics
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -363,14 +362,7 @@ def main():
     if unknown:
         ap.error(f"--dtypes must be a subset of {','.join(common.DTYPES)}; got {sorted(unknown)}")
     t0 = time.time()
-    todo = list(problems(dtypes))
-    import multiprocessing as mp
-    with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as pool:
-        fails = [f for part in pool.map(_warm, [todo[i::args.workers] for i in range(args.workers)])
-                 for f in part]
-    print(f"warmed {len(todo)} problems in {time.time() - t0:.0f}s; {len(fails)} failures", flush=True)
-    for f in fails:
-        print("  WARM FAIL", *f, flush=True)
+    common.warm_in_workers(_warm, list(problems(dtypes)), args.workers)
     os.makedirs(args.out, exist_ok=True)
     import triton
     runs = []

@@ -81,6 +81,23 @@ def result_writer(out_dir, stem, meta, markdown=None):
     return save
 
 
+def warm_in_workers(fn, todo, workers):
+    """Run ``fn(chunk)`` on ``workers`` slices of ``todo`` in spawned processes (each fills
+    Triton's on-disk cache, so that compiling does not eat the timed run); ``fn`` returns its
+    failures.  Prints a summary; returns every failure."""
+    import multiprocessing as mp
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+
+    t0 = time.time()
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+        fails = [f for part in pool.map(fn, [todo[i::workers] for i in range(workers)]) for f in part]
+    print(f"warmed {len(todo)} problems in {time.time() - t0:.0f}s; {len(fails)} failures", flush=True)
+    for f in fails:
+        print("  WARM FAIL", *f, flush=True)
+    return fails
+
+
 def rel_err(got, ref):
     """:func:`blocksparse.testing.rel_error`, NaN where ``got`` is not finite (the row is marked
     failed instead of stopping the run)."""
