@@ -132,7 +132,10 @@ def run_grads(fn, p):
     with poisoned_empty():
         o = fn()
         o.backward(p.do)
-    return [o.detach()] + [t.grad for t in p.leaves]
+    grads = [t.grad for t in p.leaves]
+    for t in p.leaves:  # a later backward must not accumulate into the gradients returned here
+        t.grad = None
+    return [o.detach()] + grads
 
 
 def reference_subset(p, heads=2):

@@ -128,7 +128,7 @@ def rows_of(calls):
         ("layer", "AOT launch (3 pointers, stream, ctypes call)", lambda: runner(tensors)),
         ("layer", "the ctypes call alone", lambda: runner._raw(*runner._argv)),
         ("layer", "JIT launch up to Triton's launcher (kwargs, descriptors)", lambda: jit(tensors)),
-        ("layer", "autograd.Function.apply around the products", lambda: ops.MatmulFunction.apply(xg, w, h, 1,
+        ("layer", "autograd.Function.apply around the products", lambda: ops.MatmulFunction.apply(xg, w, None, h, 1,
                                                                                                    "ieee")),
     ]
     unit = best_us(cases[0][2], calls)

@@ -79,6 +79,11 @@ class BlocksparseMatMul(LayoutShapes):
         x, w = self._check(x, w)
         return _ops.matmul(x, w, self._handle, self.axis, self._precision)
 
+    def _linear(self, x, w, bias):
+        """``x @ W + bias`` (``bias``: per output feature, or None), the bias added in place."""
+        x, w = self._check(x, w)
+        return _ops.matmul(x, w, self._handle, self.axis, self._precision, bias)
+
     def _check(self, x, w):
         """The inputs as the products take them (autocast applied), or ValueError / TypeError.
         The common case costs a handful of attribute reads; :meth:`_refuse` explains the rest."""
@@ -175,16 +180,13 @@ class BlocksparseLinear(Dispatched, nn.Module):
         if x.dim() == 0 or x.shape[-1] != self.in_features:
             raise ValueError(f"input must have shape (..., {self.in_features}); "
                              f"got {tuple(x.shape)}")
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features)
+        x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         impl = self._dispatch.choose(x2, self.weight)
         if impl in ("kernels", "reference"):  # the matmul ops: the kernels on CUDA, else the reference path
-            y = self.bsmm(x2, self.weight)
-            if self.bias is not None:
-                y = y + self.bias.to(y.dtype)
+            y = self.bsmm._linear(x2, self.weight, self.bias)
         else:
             y = self._dispatch.run(impl, x2, self.weight, self.bias)
-        return y.reshape(*lead, self.out_features)
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

@@ -77,23 +77,36 @@ def _backward_op(ctx, dy):
 matmul_op.register_autograd(_backward_op, setup_context=_setup_context)
 
 
+def _add_bias(y, bias, axis):
+    """``y + bias`` in place on the fresh product ``y`` (bias per output feature, cast to ``y``)."""
+    return y.add_(bias.to(y.dtype) if axis == 1 else bias.to(y.dtype)[:, None])
+
+
+def _bias_grad(dy, bias, axis):
+    return dy.sum(0 if axis == 1 else 1).to(bias.dtype)
+
+
 class MatmulFunction(torch.autograd.Function):
-    """``y = x @ W`` in eager mode: the products called directly, no dispatcher in between."""
+    """``y = x @ W (+ bias)`` in eager mode: the products called directly, no dispatcher in between;
+    the bias is added in place to the product (one op, no autograd node of its own)."""
 
     @staticmethod
-    def forward(ctx, x, w, layout, axis, precision):
+    def forward(ctx, x, w, bias, layout, axis, precision):
         ctx.save_for_backward(x, w)
-        ctx.meta = (layout, axis, precision)
-        return _products.fprop(x, w, layout, axis, precision)
+        ctx.meta = (layout, axis, precision, bias)
+        y = _products.fprop(x, w, layout, axis, precision)
+        return y if bias is None else _add_bias(y, bias, axis)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):
         x, w = ctx.saved_tensors
-        layout, axis, precision = ctx.meta
-        dx = _products.bprop(dy, w, layout, axis, precision) if ctx.needs_input_grad[0] else None
-        dw = _products.updat(x, dy, layout, axis, precision, w.dtype) if ctx.needs_input_grad[1] else None
-        return dx, dw, None, None, None
+        layout, axis, precision, bias = ctx.meta
+        need = ctx.needs_input_grad
+        dx = _products.bprop(dy, w, layout, axis, precision) if need[0] else None
+        dw = _products.updat(x, dy, layout, axis, precision, w.dtype) if need[1] else None
+        db = _bias_grad(dy, bias, axis) if need[2] else None
+        return dx, dw, db, None, None, None
 
 
 # Function.apply's Python wrapper (default-argument binding, functorch's pytree unwrapping) costs
@@ -103,13 +116,17 @@ _apply = super(torch.autograd.Function, MatmulFunction).apply
 _functorch_active = torch._C._are_functorch_transforms_active
 
 
-def matmul(x, w, layout, axis, precision):
-    """``y = x @ W`` (checked inputs): the custom op while ``torch.compile`` traces, else the
-    eager path -- :class:`MatmulFunction` when a gradient is wanted, the product alone when not."""
+def matmul(x, w, layout, axis, precision, bias=None):
+    """``y = x @ W (+ bias)`` (checked inputs; ``bias`` per output feature or None): the custom op
+    while ``torch.compile`` traces, else the eager path -- :class:`MatmulFunction` when a gradient
+    is wanted, the product alone when not."""
     if torch.compiler.is_compiling():
-        return matmul_op(x, w, layout, axis, precision)
-    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
+        y = matmul_op(x, w, layout, axis, precision)
+        return y if bias is None else y + (bias.to(y.dtype) if axis == 1 else bias.to(y.dtype)[:, None])
+    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
+                                    or (bias is not None and bias.requires_grad)):
         if _functorch_active():
-            return MatmulFunction.apply(x, w, layout, axis, precision)
-        return _apply(x, w, layout, axis, precision)
-    return _products.fprop(x, w, layout, axis, precision)
+            return MatmulFunction.apply(x, w, bias, layout, axis, precision)
+        return _apply(x, w, bias, layout, axis, precision)
+    y = _products.fprop(x, w, layout, axis, precision)
+    return y if bias is None else _add_bias(y, bias, axis)

@@ -204,3 +204,25 @@ def test_linear_bad_input():
     lin = BlocksparseLinear([[1]], block_size=16)
     with pytest.raises(ValueError, match=r"\(\.\.\., 16\)"):
         lin(torch.randn(3, 17))
+
+
+@pytest.mark.parametrize("grads", ["all", "bias-only"])
+@pytest.mark.parametrize("lead", [(7,), (2, 3)], ids=["2d", "3d"])
+def test_linear_bias_gradient_against_float64(rng, grads, lead):
+    """The bias is added inside the product's autograd function: its gradient (and the others')
+    against a float64 formula, also when only the bias wants one."""
+    mask = random_layout(rng, 3, 4, 0.5, empty_cols=1)
+    lin = BlocksparseLinear(mask, block_size=16, dtype=torch.float64)
+    if grads == "bias-only":
+        lin.weight.requires_grad_(False)
+    x = torch.from_numpy(rng.standard_normal((*lead, lin.in_features))).requires_grad_(grads == "all")
+    dy = torch.from_numpy(rng.standard_normal((*lead, lin.out_features)))
+    lin(x).backward(dy)
+    dense = lin.layout.dense(lin.weight.detach().numpy())
+    x2, dy2 = x.detach().numpy().reshape(-1, lin.in_features), dy.numpy().reshape(-1, lin.out_features)
+    assert rel_err(lin.bias.grad.numpy(), dy2.sum(0)) < 1e-12
+    if grads == "all":
+        assert rel_err(x.grad.numpy().reshape(x2.shape), dy2 @ dense.T) < 1e-12
+        assert rel_err(lin.weight.grad.numpy(), lin.layout.pack(x2.T @ dy2)) < 1e-12
+    else:
+        assert lin.weight.grad is None and x.grad is None
