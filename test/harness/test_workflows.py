@@ -56,3 +56,12 @@ def test_gpu_workflow_is_manual_and_nightly_on_self_hosted_gpu_runners():
                          for job in cells.values())
     assert all("EXECUTOR=docker DOCKER_BASE=cuda" in job["steps"][1]["run"]
                for job in cells.values())
+
+
+def test_every_test_path_the_ci_script_names_exists():
+    """A test file moved without updating `.ci/run` turns CI red with 'file not found'."""
+    import re
+    script = (ROOT / ".ci" / "run").read_text()
+    named = set(re.findall(r"\btest/[\w/]+\.py\b", script))
+    assert named, "the CI script names no test files: update this check"
+    assert not [p for p in sorted(named) if not (ROOT / p).is_file()]
