@@ -147,8 +147,10 @@ class Case:
                 got = [y, *torch.autograd.grad(y, [x, self.F], dy)]
             errs = [rel_error(g, r) for g, r in zip(got, refs)]
             worst = max(worst, *errs)
-            if max(errs) > tolerance(self.dtype):
-                raise AssertionError(f"{path} path: relative errors y/dx/dF {errs} > {tolerance(self.dtype)}")
+            # float32 convolutions use TF32 where PyTorch allows it for cuDNN (its default), ours and the baseline alike
+            bound = tolerance(self.dtype, tf32=self.dtype == torch.float32 and torch.backends.cudnn.allow_tf32)
+            if max(errs) > bound:
+                raise AssertionError(f"{path} path: relative errors y/dx/dF {errs} > {bound}")
         return worst
 
     def gather(self):

@@ -23,12 +23,13 @@ from .blocks import frozen_int64
 __all__ = ["Bucket", "GroupedPlan", "grouped_plan", "worth_grouping", "GROUPED_MAX_DENSITY",
            "GROUPED_MIN_CHANNELS"]
 
-#: The grouped path serves GPU calls up to this channel density (above it, the dense masked
-#: convolution is as fast); to be confirmed by ``bench/conv.py``.
-GROUPED_MAX_DENSITY = 0.5
-#: ... and when every group has at least this many input and output channels (narrower groups
-#: run cuDNN's slow grouped kernels).
-GROUPED_MIN_CHANNELS = 32
+#: The grouped path serves forward-only GPU calls up to this channel density, when every group has
+#: at least ``GROUPED_MIN_CHANNELS`` input and output channels.  Measured on an H200
+#: (``bench/results/conv-h200.md``, bf16, ResNet-like 3x3 layers): 128-channel blocks at density
+#: 0.25 ran 1.2-1.5x faster forward than the dense masked cuDNN convolution; 32- and 64-channel
+#: blocks, and density 0.5, ran slower.
+GROUPED_MAX_DENSITY = 0.25
+GROUPED_MIN_CHANNELS = 128
 
 
 def _span(index):

@@ -21,10 +21,11 @@ __all__ = ["PointwisePlan", "pointwise_plan", "worth_matmul", "MATMUL_BLOCK_SIZE
 
 #: Block sizes of the matmul kernels.
 MATMUL_BLOCK_SIZES = (16, 32, 64, 128)
-#: The matmul path serves GPU calls up to this channel density per block size: where the kernels'
-#: measured fraction of dense cuBLAS throughput (bench/results/bsmm-h200.md, bf16) times 0.9 still
-#: exceeds the density, so that the sparse product beats the dense one.  Confirm with bench/conv.py.
-MATMUL_MAX_DENSITY = {16: 0.0, 32: 0.3, 64: 0.5, 128: 0.7}
+#: The matmul path serves forward-only GPU calls up to this channel density per block size.  Measured
+#: on an H200 (bench/results/conv-h200.md, bf16, 1x1 layers of 28x28 and 56x56 images): it ran at
+#: 0.24-0.53 of the dense masked cuDNN convolution at every block size and density, so it is never
+#: chosen by itself (``path="matmul"`` still asks for it).
+MATMUL_MAX_DENSITY = {16: 0.0, 32: 0.0, 64: 0.0, 128: 0.0}
 
 
 @dataclass(frozen=True, eq=False)

@@ -29,9 +29,12 @@ _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 
 
-def choose(spec, x):
-    """``"matmul"``, ``"grouped"`` or ``"dense"`` for a call on ``x``."""
-    if _env.backend() == "reference" or not x.is_cuda:
+def choose(spec, x, training=False):
+    """``"matmul"``, ``"grouped"`` or ``"dense"`` for a call on ``x``; ``training``: a gradient
+    will be taken.  Measured on an H200 (``bench/results/conv-h200.md``): the grouped and matmul
+    paths lose to the dense masked convolution in every forward + backward, and win forward-only
+    only where ``spec`` says so (wide blocks, low density) -- so training takes the dense path."""
+    if _env.backend() == "reference" or not x.is_cuda or training:
         return "dense"
     if spec.prefers_matmul:
         return "matmul"
@@ -132,7 +135,9 @@ def convolve(x, flat, edge_bias, spec, tables, path=None):
     x, flat = x.to(work), flat.to(work)
     tables = tables.on(x.device)
     with torch.autocast(x.device.type, enabled=False):  # the dtype was chosen above
-        y = _PATHS[path or choose(spec, x)](x, flat, spec, tables)
+        training = torch.is_grad_enabled() and (x.requires_grad or flat.requires_grad
+                                                 or (edge_bias is not None and edge_bias.requires_grad))
+        y = _PATHS[path or choose(spec, x, training)](x, flat, spec, tables)
         if edge_bias is not None and spec.edge_count:
             padded = torch.cat([edge_bias.to(work), edge_bias.new_zeros((edge_bias.shape[0], 1), dtype=work)], 1)
             y = y + padded.index_select(1, tables.edges).view(1, spec.blocks.K, *spec.geometry.MPQ)

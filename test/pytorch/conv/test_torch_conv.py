@@ -18,7 +18,7 @@ KINDS = {"conv": BlocksparseConv, "deconv": BlocksparseDeconv}
 def path(request, monkeypatch):
     """Runs the test on each path: the grouped one is forced (on CPU it is never chosen)."""
     if request.param == "grouped":
-        monkeypatch.setattr(compute, "choose", lambda spec, x: "grouped")
+        monkeypatch.setattr(compute, "choose", lambda spec, x, training=False: "grouped")
     return request.param
 
 
@@ -159,7 +159,7 @@ def test_autocast(rng):
 @pytest.mark.parametrize("kind, forced", [("conv", "grouped"), ("deconv", "dense")])
 def test_torch_compile_fullgraph(rng, monkeypatch, kind, forced):
     """Both paths trace without graph breaks (one of each kind: compiling is slow on a CPU)."""
-    monkeypatch.setattr(compute, "choose", lambda spec, x: forced)
+    monkeypatch.setattr(compute, "choose", lambda spec, x, training=False: forced)
     op, ref = build(rng, kind, "2d-same-stride-dilate")
     F, x, dy, eb = random_inputs(rng, op)
     fn = torch.compile(lambda F, x, eb: op(F, x, edge_bias=eb), fullgraph=True, backend="aot_eager")
@@ -243,17 +243,27 @@ def test_matmul_path_kernels(rng, monkeypatch):
 
 
 def test_path_choice(rng, monkeypatch):
-    sparse = BlocksparseConv([(range(c * 32, c * 32 + 32), range(k * 32, k * 32 + 32))
-                              for c in range(4) for k in range(4) if (c + k) % 2 == 0], (3, 3), (8, 8))
+    """The measured rule (bench/results/conv-h200.md): forward-only calls of 128-channel blocks at
+    density <= 0.25 take the grouped path; narrower blocks, denser layouts, 1x1 layers and every
+    call that will be differentiated take the dense masked convolution."""
+    def checkerboard(width, keep):
+        n = 512 // width
+        return BlocksparseConv([(range(c * width, (c + 1) * width), range(k * width, (k + 1) * width))
+                                for c in range(n) for k in range(n) if (c + k) % keep == 0], (3, 3), (8, 8))
+
+    wide, narrow, half = checkerboard(128, 4), checkerboard(32, 4), checkerboard(128, 2)
     dense = BlocksparseConv([(range(64), range(64))], (3, 3), (8, 8))
     pointwise = BlocksparseConv(grid_bck(rng, 4, 4, 128, 0.3), (1, 1), (8, 8))
     cuda_like = type("T", (), {"is_cuda": True})()
-    assert compute.choose(sparse.spec, cuda_like) == "grouped"
-    assert pointwise.spec.prefers_matmul and compute.choose(pointwise.spec, cuda_like) == "matmul"
+    assert compute.choose(wide.spec, cuda_like) == "grouped"
+    assert compute.choose(wide.spec, cuda_like, training=True) == "dense"
+    assert compute.choose(narrow.spec, cuda_like) == "dense"
+    assert compute.choose(half.spec, cuda_like) == "dense"
+    assert compute.choose(pointwise.spec, cuda_like) == "dense"
     assert compute.choose(dense.spec, cuda_like) == "dense"
-    assert compute.choose(sparse.spec, torch.zeros(1)) == "dense"
+    assert compute.choose(wide.spec, torch.zeros(1)) == "dense"
     monkeypatch.setenv("BLOCKSPARSE_BACKEND", "reference")
-    assert compute.choose(sparse.spec, cuda_like) == "dense"
+    assert compute.choose(wide.spec, cuda_like) == "dense"
 
 
 # ---------------------------------------------------------------------------- bad input
@@ -302,7 +312,7 @@ def test_cuda(rng, monkeypatch, path, kind, case, dtype):
 @pytest.mark.parametrize("case", POINTWISE)
 def test_cuda_matmul_path(rng, monkeypatch, case, dtype):
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    monkeypatch.setattr(compute, "choose", lambda spec, x: "matmul")
+    monkeypatch.setattr(compute, "choose", lambda spec, x, training=False: "matmul")
     args = dict(POINTWISE[case])
     kind = args.pop("kind")
     bck = grid_bck(rng, 3, 2, 32, 0.5)
