@@ -11,6 +11,7 @@ from blocksparse.layouts import attention as layouts  # noqa: E402
 from blocksparse.testing import rel_error, tolerance  # noqa: E402
 from blocksparse.testing.flash import attention_grads, element_mask, keep_mask  # noqa: E402
 from blocksparse.torch import AttentionLayout, attention  # noqa: E402
+from readme_examples import run_readme_example  # noqa: E402
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
           "float64": torch.float64}
@@ -244,13 +245,7 @@ def test_bad_input(rng, reference, case):
 
 
 def test_readme_example():
-    import pathlib
-    import re
-
-    readme = (pathlib.Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8")
-    code = re.search(r"<!-- example: torch-attention -->\s*```python\n(.*?)```", readme, re.S).group(1)
-    scope = {}
-    exec(compile(code, "README:torch-attention", "exec"), scope)
+    scope = run_readme_example("torch-attention")
     q, k, v, o, o2, S, bs = (scope[n] for n in ("q", "k", "v", "o", "o2", "S", "bs"))
     assert o.shape == q.shape and q.grad is not None and k.grad.shape == k.shape
     # the padded second sequence, query heads 0-1 (key/value head 0)
