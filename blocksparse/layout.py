@@ -74,6 +74,8 @@ from functools import cached_property
 
 import numpy as np
 
+from ._checks import check_int
+
 __all__ = ["BLOCK_SIZES", "Layout", "XpropLut", "check_block_size", "check_layout", "morton_key"]
 
 #: Block sizes every frontend accepts (square blocks).
@@ -92,24 +94,6 @@ def check_block_size(block_size, name="block_size"):
     if int(block_size) not in BLOCK_SIZES:
         raise ValueError(f"{name} must be one of {BLOCK_SIZES}; got {int(block_size)}")
     return int(block_size)
-
-
-def check_int(value, name, minimum=1, maximum=None, *, allow_none=False):
-    """Return ``value`` as an ``int`` after checking it is one in ``[minimum, maximum]`` (or None
-    with ``allow_none``): the integer check of the numpy layer (layouts and their builders).
-
-    >>> check_int(3, "heads")
-    3
-    """
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int{' or None' if allow_none else ''}; got {value!r} "
-                        f"of type {type(value).__name__}")
-    if value < minimum or (maximum is not None and value > maximum):
-        upper = "" if maximum is None else f" and <= {maximum}"
-        raise ValueError(f"{name} must be >= {minimum}{upper}; got {int(value)}")
-    return int(value)
 
 
 def check_zero_one(value, name, what):

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..layout import check_block_size, check_int, check_zero_one
+from .._checks import check_int
+from ..layout import check_block_size, check_zero_one
 
 __all__ = ["BlockMasks", "bigbird", "causal", "check_attention_layout", "fixed", "from_mask", "sliding_window"]
 

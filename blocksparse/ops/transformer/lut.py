@@ -46,7 +46,8 @@ from functools import cached_property
 
 import numpy as np
 
-from ...layout import BLOCK_SIZES, check_block_size, check_int, check_zero_one
+from ..._checks import check_int
+from ...layout import BLOCK_SIZES, check_block_size, check_zero_one
 from ...layouts.attention import attention_blocks
 
 __all__ = ["AttentionLayout", "BlockMasks", "BLOCK_SIZES", "check_attention_layout", "pack_bits", "unpack_bits"]
