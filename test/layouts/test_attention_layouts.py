@@ -152,7 +152,7 @@ def test_from_mask_doc_example():
     (lambda: L.from_mask(np.full((32, 32), 2), 16), ValueError, "mask must hold only 0 and 1; got 1024 other"),
     (lambda: L.from_mask(np.ones((32, 32)), 12), ValueError, "block_size must be one of"),
     (lambda: L.from_mask(np.array([["a"]]), 8), TypeError, "dtype <U1"),
-    (lambda: L.check_attention_layout(np.ones((2, 3))), ValueError, r"square in its last two axes \(NB, NB\); got shape \(2, 3\)"),
+    (lambda: L.check_attention_layout(np.ones((2, 3))), ValueError, r"square .*\(NB, NB\); got shape \(2, 3\)"),
     (lambda: L.check_attention_layout(np.ones((1, 0, 0))), ValueError, "at least one head, query block and key block"),
     (lambda: L.check_attention_layout(np.zeros((1, 2, 2))), ValueError, "at least one nonzero block"),
     (lambda: L.check_attention_layout(np.ones((2, 2, 2, 2))), ValueError, "\\(NB, NB\\) or \\(heads, NB, NB\\)"),
