@@ -52,8 +52,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import common  # noqa: E402
-from blocksparse.testing import layer_norm as ln_ref  # noqa: E402
-from blocksparse.testing import lstm_gates as lstm_ref  # noqa: E402
+from blocksparse.testing import norms as ref  # noqa: E402
 from blocksparse.torch import fused_lstm_gates, layer_norm  # noqa: E402
 
 TOKENS = (4096, 8192, 16384)
@@ -83,9 +82,9 @@ class LayerNormCase:
         bias = (0.5 * torch.randn(c, device=device, generator=g)).to(dtype).requires_grad_()
         dy = torch.randn(shape, device=device, generator=g).to(dtype)
         self.ref_kw = dict(axis=axis, epsilon=EPS, relu=relu, xp=torch)
-        self.y_ref = ln_ref.layer_norm(*(t.detach().double() for t in (x, gain, bias)), **self.ref_kw)
+        self.y_ref = ref.layer_norm(*(t.detach().double() for t in (x, gain, bias)), **self.ref_kw)
         if relu:  # where |y| ~ 0 the relu masks of float32 and float64 may differ: no gradient there
-            dy = ln_ref.relu_safe(dy.double(), self.y_ref).to(dtype)
+            dy = ref.relu_safe(dy.double(), self.y_ref).to(dtype)
         self.tensors = (x, gain, bias, dy)
         self.label = dict(op="layer_norm", N=n, C=c, axis=axis, relu=relu)
 
@@ -111,7 +110,7 @@ class LayerNormCase:
         if mode == "fwd":
             return {"y": common.rel_err(out, self.y_ref)}
         x, g, b, dy = (t.detach().double() for t in self.tensors)
-        refs = ln_ref.layer_norm_grads(dy, x, g, b, **self.ref_kw)
+        refs = ref.layer_norm_grad(dy, x, g, b, **self.ref_kw)
         return {name: common.rel_err(got, want) for name, got, want in zip(("dx", "dg", "db"), out, refs)}
 
     def bytes(self, mode):
@@ -158,9 +157,9 @@ class LstmCase:
     def errors(self, impl, mode, out):
         c, h, bias, dcn, dhn = (t.detach().double() for t in self.tensors)
         if mode == "fwd":
-            refs, names = lstm_ref.lstm_gates(c, h, bias, FORGET_BIAS, xp=torch), ("c_next", "h_next")
+            refs, names = ref.lstm_gates(c, h, bias=bias, forget_bias=FORGET_BIAS, xp=torch), ("c_next", "h_next")
         else:
-            refs = lstm_ref.lstm_gates_grads(dcn, dhn, c, h, bias, FORGET_BIAS, xp=torch)
+            refs = ref.lstm_gates_grad(dcn, dhn, c, h, bias=bias, forget_bias=FORGET_BIAS, xp=torch)
             names = ("dc", "dh", "dbias")
         return {name: common.rel_err(got, want) for name, got, want in zip(names, out, refs)}
 

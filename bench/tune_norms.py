@@ -34,7 +34,7 @@ import torch  # noqa: E402
 
 import common  # noqa: E402
 from blocksparse.ops.norms.configs import NormConfig, layer_norm_config  # noqa: E402
-from blocksparse.testing import layer_norm as ref  # noqa: E402
+from blocksparse.testing import norms as ref  # noqa: E402
 from blocksparse.torch._norms import launch  # noqa: E402
 
 SHAPES = ((16, 40),) if CPU else ((8192, 1024), (8192, 8192))
@@ -81,7 +81,7 @@ def sweep(hbm, save):
                    torch.randn(c, device=device, generator=gen).bfloat16(),
                    torch.randn(shape, device=device, generator=gen).bfloat16())
         x64, g64, b64, dy64 = (t.double() for t in tensors)
-        refs = (ref.layer_norm_grads(dy64, x64, g64, b64, axis=axis, epsilon=1e-5, xp=torch) if backward
+        refs = (ref.layer_norm_grad(dy64, x64, g64, b64, axis=axis, epsilon=1e-5, xp=torch) if backward
                 else (ref.layer_norm(x64, g64, b64, axis=axis, epsilon=1e-5, xp=torch),))
         nbytes = (3 if backward else 2) * n * c * 2
         for i, cfg in enumerate(variants(axis, c, backward)):

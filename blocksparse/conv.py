@@ -26,7 +26,7 @@ from ._tf import checks, tf
 from ._tf.conv import compute, params
 from ._tf.ew import args as ewargs
 from ._tf.norms import channels
-from .ops.conv import ConvShapes, ConvSpec
+from .ops.conv import ConvShapes
 
 __all__ = ["BlocksparseConv", "BlocksparseDeconv", "cwise_linear"]
 
@@ -75,18 +75,6 @@ class BlocksparseConv(ConvShapes):
     share one shape, or flattened and concatenated in block order, ``[size]`` (always accepted), or
     a list of the per-block filters.
     """
-
-    _transposed = False
-
-    def __init__(self, BCK, TRS, DHW, MPQ=None, strides=(1, 1, 1), dilates=(1, 1, 1), padding="SAME",
-                 edge_bias=False):
-        self.spec = ConvSpec(BCK, TRS, DHW, MPQ, strides, dilates, padding, edge_bias,
-                             transposed=self._transposed)
-
-    def __repr__(self):
-        return (f"{type(self).__name__}(C={self.C}, K={self.K}, blocks={self.blocks}, TRS={self.TRS}, "
-                f"DHW={self.DHW}, MPQ={self.MPQ}, strides={self.strides}, dilates={self.dilates}, "
-                f"padding={self.padding}, edge_bias={self.spec.edge_bias})")
 
     def _filter(self, F):
         """``(flat filter, form, dtype)`` after checking ``F``'s dtypes and shapes."""

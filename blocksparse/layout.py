@@ -74,6 +74,8 @@ from functools import cached_property
 
 import numpy as np
 
+from ._checks import check_int
+
 __all__ = ["BLOCK_SIZES", "Layout", "XpropLut", "check_block_size", "check_layout", "morton_key"]
 
 #: Block sizes every frontend accepts (square blocks).
@@ -98,6 +100,30 @@ def check_block_size(block_size, name="block_size", *, any_size=False):
     return int(block_size)
 
 
+def check_zero_one(value, name, what):
+    """Return ``value`` as a boolean array after checking it holds booleans or 0/1 numbers.
+
+    The one check of every 0/1 mask the layouts take (matmul and attention layouts, element
+    masks); ``what`` completes "``name`` must be ..." when ``value`` is no array at all.
+
+    >>> check_zero_one([1.0, 0.0], "mask", "a 0/1 array").tolist()
+    [True, False]
+    """
+    try:
+        arr = np.asarray(value)
+    except Exception as exc:  # ragged nested lists and the like
+        raise ValueError(f"{name} must be {what}; could not convert it: {exc}") from exc
+    if arr.dtype == np.bool_:
+        return arr
+    if not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
+        raise TypeError(f"{name} must hold 0/1 numbers or booleans; got dtype {arr.dtype}")
+    bad = ~np.isin(arr, (0, 1))
+    if bad.any():
+        values = np.unique(arr[bad])[:5].tolist()
+        raise ValueError(f"{name} must hold only 0 and 1; got {int(bad.sum())} other value(s), e.g. {values}")
+    return arr != 0
+
+
 def check_layout(layout, name="layout"):
     """Return ``layout`` as a read-only 2-D boolean array after checking it.
 
@@ -107,24 +133,12 @@ def check_layout(layout, name="layout"):
     >>> check_layout([[1, 0], [0, 1]]).tolist()
     [[True, False], [False, True]]
     """
-    try:
-        arr = np.asarray(layout)
-    except Exception as exc:  # ragged nested lists and the like
-        raise ValueError(f"{name} must be a 2-D array of 0/1 values; could not convert it: {exc}") from exc
+    arr = check_zero_one(layout, name, "a 2-D array of 0/1 values")
     if arr.ndim != 2:
         raise ValueError(f"{name} must be a 2-D array of 0/1 values; got {arr.ndim} dimension(s) "
                          f"with shape {arr.shape}")
     if arr.shape[0] == 0 or arr.shape[1] == 0:
         raise ValueError(f"{name} must have at least one row and one column; got shape {arr.shape}")
-    if arr.dtype != np.bool_:
-        if not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
-            raise TypeError(f"{name} must hold 0/1 numbers or booleans; got dtype {arr.dtype}")
-        bad = ~np.isin(arr, (0, 1))
-        if bad.any():
-            values = np.unique(arr[bad])[:5].tolist()
-            raise ValueError(f"{name} must hold only 0 and 1; got {int(bad.sum())} other value(s), "
-                             f"e.g. {values}")
-        arr = arr != 0
     if not arr.any():
         raise ValueError(f"{name} must have at least one nonzero block; got all zeros "
                          f"with shape {arr.shape}")
@@ -181,17 +195,6 @@ def _readonly(a):
     a = np.ascontiguousarray(a, dtype=np.int32)
     a.setflags(write=False)
     return a
-
-
-def _check_positive_int(value, name, allow_none=False):
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int{' or None' if allow_none else ''}; "
-                        f"got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1; got {value}")
-    return int(value)
 
 
 def _build_xprop(out_idx, inp_idx, num_out, max_segment, group):
@@ -313,8 +316,8 @@ class Layout:
         return self._lut("bprop", max_segment, group)
 
     def _lut(self, kind, max_segment, group):
-        max_segment = _check_positive_int(max_segment, "max_segment", allow_none=True)
-        group = _check_positive_int(group, "group")
+        max_segment = check_int(max_segment, "max_segment", allow_none=True)
+        group = check_int(group, "group")
         key = (kind, max_segment, group)
         if key not in self._tables:
             c, k = self.coords[:, 0], self.coords[:, 1]
@@ -326,7 +329,7 @@ class Layout:
 
     def updat_groups(self, group):
         """Runs of at most ``group`` blocks sharing a layout row; see the module docstring."""
-        group = _check_positive_int(group, "group")
+        group = check_int(group, "group")
         key = ("updat", group)
         if key not in self._tables:
             order = np.lexsort((self.coords[:, 1], self.coords[:, 0]))  # by (c, k)

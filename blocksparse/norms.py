@@ -11,8 +11,7 @@ Statistics and gradients are computed in float32 for float16 / bfloat16 inputs, 
 the input's dtype.  Works in eager mode, inside ``tf.function`` (unknown minibatch) and in
 ``tf.compat.v1`` graphs, on any device and under XLA.
 """
-import numbers
-
+from ._checks import check_int
 from ._tf import tf
 from ._tf.checks import float_tensor, positive_float
 from ._tf.ew import args as ewargs
@@ -63,11 +62,7 @@ def layer_norm(x, g, b, axis=1, epsilon=1e-6, relu=False, *, segments=1, name=No
     """
     epsilon = positive_float(epsilon, "epsilon")
     relu = _bool(relu, "relu")
-    if isinstance(segments, bool) or not isinstance(segments, numbers.Integral):
-        raise TypeError(f"segments must be an int; got {segments!r} of type {type(segments).__name__}")
-    if segments < 1:
-        raise ValueError(f"segments must be >= 1; got {segments}")
-    segments = int(segments)
+    segments = check_int(segments, "segments")
     with tf.name_scope(ewargs.op_name(name, "LayerNorm")):
         x = float_tensor(x, "x")
         rank = ewargs.known_rank(x, "x")

@@ -8,11 +8,14 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-__all__ = ["Interpreter", "PROBE", "find_python", "run_streaming"]
+__all__ = ["Interpreter", "PROBE", "PYTHON_SETUP_VARIABLES", "find_python", "run_streaming"]
 
 #: Prints the version, the real executable (not a launcher) and the installation's prefix.
 PROBE = ("import sys; print('%d.%d' % sys.version_info[:2]); print(sys.executable); "
          "print(sys.base_prefix)")
+#: Variables of the caller that would make another Python import this one's setup (a source tree on
+#: ``PYTHONPATH``, its virtualenv, its startup file): a cell's environment, or any fresh one, drops them.
+PYTHON_SETUP_VARIABLES = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP", "PYTHONUSERBASE")
 
 
 @dataclass(frozen=True)

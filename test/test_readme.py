@@ -5,15 +5,13 @@ in its own interpreter (the ``tf.compat.v1`` example switches eager execution of
 process), followed by a check that compares its ``result`` with float64 numpy.
 """
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-_EXAMPLE = re.compile(r"<!-- example: (?P<name>[\w-]+) -->\s*```python\n(?P<code>.*?)```", re.S)
+from readme_examples import examples
 
 # Run after each example, in its namespace: `result` is x @ W for x = ones, W the dense weight.
 CHECKS = {
@@ -42,12 +40,15 @@ print("README example checked")
 """
 
 
-def examples():
-    return {m.group("name"): m.group("code") for m in _EXAMPLE.finditer(README.read_text("utf-8"))}
-
-
 def test_readme_has_both_examples():
     assert set(examples()) >= set(CHECKS), f"README examples found: {sorted(examples())}"
+
+
+def test_every_readme_example_is_tested():
+    """Each marked example is named by some test: an example that no test runs goes stale."""
+    tests = "".join(p.read_text("utf-8") for p in Path(__file__).resolve().parent.rglob("test_*.py"))
+    untested = [name for name in examples() if f'"{name}"' not in tests]
+    assert not untested, f"README examples without a test: {untested}"
 
 
 @pytest.mark.parametrize("name", sorted(CHECKS))

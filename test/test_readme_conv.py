@@ -4,12 +4,11 @@ import pytest
 
 from blocksparse.testing import rel_error
 from blocksparse.testing.conv import case_of, conv_products, l2_normalize_products
-from test_readme import examples
+from readme_examples import run_readme_example
 
 
 def run(name):
-    scope = {}
-    exec(compile(examples()[name], f"README:{name}", "exec"), scope)
+    scope = run_readme_example(name)
     conv = scope["conv"]
     return scope, conv, case_of(conv, [(list(c), list(k)) for c, k in scope["BCK"]], "SAME", False)
 

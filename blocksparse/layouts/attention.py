@@ -26,44 +26,46 @@ builder                   keeps block ``(i, j)`` when
 """
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..layout import check_block_size
+from .._checks import check_int
+from ..layout import check_block_size, check_zero_one
 
 __all__ = ["BlockMasks", "bigbird", "causal", "check_attention_layout", "fixed", "from_mask", "sliding_window"]
 
 
-# --------------------------------------------------------------------------- validation helpers
-def _int(value, name, minimum, maximum=None):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int; got {value!r} of type {type(value).__name__}")
-    value = int(value)
-    if value < minimum or (maximum is not None and value > maximum):
-        upper = "" if maximum is None else f" and <= {maximum}"
-        raise ValueError(f"{name} must be >= {minimum}{upper}; got {value}")
-    return value
-
-
+# --------------------------------------------------------------------------- validation
 def _heads(heads):
-    return None if heads is None else _int(heads, "heads", 1)
+    return None if heads is None else check_int(heads, "heads")
 
 
-def _zero_one(value, name, what):
-    """``value`` as a boolean array after checking it holds booleans or 0/1 numbers."""
-    try:
-        arr = np.asarray(value)
-    except Exception as exc:  # ragged nested lists and the like
-        raise ValueError(f"{name} must be {what}; could not convert it: {exc}") from exc
-    if arr.dtype == np.bool_:
-        return arr
-    if not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
-        raise TypeError(f"{name} must hold booleans or 0/1 numbers; got dtype {arr.dtype}")
-    if not np.isin(arr, (0, 1)).all():
-        raise ValueError(f"{name} must hold only booleans or 0 and 1")
-    return arr != 0
+def attention_blocks(layout, name="layout", *, square=True):
+    """The block mask of an attention layout as booleans, 2-D ``(QB, KB)`` or 3-D
+    ``(heads, QB, KB)`` as given, after checking it: 0/1 values or booleans, no empty axis, at
+    least one block kept, and ``QB == KB`` where ``square``.
+
+    The one layout check of both attention families: :func:`check_attention_layout` (the fused
+    attention) and ``blocksparse.ops.transformer.lut`` (the transformer, whose queries and keys may
+    differ in length).
+
+    >>> attention_blocks([[1, 0, 1]], square=False).shape
+    (1, 3)
+    """
+    two, three = (("(NB, NB)", "(heads, NB, NB)") if square else
+                  ("(q_blocks, k_blocks)", "(heads, q_blocks, k_blocks)"))
+    arr = check_zero_one(layout, name, f"a {two} or {three} array of 0/1 values")
+    if arr.ndim not in (2, 3):
+        raise ValueError(f"{name} must have shape {two} or {three}; got {arr.ndim} dimension(s) "
+                         f"with shape {arr.shape}")
+    if 0 in arr.shape:
+        raise ValueError(f"{name} must have at least one head, query block and key block; got shape {arr.shape}")
+    if square and arr.shape[-1] != arr.shape[-2]:
+        raise ValueError(f"{name} must be square in its last two axes {two}; got shape {arr.shape}")
+    if not arr.any():
+        raise ValueError(f"{name} must have at least one nonzero block; got all zeros with shape {arr.shape}")
+    return arr
 
 
 def check_attention_layout(layout, name="layout"):
@@ -75,16 +77,8 @@ def check_attention_layout(layout, name="layout"):
     >>> check_attention_layout([[1, 0], [1, 1]]).shape
     (1, 2, 2)
     """
-    arr = _zero_one(layout, name, "a 2-D or 3-D array of 0/1 values")
-    if arr.ndim not in (2, 3):
-        raise ValueError(f"{name} must have shape (NB, NB) or (heads, NB, NB); got shape {arr.shape}")
-    arr = arr if arr.ndim == 3 else arr[None]
-    if arr.shape[1] != arr.shape[2] or 0 in arr.shape:
-        raise ValueError(f"{name} must be square and non-empty in its last two axes (NB, NB); "
-                         f"got shape {arr.shape[-2:]}")
-    if not arr.any():
-        raise ValueError(f"{name} must keep at least one block; got all zeros with shape {arr.shape}")
-    out = np.array(arr, dtype=bool)
+    arr = attention_blocks(layout, name)
+    out = np.array(arr if arr.ndim == 3 else arr[None], dtype=bool)
     out.setflags(write=False)
     return out
 
@@ -120,7 +114,7 @@ def causal(n_blocks, heads=None):
     >>> causal(3).tolist()
     [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
     """
-    n = _int(n_blocks, "n_blocks", 1)
+    n = check_int(n_blocks, "n_blocks", 1)
     i, j = _grid(n)
     return _per_head(j <= i, _heads(heads))
 
@@ -163,9 +157,9 @@ def fixed(n_blocks, stride, n_global=1, *, causal=True, vary_heads=False, heads=
     >>> fixed(4, 2).tolist()
     [[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0], [0, 1, 1, 1]]
     """
-    n = _int(n_blocks, "n_blocks", 1)
-    stride = _int(stride, "stride", 1, n)
-    n_global = _int(n_global, "n_global", 1, stride)
+    n = check_int(n_blocks, "n_blocks", 1)
+    stride = check_int(stride, "stride", 1, n)
+    n_global = check_int(n_global, "n_global", 1, stride)
     heads = _heads(heads)
     if vary_heads and heads is None:
         raise ValueError("vary_heads=True needs heads (the number of heads); got heads=None")
@@ -207,8 +201,8 @@ def sliding_window(n_blocks, window, causal=False, heads=None):
     >>> sliding_window(4, 1).tolist()
     [[1, 1, 0, 0], [1, 1, 1, 0], [0, 1, 1, 1], [0, 0, 1, 1]]
     """
-    n = _int(n_blocks, "n_blocks", 1)
-    window = _int(window, "window", 0)
+    n = check_int(n_blocks, "n_blocks", 1)
+    window = check_int(window, "window", 0)
     i, j = _grid(n)
     band = np.abs(i - j) <= window
     return _per_head(band & (j <= i) if causal else band, _heads(heads))
@@ -255,11 +249,11 @@ def bigbird(n_blocks, window, n_global, n_random, seed, causal=False, heads=None
     >>> lay.shape, bool((lay.sum(1)[1:] >= 5).all())
     ((8, 8), True)
     """
-    n = _int(n_blocks, "n_blocks", 1)
-    window = _int(window, "window", 0)
-    n_global = _int(n_global, "n_global", 0, n)
-    n_random = _int(n_random, "n_random", 0)
-    seed = _int(seed, "seed", 0)
+    n = check_int(n_blocks, "n_blocks", 1)
+    window = check_int(window, "window", 0)
+    n_global = check_int(n_global, "n_global", 0, n)
+    n_random = check_int(n_random, "n_random", 0)
+    seed = check_int(seed, "seed", 0)
     heads = _heads(heads)
     i, j = _grid(n)
     base = (np.abs(i - j) <= window) | (i < n_global) | (j < n_global)
@@ -361,7 +355,7 @@ def from_mask(mask, block_size, *, return_block_masks=False):
     ([[1, 0], [1, 1]], [[0, -1], [-1, 1]], (2, 8, 8))
     """
     bs = check_block_size(block_size)
-    arr = _zero_one(mask, "mask", "a 2-D or 3-D array of booleans")
+    arr = check_zero_one(mask, "mask", "a 2-D or 3-D array of booleans")
     if arr.ndim not in (2, 3):
         raise ValueError(f"mask must have shape (S_q, S_k) or (heads, S_q, S_k); got shape {arr.shape}")
     sq, sk = arr.shape[-2:]

@@ -6,7 +6,8 @@ when called).
 :mod:`.poison`     ``poisoned_empty`` -- NaN-filled ``torch.empty`` so unwritten outputs show
 :mod:`.matmul`     float64 references of the block-sparse matmul, random layouts
 :mod:`.ew`         float64 references of the elementwise ops (values and derivatives)
-:mod:`.norms`      float64 references of layer norm, the LSTM gates, batch norm, ``cwise_linear``
+:mod:`.norms`      float64 references of layer norm and the LSTM gates (numpy or torch), batch norm,
+                   ``cwise_linear``
 :mod:`.attention`  float64 dense references of block-sparse attention (block + in-block masks)
 :mod:`.flash`      float64 reference of the fused block-sparse attention (masks, output, gradients)
 :mod:`.conv`       float64 references of the block-sparse convolution, test cases

@@ -11,8 +11,9 @@ elements, and a row with none is all zeros.
 """
 import numpy as np
 
-__all__ = ["BAD_QUERY_KEY", "attention", "causal_layout", "diagonal_causal", "kept_mask", "merge_heads", "nn", "nt",
-           "pack", "present_mask", "random_layout", "softmax", "softmax_grad", "split_heads", "tn", "unpack"]
+__all__ = ["BAD_QUERY_KEY", "attention", "causal_layout", "diagonal_causal", "draw_attention", "kept_mask",
+           "merge_heads", "nn", "nt", "pack", "present_mask", "random_layout", "softmax", "softmax_grad", "split_heads",
+           "tn", "unpack"]
 
 
 def random_layout(rng, heads, QB, KB, density, *, empty_rows=0):
@@ -39,6 +40,13 @@ def diagonal_causal(blk_shape, head, q, k, blk):
     """A ``mask_callback``: causal inside the diagonal blocks, everything elsewhere (the original
     package's test callback)."""
     return np.tril(np.ones(blk_shape, dtype=bool)) if q == k else np.ones(blk_shape, dtype=bool)
+
+
+def draw_attention(rng, bst, batch, head_dim):
+    """float64 numpy ``(q, k, v, do)`` for either frontend's ``BlocksparseTransformer`` ``bst``:
+    ``(batch, ctx, heads * head_dim)`` with ``ctx_q`` for ``q`` and ``do``, ``ctx_k`` for ``k`` and ``v``."""
+    return tuple(rng.standard_normal((batch, ctx, bst.heads * head_dim))
+                 for ctx in (bst.ctx_q, bst.ctx_k, bst.ctx_k, bst.ctx_q))
 
 
 #: Query / key shapes every frontend must reject with ``ValueError`` (and the message) for

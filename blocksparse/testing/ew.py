@@ -13,10 +13,11 @@ __all__ = ["BINARY", "UNARY", "dropout", "sigmoid", "unbroadcast"]
 _K = math.sqrt(2.0 / math.pi)
 
 
-def sigmoid(x):
-    """``1 / (1 + exp(-x))`` without overflow, at full relative precision on both sides."""
-    e = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+def sigmoid(x, *, xp=np):
+    """``1 / (1 + exp(-x))`` without overflow, at full relative precision on both sides (``xp``:
+    ``numpy`` or ``torch``, the namespace of ``x``)."""
+    e = xp.exp(-abs(x))
+    return xp.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
 def _gelu(x, a):

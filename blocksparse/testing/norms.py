@@ -1,91 +1,147 @@
-"""float64 numpy references of the norms family: layer norm, the fused LSTM gates, batch norm and
-``cwise_linear``, each with its gradients (no framework import).
+"""float64 references of the norms family: layer norm, the fused LSTM gates, batch norm and
+``cwise_linear``, each with its gradients, written from the formulas (no framework import).
 
 Every function takes and returns float64 arrays.  Gradient functions take the output gradients
 first and return the input gradients in the order of the forward function's inputs.
+
+Layer norm and the LSTM gates also take ``xp``: ``numpy`` (the default) or ``torch``, whose
+float64 tensors they then compute on (the GPU benchmarks check CUDA results on the device).
+Batch norm and ``cwise_linear`` are numpy only.  :func:`draw_layer_norm` and
+:func:`draw_lstm_gates` draw float64 numpy test inputs.
 """
 import numpy as np
 
 from .ew import sigmoid
 
 __all__ = ["batch_norm", "batch_norm_grad", "batch_norm_inference", "batch_norm_inference_grad",
-           "cwise_linear", "cwise_linear_grad", "layer_norm", "layer_norm_grad", "lstm_gates",
-           "lstm_gates_grad"]
+           "cwise_linear", "cwise_linear_grad", "draw_layer_norm", "draw_lstm_gates", "layer_norm",
+           "layer_norm_grad", "lstm_gates", "lstm_gates_grad", "relu_safe"]
 
 
-def _f64(*arrays):
-    return [None if a is None else np.asarray(a, dtype=np.float64) for a in arrays]
+def _f64(*arrays, xp=np):
+    return [None if a is None else xp.asarray(a, dtype=xp.float64) for a in arrays]
 
 
-def _features_last(x, axis, segments):
+def _features_last(x, axis, segments, xp):
     """``x`` with its feature axis moved last and split into ``(segments, C / segments)``."""
-    x = np.moveaxis(x, axis, -1)
-    return x.reshape(x.shape[:-1] + (segments, x.shape[-1] // segments))
+    x = xp.moveaxis(x, axis, -1)
+    return x.reshape(*x.shape[:-1], segments, x.shape[-1] // segments)
 
 
-def _features_back(t, axis):
-    return np.moveaxis(t.reshape(t.shape[:-2] + (-1,)), -1, axis)
+def _features_back(t, axis, xp):
+    return xp.moveaxis(t.reshape(*t.shape[:-2], -1), -1, axis)
 
 
-def _layer_norm_parts(x, g, b, axis, segments, epsilon):
-    x, g, b = _f64(x, g, b)
-    xs = _features_last(x, axis, segments)
-    mean = xs.mean(axis=-1, keepdims=True)
-    rstd = 1.0 / np.sqrt(((xs - mean) ** 2).mean(axis=-1, keepdims=True) + epsilon)
-    xhat = (xs - mean) * rstd
-    gs, bs = g.reshape(segments, -1), b.reshape(segments, -1)
-    return xhat, rstd, gs, xhat * gs + bs
+def _per_feature(t):
+    """``(..., segments, C / segments)`` summed over its leading axes, as ``(C,)``."""
+    lead = tuple(range(t.ndim - 2))
+    return (t.sum(axis=lead) if lead else t).reshape(-1)
 
 
-def layer_norm(x, g, b, axis=1, segments=1, epsilon=1e-6, relu=False):
+def _layer_norm_parts(x, g, b, axis, segments, epsilon, xp):
+    """``(xhat, rstd, gs, y)`` per segment, features last: ``gs`` the gain split like the features
+    (None without one), ``y`` the output before the relu."""
+    x, g, b = _f64(x, g, b, xp=xp)
+    xs = _features_last(x, axis, segments, xp)
+    centred = xs - xs.mean(axis=-1, keepdims=True)
+    rstd = ((centred * centred).mean(axis=-1, keepdims=True) + epsilon) ** -0.5
+    xhat = centred * rstd
+    gs = None if g is None else g.reshape(segments, -1)
+    y = xhat if gs is None else xhat * gs
+    return xhat, rstd, gs, y if b is None else y + b.reshape(segments, -1)
+
+
+def layer_norm(x, g, b, axis=1, segments=1, epsilon=1e-6, relu=False, *, xp=np):
     """``relu?(g * (x - mean) / sqrt(var + epsilon) + b)`` over each segment of the features on
-    ``axis`` (``g``, ``b``: ``(C,)``)."""
-    y = _layer_norm_parts(x, g, b, axis, segments, epsilon)[3]
-    return _features_back(np.maximum(y, 0.0) if relu else y, axis)
+    ``axis`` (any rank; ``g``, ``b``: ``(C,)`` or None)."""
+    y = _layer_norm_parts(x, g, b, axis, segments, epsilon, xp)[3]
+    return _features_back(y * (y > 0) if relu else y, axis, xp)
 
 
-def layer_norm_grad(dy, x, g, b, axis=1, segments=1, epsilon=1e-6, relu=False):
-    """``(dx, dg, db)`` of :func:`layer_norm` for the output gradient ``dy``."""
-    xhat, rstd, gs, y = _layer_norm_parts(x, g, b, axis, segments, epsilon)
-    dys = _features_last(_f64(dy)[0], axis, segments)
+def layer_norm_grad(dy, x, g, b, axis=1, segments=1, epsilon=1e-6, relu=False, *, xp=np):
+    """``(dx, dg, db)`` of :func:`layer_norm` for the output gradient ``dy`` (``dg`` / ``db`` None
+    where ``g`` / ``b`` are)."""
+    xhat, rstd, gs, y = _layer_norm_parts(x, g, b, axis, segments, epsilon, xp)
+    dys = _features_last(_f64(dy, xp=xp)[0], axis, segments, xp)
     if relu:
         dys = dys * (y > 0)
-    lead = tuple(range(dys.ndim - 2))
-    dg, db = (dys * xhat).sum(axis=lead).ravel(), dys.sum(axis=lead).ravel()
-    dxhat = dys * gs
+    dg = None if g is None else _per_feature(dys * xhat)
+    db = None if b is None else _per_feature(dys)
+    dxhat = dys if gs is None else dys * gs
     k = xhat.shape[-1]
     dx = rstd / k * (k * dxhat - dxhat.sum(axis=-1, keepdims=True)
                      - xhat * (dxhat * xhat).sum(axis=-1, keepdims=True))
-    return _features_back(dx, axis), dg, db
+    return _features_back(dx, axis, xp), dg, db
 
 
-def _gate_values(c, i, j, f, o, bias, forget_bias):
-    c, i, j, f, o, bias = _f64(c, i, j, f, o, bias)
+def _gate_values(c, gates, bias, forget_bias, xp):
+    """``(c, sig(i), tanh(j), sig(f + forget_bias), sig(o))`` from one merged ``(..., 4K)`` tensor
+    of the gates or four ``(..., K)`` ones."""
+    if len(gates) not in (1, 4):
+        raise TypeError(f"gates must be one merged (..., 4K) array or four (..., K) ones; got {len(gates)}")
+    c, *gates = _f64(c, *gates, xp=xp)
+    k = c.shape[-1]
+    if len(gates) == 1:
+        gates = [gates[0][..., n * k:(n + 1) * k] for n in range(4)]
     if bias is not None:
-        bi, bj, bf, bo = np.split(bias, 4)
-        i, j, f, o = i + bi, j + bj, f + bf, o + bo
-    return c, sigmoid(i), np.tanh(j), sigmoid(f + forget_bias), sigmoid(o)
+        bias = _f64(bias, xp=xp)[0]
+        gates = [t + bias[n * k:(n + 1) * k] for n, t in enumerate(gates)]
+    i, j, f, o = gates
+    return c, sigmoid(i, xp=xp), xp.tanh(j), sigmoid(f + forget_bias, xp=xp), sigmoid(o, xp=xp)
 
 
-def lstm_gates(c, i, j, f, o, bias=None, forget_bias=1.0):
+def lstm_gates(c, *gates, bias=None, forget_bias=1.0, xp=np):
     """``(c_next, h_next)``: ``c_next = sig(f + forget_bias) * c + sig(i) * tanh(j)``,
-    ``h_next = sig(o) * tanh(c_next)``; ``bias`` ``(4K,)`` is added to ``i, j, f, o`` first."""
-    c, si, tj, sf, so = _gate_values(c, i, j, f, o, bias, forget_bias)
+    ``h_next = sig(o) * tanh(c_next)``.
+
+    ``gates``: one merged ``(..., 4K)`` array holding ``i, j, f, o`` one after the other on its last
+    axis, or the four ``(..., K)`` arrays ``i, j, f, o``; ``bias`` ``(4K,)`` is added to them first.
+    """
+    c, si, tj, sf, so = _gate_values(c, gates, bias, forget_bias, xp)
     c_next = sf * c + si * tj
-    return c_next, so * np.tanh(c_next)
+    return c_next, so * xp.tanh(c_next)
 
 
-def lstm_gates_grad(dc_next, dh_next, c, i, j, f, o, bias=None, forget_bias=1.0):
-    """``(dc, di, dj, df, do, dbias)`` of :func:`lstm_gates` (``dbias`` None without a bias)."""
-    c, si, tj, sf, so = _gate_values(c, i, j, f, o, bias, forget_bias)
-    dc_next, dh_next = _f64(dc_next, dh_next)
-    tc = np.tanh(sf * c + si * tj)
-    dc = dc_next + dh_next * so * (1.0 - tc ** 2)
-    dgates = [dc * tj * si * (1 - si), dc * si * (1 - tj ** 2), dc * c * sf * (1 - sf),
+def lstm_gates_grad(dc_next, dh_next, c, *gates, bias=None, forget_bias=1.0, xp=np):
+    """``(dc, *dgates, dbias)`` of :func:`lstm_gates`: ``dgates`` as the gates were given (one
+    merged gradient or four), ``dbias`` None without a bias."""
+    c, si, tj, sf, so = _gate_values(c, gates, bias, forget_bias, xp)
+    dc_next, dh_next = _f64(dc_next, dh_next, xp=xp)
+    tc = xp.tanh(sf * c + si * tj)
+    dc = dc_next + dh_next * so * (1.0 - tc * tc)
+    dgates = [dc * tj * si * (1 - si), dc * si * (1 - tj * tj), dc * c * sf * (1 - sf),
               dh_next * tc * so * (1 - so)]
     k = c.shape[-1]
-    dbias = None if bias is None else np.concatenate([d.reshape(-1, k).sum(axis=0) for d in dgates])
+    dbias = None if bias is None else xp.concatenate([d.reshape(-1, k).sum(axis=0) for d in dgates], -1)
+    if len(gates) == 1:
+        dgates = [xp.concatenate(dgates, -1)]
     return (dc * sf, *dgates, dbias)
+
+
+def draw_layer_norm(rng, n, c, axis=1, offset=0.0):
+    """float64 numpy ``(x, g, b, dy)`` for ``n`` tokens of ``c`` features in the ``axis`` layout
+    (``(n, c)`` or ``(c, n)``); ``offset`` shifts ``x`` (a large mean tests the variance's
+    cancellation)."""
+    shape = (n, c) if axis == 1 else (c, n)
+    x = offset + 2.0 * rng.standard_normal(shape)
+    g = 1.0 + 0.5 * rng.standard_normal(c)
+    b = 0.5 * rng.standard_normal(c)
+    return x, g, b, rng.standard_normal(shape)
+
+
+def draw_lstm_gates(rng, n, k):
+    """float64 numpy ``(c, h, bias, dc_next, dh_next)`` for ``n`` tokens of a ``k``-feature cell
+    (``h``: the merged gates ``(n, 4k)``)."""
+    c = rng.standard_normal((n, k))
+    h = 1.5 * rng.standard_normal((n, 4 * k))
+    bias = 0.5 * rng.standard_normal(4 * k)
+    return c, h, bias, rng.standard_normal((n, k)), rng.standard_normal((n, k))
+
+
+def relu_safe(dy, y, margin=1e-3):
+    """``dy`` zeroed where ``|y| < margin``: there the relu mask of a float32 computation and of the
+    float64 reference may disagree, and with ``dy = 0`` it does not matter which one holds."""
+    return dy * (abs(y) >= margin)
 
 
 def _per_channel(v, ndim):

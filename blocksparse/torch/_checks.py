@@ -1,5 +1,5 @@
-"""Argument checks of the PyTorch functions (layer norm, LSTM gates): user mistakes become
-``TypeError`` / ``ValueError`` naming the argument, with what was expected and what was given."""
+"""Argument checks of the PyTorch frontend: user mistakes become ``TypeError`` / ``ValueError``
+naming the argument, with what was expected and what was given."""
 import numbers
 
 import torch
@@ -15,6 +15,15 @@ def _floating(name, t, kind="a torch.Tensor"):
         raise TypeError(f"{name} must be {kind}; got {type(t).__name__}")
     if t.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{name} must be float16, bfloat16, float32 or float64; got {t.dtype}")
+    return t
+
+
+def floating_tensor(name, t):
+    """``t`` after checking it is a tensor of a floating dtype (any: the op says which it computes in)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
+    if not t.is_floating_point():
+        raise TypeError(f"{name} must be floating point (float16, bfloat16, float32, float64); got {t.dtype}")
     return t
 
 

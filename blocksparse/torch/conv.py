@@ -7,7 +7,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..ops.conv import ConvShapes, ConvSpec
+from ..ops.conv import ConvShapes
+from ._checks import floating_tensor
 from ._conv import compute as _compute
 from ._conv import tables as _tables
 
@@ -44,34 +45,18 @@ class BlocksparseConv(ConvShapes):
     torch.Size([5, 3, 8, 8])
     """
 
-    _transposed = False
-
     def __init__(self, BCK, TRS, DHW, MPQ=None, strides=(1, 1, 1), dilates=(1, 1, 1), padding="SAME",
                  edge_bias=False):
-        self.spec = ConvSpec(BCK, TRS, DHW, MPQ, strides, dilates, padding, edge_bias,
-                             transposed=self._transposed)
+        super().__init__(BCK, TRS, DHW, MPQ, strides, dilates, padding, edge_bias)
         self._tables = _tables.Tables(self.spec)
 
-    def __repr__(self):
-        return (f"{type(self).__name__}(C={self.C}, K={self.K}, blocks={self.blocks}, TRS={self.TRS}, "
-                f"DHW={self.DHW}, MPQ={self.MPQ}, strides={self.strides}, dilates={self.dilates}, "
-                f"padding={self.padding}, edge_bias={self.spec.edge_bias})")
-
     # ------------------------------------------------------------------ argument checks
-    @staticmethod
-    def _tensor(t, name):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
-        if not t.is_floating_point():
-            raise TypeError(f"{name} must be floating point (float16, bfloat16, float32, float64); got {t.dtype}")
-        return t
-
     def _flat_filter(self, F):
         """``(flat filter, form)``: ``F`` checked and flattened (see ``f_shape``)."""
         spec = self.spec
         if isinstance(F, (list, tuple, nn.ParameterList)):
             spec.check_block_count(len(F))
-            fs = [self._tensor(f, f"F[{b}]") for b, f in enumerate(F)]
+            fs = [floating_tensor(f"F[{b}]", f) for b, f in enumerate(F)]
             for b, f in enumerate(fs):
                 if tuple(f.shape) != tuple(spec.filter_shape(b)):
                     raise ValueError(f"F[{b}] must have shape f_shape({b}) = {tuple(spec.filter_shape(b))}; "
@@ -80,12 +65,12 @@ class BlocksparseConv(ConvShapes):
                     raise TypeError(f"F[{b}] must have the dtype and device of F[0]; got {f.dtype} on "
                                     f"{f.device} and {fs[0].dtype} on {fs[0].device}")
             return torch.cat([f.reshape(-1) for f in fs]), "blocks"
-        F = self._tensor(F, "F")
+        F = floating_tensor("F", F)
         form = spec.filter_form(F.shape)
         return F.reshape(-1), form
 
     def _check_input(self, I):
-        I = self._tensor(I, "I")
+        I = floating_tensor("I", I)
         want = self.i_shape("N")
         if I.dim() != len(want) or tuple(I.shape[1:]) != tuple(want[1:]):
             raise ValueError(f"I must have shape i_shape(N) = [N, C] + DHW = {want}; got {list(I.shape)}")
@@ -94,7 +79,7 @@ class BlocksparseConv(ConvShapes):
     def _check_edge_bias(self, edge_bias):
         if edge_bias is None:
             return None
-        edge_bias = self._tensor(edge_bias, "edge_bias")
+        edge_bias = floating_tensor("edge_bias", edge_bias)
         if tuple(edge_bias.shape) != self.edge_bias_shape():
             raise ValueError(f"edge_bias must have shape {self.edge_bias_shape()}{self.spec.edge_bias_hint}; "
                              f"got {tuple(edge_bias.shape)}")
@@ -145,7 +130,7 @@ class BlocksparseConv(ConvShapes):
             raise ValueError(f"epsilon must be a number > 0; got {epsilon!r}")
         dtype = _as_torch_dtype(dtype)
         if gain is not None:
-            gain = self._tensor(gain, "gain")
+            gain = floating_tensor("gain", gain)
             if tuple(gain.shape) != (self.K,):
                 raise ValueError(f"gain must have shape (K,) = ({self.K},); got {tuple(gain.shape)}")
         out = _compute.l2_normalize(flat, gain, self.spec, self._tables, float(epsilon), dtype)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..ops.transformer.frontend import TransformerBase, check_autoregress_at_key, check_bench, check_scale
+from ._checks import floating_tensor
 from ._transformer import ops as _ops
 from ._transformer import state as _state
 
@@ -62,10 +63,7 @@ class BlocksparseTransformer(TransformerBase):
         ``"ctx_k"``, of activations); cast to the autocast dtype if on."""
         tensors = []
         for name, t, kind in specs:
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
-            if not t.is_floating_point():
-                raise TypeError(f"{name} must be floating point (float16, bfloat16, float32, float64); got {t.dtype}")
+            floating_tensor(name, t)
             if kind == "scores":
                 error = self.scores_shape_error(name, tuple(t.shape))
             else:

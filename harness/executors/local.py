@@ -10,14 +10,12 @@ import shutil
 from pathlib import Path
 
 from ..environment import cell_requirements, unavailable_reason
-from ..interpreters import find_python, run_streaming
+from ..interpreters import PYTHON_SETUP_VARIABLES, find_python, run_streaming
 from . import SCRIPT, CellRun, signal_text
 
 __all__ = ["LocalExecutor", "run_streaming"]
 
 _STAMP = "cell-requirements.txt"
-# Environment variables of the caller that would leak another Python setup into the cell.
-_SCRUB = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP", "PYTHONUSERBASE")
 
 
 class LocalExecutor:
@@ -94,7 +92,7 @@ class LocalExecutor:
         failed = self._environment(cell, exe, venv, log)
         if failed is not None:
             return failed
-        env = {k: v for k, v in os.environ.items() if k not in _SCRUB}
+        env = {k: v for k, v in os.environ.items() if k not in PYTHON_SETUP_VARIABLES}
         env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
         env.update(job.script_env(python=venv / "bin" / "python", src=job.stage / "src",
                                   dist=job.dist, reports=job.reports,

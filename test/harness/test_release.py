@@ -20,17 +20,19 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.release import DEFAULT_REPOSITORY_URL, Settings, main
 from harness.errors import ConfigError
+from harness.interpreters import PYTHON_SETUP_VARIABLES
+from harness.release import DEFAULT_REPOSITORY_URL, Settings, main
 
 ROOT = Path(__file__).resolve().parents[2]
 GIT = ["git", "-c", "user.name=release test", "-c", "user.email=release-test@example.invalid",
        "-c", "commit.gpgsign=false", "-c", "tag.gpgsign=false"]
 CELLS = {"tf2.20-cu12.5-py3.11": "2.20", "tf2.21-cu12.5-py3.11": "2.21"}
 SKIPPED_CELL = "tf2.16-cu12.3-py3.13"
-# Settings of the caller's shell that must not leak into the release under test.
+# Settings of the caller's shell that must not leak into the release under test, nor its Python
+# setup into the clone's builds and the fresh virtualenv (PYTHONPATH would import this source tree).
 _FOREIGN = ("DRY_RUN", "RUN_MATRIX", "REPOSITORY_URL", "TWINE_USERNAME", "TWINE_PASSWORD",
-            "TWINE_REPOSITORY", "TWINE_REPOSITORY_URL", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")
+            "TWINE_REPOSITORY", "TWINE_REPOSITORY_URL", "MAKEFLAGS", "MFLAGS", "MAKELEVEL") + PYTHON_SETUP_VARIABLES
 
 
 def run(cmd, cwd, env=None, check=True):

@@ -87,7 +87,9 @@ class ConvSpec:
 
 
 class ConvShapes:
-    """Shape helpers and attributes of the original ``BlocksparseConv`` API (over ``self.spec``).
+    """What both frontends' ``BlocksparseConv`` share: the constructor (it checks the arguments into
+    ``self.spec``; ``_transposed`` makes the deconvolution), ``repr``, and the shape helpers and
+    attributes of the original API (over ``self.spec``).
 
     Attributes: ``C`` / ``K`` input / output channels, ``blocks``, ``TRS`` / ``DHW`` / ``MPQ`` filter,
     input and output spatial sizes, ``strides``, ``dilates``, ``padding`` (``(before, after)`` zeros per
@@ -96,6 +98,17 @@ class ConvShapes:
     """
 
     spec: ConvSpec
+    _transposed = False
+
+    def __init__(self, BCK, TRS, DHW, MPQ=None, strides=(1, 1, 1), dilates=(1, 1, 1), padding="SAME",
+                 edge_bias=False):
+        self.spec = ConvSpec(BCK, TRS, DHW, MPQ, strides, dilates, padding, edge_bias,
+                             transposed=self._transposed)
+
+    def __repr__(self):
+        return (f"{type(self).__name__}(C={self.C}, K={self.K}, blocks={self.blocks}, TRS={self.TRS}, "
+                f"DHW={self.DHW}, MPQ={self.MPQ}, strides={self.strides}, dilates={self.dilates}, "
+                f"padding={self.padding}, edge_bias={self.spec.edge_bias})")
 
     C = property(lambda self: self.spec.blocks.C)
     K = property(lambda self: self.spec.blocks.K)

@@ -7,6 +7,7 @@ import numbers
 
 import numpy as np
 
+from ..._checks import check_int
 from .lut import AttentionLayout
 
 __all__ = ["TransformerBase", "check_autoregress_at_key", "check_bench", "check_scale"]
@@ -23,13 +24,7 @@ def check_scale(scale):
 
 def check_autoregress_at_key(value):
     """``autoregress_at_key`` as an int >= 0, or None."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"autoregress_at_key must be an int or None; got {value!r} of type {type(value).__name__}")
-    if value < 0:
-        raise ValueError(f"autoregress_at_key must be >= 0; got {value}")
-    return int(value)
+    return check_int(value, "autoregress_at_key", 0, allow_none=True)
 
 
 def check_bench(value):

@@ -46,7 +46,9 @@ from functools import cached_property
 
 import numpy as np
 
-from ...layout import BLOCK_SIZES, check_block_size
+from ..._checks import check_int
+from ...layout import BLOCK_SIZES, check_block_size, check_zero_one
+from ...layouts.attention import attention_blocks
 
 __all__ = ["AttentionLayout", "BlockMasks", "BLOCK_SIZES", "check_attention_layout", "pack_bits", "unpack_bits"]
 
@@ -78,14 +80,6 @@ def unpack_bits(bits, block_size):
     return np.unpackbits(raw, axis=-1, bitorder="little")[..., :block_size].astype(bool)
 
 
-def _positive_int(value, name):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be a positive int; got {value!r} of type {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1; got {value}")
-    return int(value)
-
-
 def check_attention_layout(layout, heads=None):
     """``(mask, heads)``: the layout as a read-only ``(lut_heads, QB, KB)`` boolean array, checked.
 
@@ -97,38 +91,17 @@ def check_attention_layout(layout, heads=None):
     >>> mask.shape, heads
     ((1, 2, 2), 4)
     """
-    try:
-        arr = np.asarray(layout)
-    except Exception as exc:  # ragged nested lists and the like
-        raise ValueError(f"layout must be a 3-D (heads, q_blocks, k_blocks) or 2-D (q_blocks, k_blocks) "
-                         f"array of 0/1 values; could not convert it: {exc}") from exc
-    if arr.ndim not in (2, 3):
-        raise ValueError(f"layout must be 3-D (heads, q_blocks, k_blocks) or 2-D (q_blocks, k_blocks); "
-                         f"got {arr.ndim} dimension(s) with shape {arr.shape}")
+    arr = attention_blocks(layout, square=False)
     if arr.ndim == 2:
         if heads is None:
             raise ValueError(f"heads must be given with a 2-D layout (one layout shared by every head); "
                              f"got heads=None and layout shape {arr.shape}")
         arr = arr[None]
-    if 0 in arr.shape:
-        raise ValueError(f"layout must have at least one head, query block and key block; got shape {arr.shape}")
-    if heads is None:
-        heads = arr.shape[0]
-    heads = _positive_int(heads, "heads")
+    heads = check_int(arr.shape[0] if heads is None else heads, "heads")
     if arr.shape[0] not in (1, heads):
         raise ValueError(f"layout has {arr.shape[0]} heads (shape {arr.shape}) but heads={heads}: give one "
                          f"layout per head or a single one shared by all")
-    if arr.dtype != np.bool_:
-        if not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
-            raise TypeError(f"layout must hold 0/1 numbers or booleans; got dtype {arr.dtype}")
-        bad = ~np.isin(arr, (0, 1))
-        if bad.any():
-            raise ValueError(f"layout must hold only 0 and 1; got {int(bad.sum())} other value(s), "
-                             f"e.g. {np.unique(arr[bad])[:5].tolist()}")
-        arr = arr != 0
     counts = arr.reshape(arr.shape[0], -1).sum(axis=1)
-    if counts.max() == 0:
-        raise ValueError(f"layout must have at least one nonzero block; got all zeros with shape {arr.shape}")
     if (counts != counts[0]).any():
         raise ValueError(f"every head of layout must hold the same number of blocks (scores are packed "
                          f"(batch, heads, blocks, bs, bs)); got {counts.tolist()} blocks per head")
@@ -281,13 +254,7 @@ def _check_block_mask(value, shape, h, q, k, b):
     except Exception as exc:
         raise ValueError(f"mask_callback must return a {shape} array of 0/1; could not convert what it "
                          f"returned {where}: {exc}") from exc
-    if arr.shape != shape:
+    if arr.shape != shape:  # before the values: a callback returning None is told about the shape
         raise ValueError(f"mask_callback must return an array of shape blk_shape = {shape}; got shape "
                          f"{arr.shape} {where}")
-    if arr.dtype == np.bool_:
-        return arr
-    if not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
-        raise TypeError(f"mask_callback must return 0/1 numbers or booleans; got dtype {arr.dtype} {where}")
-    if not np.isin(arr, (0, 1)).all():
-        raise ValueError(f"mask_callback must return only 0 and 1; got other values {where}")
-    return arr != 0
+    return check_zero_one(arr, f"the mask mask_callback returned {where}", f"a {shape} array of 0/1")

@@ -7,7 +7,7 @@ pytest.importorskip("triton")
 
 from blocksparse.ops.lstm.configs import GatesConfig, lstm_gates_config  # noqa: E402
 from blocksparse.testing import rel_error, tolerance  # noqa: E402
-from blocksparse.testing import lstm_gates as ref  # noqa: E402
+from blocksparse.testing import norms as ref  # noqa: E402
 from blocksparse.torch._lstm import launch  # noqa: E402
 
 pytestmark = pytest.mark.interpreter
@@ -41,11 +41,11 @@ def test_packings(rng, shape, merged, bias, cfg):
 
 
 def _check(rng, dtype, n, k, merged, bias, cfg):
-    c, h, b, dcn, dhn = (torch.from_numpy(a).to(DTYPES[dtype]) for a in ref.draw(rng, n, k))
+    c, h, b, dcn, dhn = (torch.from_numpy(a).to(DTYPES[dtype]) for a in ref.draw_lstm_gates(rng, n, k))
     b = b if bias else None
     f64 = lambda t: None if t is None else t.double().numpy()  # noqa: E731
-    want = ref.lstm_gates(f64(c), f64(h), f64(b), forget_bias=0.7)
-    want_grads = ref.lstm_gates_grads(f64(dcn), f64(dhn), f64(c), f64(h), f64(b), forget_bias=0.7)
+    want = ref.lstm_gates(f64(c), f64(h), bias=f64(b), forget_bias=0.7)
+    want_grads = ref.lstm_gates_grad(f64(dcn), f64(dhn), f64(c), f64(h), bias=f64(b), forget_bias=0.7)
     gates = _gates(h, merged)
     c_next, h_next = launch.lstm_gates_fwd(c, gates, b, forget_bias=0.7, cfg=cfg or lstm_gates_config(k))
     dc, dgates, db = launch.lstm_gates_bwd(c, gates, b, dcn, dhn, forget_bias=0.7, merged=merged,
@@ -67,7 +67,7 @@ def _check(rng, dtype, n, k, merged, bias, cfg):
 def test_strided_rows_and_float32_bias(rng):
     """Gates read through their row strides (a slice of a wider buffer); a float32 bias with
     bfloat16 gates gives a float32 dbias."""
-    c64, h64, b64, dcn64, dhn64 = ref.draw(rng, 6, 16)
+    c64, h64, b64, dcn64, dhn64 = ref.draw_lstm_gates(rng, 6, 16)
     wide = torch.zeros(6, 80, dtype=torch.bfloat16)
     wide[:, 8:72] = torch.from_numpy(h64)
     c, dcn, dhn = (torch.from_numpy(a).bfloat16() for a in (c64, dcn64, dhn64))
@@ -76,8 +76,8 @@ def test_strided_rows_and_float32_bias(rng):
     c_next, h_next = launch.lstm_gates_fwd(c, gates, b, forget_bias=1.0)
     dc, dh, db = launch.lstm_gates_bwd(c, gates, b, dcn, dhn, forget_bias=1.0, merged=True, cfg=SMALL)
     f64 = lambda t: t.double().numpy()  # noqa: E731
-    want = (*ref.lstm_gates(f64(c), f64(h), b64),
-            *ref.lstm_gates_grads(f64(dcn), f64(dhn), f64(c), f64(h), b64))
+    want = (*ref.lstm_gates(f64(c), f64(h), bias=b64),
+            *ref.lstm_gates_grad(f64(dcn), f64(dhn), f64(c), f64(h), bias=b64))
     for got, exp in zip((c_next, h_next, dc, dh), want):
         assert rel_error(got, exp) < tolerance("bfloat16")
     assert db.dtype == torch.float32 and rel_error(db, want[-1]) < tolerance("float32")

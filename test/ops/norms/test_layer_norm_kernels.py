@@ -9,7 +9,7 @@ pytest.importorskip("triton")
 
 from blocksparse.ops.norms.configs import NormConfig, layer_norm_config  # noqa: E402
 from blocksparse.testing import rel_error, tolerance  # noqa: E402
-from blocksparse.testing import layer_norm as ref  # noqa: E402
+from blocksparse.testing import norms as ref  # noqa: E402
 from blocksparse.torch._norms import launch  # noqa: E402
 from blocksparse.torch._reduce import sum_rows  # noqa: E402
 
@@ -24,13 +24,13 @@ SHAPES = [(7, 96, 1), (1, 200, 4), (10, 80, 2)]
 def _run(rng, dtype, axis, n, c, segments, relu, cfg, *, affine=(True, True), offset=0.0):
     """Forward and backward through the launchers; returns (got, reference) pairs by name."""
     t = lambda a: torch.from_numpy(a).to(DTYPES[dtype])  # noqa: E731
-    x, g, b, dy = (t(a) for a in ref.draw(rng, n, c, axis, offset))
+    x, g, b, dy = (t(a) for a in ref.draw_layer_norm(rng, n, c, axis, offset))
     g, b = (p if keep else None for p, keep in zip((g, b), affine))
     f64 = lambda a: None if a is None else a.double().numpy()  # noqa: E731
     kw = dict(axis=axis, epsilon=1e-5, relu=relu, segments=segments)
     y_ref = ref.layer_norm(f64(x), f64(g), f64(b), **kw)
     dy = t(ref.relu_safe(f64(dy), y_ref)) if relu else dy
-    grads_ref = ref.layer_norm_grads(f64(dy), f64(x), f64(g), f64(b), **kw)
+    grads_ref = ref.layer_norm_grad(f64(dy), f64(x), f64(g), f64(b), **kw)
     cs = c // segments
     fwd_cfg = cfg or layer_norm_config(axis, cs, x.element_size())
     bwd_cfg = cfg or layer_norm_config(axis, cs, x.element_size(), backward=True)
@@ -95,7 +95,7 @@ def test_large_mean(rng, cfg):
 @pytest.mark.parametrize("axis", [1, 0], ids=["NC", "CN"])
 def test_strided_activations(rng, axis):
     """The kernels read any strides: a slice of a wider tensor, in either layout."""
-    x64, g64, b64, dy64 = ref.draw(rng, 6, 40, axis)
+    x64, g64, b64, dy64 = ref.draw_layer_norm(rng, 6, 40, axis)
     wide = torch.randn(6, 56) if axis == 1 else torch.randn(40, 20)
     x = wide[:, 8:48] if axis == 1 else wide[:, 4:10]
     x.copy_(torch.from_numpy(x64))
@@ -105,12 +105,12 @@ def test_strided_activations(rng, axis):
     dx, dg, db = launch.layer_norm_bwd(dy, x, g, b, mean, rstd, axis=axis, relu=False, segments=2)
     kw = dict(axis=axis, segments=2)
     assert rel_error(y, ref.layer_norm(x64, g64, b64, **kw)) < tolerance("float32")
-    for got, want in zip((dx, dg, db), ref.layer_norm_grads(dy64, x64, g64, b64, **kw)):
+    for got, want in zip((dx, dg, db), ref.layer_norm_grad(dy64, x64, g64, b64, **kw)):
         assert rel_error(got, want) < tolerance("float32")
 
 
 def test_float32_parameters_with_bfloat16_activations(rng):
-    x64, g64, b64, dy64 = ref.draw(rng, 5, 32, 1)
+    x64, g64, b64, dy64 = ref.draw_layer_norm(rng, 5, 32, 1)
     x, dy = (torch.from_numpy(a).bfloat16() for a in (x64, dy64))
     g, b = torch.from_numpy(g64).float(), torch.from_numpy(b64).float()
     y, mean, rstd = launch.layer_norm_fwd(x, g, b, axis=1, epsilon=1e-6, relu=False, segments=1)
@@ -118,14 +118,14 @@ def test_float32_parameters_with_bfloat16_activations(rng):
     assert (y.dtype, dx.dtype, dg.dtype, db.dtype) == (torch.bfloat16,) * 2 + (torch.float32,) * 2
     x64, dy64 = x.double().numpy(), dy.double().numpy()
     assert rel_error(y, ref.layer_norm(x64, g64, b64)) < tolerance("bfloat16")
-    _, dg_ref, db_ref = ref.layer_norm_grads(dy64, x64, g64, b64)
+    _, dg_ref, db_ref = ref.layer_norm_grad(dy64, x64, g64, b64)
     assert rel_error(dg, dg_ref) < tolerance("float32")
     assert rel_error(db, db_ref) < tolerance("float32")
 
 
 def test_backward_is_deterministic(rng):
     """Partial sums per program, added in a fixed order: the same bits on every run."""
-    x, g, b, dy = (torch.from_numpy(a).float() for a in ref.draw(rng, 37, 24, 1))
+    x, g, b, dy = (torch.from_numpy(a).float() for a in ref.draw_layer_norm(rng, 37, 24, 1))
     y, mean, rstd = launch.layer_norm_fwd(x, g, b, axis=1, epsilon=1e-6, relu=False, segments=1)
     cfg = NormConfig(BN=2, BC=32, num_warps=4, programs_per_sm=3)
     runs = [launch.layer_norm_bwd(dy, x, g, b, mean, rstd, axis=1, relu=False, segments=1, cfg=cfg)

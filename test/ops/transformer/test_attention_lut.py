@@ -57,12 +57,12 @@ def test_block_coord_and_repr():
 
 
 @pytest.mark.parametrize("layout, heads, err, words", [
-    (np.ones(4), None, ValueError, "3-D .* or 2-D .*got 1 dimension"),
+    (np.ones(4), None, ValueError, r"\(q_blocks, k_blocks\) or \(heads, q_blocks, k_blocks\); got 1 dimension"),
     (np.ones((1, 2, 2, 2)), None, ValueError, "got 4 dimension"),
     (np.ones((2, 2)), None, ValueError, "heads must be given with a 2-D layout"),
     (np.ones((3, 2, 2)), 2, ValueError, "layout has 3 heads .* but heads=2"),
     (np.ones((2, 2)), 0, ValueError, "heads must be >= 1; got 0"),
-    (np.ones((2, 2)), 2.0, TypeError, "heads must be a positive int"),
+    (np.ones((2, 2)), 2.0, TypeError, "heads must be an int; got 2.0"),
     (np.zeros((2, 3, 3)), None, ValueError, "at least one nonzero block"),
     (np.array([[[1, 0], [0, 0]], [[1, 1], [0, 0]]]), None, ValueError, r"same number of blocks.*\[1, 2\]"),
     (np.full((2, 2), 2), 1, ValueError, "only 0 and 1"),

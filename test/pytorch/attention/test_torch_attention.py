@@ -11,6 +11,7 @@ from blocksparse.layouts import attention as layouts  # noqa: E402
 from blocksparse.testing import rel_error, tolerance  # noqa: E402
 from blocksparse.testing.flash import attention_grads, element_mask, keep_mask  # noqa: E402
 from blocksparse.torch import AttentionLayout, attention  # noqa: E402
+from readme_examples import run_readme_example  # noqa: E402
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
           "float64": torch.float64}
@@ -205,8 +206,9 @@ BAD = {
     "layout-cover": (lambda q, k, v, lay: attention(q, k, v, AttentionLayout(layouts.causal(2), 16)), ValueError,
                      "2 \\* 16 = 32, but q has S = 64"),
     "layout-values": (lambda q, k, v, lay: attention(q, k, v, np.full((4, 4), 2)), ValueError,
-                      "only booleans or 0 and 1"),
-    "layout-empty": (lambda q, k, v, lay: attention(q, k, v, np.zeros((4, 4))), ValueError, "at least one block"),
+                      "layout must hold only 0 and 1"),
+    "layout-empty": (lambda q, k, v, lay: attention(q, k, v, np.zeros((4, 4))), ValueError,
+                     "at least one nonzero block"),
     "layout-rect": (lambda q, k, v, lay: attention(q, k, v, np.ones((4, 2))), ValueError, "square"),
     "block-size": (lambda q, k, v, lay: attention(q, k, v, lay, block_size=32), ValueError,
                    "None or the AttentionLayout's 16; got 32"),
@@ -244,13 +246,7 @@ def test_bad_input(rng, reference, case):
 
 
 def test_readme_example():
-    import pathlib
-    import re
-
-    readme = (pathlib.Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8")
-    code = re.search(r"<!-- example: torch-attention -->\s*```python\n(.*?)```", readme, re.S).group(1)
-    scope = {}
-    exec(compile(code, "README:torch-attention", "exec"), scope)
+    scope = run_readme_example("torch-attention")
     q, k, v, o, o2, S, bs = (scope[n] for n in ("q", "k", "v", "o", "o2", "S", "bs"))
     assert o.shape == q.shape and q.grad is not None and k.grad.shape == k.shape
     # the padded second sequence, query heads 0-1 (key/value head 0)

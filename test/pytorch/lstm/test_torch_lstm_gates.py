@@ -5,7 +5,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from blocksparse.testing import rel_error, tolerance  # noqa: E402
-from blocksparse.testing import lstm_gates as ref  # noqa: E402
+from blocksparse.testing import norms as ref  # noqa: E402
 from blocksparse.torch import fused_lstm_gates  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -14,7 +14,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 def _inputs(rng, dtype, n, k, bias=True):
     """Leaf tensors (c, h, bias or None) and the output gradients (dc_next, dh_next)."""
-    c, h, b, dcn, dhn = (torch.from_numpy(a).to(DTYPES[dtype]) for a in ref.draw(rng, n, k))
+    c, h, b, dcn, dhn = (torch.from_numpy(a).to(DTYPES[dtype]) for a in ref.draw_lstm_gates(rng, n, k))
     return c.requires_grad_(), h.requires_grad_(), b.requires_grad_() if bias else None, dcn, dhn
 
 
@@ -26,14 +26,15 @@ def _check(c, h, bias, dcn, dhn, tol, merged=True, forget_bias=1.0):
     """Values and gradients (c, merged gates, bias) against the float64 formulas."""
     gates = (h,) if merged else [t.detach().clone().requires_grad_() for t in h.split(c.shape[1], 1)]
     c_next, h_next = fused_lstm_gates(c, *gates, bias=bias, forget_bias=forget_bias)
-    want = ref.lstm_gates(_f64(c), _f64(h), _f64(bias), forget_bias)
+    want = ref.lstm_gates(_f64(c), _f64(h), bias=_f64(bias), forget_bias=forget_bias)
     for got, exp in zip((c_next, h_next), want):
         assert got.dtype == c.dtype and got.shape == c.shape
         assert rel_error(got, exp) < tol
     leaves = [c, *gates] + ([bias] if bias is not None else [])
     grads = torch.autograd.grad((c_next, h_next), leaves, (dcn, dhn))
     dc, dh = grads[0], torch.cat(grads[1:1 + len(gates)], 1)
-    dc_ref, dh_ref, db_ref = ref.lstm_gates_grads(_f64(dcn), _f64(dhn), _f64(c), _f64(h), _f64(bias), forget_bias)
+    dc_ref, dh_ref, db_ref = ref.lstm_gates_grad(_f64(dcn), _f64(dhn), _f64(c), _f64(h), bias=_f64(bias),
+                                                forget_bias=forget_bias)
     assert rel_error(dc, dc_ref) < tol and rel_error(dh, dh_ref) < tol
     assert all(g.dtype == leaf.dtype and g.shape == leaf.shape for g, leaf in zip(grads, leaves))
     if bias is not None:
@@ -63,7 +64,7 @@ def test_only_h_next_used(rng):
     c, h, b, dcn, dhn = _inputs(rng, "float32", 4, 8)
     _, h_next = fused_lstm_gates(c, h, bias=b)
     dc, dh = torch.autograd.grad(h_next, (c, h), dhn)
-    dc_ref, dh_ref, _ = ref.lstm_gates_grads(0 * _f64(dcn), _f64(dhn), _f64(c), _f64(h), _f64(b))
+    dc_ref, dh_ref, _ = ref.lstm_gates_grad(0 * _f64(dcn), _f64(dhn), _f64(c), _f64(h), bias=_f64(b))
     assert rel_error(dc, dc_ref) < 1e-5 and rel_error(dh, dh_ref) < 1e-5
 
 
@@ -114,7 +115,7 @@ def test_autocast_cpu(rng):
         c_next, h_next = fused_lstm_gates(c, h, bias=b)
     assert c_next.dtype == h_next.dtype == torch.bfloat16
     c16, h16 = (t.detach().bfloat16().double().numpy() for t in (c, h))
-    for got, exp in zip((c_next, h_next), ref.lstm_gates(c16, h16, _f64(b))):
+    for got, exp in zip((c_next, h_next), ref.lstm_gates(c16, h16, bias=_f64(b))):
         assert rel_error(got, exp) < tolerance("bfloat16")
     dc, dh, db = torch.autograd.grad((c_next, h_next), (c, h, b), (dcn.bfloat16(), dhn.bfloat16()))
     assert dc.dtype == dh.dtype == db.dtype == torch.float32
@@ -159,10 +160,10 @@ def test_gpu(rng, dtype, n, k, merged):
     outs = fused_lstm_gates(c, *gates, bias=b)
     kw = dict(forget_bias=1.0, xp=torch)
     c64, h64, b64 = (t.detach().double() for t in (c, h, b))
-    for got, want in zip(outs, ref.lstm_gates(c64, h64, b64, **kw)):
+    for got, want in zip(outs, ref.lstm_gates(c64, h64, bias=b64, **kw)):
         assert rel_error(got, want) < tolerance(dtype)
     grads = torch.autograd.grad(outs, (c, h, b), (dcn, dhn))
-    for got, want in zip(grads, ref.lstm_gates_grads(dcn.double(), dhn.double(), c64, h64, b64, **kw)):
+    for got, want in zip(grads, ref.lstm_gates_grad(dcn.double(), dhn.double(), c64, h64, bias=b64, **kw)):
         assert rel_error(got, want) < tolerance(dtype)
     again = torch.autograd.grad(fused_lstm_gates(c, *gates, bias=b), (c, h, b), (dcn, dhn))
     assert all(torch.equal(x, y) for x, y in zip(grads, again))

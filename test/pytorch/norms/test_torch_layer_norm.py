@@ -6,7 +6,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from blocksparse.testing import rel_error, tolerance  # noqa: E402
-from blocksparse.testing import layer_norm as ref  # noqa: E402
+from blocksparse.testing import norms as ref  # noqa: E402
 from blocksparse.torch import layer_norm  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -15,7 +15,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 def _inputs(rng, dtype, axis, n, c, affine=(True, True)):
     """(x, g, b, dy) as leaf tensors of ``dtype`` (g / b None where ``affine`` says so)."""
-    x, g, b, dy = (torch.from_numpy(a).to(DTYPES[dtype]) for a in ref.draw(rng, n, c, axis))
+    x, g, b, dy = (torch.from_numpy(a).to(DTYPES[dtype]) for a in ref.draw_layer_norm(rng, n, c, axis))
     g, b = (p.requires_grad_() if keep else None for p, keep in zip((g, b), affine))
     return x.requires_grad_(), g, b, dy
 
@@ -34,7 +34,7 @@ def _check(x, g, b, dy, tol, **kw):
     assert y.dtype == x.dtype and y.shape == x.shape
     assert rel_error(y, y_ref) < tol
     leaves = [t for t in (x, g, b) if t is not None]
-    grads = dict(zip(("x", "g", "b"), ref.layer_norm_grads(_f64(dy), _f64(x), _f64(g), _f64(b), **ref_kw)))
+    grads = dict(zip(("x", "g", "b"), ref.layer_norm_grad(_f64(dy), _f64(x), _f64(g), _f64(b), **ref_kw)))
     got = dict(zip([n for n, t in zip("xgb", (x, g, b)) if t is not None], torch.autograd.grad(y, leaves, dy)))
     for name, leaf in zip("xgb", (x, g, b)):
         if leaf is not None:
@@ -79,7 +79,7 @@ def test_parameters_of_any_shape_with_c_elements(rng):
     y = layer_norm(x, g2, b2, axis=0)
     dg, db = torch.autograd.grad(y, (g2, b2), dy)
     assert dg.shape == (24, 1) and db.shape == (1, 24)
-    _, dg_ref, db_ref = ref.layer_norm_grads(_f64(dy), _f64(x), _f64(g), _f64(b), axis=0)
+    _, dg_ref, db_ref = ref.layer_norm_grad(_f64(dy), _f64(x), _f64(g), _f64(b), axis=0)
     assert rel_error(dg.reshape(-1), dg_ref) < 1e-5 and rel_error(db.reshape(-1), db_ref) < 1e-5
 
 
@@ -140,7 +140,7 @@ def test_autocast_cpu(rng):
     assert rel_error(y, ref.layer_norm(x16, _f64(g), _f64(b), segments=2)) < tolerance("bfloat16")
     dx, dg = torch.autograd.grad(y, (x, g), dy.bfloat16())
     assert dx.dtype == dg.dtype == torch.float32
-    dx_ref, dg_ref, _ = ref.layer_norm_grads(dy.bfloat16().double().numpy(), x16, _f64(g), _f64(b), segments=2)
+    dx_ref, dg_ref, _ = ref.layer_norm_grad(dy.bfloat16().double().numpy(), x16, _f64(g), _f64(b), segments=2)
     assert rel_error(dx, dx_ref) < tolerance("bfloat16") and rel_error(dg, dg_ref) < tolerance("bfloat16")
 
 
@@ -195,7 +195,7 @@ def test_gpu(rng, dtype, axis, n, c, segments):
     dy = ref.relu_safe(dy.double(), y_ref).to(dy.dtype)
     assert rel_error(y, y_ref) < tolerance(dtype)
     grads = torch.autograd.grad(y, (x, g, b), dy)
-    for got, want in zip(grads, ref.layer_norm_grads(dy.double(), x64, g64, b64, **kw)):
+    for got, want in zip(grads, ref.layer_norm_grad(dy.double(), x64, g64, b64, **kw)):
         assert rel_error(got, want) < tolerance(dtype)
     again = torch.autograd.grad(layer_norm(x, g, b, axis=axis, relu=True, segments=segments), (x, g, b), dy)
     assert all(torch.equal(a, b) for a, b in zip(grads, again))  # deterministic

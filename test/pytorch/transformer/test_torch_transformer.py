@@ -34,10 +34,7 @@ def _attention(bst, q, k, v, do, scale, autoregress_at_key=None):
 
 
 def _check_attention(rng, bst, dtype, head_dim=8, batch=2, scale=0.35, autoregress_at_key=None, rel=1.0):
-    t = lambda shape: torch.from_numpy(rng.standard_normal(shape)).to(DTYPES[dtype])  # noqa: E731
-    q = t((batch, bst.ctx_q, bst.heads * head_dim))
-    k, v = t((batch, bst.ctx_k, bst.heads * head_dim)), t((batch, bst.ctx_k, bst.heads * head_dim))
-    do = t((batch, bst.ctx_q, bst.heads * head_dim))
+    q, k, v, do = (torch.from_numpy(a).to(DTYPES[dtype]) for a in ref.draw_attention(rng, bst, batch, head_dim))
     got = _attention(bst, q, k, v, do, scale, autoregress_at_key)
     want = ref.attention(bst.layout, *(x.double().numpy() for x in (q, k, v, do)), scale, bst.masks,
                          autoregress_at_key)

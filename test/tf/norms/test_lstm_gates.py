@@ -23,21 +23,15 @@ def gates_case(rng, shape, bias):
 
 def check(res, gates_merged, forget_bias, dtypes, with_bias, grads_of):
     """``res``: a run of ``(c, gates...)`` (+ bias); ``grads_of``: which outputs got gradients."""
-    c = res.inputs[0]
-    if gates_merged:
-        i, j, f, o = np.split(res.inputs[1], 4, axis=-1)
-    else:
-        i, j, f, o = res.inputs[1:5]
+    c, gates = res.inputs[0], res.inputs[1:2] if gates_merged else res.inputs[1:5]
     bias = res.inputs[-1] if with_bias else None
     tol = tolerance(dtypes[0])
     assert res.out_dtypes == [dtypes[0].name] * 2 and res.grad_dtypes == [d.name for d in dtypes]
-    for got, want in zip(res.outputs, ref.lstm_gates(c, i, j, f, o, bias, forget_bias)):
+    for got, want in zip(res.outputs, ref.lstm_gates(c, *gates, bias=bias, forget_bias=forget_bias)):
         assert rel_error(got, want) < tol
     dc_next, dh_next = (g if use else np.zeros_like(c) for g, use in zip(res.grad_ys, grads_of))
-    want = ref.lstm_gates_grad(dc_next, dh_next, c, i, j, f, o, bias, forget_bias)
-    dc, dgates, dbias = want[0], want[1:5], want[5]
-    if gates_merged:
-        dgates = [np.concatenate(dgates, axis=-1)]
+    want = ref.lstm_gates_grad(dc_next, dh_next, c, *gates, bias=bias, forget_bias=forget_bias)
+    dc, dgates, dbias = want[0], want[1:-1], want[-1]
     for what, got, w in zip(["dc", "dgates"] + ["dgates"] * 3 + ["dbias"], res.grads,
                             [dc, *dgates] + ([dbias] if with_bias else [])):
         assert rel_error(got, w) < tol, what

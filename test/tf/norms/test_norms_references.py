@@ -1,5 +1,6 @@
 """The float64 references' gradients (blocksparse.testing.ew / .norms) against central finite
-differences, so that the oracle the ops are tested against is itself checked (numpy only)."""
+differences, so that the oracle the ops are tested against is itself checked; the LSTM gates'
+merged and four-gate forms agree, and the torch namespace computes what numpy does."""
 import numpy as np
 import pytest
 
@@ -55,12 +56,40 @@ def test_lstm_gates(rng, bias):
     shape = (3, 5)
     inputs = [rng.standard_normal(shape) for _ in range(5)] + ([rng.standard_normal(20)] if bias else [])
     dys = [rng.standard_normal(shape), rng.standard_normal(shape)]
-    grads = norms.lstm_gates_grad(*dys, *inputs[:5], inputs[5] if bias else None, 0.7)
+    grads = norms.lstm_gates_grad(*dys, *inputs[:5], bias=inputs[5] if bias else None, forget_bias=0.7)
 
     def f(*xs):
-        return norms.lstm_gates(*xs[:5], xs[5] if bias else None, 0.7)
+        return norms.lstm_gates(*xs[:5], bias=xs[5] if bias else None, forget_bias=0.7)
 
     check(f, [g for g in grads if g is not None], inputs, dys, rng)
+
+
+def test_lstm_gates_merged_and_four_gates_agree(rng):
+    c, h, bias, dc_next, dh_next = norms.draw_lstm_gates(rng, 3, 4)
+    four = np.split(h, 4, axis=-1)
+    assert np.array_equal(norms.lstm_gates(c, h, bias=bias), norms.lstm_gates(c, *four, bias=bias))
+    dc, dh, dbias = norms.lstm_gates_grad(dc_next, dh_next, c, h, bias=bias)
+    dc4, *dgates, dbias4 = norms.lstm_gates_grad(dc_next, dh_next, c, *four, bias=bias)
+    for merged, split in ((dc, dc4), (dh, np.concatenate(dgates, axis=-1)), (dbias, dbias4)):
+        assert np.array_equal(merged, split)
+    with pytest.raises(TypeError, match="got 2"):
+        norms.lstm_gates(c, h, bias)  # a bias given by position would be read as a gate
+
+
+@pytest.mark.parametrize("axis", [1, 0])
+def test_torch_namespace_matches_numpy(rng, axis):
+    torch = pytest.importorskip("torch")
+    x, g, b, dy = norms.draw_layer_norm(rng, 5, 12, axis)
+    c, h, bias, dc_next, dh_next = norms.draw_lstm_gates(rng, 5, 3)
+    kw = dict(axis=axis, segments=3, relu=True)
+    cases = [(norms.layer_norm, (x, g, b), kw), (norms.layer_norm_grad, (dy, x, g, b), kw),
+             (norms.layer_norm_grad, (dy, x, None, None), {}),
+             (norms.lstm_gates, (c, h), dict(bias=bias)), (norms.lstm_gates_grad, (dc_next, dh_next, c, h), {})]
+    for fn, args, kwargs in cases:
+        want = fn(*args, **kwargs)
+        got = fn(*(None if a is None else torch.from_numpy(a) for a in args), **kwargs, xp=torch)
+        for w, t in zip(want if isinstance(want, tuple) else [want], got if isinstance(got, tuple) else [got]):
+            assert (w is None and t is None) or (t.dtype == torch.float64 and np.allclose(t.numpy(), w, 0, 1e-12))
 
 
 def test_batch_norm(rng):

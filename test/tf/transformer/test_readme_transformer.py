@@ -3,12 +3,11 @@ import numpy as np
 
 from blocksparse.testing import attention as ref
 from blocksparse.testing import rel_error, tolerance
-from readme_examples import readme_example
+from readme_examples import run_readme_example
 
 
 def test_tf_example():
-    scope = {}
-    exec(compile(readme_example("transformer-tf"), "README:transformer-tf", "exec"), scope)
+    scope = run_readme_example("transformer-tf")
     bst, q, k, v, y, dq = (scope[n] for n in ("bst", "q", "k", "v", "y", "dq"))
     o, dq_ref, _, _ = ref.attention(bst.layout, q.numpy(), k.numpy(), v.numpy(), np.ones(y.shape),
                                     scope["head_dim"] ** -0.5, bst.masks)

@@ -54,9 +54,7 @@ MODES = {"eager": _eager, "function": _function, "graph": _graph}
 
 def check_attention(rng, bst, mode="eager", dtype="float32", head_dim=8, batch=2, scale=0.35,
                     autoregress_at_key=None):
-    shapes = [(batch, bst.ctx_q, bst.heads * head_dim), (batch, bst.ctx_k, bst.heads * head_dim),
-              (batch, bst.ctx_k, bst.heads * head_dim), (batch, bst.ctx_q, bst.heads * head_dim)]
-    inputs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    inputs = [a.astype(np.float32) for a in ref.draw_attention(rng, bst, batch, head_dim)]
     got = MODES[mode](bst, inputs, DTYPES[dtype], scale, autoregress_at_key)
     if mode != "graph":
         assert all(t.dtype == DTYPES[dtype] for t in got)
