@@ -196,7 +196,7 @@ class LinearDispatch(nn.Module):
             forced = self._forced()
             return forced[0] if forced else _traced_choice(self.handle, dtype, device_type, backward)
         tokens = x.shape[0]
-        self.last_tokens = tokens
+        self.__dict__["last_tokens"] = tokens  # a plain int: nn.Module.__setattr__ costs microseconds
         tf32 = device_type == "cuda" and dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
         key = (tokens, dtype, device_type, backward, self.impl, os.environ.get("BLOCKSPARSE_BACKEND"), tf32)
         impl = self._choices.get(key)
