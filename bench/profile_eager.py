@@ -3,14 +3,20 @@ profiler over a few forward + backward steps of ``BlocksparseLinear`` and of ``n
 shape), printing the host-side ops by self time and every synchronising call it saw.
 
     python bench/profile_eager.py [--tokens 8192] [--features 1024] [--block-size 32]
+    python bench/profile_eager.py --breakdown --out DIR    # the step taken apart, timed
 
 Prints two tables (about 20 s on an H200).  ``bench/latency.py`` measures; this one explains.
+``--breakdown`` times the parts of one training step of ``BlocksparseLinear`` (forward, each
+product called directly, the step without autograd, the step through autograd, and the same step
+of an ``autograd.Function`` around dense ``torch`` matmuls) with ``bench/latency.py``'s timers and
+writes ``eager-breakdown-NxC.{json,md}``.
 """
 import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -41,6 +47,107 @@ def report(name, layer, x, dy, steps):
     print("synchronising calls:", ", ".join(f"{e.key} x{e.count}" for e in syncs) or "none")
 
 
+def breakdown(n, c, bs, density, out):
+    """Eager / graph / host microseconds of the parts of one training step (see the module doc)."""
+    import json
+
+    from latency import Timer
+    from blocksparse.torch._matmul import products
+    layout = random_layout(np.random.default_rng(0), c // bs, c // bs, density, cover=True)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # cpu: a smoke run
+    factory = dict(device=device, dtype=torch.bfloat16)
+    layer = BlocksparseLinear(layout, bs, **factory)
+    x = torch.randn(n, c, **factory).requires_grad_()
+    dy = torch.randn(n, c, **factory)
+    w, h, xd = layer.weight, layer.bsmm._handle, x.detach()
+    wd = torch.randn(c, c, **factory).requires_grad_()
+    inputs = (x, *layer.parameters())
+
+    class DenseFn(torch.autograd.Function):  # the same autograd structure around cuBLAS
+        @staticmethod
+        def forward(ctx, a, b):
+            ctx.save_for_backward(a, b)
+            return a @ b
+
+        @staticmethod
+        def backward(ctx, g):
+            a, b = ctx.saved_tensors
+            return g @ b.t(), a.t() @ g
+
+    class PlainFn(DenseFn):  # that structure around our products (no bias, no once_differentiable)
+        @staticmethod
+        def forward(ctx, a, b):
+            ctx.save_for_backward(a, b)
+            return products.fprop(a, b, h, 1, "ieee")
+
+        @staticmethod
+        def backward(ctx, g):
+            a, b = ctx.saved_tensors
+            return products.bprop(g, b, h, 1, "ieee"), products.updat(a, g, h, 1, "ieee", b.dtype)
+
+    def manual():
+        products.fprop(xd, w.detach(), h, 1, "ieee")
+        products.bprop(dy, w.detach(), h, 1, "ieee")
+        products.updat(xd, dy, h, 1, "ieee", w.dtype)
+        dy.sum(0)
+
+    def single_thread(fn):  # backward on the calling thread instead of autograd's CUDA worker
+        def run():
+            torch.autograd.set_multithreading_enabled(False)
+            try:
+                fn()
+            finally:
+                torch.autograd.set_multithreading_enabled(True)
+        return run
+
+    dense = torch.nn.Linear(c, c, **factory)
+    step = lambda: torch.autograd.grad(layer(x), inputs, dy)  # noqa: E731
+    dense_fn = lambda: torch.autograd.grad(DenseFn.apply(x, wd), (x, wd), dy)  # noqa: E731
+    parts = {
+        "layer(x), grad enabled": lambda: layer(x),
+        "fprop alone": lambda: products.fprop(xd, w.detach(), h, 1, "ieee"),
+        "bprop alone": lambda: products.bprop(dy, w.detach(), h, 1, "ieee"),
+        "updat alone": lambda: products.updat(xd, dy, h, 1, "ieee", w.dtype),
+        "fprop+bprop+updat+bias grad, no autograd": manual,
+        "autograd.grad(layer(x))": step,
+        "autograd.grad(layer(x)), backward on the calling thread": single_thread(step),
+        "autograd.grad(bsmm(x, W))": lambda: torch.autograd.grad(layer.bsmm(x, w), (x, w), dy),
+        "autograd.grad(plain Function over our products)":
+            lambda: torch.autograd.grad(PlainFn.apply(x, w), (x, w), dy),
+        "autograd.grad(DenseFn(x, W)) (cuBLAS)": dense_fn,
+        "autograd.grad(DenseFn(x, W)), backward on the calling thread": single_thread(dense_fn),
+        "autograd.grad(nn.Linear)": lambda: torch.autograd.grad(dense(x), (x, *dense.parameters()), dy),
+    }
+    timer = Timer(device, 50, 5) if device.type == "cuda" else Timer(device, 2, 1)
+    rows = []
+    for name, fn in parts.items():
+        for _ in range(5):
+            fn()
+        if timer.gpu:
+            torch.cuda.synchronize()
+        rows.append(dict(part=name, eager_us=timer.eager_us(fn), graph_us=timer.graph_us(fn),
+                         host_us=timer.host_us(fn)))
+        print(json.dumps(rows[-1]), flush=True)
+    meta = dict(device=torch.cuda.get_device_name() if timer.gpu else "CPU (smoke run)", torch=torch.__version__, N=n, C=c, block_size=bs,
+                density=density, dtype="bfloat16", paths=sorted({f"{k[0]}:{p.path}" for k, p in
+                                                                 _plan_state(h).plans.items()}))
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"eager-breakdown-{n}x{c}.json"), "w") as f:
+        json.dump(dict(meta, rows=rows), f, indent=1)
+    lines = [f"# One eager training step taken apart ({meta['device']})", "",
+             f"BlocksparseLinear {n} x {c}, bs{bs}, d={density}, bf16; plans {', '.join(meta['paths'])}. "
+             "µs per call: eager (what a loop sees), graph (GPU time), host (Python time, GPU kept busy).", "",
+             "| part | eager | graph | host |", "|---|---|---|---|"]
+    lines += [f"| {r['part']} | {r['eager_us']:.1f} | {r['graph_us']:.1f} | {r['host_us']:.1f} |" for r in rows]
+    with open(os.path.join(out, f"eager-breakdown-{n}x{c}.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def _plan_state(handle):
+    from blocksparse.torch._matmul import plan
+    return plan.state(handle)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=8192)
@@ -48,7 +155,11 @@ def main():
     ap.add_argument("--block-size", type=int, default=32)
     ap.add_argument("--density", type=float, default=0.25)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--breakdown", action="store_true", help="time the parts of a step (see the module doc)")
+    ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
+    if args.breakdown:
+        return breakdown(args.tokens, args.features, args.block_size, args.density, args.out)
     n, c, bs = args.tokens, args.features, args.block_size
     layout = random_layout(np.random.default_rng(0), c // bs, c // bs, args.density, cover=True)
     factory = dict(device="cuda", dtype=torch.bfloat16)

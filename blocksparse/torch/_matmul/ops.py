@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from .._autograd import direct_apply
 from . import plan as _plan
 from . import products as _products
 
@@ -109,11 +110,7 @@ class MatmulFunction(torch.autograd.Function):
         return dx, dw, db, None, None, None
 
 
-# Function.apply's Python wrapper (default-argument binding, functorch's pytree unwrapping) costs
-# as much as the C++ apply behind it; without functorch transforms it does nothing for this
-# function (no setup_context, no defaults), so eager calls go to the C++ apply directly.
-_apply = super(torch.autograd.Function, MatmulFunction).apply
-_functorch_active = torch._C._are_functorch_transforms_active
+_apply = direct_apply(MatmulFunction)
 
 
 def matmul(x, w, layout, axis, precision, bias=None):
@@ -125,8 +122,6 @@ def matmul(x, w, layout, axis, precision, bias=None):
         return y if bias is None else y + (bias.to(y.dtype) if axis == 1 else bias.to(y.dtype)[:, None])
     if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
                                     or (bias is not None and bias.requires_grad)):
-        if _functorch_active():
-            return MatmulFunction.apply(x, w, bias, layout, axis, precision)
         return _apply(x, w, bias, layout, axis, precision)
     y = _products.fprop(x, w, layout, axis, precision)
     return y if bias is None else _add_bias(y, bias, axis)

@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._autograd import direct_apply
+
 __all__ = ["DenseCache", "PortableTables", "dense_matmul", "portable_matmul"]
 
 
@@ -129,7 +131,22 @@ def dense_matmul(x, w, tables, bias=None, cache=None):
     if cache is None:
         # F.linear: one fused matmul + bias, cast as nn.Linear is under autocast
         return F.linear(x, _densify(w, tables).t(), bias)
-    dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
-    with torch.autocast(x.device.type, enabled=False):
-        return _DenseMasked.apply(x.to(dtype), w, None if bias is None else bias.to(dtype),
-                                  cache.get(w, tables, dtype), tables)
+    device_type = x.device.type
+    if torch.is_autocast_enabled(device_type):  # the cast as autocast does it, then plain dtypes
+        dtype = torch.get_autocast_dtype(device_type)
+        with torch.autocast(device_type, enabled=False):
+            return _dense_cached(x.to(dtype), w, None if bias is None else bias.to(dtype),
+                                 cache.get(w, tables, dtype), tables)
+    return _dense_cached(x, w, bias, cache.get(w, tables, x.dtype), tables)
+
+
+_masked_apply = direct_apply(_DenseMasked)
+
+
+def _dense_cached(x, w, bias, dense, tables):
+    """``x @ dense + bias``: through :class:`_DenseMasked` where a gradient is wanted, else one
+    ``F.linear``."""
+    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
+                                    or (bias is not None and bias.requires_grad)):
+        return _masked_apply(x, w, bias, dense, tables)
+    return F.linear(x, dense.t(), bias)

@@ -210,8 +210,10 @@ def test_grouping_policy():
         keep = [(c, k) for c in range(CB) for k in range(CB) if (c + k) % round(1 / density) == 0]
         return ConvBlocks(*parse_bck([(range(c * bs, (c + 1) * bs), range(k * bs, (k + 1) * bs))
                                       for c, k in keep]), trs=9)
-    for spec, want in ((blocks(32, 8, 0.5), True), (blocks(64, 4, 0.25), True),
-                       (blocks(16, 8, 0.5), False), (blocks(32, 4, 1.0), False)):
+    # the measured rule: wide blocks (>= GROUPED_MIN_CHANNELS) at density <= GROUPED_MAX_DENSITY only
+    for spec, want in ((blocks(128, 4, 0.25), True), (blocks(256, 8, 0.125), True),
+                       (blocks(128, 4, 0.5), False), (blocks(64, 8, 0.25), False),
+                       (blocks(32, 8, 0.125), False), (blocks(128, 2, 1.0), False)):
         assert worth_grouping(spec, grouped_plan(spec)) is want
 
 

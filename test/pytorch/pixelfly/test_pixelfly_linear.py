@@ -190,11 +190,9 @@ def test_bad_call_args():
 
 def test_readme_example():
     """The README's pixelfly example runs as printed (on smaller inputs) and trains through."""
-    import pathlib
-    import re
+    from readme_examples import readme_example
 
-    text = (pathlib.Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8")
-    code = re.search(r"<!-- example: pixelfly -->\s*```python\n(.*?)```", text, re.S).group(1)
+    code = readme_example("pixelfly")
     scope = {}
     exec(compile(code.replace("torch.randn(16, 512, 384", "torch.randn(2, 8, 384"), "README:pixelfly", "exec"), scope)
     mlp, x = scope["mlp"], scope["x"]

@@ -223,7 +223,7 @@ def test_on_a_gpu_the_ops_are_built_with_the_kernels_tables(op_library, gpu_arch
     if op_library.group(arch, "fprop", "bf16", 32, axis) is None:
         pytest.skip(f"this library has no kernels for sm_{arch}")
     gpu_arch(arch)
-    bsmm = BlocksparseMatMul(MASK, block_size=32, feature_axis=axis)
+    bsmm = BlocksparseMatMul(MASK, block_size=32, feature_axis=axis, impl="kernels")
     products = backend.select(bsmm.layout, axis, tf.bfloat16)
     assert products.name == f"tf-gpu-sm{arch}"
     concrete = _gpu_graph(bsmm, tf.bfloat16)
@@ -245,7 +245,7 @@ def test_on_a_gpu_the_ops_are_built_with_the_kernels_tables(op_library, gpu_arch
 
 def test_gpu_path_honours_dw_dtype(op_library, gpu_arch):
     gpu_arch(90)
-    bsmm = BlocksparseMatMul(MASK, block_size=32)
+    bsmm = BlocksparseMatMul(MASK, block_size=32, impl="kernels")
     w = tf.Variable(tf.zeros(bsmm.w_shape, tf.bfloat16))
 
     @tf.function(input_signature=[tf.TensorSpec((None, bsmm.C), tf.bfloat16)])
@@ -285,7 +285,7 @@ def test_registered_gradient_of_the_raw_op(op_library, dtype):
 
 def test_group_param_grads_merges_gpu_products(op_library, gpu_arch):
     gpu_arch(90)
-    bsmm = BlocksparseMatMul(MASK, block_size=32)
+    bsmm = BlocksparseMatMul(MASK, block_size=32, impl="kernels")
     graph = tf.Graph()
     with graph.as_default():
         x = tf.compat.v1.placeholder(tf.bfloat16, (None, bsmm.C))
