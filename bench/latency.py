@@ -402,6 +402,13 @@ def markdown(meta, rows):
 SAVED_KERNELS = os.environ.get("BLOCKSPARSE_KERNELS")
 
 
+def _where(path):
+    """``path`` relative to the repository when inside it (results name no machine's folders)."""
+    if path and os.path.isabs(path) and path.startswith(os.path.dirname(HERE) + os.sep):
+        return os.path.relpath(path, os.path.dirname(HERE))
+    return path
+
+
 def main(args):
     t0 = time.time()
     device = torch.device("cpu" if args.cpu else "cuda")
@@ -416,7 +423,7 @@ def main(args):
 
     meta = dict(device=torch.cuda.get_device_name() if timer.gpu else "CPU (smoke run)", torch=torch.__version__,
                 triton=triton.__version__, date=time.strftime("%Y-%m-%d"), calls=calls, repeats=repeats,
-                kernels=kernels.get("library") or f"none ({kernels.get('reason', '')})", paths=paths)
+                kernels=_where(kernels.get("library")) or f"none ({kernels.get('reason', '')})", paths=paths)
     os.makedirs(args.out, exist_ok=True)
     rows = []
     for case in cases(args, device):

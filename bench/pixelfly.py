@@ -1,13 +1,14 @@
 """The pixelfly discussion's two MLPs: PixelflyLinear (auto and each implementation) vs nn.Linear.
 
-    python bench/pixelfly.py --out bench/results                 # GPU, about 2 minutes on an H200
+    python bench/pixelfly.py --out bench/results                 # GPU, about 4 minutes on an H200
     python bench/pixelfly.py --quick --cpu --out /tmp/pixelfly   # smoke run: tiny, kernels interpreted
 
 Exactly the discussion's setup (and the anchors' measurement of ``nn.Linear``): layers
 [(384, 1536), (1536, 384)] with block 48, butterfly 64, and [(2048, 8192), (8192, 4096)] with
 block 256, butterfly 64 (all factors, no low-rank term, with bias), input ``[16, 512, D]``; one
-step is ``mlp(x).sum().backward()``; 5 warm-up steps, then 100 timed between two synchronisations;
-float32 (TF32 off) and bfloat16 (parameters and input).  Variants: ``nn.Linear``;
+step is ``mlp(x).sum().backward()``; 5 warm-up steps, then 100 timed between two synchronisations,
+in ``--rounds`` rounds (default 5) that interleave the variants, the median reported (with the
+spread, (max - min) / min); float32 (TF32 off) and bfloat16 (parameters and input).  Variants: ``nn.Linear``;
 ``PixelflyLinear`` with ``impl="auto"`` (the dispatch cost model: each layer's plan is recorded) and
 forced to ``kernels``, ``portable`` and ``dense``.
 
@@ -107,6 +108,7 @@ def run(args):
     torch.backends.cuda.matmul.allow_tf32 = False
     scale = 16 if args.quick else 1
     iters = 2 if args.quick else args.iters
+    rounds = 1 if args.quick else args.rounds
     result = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
               "created": datetime.date.today().isoformat(), "iters": iters, "input": [*SHAPE, "D"], "rows": []}
     shape = (2, 8) if args.quick else SHAPE
@@ -115,34 +117,46 @@ def run(args):
         block, butterfly = block // scale, max(2, butterfly // scale)
         for dtype in (torch.float32, torch.bfloat16):
             x = torch.randn(*shape, layers[0][0], device=device, dtype=dtype, requires_grad=True)
-            base = None
+            ready = []  # (row, mlp) of the variants that passed their check
             for variant in VARIANTS:
                 row = {"mlp": name, "layers": layers, "block_size": block, "butterfly_size": butterfly,
                        "dtype": str(dtype).replace("torch.", ""), "impl": variant}
-                mlp = None
                 try:
                     torch.manual_seed(0)
                     mlp = build(variant, layers, block, butterfly, device, dtype)
                     with _interpreted(variant, device):
                         errs = check(mlp, x, dtype)
-                        row["rel_error"] = errs
-                        if max(errs.values()) > 4 * tolerance(dtype):
-                            raise AssertionError(f"wrong results: {errs}")
-                        if variant != "nn.Linear":
-                            row["plans"] = [str(m.plan(shape[0] * shape[1], dtype, device)) for m in mlp]
-                        row["seconds"] = timed(mlp, x, iters, sync)
-                    if variant == "nn.Linear":
-                        base = row["seconds"]
-                    row["ratio_to_linear"] = row["seconds"] / base if base else None
+                    row["rel_error"] = errs
+                    if max(errs.values()) > 4 * tolerance(dtype):
+                        raise AssertionError(f"wrong results: {errs}")
+                    if variant != "nn.Linear":
+                        row["plans"] = [str(m.plan(shape[0] * shape[1], dtype, device)) for m in mlp]
+                    ready.append((row, mlp))
                 except Exception as exc:  # a failing variant must not stop the others
                     traceback.print_exc()
                     row["error"] = f"{type(exc).__name__}: {exc}"[:500]
                 result["rows"].append(row)
+            times = {id(row): [] for row, _ in ready}
+            for _ in range(rounds):  # interleaved: a slow moment of the host hits every variant
+                for row, mlp in ready:
+                    try:
+                        with _interpreted(row["impl"], device):
+                            times[id(row)].append(timed(mlp, x, iters, sync))
+                    except Exception as exc:
+                        traceback.print_exc()
+                        row["error"] = f"{type(exc).__name__}: {exc}"[:500]
+            base = None
+            for row, _ in ready:
+                t = sorted(times[id(row)])
+                if t and "error" not in row:
+                    row["seconds"], row["spread"] = t[len(t) // 2], (t[-1] - t[0]) / t[0]
+                    base = row["seconds"] if row["impl"] == "nn.Linear" else base
+                    row["ratio_to_linear"] = row["seconds"] / base if base else None
                 print(json.dumps(row), flush=True)
-                write(result, args.out, device)
-                mlp = None
-                if device == "cuda":
-                    torch.cuda.empty_cache()
+            write(result, args.out, device)
+            ready = None
+            if device == "cuda":
+                torch.cuda.empty_cache()
 
 
 class _interpreted:
@@ -166,14 +180,16 @@ class _interpreted:
 
 def markdown(result):
     lines = [f"# Pixelfly MLPs: PixelflyLinear vs nn.Linear ({result['device']}, {result['created']})", "",
-             f"Input {result['input']}, `mlp(x).sum().backward()`, {result['iters']} steps; seconds and the ratio "
-             "to nn.Linear in the same run (< 1: faster).", "",
-             "| MLP | dtype | impl | seconds | / nn.Linear | plans |", "|---|---|---|---|---|---|"]
+             f"Input {result['input']}, `mlp(x).sum().backward()`, {result['iters']} steps; seconds (median of "
+             "interleaved rounds, spread = (max - min) / min) and the ratio to nn.Linear in the same run "
+             "(< 1: faster).", "",
+             "| MLP | dtype | impl | seconds | spread | / nn.Linear | plans |", "|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         secs = f"{r['seconds']:.3f}" if "seconds" in r else f"failed: {r.get('error', '')[:60]}"
         ratio = f"{r['ratio_to_linear']:.2f}" if r.get("ratio_to_linear") else ""
         plans = "; ".join(p.split(":")[0] for p in r.get("plans", []))
-        lines.append(f"| {r['mlp']} | {r['dtype']} | {r['impl']} | {secs} | {ratio} | {plans} |")
+        spread = f"{r['spread']:.0%}" if "spread" in r else ""
+        lines.append(f"| {r['mlp']} | {r['dtype']} | {r['impl']} | {secs} | {spread} | {ratio} | {plans} |")
     return "\n".join(lines) + "\n"
 
 
@@ -192,6 +208,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="tiny sizes, 2 steps (smoke run)")
     ap.add_argument("--cpu", action="store_true", help="run on the CPU (with --quick: kernels interpreted)")
     ap.add_argument("--iters", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (median reported)")
     args = ap.parse_args()
     if args.cpu:
         os.environ.setdefault("TRITON_INTERPRET", "1")
