@@ -89,7 +89,7 @@ def test_get_parents_in_tf_function(rng):
 def test_add_control_input_orders_ops():
     with tf.Graph().as_default():
         v = tf.compat.v1.Variable(1.0, use_resource=True)
-        read = tf.identity(v.read_value())
+        read = v.read_value()  # the read itself must wait: ordering an op after it would race
         assign = v.assign(5.0)
         add_control_input(read, assign)  # a tensor gives its op
         add_control_input(read.op, assign.op)  # twice is the same as once
