@@ -292,3 +292,14 @@ def bad_calls():
 @pytest.mark.parametrize("case", sorted(bad_calls()))
 def test_bad_arguments(case):
     assert_raises(bad_calls()[case])
+
+
+@pytest.mark.parametrize("size", [1, 12], ids=["size1_broadcastable", "size12"])
+def test_lstm_bias_size_checked_at_run_time(size):
+    @tf.function(input_signature=[tf.TensorSpec([None])])
+    def gates(bias):
+        return ew.fused_lstm_gates(tf.ones([2, 4]), tf.ones([2, 16]), bias=bias)
+
+    assert gates(tf.zeros([16]))[0].shape == (2, 4)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="bias must have shape"):
+        gates(tf.zeros([size]))

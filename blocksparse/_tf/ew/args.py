@@ -138,4 +138,8 @@ def channel_vector(value, size, name, what):
     if not tf.executing_eagerly():
         v = checked(v, [tf.debugging.assert_equal(
             tf.size(v), size, message=f"{name} must have shape ({size},) ({what})")])
-    return tf.reshape(v, [size])
+    # Not reshape(v, [size]): Grappler takes that reshape as a fact about v, folds tf.size(v) to
+    # `size` and drops the assertion, so a wrong size broadcasts silently (a size of 1 would).
+    v = tf.reshape(v, [-1])
+    v.set_shape([size])
+    return v
