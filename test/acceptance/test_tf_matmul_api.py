@@ -202,6 +202,23 @@ def test_call_dw_dtype(rng, dw_dtype):
     check_product(bsmm, res, tf.float16, dw_dtype)
 
 
+@pytest.mark.parametrize("impl", ["auto", "portable", "dense", "reference"])
+@pytest.mark.parametrize("axis", [1, 0], ids=["feature_axis1", "feature_axis0"])
+def test_call_every_cpu_implementation_with_empty_rows_and_columns(rng, impl, axis):
+    """Every path the cost model may pick on a CPU gives the product; layout rows / columns without
+    blocks give zero outputs / input gradients (never left unwritten)."""
+    lay = random_layout(rng, 5, 4, 0.5, empty_rows=1, empty_cols=1)
+    bsmm = BlocksparseMatMul(lay, block_size=16, feature_axis=axis, impl=impl)
+    x, w = rng.standard_normal(bsmm.i_shape(6)), rng.standard_normal(bsmm.w_shape)
+    dy = rng.standard_normal(bsmm.o_shape(6))
+    res = run("eager", bsmm, [x, w], [tf.float16, tf.float16], [dy])
+    check_product(bsmm, res, tf.float16, tf.float32)
+    empty_k = np.repeat(~lay.any(axis=0), 16)
+    empty_c = np.repeat(~lay.any(axis=1), 16)
+    y, dx = (res.outputs[0], res.grads[0]) if axis else (res.outputs[0].T, res.grads[0].T)
+    assert np.all(y[:, empty_k] == 0) and np.all(dx[:, empty_c] == 0)
+
+
 def test_weights_share_one_object(rng):
     """The weight is separate from the object: two weights tied to one layout."""
     bsmm = BlocksparseMatMul(layout_of(rng), block_size=8)
