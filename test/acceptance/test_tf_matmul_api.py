@@ -242,6 +242,20 @@ def test_call_rejects_wrong_minibatch_at_run_time(rng):
         step(tf.ones([bsmm.C + 8, 3]))
 
 
+@pytest.mark.parametrize("blocks", [1, 5], ids=["fewer_blocks", "more_blocks"])
+def test_call_rejects_wrong_weight_at_run_time(rng, blocks):
+    """A weight of unknown block count must fail when the graph runs, never compute silently."""
+    bsmm = BlocksparseMatMul(np.array([[1, 1], [0, 1]]), block_size=8)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 8, 8], tf.float32)])
+    def step(w):
+        return bsmm(tf.ones(bsmm.i_shape(2)), w)
+
+    assert step(tf.ones(bsmm.w_shape)).shape == (2, 16)
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        step(tf.ones([blocks, 8, 8]))
+
+
 def bad_calls(bsmm):
     x = tf.zeros(bsmm.i_shape(2))
     w = tf.zeros(bsmm.w_shape)
