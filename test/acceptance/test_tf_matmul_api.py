@@ -103,6 +103,15 @@ def test_ortho_init_columns_are_orthonormal(rng):
             np.testing.assert_allclose(col.T @ col, np.eye(8), atol=1e-5)
 
 
+@pytest.mark.parametrize("shape", [(3, 2), (2, 3)], ids=["C_gt_K", "C_lt_K"])
+def test_ortho_init_dense_layout_is_semi_orthogonal(rng, shape):
+    np.random.seed(int(rng.integers(2**31)))
+    bsmm = BlocksparseMatMul(np.ones(shape, int), block_size=8)
+    dense = bsmm.layout.dense(bsmm.ortho_init()(bsmm.w_shape).numpy().astype(np.float64))
+    gram = dense.T @ dense if bsmm.C >= bsmm.K else dense @ dense.T
+    np.testing.assert_allclose(gram, np.eye(min(bsmm.C, bsmm.K)), atol=1e-5)
+
+
 def test_initializers_work_with_get_variable(rng):
     bsmm = BlocksparseMatMul(layout_of(rng), block_size=8)
     with tf.Graph().as_default():
