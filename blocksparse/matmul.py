@@ -18,7 +18,6 @@ import numbers
 
 import numpy as np
 
-from ._checks import check_int
 from ._frontend import LayoutShapes, check_feature_axis
 from ._initializers import identity_blocks, ortho_blocks
 from ._tf import tf
@@ -45,7 +44,7 @@ def _minibatch(N):
     """``N`` of the shape helpers: None, an int >= 0 or an integer scalar tensor (passed through)."""
     if isinstance(N, (tf.Tensor, tf.Variable)) and N.dtype.is_integer and N.shape.rank == 0:
         return N
-    return check_int(N, "N", 0, allow_none=True)
+    return None if N is None else _check_int(N, "N", 0)
 
 
 class BlocksparseMatMul(LayoutShapes):
