@@ -126,7 +126,8 @@ def bad_calls():
     return {
         "ln_g_size": (lambda: layer_norm(x, tf.ones([7]), tf.zeros([8])), ValueError, r"g must have shape \(8,\)"),
         "ln_b_size": (lambda: layer_norm(x, tf.ones([8]), tf.zeros([4])), ValueError, r"b must have shape \(8,\)"),
-        "ln_axis0_g": (lambda: layer_norm(x, tf.ones([8]), tf.zeros([8]), axis=0), ValueError, r"g must have shape \(4,\)"),
+        "ln_axis0_g": (lambda: layer_norm(x, tf.ones([8]), tf.zeros([8]), axis=0), ValueError,
+                       r"g must have shape \(4,\)"),
         "ln_axis_range": (lambda: layer_norm(x, tf.ones([8]), tf.zeros([8]), axis=2), ValueError, "axis"),
         "ln_axis_float": (lambda: layer_norm(x, tf.ones([8]), tf.zeros([8]), axis=1.0), TypeError, "axis"),
         "ln_epsilon": (lambda: layer_norm(x, tf.ones([8]), tf.zeros([8]), epsilon=0.0), ValueError, "epsilon"),
@@ -139,9 +140,10 @@ def bad_calls():
         "bn_g": (lambda: batch_norm(x4, tf.ones([4]), ones3), ValueError, r"g must have shape \(3,\)"),
         "bn_epsilon": (lambda: batch_norm(x4, ones3, ones3, epsilon=-1.0), ValueError, "epsilon"),
         "bn_int": (lambda: batch_norm(tf.ones([2, 3], tf.int32), ones3, ones3), TypeError, "x must"),
-        "bni_v": (lambda: batch_norm_inference(x4, ones3, ones3, ones3, tf.ones([2])), ValueError, r"v must have shape"),
-        "bni_m": (lambda: batch_norm_inference(x4, ones3, ones3, tf.ones([3, 2]), ones3), ValueError, r"m must have"),
-        "bni_epsilon": (lambda: batch_norm_inference(x4, ones3, ones3, ones3, ones3, epsilon="1"), TypeError, "epsilon"),
+        "bni_v": (lambda: batch_norm_inference(x4, ones3, ones3, ones3, tf.ones([2])), ValueError, "v must have"),
+        "bni_m": (lambda: batch_norm_inference(x4, ones3, ones3, tf.ones([3, 2]), ones3), ValueError, "m must have"),
+        "bni_epsilon": (lambda: batch_norm_inference(x4, ones3, ones3, ones3, ones3, epsilon="1"), TypeError,
+                        "epsilon"),
     }
 
 
