@@ -251,10 +251,11 @@ def test_call_rejects_wrong_minibatch_at_run_time(rng):
         step(tf.ones([bsmm.C + 8, 3]))
 
 
+@pytest.mark.parametrize("impl", ["auto", "portable", "dense", "reference"])
 @pytest.mark.parametrize("blocks", [1, 5], ids=["fewer_blocks", "more_blocks"])
-def test_call_rejects_wrong_weight_at_run_time(rng, blocks):
+def test_call_rejects_wrong_weight_at_run_time(rng, blocks, impl):
     """A weight of unknown block count must fail when the graph runs, never compute silently."""
-    bsmm = BlocksparseMatMul(np.array([[1, 1], [0, 1]]), block_size=8)
+    bsmm = BlocksparseMatMul(np.array([[1, 1], [0, 1]]), block_size=8, impl=impl)
 
     @tf.function(input_signature=[tf.TensorSpec([None, 8, 8], tf.float32)])
     def step(w):
