@@ -40,6 +40,13 @@ def _check_int(value, name, low, high=None):
     return value
 
 
+def _minibatch(N):
+    """``N`` of the shape helpers: None, an int >= 0 or an integer scalar tensor (passed through)."""
+    if isinstance(N, (tf.Tensor, tf.Variable)) and N.dtype.is_integer and N.shape.rank == 0:
+        return N
+    return None if N is None else _check_int(N, "N", 0)
+
+
 class BlocksparseMatMul(LayoutShapes):
     """``y = x @ W`` for a weight ``W`` of shape ``(C, K)`` made of ``bs x bs`` blocks.
 
@@ -108,6 +115,19 @@ class BlocksparseMatMul(LayoutShapes):
                 f"blocks={self.blocks}, feature_axis={self.axis}, z_order={self.z_order}, "
                 f"name={self.name!r}, impl={self.impl!r})")
 
+    def i_shape(self, N):
+        """Shape of the input activations: ``(N, C)`` (feature_axis=1) or ``(C, N)``.
+
+        ``N``: the minibatch, an int >= 0, an integer scalar tensor (e.g. ``tf.shape(x)[0]``) or
+        None (unknown, for placeholders and input signatures).
+        """
+        return super().i_shape(_minibatch(N))
+
+    def o_shape(self, N):
+        """Shape of the output activations: ``(N, K)`` (feature_axis=1) or ``(K, N)``; ``N`` as
+        in :meth:`i_shape`."""
+        return super().o_shape(_minibatch(N))
+
     def plan(self, N=None, dtype=tf.float32):
         """What computes a product of minibatch ``N`` in ``dtype``, and why: a
         :class:`blocksparse.dispatch.Plan` (``N=None``: the default minibatch of the model)."""
@@ -146,7 +166,8 @@ class BlocksparseMatMul(LayoutShapes):
         W : tensor, shape ``w_shape``
             Packed weight (float32, float16 or bfloat16).
         gain : tensor, shape ``(K,)``, optional
-            Per-output-feature scale applied after normalising.
+            Per-output-feature scale applied after normalising (any float dtype; numpy arrays
+            are converted to float32).
         epsilon : float
             Lower bound of the squared norm (guards empty or zero columns).
         dtype : dtype
@@ -164,7 +185,7 @@ class BlocksparseMatMul(LayoutShapes):
         with tf.name_scope(self.name + "_l2_normalize"):
             W = checks.checked(W, checks.shape_assertions(W, self.w_shape, "W"))
             if gain is not None:
-                gain = checks.float_tensor(gain, "gain")
+                gain = checks.parameter_tensor(gain, "gain")
                 gain = checks.checked(gain, checks.shape_assertions(gain, (self.K,), "gain",
                                                                     rank_hint=" = (K,)"))
             return weights.l2_normalize(W, self.layout, gain, epsilon, dtype)

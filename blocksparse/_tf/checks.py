@@ -7,6 +7,8 @@ when the graph runs -- a wrong size must never reach a reshape that could silent
 """
 import numbers
 
+import numpy as np
+
 from . import tf
 
 #: Floating dtypes every op of the frontend accepts.
@@ -35,6 +37,15 @@ def float_tensor(value, name):
     if tensor.dtype.base_dtype not in FLOAT_DTYPES:  # base: a v1 reference tensor is fine too
         raise TypeError(f"{name} must have dtype {_FLOAT_NAMES}; got {tensor.dtype.name}")
     return tensor
+
+
+def parameter_tensor(value, name):
+    """A parameter (gain, bias, ...) as a float tensor: numpy arrays and Python lists of numbers are
+    converted to float32 (the ops compute in float32 anyway; numpy's default float64 is not a
+    frontend dtype), tensors must already have a float dtype of the frontend."""
+    if isinstance(value, (np.ndarray, list, tuple)) and np.asarray(value).dtype.kind in "fiu":
+        value = np.asarray(value, dtype=np.float32)
+    return float_tensor(value, name)
 
 
 def same_dtype(a, b, name_a, name_b):

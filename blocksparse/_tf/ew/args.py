@@ -9,7 +9,7 @@ import numbers
 import numpy as np
 
 from .. import tf
-from ..checks import checked, float_tensor, op_name, same_dtype
+from ..checks import checked, float_tensor, op_name, parameter_tensor, same_dtype
 
 __all__ = ["channel_vector", "channels_first", "feature_axis", "feature_size", "known_rank", "op_name",
            "operand_pair", "real", "same_shape", "to_compute"]
@@ -126,9 +126,7 @@ def channel_vector(value, size, name, what):
     ``what`` says which axis of which input ``size`` comes from, for error messages.  Numpy arrays
     and Python lists are parameters computed in float32 anyway: they are converted to float32.
     """
-    if isinstance(value, (np.ndarray, list, tuple)) and np.asarray(value).dtype.kind in "fiu":
-        value = np.asarray(value, dtype=np.float32)
-    v = float_tensor(value, name)
+    v = parameter_tensor(value, name)
     shape = v.shape
     if shape.rank is not None and shape.is_fully_defined():
         dims = shape.as_list()
@@ -140,4 +138,8 @@ def channel_vector(value, size, name, what):
     if not tf.executing_eagerly():
         v = checked(v, [tf.debugging.assert_equal(
             tf.size(v), size, message=f"{name} must have shape ({size},) ({what})")])
-    return tf.reshape(v, [size])
+    # Not reshape(v, [size]): Grappler takes that reshape as a fact about v, folds tf.size(v) to
+    # `size` and drops the assertion, so a wrong size broadcasts silently (a size of 1 would).
+    v = tf.reshape(v, [-1])
+    v.set_shape([size])
+    return v

@@ -89,7 +89,8 @@ def test_get_parents_in_tf_function(rng):
 def test_add_control_input_orders_ops():
     with tf.Graph().as_default():
         v = tf.compat.v1.Variable(1.0, use_resource=True)
-        read = tf.identity(v.read_value())
+        read = tf.raw_ops.ReadVariableOp(resource=v.handle, dtype=tf.float32)  # the read op itself:
+        # making an op after the read (read_value() ends in an Identity) wait would still race
         assign = v.assign(5.0)
         add_control_input(read, assign)  # a tensor gives its op
         add_control_input(read.op, assign.op)  # twice is the same as once
