@@ -16,12 +16,19 @@ __all__ = ["BlocksparseConv", "BlocksparseDeconv", "BlocksparseConvLayer"]
 
 
 def _as_torch_dtype(dtype):
+    """A torch or numpy floating dtype (or its name) as a torch floating dtype."""
     if isinstance(dtype, torch.dtype):
-        return dtype
-    try:
-        return getattr(torch, np.dtype(dtype).name)
-    except TypeError as exc:
-        raise TypeError(f"dtype must be a torch or numpy floating dtype; got {dtype!r}") from exc
+        out = dtype
+    elif isinstance(dtype, str):
+        out = getattr(torch, dtype, None)
+    else:
+        try:
+            out = None if dtype is None else getattr(torch, np.dtype(dtype).name, None)
+        except TypeError:
+            out = None
+    if not isinstance(out, torch.dtype) or not out.is_floating_point:
+        raise TypeError(f"dtype must be a torch or numpy floating dtype; got {dtype!r}")
+    return out
 
 
 class BlocksparseConv(ConvShapes):
