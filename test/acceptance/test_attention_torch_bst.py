@@ -1,0 +1,191 @@
+"""Acceptance: ``blocksparse.torch.BlocksparseTransformer`` as the README documents it, against
+float64 numpy (CPU: the reference path; the Triton kernels through the interpreter on tiny shapes)."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from attention_cases import BS, CASES, IDS, tril_callback  # noqa: E402
+from attention_reference import Ref  # noqa: E402
+
+from blocksparse.testing import rel_error, tolerance  # noqa: E402
+from blocksparse.torch import BlocksparseTransformer  # noqa: E402
+
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _t(a, dtype=torch.float64, grad=True):
+    return torch.tensor(np.asarray(a), dtype=dtype, requires_grad=grad)
+
+
+def _f64(t):
+    return t.detach().double().numpy()
+
+
+def _check_products(bst, R, op, rng, dtype, N=2, D=4):
+    if op in ("query_key_op", "nt_op"):
+        a, b = _t(rng.standard_normal(bst.q_shape(N, bst.heads * D)), dtype), \
+            _t(rng.standard_normal(bst.k_shape(N, bst.heads * D)), dtype)
+    elif op in ("weight_value_op", "nn_op"):
+        a, b = _t(rng.standard_normal(bst.w_shape(N)), dtype), _t(rng.standard_normal(bst.k_shape(N, bst.heads * 3)),
+                                                                     dtype)
+    else:
+        a, b = _t(rng.standard_normal(bst.w_shape(N)), dtype), _t(rng.standard_normal(bst.q_shape(N, bst.heads * 3)),
+                                                                     dtype)
+    y = getattr(bst, op)(a, b)
+    assert y.dtype == dtype
+    gy = torch.tensor(rng.standard_normal(tuple(y.shape)), dtype=dtype)
+    y.backward(gy)
+    a64, b64, dy = _f64(a), _f64(b), _f64(gy)
+    if op in ("query_key_op", "nt_op"):
+        want, da, db = R.nt(a64, b64), R.nn(dy, b64), R.tn(dy, a64)
+    elif op in ("weight_value_op", "nn_op"):
+        want, da, db = R.nn(a64, b64), R.nt(dy, b64), R.tn(a64, dy)
+    else:
+        want, da, db = R.tn(a64, b64), R.nt(b64, dy), R.nn(a64, dy)
+    tol = 2 * tolerance(dtype)
+    assert rel_error(y, want) < tol
+    assert rel_error(a.grad, da) < tol
+    assert rel_error(b.grad, db) < tol
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
+@pytest.mark.parametrize("op", ["query_key_op", "nt_op", "weight_value_op", "nn_op", "tn_op"])
+@pytest.mark.parametrize("case", CASES[:2], ids=IDS[:2])
+def test_products(case, op, dtype, rng):
+    _check_products(case.make(BlocksparseTransformer), case.ref(), op, rng, DTYPES[dtype])
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
+@pytest.mark.parametrize("autoregress_at_key", [None, 0, 5], ids=["no-autoregress", "causal", "prefix-5"])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_masked_softmax(case, autoregress_at_key, dtype, rng):
+    bst, R = case.make(BlocksparseTransformer), case.ref()
+    dt = DTYPES[dtype]
+    x = _t(3 * rng.standard_normal(bst.w_shape(2)), dt)
+    y = bst.masked_softmax(x, scale=0.7, autoregress_at_key=autoregress_at_key)
+    assert y.dtype == dt
+    gy = torch.tensor(rng.standard_normal(bst.w_shape(2)), dtype=dt)
+    y.backward(gy)
+    want = R.softmax(_f64(x), 0.7, autoregress_at_key)
+    tol = 2 * tolerance(dtype)
+    assert rel_error(y, want) < tol
+    assert rel_error(x.grad, R.softmax_grad(_f64(gy), want, 0.7)) < tol
+
+
+def test_softmax_and_out_dtype(rng):
+    case = CASES[0]
+    bst, R = case.make(BlocksparseTransformer), case.ref()
+    x = _t(rng.standard_normal(bst.w_shape(1)), torch.float32, grad=False)
+    y = bst.softmax(x, scale=2.0)
+    assert rel_error(y, R.softmax(_f64(x), 2.0, masked=False)) < 2e-5
+    assert bst.masked_softmax(x.half(), dtype=torch.float32).dtype == torch.float32
+
+
+def test_fully_masked_rows_are_zero(rng):
+    def drop_rows(blk_shape, head, q_blk, k_blk, blk_id):
+        m = np.ones(blk_shape, bool)
+        m[::2] = False
+        return m
+
+    bst = BlocksparseTransformer(np.ones((2, 2)), block_size=BS, heads=1, mask_callback=drop_rows)
+    R = Ref(np.ones((1, 2, 2)), BS, [[[drop_rows((BS, BS), 0, q, k, 0) for k in range(2)] for q in range(2)]])
+    x = _t(rng.standard_normal(bst.w_shape(2)), torch.float32)
+    y = bst.masked_softmax(x, autoregress_at_key=0)
+    gy = torch.randn(y.shape)
+    y.backward(gy)
+    assert torch.all(y[:, :, :, ::2] == 0) and torch.all(x.grad[:, :, :, ::2] == 0)
+    want = R.softmax(_f64(x), 1.0, 0)
+    assert rel_error(y, want) < 2e-5
+    assert rel_error(x.grad, R.softmax_grad(_f64(gy), want)) < 2e-5
+
+
+def test_compile_fullgraph(rng):
+    case = CASES[0]
+    bst, R = case.make(BlocksparseTransformer), case.ref()
+    q, k, v = (_t(rng.standard_normal(bst.q_shape(2, 8)), torch.float32) for _ in range(3))
+
+    def attn(q, k, v):
+        return bst.weight_value_op(bst.masked_softmax(bst.query_key_op(q, k), scale=0.5, autoregress_at_key=0), v)
+
+    torch._dynamo.reset()
+    y = torch.compile(attn, fullgraph=True, backend="aot_eager")(q, k, v)
+    y.sum().backward()
+    want = R.nn(R.softmax(R.nt(_f64(q), _f64(k)), 0.5, 0), _f64(v))
+    assert rel_error(y, want) < 1e-5
+    assert q.grad is not None and k.grad is not None and v.grad is not None
+
+
+def test_autocast(rng):
+    bst = CASES[0].make(BlocksparseTransformer)
+    q = torch.tensor(rng.standard_normal(bst.q_shape(1, 8)), dtype=torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        w = bst.query_key_op(q, q)
+    assert w.dtype == torch.bfloat16
+    assert rel_error(w, CASES[0].ref().nt(_f64(q), _f64(q))) < 2 * tolerance("bfloat16")
+
+
+def test_same_numbers_as_tensorflow(rng):
+    tf = pytest.importorskip("tensorflow")
+    from blocksparse.transformer import BlocksparseTransformer as TFBST
+
+    case = CASES[2]
+    a, b = case.make(BlocksparseTransformer), case.make(TFBST)
+    x = rng.standard_normal(a.w_shape(2)).astype(np.float32)
+    ya = a.masked_softmax(torch.tensor(x), scale=0.3, autoregress_at_key=4).numpy()
+    yb = b.masked_softmax(tf.constant(x), scale=0.3, autoregress_at_key=4).numpy()
+    assert rel_error(ya, yb.astype(np.float64)) < 1e-5
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("op", ["query_key_op", "weight_value_op", "tn_op"])
+def test_kernels_through_interpreter(op, rng, monkeypatch):
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "triton")
+    layout = np.array([[1, 0], [1, 1]])
+    bst = BlocksparseTransformer(layout, block_size=16, heads=1)
+    _check_products(bst, Ref(layout[None], 16), op, rng, torch.float32, N=1, D=16)
+
+
+@pytest.mark.interpreter
+def test_softmax_kernel_through_interpreter(rng, monkeypatch):
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "triton")
+
+    def callback(blk_shape, head, q_blk, k_blk, blk_id):
+        m = np.random.default_rng([q_blk, k_blk]).random(blk_shape) < 0.7
+        m[0] = q_blk != 1  # row 0 of query block 1 keeps nothing in that block
+        return m
+
+    layout = np.array([[1, 0], [1, 1]])
+    bst = BlocksparseTransformer(layout, block_size=16, heads=1, mask_callback=callback)
+    R = Ref(layout[None], 16, [[[callback((16, 16), 0, q, k, 0) for k in range(2)] for q in range(2)]])
+    x = _t(rng.standard_normal(bst.w_shape(1)), torch.float32)
+    y = bst.masked_softmax(x, scale=0.5, autoregress_at_key=3)
+    gy = torch.randn(y.shape)
+    y.backward(gy)
+    want = R.softmax(_f64(x), 0.5, 3)
+    assert rel_error(y, want) < 1e-5
+    assert rel_error(x.grad, R.softmax_grad(_f64(gy), want, 0.5)) < 1e-5
+
+
+def test_bad_call_args(rng):
+    bst = BlocksparseTransformer(CASES[0].layout, block_size=8, heads=2, mask_callback=tril_callback)
+    q = torch.randn(bst.q_shape(2, 8))
+    w = torch.randn(bst.w_shape(2))
+    cases = [
+        (lambda: bst.query_key_op(q[:, :16], q), ValueError, "q"),
+        (lambda: bst.query_key_op(q, q[..., :7]), ValueError, "k"),
+        (lambda: bst.query_key_op(q, q.double()), TypeError, "dtype"),
+        (lambda: bst.query_key_op(q.int(), q), TypeError, "q"),
+        (lambda: bst.query_key_op(q.numpy(), q), TypeError, "q"),
+        (lambda: bst.query_key_op(q, q[:1]), ValueError, "batch"),
+        (lambda: bst.weight_value_op(w[:, :, :5], q), ValueError, "w"),
+        (lambda: bst.weight_value_op(w, q[:, :8]), ValueError, "v"),
+        (lambda: bst.masked_softmax(w[:, :1]), ValueError, "x"),
+        (lambda: bst.masked_softmax(w, scale="a"), (TypeError, ValueError), "scale"),
+        (lambda: bst.masked_softmax(w, autoregress_at_key=-1), ValueError, "autoregress_at_key"),
+        (lambda: bst.masked_softmax(w, autoregress_at_key=1.5), (TypeError, ValueError), "autoregress_at_key"),
+        (lambda: bst.masked_softmax(w, dtype=torch.int32), TypeError, "dtype"),
+    ]
+    for call, error, pattern in cases:
+        with pytest.raises(error, match=pattern):
+            call()
