@@ -223,3 +223,14 @@ def test_unknown_sizes_checked_when_graph_runs(rng):
             assert sess.run(w, {q: np.ones((1, 24, 8), np.float32)}).shape == bst.w_shape(1)
             with pytest.raises(tf.errors.InvalidArgumentError, match="q"):
                 sess.run(w, {q: np.ones((1, 16, 8), np.float32)})
+
+
+def test_empty_batch():
+    bst = CASES[0].make(BlocksparseTransformer)
+    q = tf.zeros(bst.q_shape(0, 8))
+    with tf.GradientTape() as tape:
+        tape.watch(q)
+        w = bst.query_key_op(q, q)
+        y = bst.weight_value_op(bst.masked_softmax(w, autoregress_at_key=0), q)
+    assert tuple(w.shape) == bst.w_shape(0) and tuple(y.shape) == bst.q_shape(0, 8)
+    assert tape.gradient(y, q).shape == q.shape

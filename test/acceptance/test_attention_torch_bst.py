@@ -189,3 +189,15 @@ def test_bad_call_args(rng):
     for call, error, pattern in cases:
         with pytest.raises(error, match=pattern):
             call()
+
+
+def test_empty_batch():
+    bst = CASES[0].make(BlocksparseTransformer)
+    q, k, v = (torch.zeros(bst.q_shape(0, 8), requires_grad=True) for _ in range(3))
+    w = bst.query_key_op(q, k)
+    assert tuple(w.shape) == bst.w_shape(0)
+    y = bst.weight_value_op(bst.masked_softmax(w, autoregress_at_key=0), v)
+    assert tuple(y.shape) == bst.q_shape(0, 8)
+    assert tuple(bst.tn_op(w, q).shape) == bst.k_shape(0, 8)
+    y.sum().backward()
+    assert q.grad.shape == q.shape and v.grad.shape == v.shape
