@@ -3,32 +3,15 @@
 (an ``nn.Module`` owning them)."""
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import nn
 
 from ..ops.conv import ConvShapes
-from ._checks import floating_tensor
+from ._checks import float_dtype, floating_tensor
 from ._conv import compute as _compute
 from ._conv import tables as _tables
 
 __all__ = ["BlocksparseConv", "BlocksparseDeconv", "BlocksparseConvLayer"]
-
-
-def _as_torch_dtype(dtype):
-    """A torch or numpy floating dtype (or its name) as a torch floating dtype."""
-    if isinstance(dtype, torch.dtype):
-        out = dtype
-    elif isinstance(dtype, str):
-        out = getattr(torch, dtype, None)
-    else:
-        try:
-            out = None if dtype is None else getattr(torch, np.dtype(dtype).name, None)
-        except TypeError:
-            out = None
-    if not isinstance(out, torch.dtype) or not out.is_floating_point:
-        raise TypeError(f"dtype must be a torch or numpy floating dtype; got {dtype!r}")
-    return out
 
 
 class BlocksparseConv(ConvShapes):
@@ -135,7 +118,7 @@ class BlocksparseConv(ConvShapes):
         flat, form = self._flat_filter(F)
         if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
             raise ValueError(f"epsilon must be a number > 0; got {epsilon!r}")
-        dtype = _as_torch_dtype(dtype)
+        dtype = float_dtype("dtype", dtype)
         if gain is not None:
             gain = floating_tensor("gain", gain)
             if tuple(gain.shape) != (self.K,):

@@ -201,3 +201,11 @@ def test_empty_batch():
     assert tuple(bst.tn_op(w, q).shape) == bst.k_shape(0, 8)
     y.sum().backward()
     assert q.grad.shape == q.shape and v.grad.shape == v.shape
+
+
+@pytest.mark.parametrize("dtype, want", [(torch.float16, torch.float16), (np.float32, torch.float32),
+                                         ("bfloat16", torch.bfloat16)], ids=["torch", "numpy", "name"])
+def test_softmax_dtype_forms(dtype, want, rng):
+    bst = CASES[0].make(BlocksparseTransformer)
+    x = torch.tensor(rng.standard_normal(bst.w_shape(1)), dtype=torch.float32)
+    assert bst.masked_softmax(x, dtype=dtype).dtype == want
