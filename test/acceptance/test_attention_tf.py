@@ -5,8 +5,8 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from attention_cases import BS, CASES, IDS, tril_callback  # noqa: E402
-from attention_reference import Ref  # noqa: E402
+from attention_cases import (CASES, DROP_ROWS, IDS, PRODUCTS, product_reference, product_shapes,  # noqa: E402
+                             assert_all_raise, bad_calls, tril_callback)
 from tf_modes import MODES, run  # noqa: E402
 
 import blocksparse  # noqa: E402
@@ -21,34 +21,17 @@ def _tol(dtype):
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("op", ["query_key_op", "nt_op", "weight_value_op", "nn_op", "tn_op"])
+@pytest.mark.parametrize("op", PRODUCTS)
 @pytest.mark.parametrize("case", CASES[:2], ids=IDS[:2])
 def test_products(case, op, mode, rng):
     bst, R = case.make(BlocksparseTransformer), case.ref()
-    N, D = 2, 4
-    if op in ("query_key_op", "nt_op"):
-        xs = [rng.standard_normal(bst.q_shape(N, bst.heads * D)), rng.standard_normal(bst.k_shape(N, bst.heads * D))]
-        out_shape = bst.w_shape(N)
-    elif op in ("weight_value_op", "nn_op"):
-        xs = [rng.standard_normal(bst.w_shape(N)), rng.standard_normal(bst.k_shape(N, bst.heads * 3))]
-        out_shape = bst.q_shape(N, bst.heads * 3)
-    else:
-        xs = [rng.standard_normal(bst.w_shape(N)), rng.standard_normal(bst.q_shape(N, bst.heads * 3))]
-        out_shape = bst.k_shape(N, bst.heads * 3)
-    gy = rng.standard_normal(out_shape)
-    got = run(mode, getattr(bst, op), xs, [tf.float32] * 2, [gy], unknown={0: (0,), 1: (0,)})
-    a, b = got.inputs
-    dy = got.grad_ys[0]
-    if op in ("query_key_op", "nt_op"):
-        want, da, db = R.nt(a, b), R.nn(dy, b), R.tn(dy, a)
-    elif op in ("weight_value_op", "nn_op"):
-        want, da, db = R.nn(a, b), R.nt(dy, b), R.tn(a, dy)
-    else:
-        want, da, db = R.tn(a, b), R.nt(b, dy), R.nn(a, dy)
+    a_shape, b_shape, out_shape = product_shapes(bst, op, N=2, D=4)
+    xs = [rng.standard_normal(a_shape), rng.standard_normal(b_shape)]
+    got = run(mode, getattr(bst, op), xs, [tf.float32] * 2, [rng.standard_normal(out_shape)],
+              unknown={0: (0,), 1: (0,)})
     assert got.outputs[0].shape == tuple(out_shape)
-    assert rel_error(got.outputs[0], want) < _tol("float32")
-    assert rel_error(got.grads[0], da) < _tol("float32")
-    assert rel_error(got.grads[1], db) < _tol("float32")
+    for out, want in zip([got.outputs[0], *got.grads], product_reference(R, op, *got.inputs, got.grad_ys[0])):
+        assert rel_error(out, want) < _tol("float32")
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -76,13 +59,7 @@ def test_softmax_over_whole_blocks(rng):
 
 def test_fully_masked_rows_are_zero(rng):
     """Callback masks that drop whole query rows give zero rows and zero gradients, never NaN."""
-    def drop_rows(blk_shape, head, q_blk, k_blk, blk_id):
-        m = np.ones(blk_shape, bool)
-        m[::2] = False
-        return m
-
-    bst = BlocksparseTransformer(np.ones((2, 2)), block_size=BS, heads=1, mask_callback=drop_rows)
-    R = Ref(np.ones((1, 2, 2)), BS, [[[drop_rows((BS, BS), 0, q, k, 0) for k in range(2)] for q in range(2)]])
+    bst, R = DROP_ROWS.make(BlocksparseTransformer), DROP_ROWS.ref()
     x = rng.standard_normal(bst.w_shape(2)).astype(np.float32)
     gy = rng.standard_normal(bst.w_shape(2)).astype(np.float32)
     xt = tf.constant(x)
@@ -194,24 +171,11 @@ def test_bad_call_args(rng):
     bst = BlocksparseTransformer(CASES[0].layout, block_size=8, heads=2, mask_callback=tril_callback)
     q = tf.constant(rng.standard_normal(bst.q_shape(2, 8)).astype(np.float32))
     w = tf.constant(rng.standard_normal(bst.w_shape(2)).astype(np.float32))
-    cases = [
-        (lambda: bst.query_key_op(q[:, :16], q), ValueError, "q"),
-        (lambda: bst.query_key_op(q, q[..., :7]), ValueError, "k"),
+    assert_all_raise(bad_calls(bst, q, w) + [
         (lambda: bst.query_key_op(q, tf.cast(q, tf.float16)), TypeError, "dtype"),
         (lambda: bst.query_key_op(tf.cast(q, tf.int32), q), TypeError, "q"),
-        (lambda: bst.query_key_op(q[0], q[0]), ValueError, "q"),
-        (lambda: bst.weight_value_op(w[:, :, :5], q), ValueError, "w"),
-        (lambda: bst.weight_value_op(w, q[:, :8]), ValueError, "v"),
-        (lambda: bst.masked_softmax(w[:, :1]), ValueError, "x"),
-        (lambda: bst.masked_softmax(w, scale="a"), (TypeError, ValueError), "scale"),
-        (lambda: bst.masked_softmax(w, autoregress_at_key=-1), ValueError, "autoregress_at_key"),
-        (lambda: bst.masked_softmax(w, autoregress_at_key=1.5), (TypeError, ValueError), "autoregress_at_key"),
         (lambda: bst.masked_softmax(w, dtype=tf.int32), (TypeError, ValueError), "dtype"),
-        (lambda: bst.q_shape(2, 7), ValueError, "features"),
-    ]
-    for call, error, pattern in cases:
-        with pytest.raises(error, match=pattern):
-            call()
+    ])
 
 
 def test_unknown_sizes_checked_when_graph_runs(rng):

@@ -5,7 +5,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from attention_cases import BS, CASES, IDS, tril_callback  # noqa: E402
+from attention_cases import (CASES, DROP_ROWS, IDS, PRODUCTS, product_reference, product_shapes,  # noqa: E402
+                             assert_all_raise, bad_calls, tril_callback)
 from attention_reference import Ref  # noqa: E402
 
 from blocksparse.testing import rel_error, tolerance  # noqa: E402
@@ -23,34 +24,18 @@ def _f64(t):
 
 
 def _check_products(bst, R, op, rng, dtype, N=2, D=4):
-    if op in ("query_key_op", "nt_op"):
-        a, b = _t(rng.standard_normal(bst.q_shape(N, bst.heads * D)), dtype), \
-            _t(rng.standard_normal(bst.k_shape(N, bst.heads * D)), dtype)
-    elif op in ("weight_value_op", "nn_op"):
-        a, b = _t(rng.standard_normal(bst.w_shape(N)), dtype), _t(rng.standard_normal(bst.k_shape(N, bst.heads * 3)),
-                                                                     dtype)
-    else:
-        a, b = _t(rng.standard_normal(bst.w_shape(N)), dtype), _t(rng.standard_normal(bst.q_shape(N, bst.heads * 3)),
-                                                                     dtype)
+    a_shape, b_shape, out_shape = product_shapes(bst, op, N, D)
+    a, b = _t(rng.standard_normal(a_shape), dtype), _t(rng.standard_normal(b_shape), dtype)
     y = getattr(bst, op)(a, b)
-    assert y.dtype == dtype
-    gy = torch.tensor(rng.standard_normal(tuple(y.shape)), dtype=dtype)
+    assert y.dtype == dtype and tuple(y.shape) == tuple(out_shape)
+    gy = torch.tensor(rng.standard_normal(out_shape), dtype=dtype)
     y.backward(gy)
-    a64, b64, dy = _f64(a), _f64(b), _f64(gy)
-    if op in ("query_key_op", "nt_op"):
-        want, da, db = R.nt(a64, b64), R.nn(dy, b64), R.tn(dy, a64)
-    elif op in ("weight_value_op", "nn_op"):
-        want, da, db = R.nn(a64, b64), R.nt(dy, b64), R.tn(a64, dy)
-    else:
-        want, da, db = R.tn(a64, b64), R.nt(b64, dy), R.nn(a64, dy)
-    tol = 2 * tolerance(dtype)
-    assert rel_error(y, want) < tol
-    assert rel_error(a.grad, da) < tol
-    assert rel_error(b.grad, db) < tol
+    for out, want in zip((y, a.grad, b.grad), product_reference(R, op, _f64(a), _f64(b), _f64(gy))):
+        assert rel_error(out, want) < 2 * tolerance(dtype)
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
-@pytest.mark.parametrize("op", ["query_key_op", "nt_op", "weight_value_op", "nn_op", "tn_op"])
+@pytest.mark.parametrize("op", PRODUCTS)
 @pytest.mark.parametrize("case", CASES[:2], ids=IDS[:2])
 def test_products(case, op, dtype, rng):
     _check_products(case.make(BlocksparseTransformer), case.ref(), op, rng, DTYPES[dtype])
@@ -83,13 +68,7 @@ def test_softmax_and_out_dtype(rng):
 
 
 def test_fully_masked_rows_are_zero(rng):
-    def drop_rows(blk_shape, head, q_blk, k_blk, blk_id):
-        m = np.ones(blk_shape, bool)
-        m[::2] = False
-        return m
-
-    bst = BlocksparseTransformer(np.ones((2, 2)), block_size=BS, heads=1, mask_callback=drop_rows)
-    R = Ref(np.ones((1, 2, 2)), BS, [[[drop_rows((BS, BS), 0, q, k, 0) for k in range(2)] for q in range(2)]])
+    bst, R = DROP_ROWS.make(BlocksparseTransformer), DROP_ROWS.ref()
     x = _t(rng.standard_normal(bst.w_shape(2)), torch.float32)
     y = bst.masked_softmax(x, autoregress_at_key=0)
     gy = torch.randn(y.shape)
@@ -171,24 +150,13 @@ def test_bad_call_args(rng):
     bst = BlocksparseTransformer(CASES[0].layout, block_size=8, heads=2, mask_callback=tril_callback)
     q = torch.randn(bst.q_shape(2, 8))
     w = torch.randn(bst.w_shape(2))
-    cases = [
-        (lambda: bst.query_key_op(q[:, :16], q), ValueError, "q"),
-        (lambda: bst.query_key_op(q, q[..., :7]), ValueError, "k"),
+    assert_all_raise(bad_calls(bst, q, w) + [
         (lambda: bst.query_key_op(q, q.double()), TypeError, "dtype"),
         (lambda: bst.query_key_op(q.int(), q), TypeError, "q"),
         (lambda: bst.query_key_op(q.numpy(), q), TypeError, "q"),
         (lambda: bst.query_key_op(q, q[:1]), ValueError, "batch"),
-        (lambda: bst.weight_value_op(w[:, :, :5], q), ValueError, "w"),
-        (lambda: bst.weight_value_op(w, q[:, :8]), ValueError, "v"),
-        (lambda: bst.masked_softmax(w[:, :1]), ValueError, "x"),
-        (lambda: bst.masked_softmax(w, scale="a"), (TypeError, ValueError), "scale"),
-        (lambda: bst.masked_softmax(w, autoregress_at_key=-1), ValueError, "autoregress_at_key"),
-        (lambda: bst.masked_softmax(w, autoregress_at_key=1.5), (TypeError, ValueError), "autoregress_at_key"),
         (lambda: bst.masked_softmax(w, dtype=torch.int32), TypeError, "dtype"),
-    ]
-    for call, error, pattern in cases:
-        with pytest.raises(error, match=pattern):
-            call()
+    ])
 
 
 def test_empty_batch():
