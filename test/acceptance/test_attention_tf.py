@@ -198,3 +198,14 @@ def test_empty_batch():
         y = bst.weight_value_op(bst.masked_softmax(w, autoregress_at_key=0), q)
     assert tuple(w.shape) == bst.w_shape(0) and tuple(y.shape) == bst.q_shape(0, 8)
     assert tape.gradient(y, q).shape == q.shape
+
+
+def test_documented_positional_and_keyword_forms(rng):
+    layout = np.tril(np.ones((2, 2)))
+    a = BlocksparseTransformer(layout, 8, 2, tril_callback, "attn")
+    b = BlocksparseTransformer(layout=layout, block_size=8, heads=2, mask_callback=tril_callback, name="attn")
+    q = tf.constant(rng.standard_normal(a.q_shape(1, 8)).astype(np.float32))
+    w1 = a.masked_softmax(a.query_key_op(q, q), 0.5, 0)
+    w2 = b.masked_softmax(x=b.query_key_op(q=q, k=q, name="qk", bench=0), scale=0.5, autoregress_at_key=0, dtype=None)
+    assert np.array_equal(w1.numpy(), w2.numpy())
+    assert np.array_equal(a.weight_value_op(w1, q).numpy(), b.weight_value_op(w=w2, v=q).numpy())

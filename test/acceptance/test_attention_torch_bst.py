@@ -177,3 +177,14 @@ def test_softmax_dtype_forms(dtype, want, rng):
     bst = CASES[0].make(BlocksparseTransformer)
     x = torch.tensor(rng.standard_normal(bst.w_shape(1)), dtype=torch.float32)
     assert bst.masked_softmax(x, dtype=dtype).dtype == want
+
+
+def test_documented_positional_and_keyword_forms(rng):
+    layout = np.tril(np.ones((2, 2)))
+    a = BlocksparseTransformer(layout, 8, 2, tril_callback, "attn")
+    b = BlocksparseTransformer(layout=layout, block_size=8, heads=2, mask_callback=tril_callback, name="attn")
+    q = torch.tensor(rng.standard_normal(a.q_shape(1, 8)))
+    w1 = a.masked_softmax(a.query_key_op(q, q), 0.5, 0)
+    w2 = b.masked_softmax(x=b.query_key_op(q=q, k=q, name="qk", bench=0), scale=0.5, autoregress_at_key=0, dtype=None)
+    assert torch.equal(w1, w2)
+    assert torch.equal(a.weight_value_op(w1, q), b.weight_value_op(w=w2, v=q))

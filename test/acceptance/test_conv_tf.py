@@ -329,3 +329,25 @@ def test_empty_batch_unknown_until_run(rng):
         return conv(F, x)
 
     assert f(tf.zeros(conv.i_shape(0))).shape == tuple(conv.o_shape(0))
+
+
+def test_documented_positional_and_keyword_forms(rng):
+    BCK = [([0, 1], [0, 1]), ([2, 3], [2, 3])]
+    by_position = bsconv.BlocksparseConv(BCK, (3, 3), (6, 6), None, (1, 1, 1), (1, 1, 1), "SAME", True)
+    by_keyword = bsconv.BlocksparseConv(BCK=BCK, TRS=(3, 3), DHW=(6, 6), MPQ=None, strides=(1, 1, 1),
+                                        dilates=(1, 1, 1), padding="SAME", edge_bias=True)
+    deconv = bsconv.BlocksparseDeconv(BCK, (3, 3), (6, 6), (12, 12), 2, 1, "SAME", False)
+    assert deconv.o_shape(1) == [1, 4, 12, 12]
+    assert by_position.f_shape(block=1) == by_keyword.f_shape(1) == [2, 2, 3, 3]
+    F = tf.constant(rng.standard_normal(by_position.f_shape()).astype(np.float32))
+    x = tf.constant(rng.standard_normal(by_position.i_shape(N=2)).astype(np.float32))
+    eb = tf.constant(rng.standard_normal(by_position.edge_bias_shape()).astype(np.float32))
+    y1 = by_position(F, x, eb)
+    y2 = by_keyword(F=F, I=x, edge_bias=eb)
+    assert y1.shape == tuple(by_position.o_shape(N=2)) and np.array_equal(y1.numpy(), y2.numpy())
+    gain = tf.constant(rng.uniform(1, 2, 4).astype(np.float32))
+    n1 = by_position.l2_normalize(F, gain, 1e-6, np.float32)
+    n2 = by_keyword.l2_normalize(F=F, gain=gain, epsilon=1e-6, dtype=np.float32)
+    assert np.array_equal(n1.numpy(), n2.numpy())
+    a = tf.constant(rng.standard_normal(4).astype(np.float32))
+    assert np.array_equal(bsconv.cwise_linear(x, a, a).numpy(), bsconv.cwise_linear(x=x, a=a, b=a).numpy())

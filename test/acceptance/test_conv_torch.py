@@ -177,3 +177,18 @@ def test_l2_normalize_rejects_non_float_dtype(dtype):
     conv = bst.BlocksparseConv([([0, 1], [0])], (3,), (6,))
     with pytest.raises(TypeError, match="dtype"):
         conv.l2_normalize(torch.randn(conv.f_shape()), dtype=dtype)
+
+
+def test_documented_positional_and_keyword_forms(rng):
+    BCK = [([0, 1], [0, 1]), ([2, 3], [2, 3])]
+    by_position = bst.BlocksparseConv(BCK, (3, 3), (6, 6), None, (1, 1, 1), (1, 1, 1), "SAME", True)
+    by_keyword = bst.BlocksparseConv(BCK=BCK, TRS=(3, 3), DHW=(6, 6), MPQ=None, strides=(1, 1, 1),
+                                     dilates=(1, 1, 1), padding="SAME", edge_bias=True)
+    assert bst.BlocksparseDeconv(BCK, (3, 3), (6, 6), (12, 12), 2, 1, "SAME", False).o_shape(1) == [1, 4, 12, 12]
+    F = torch.tensor(rng.standard_normal(by_position.f_shape()))
+    x = torch.tensor(rng.standard_normal(by_position.i_shape(N=2)))
+    eb = torch.tensor(rng.standard_normal(by_position.edge_bias_shape()))
+    assert torch.equal(by_position(F, x, eb), by_keyword(F=F, I=x, edge_bias=eb))
+    gain = torch.tensor(rng.uniform(1, 2, 4))
+    assert torch.equal(by_position.l2_normalize(F, gain, 1e-6, torch.float64),
+                       by_keyword.l2_normalize(F=F, gain=gain, epsilon=1e-6, dtype=torch.float64))
