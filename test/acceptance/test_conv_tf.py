@@ -166,8 +166,8 @@ def test_cwise_linear(form, dtype, rng):
     want = x64 * (A if at is not None else 1) + (B if bt is not None else 0)
     assert y.dtype == xt.dtype and y.shape == x.shape
     assert rel_error(tf.cast(y, tf.float64).numpy(), want) < tolerance(dtype)
-    grads = tape.gradient(loss, [v for v in (at, bt) if v is not None])
-    expect = []
+    grads = tape.gradient(loss, [xt] + [v for v in (at, bt) if v is not None])
+    expect = [x * (A if at is not None else 1)]
     if at is not None:
         expect.append((x * x64).sum(axis=(0, 2, 3)).reshape(args[0].shape))
     if bt is not None:
