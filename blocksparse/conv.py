@@ -89,6 +89,11 @@ class BlocksparseConv(ConvShapes):
                   for b, f in enumerate(fs)]
             return params.flat_filter(fs, "blocks"), "blocks", fs[0].dtype
         F = checks.float_tensor(F, "F")
+        if F.shape.rank is None and spec.blocks.uniform:  # stacked or flat: only the run can tell
+            size = tf.debugging.assert_equal(
+                tf.size(F), spec.blocks.size, message=f"F must have shape {tuple(spec.filter_shape())} or "
+                                                      f"({spec.blocks.size},) = f_shape()")
+            return params.flat_filter(checks.checked(F, [size]), "flat"), "runtime", F.dtype
         if F.shape.rank is not None and F.shape.is_fully_defined():
             form = spec.filter_form(F.shape.as_list())
         else:  # a graph placeholder of partly unknown shape: checked when the graph runs
@@ -164,6 +169,8 @@ class BlocksparseConv(ConvShapes):
             out = params.l2_normalize(flat, gain, self.spec, epsilon, dtype)
         if form == "stacked":
             return tf.reshape(out, self.f_shape())
+        if form == "runtime":
+            return tf.reshape(out, tf.shape(F))
         if form == "blocks":
             return [tf.reshape(p, self.f_shape(b)) for b, p in enumerate(tf.split(out, self.spec.blocks.sizes))]
         return out

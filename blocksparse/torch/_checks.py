@@ -2,6 +2,7 @@
 naming the argument, with what was expected and what was given."""
 import numbers
 
+import numpy as np
 import torch
 
 #: Activation dtypes accepted (float64 runs the reference path).
@@ -16,6 +17,23 @@ def _floating(name, t, kind="a torch.Tensor"):
     if t.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{name} must be float16, bfloat16, float32 or float64; got {t.dtype}")
     return t
+
+
+def float_dtype(name, dtype):
+    """``dtype`` (a torch or numpy floating dtype, or its name) as one of :data:`FLOAT_DTYPES`."""
+    if isinstance(dtype, torch.dtype):
+        out = dtype
+    elif isinstance(dtype, str):
+        out = getattr(torch, dtype, None)
+    else:
+        try:
+            out = None if dtype is None else getattr(torch, np.dtype(dtype).name, None)
+        except TypeError:
+            out = None
+    if out not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float16, bfloat16, float32 or float64 (a torch or numpy dtype or its "
+                        f"name); got {dtype!r}")
+    return out
 
 
 def floating_tensor(name, t):

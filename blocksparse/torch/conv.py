@@ -3,25 +3,15 @@
 (an ``nn.Module`` owning them)."""
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import nn
 
 from ..ops.conv import ConvShapes
-from ._checks import floating_tensor
+from ._checks import float_dtype, floating_tensor
 from ._conv import compute as _compute
 from ._conv import tables as _tables
 
 __all__ = ["BlocksparseConv", "BlocksparseDeconv", "BlocksparseConvLayer"]
-
-
-def _as_torch_dtype(dtype):
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    try:
-        return getattr(torch, np.dtype(dtype).name)
-    except TypeError as exc:
-        raise TypeError(f"dtype must be a torch or numpy floating dtype; got {dtype!r}") from exc
 
 
 class BlocksparseConv(ConvShapes):
@@ -128,7 +118,7 @@ class BlocksparseConv(ConvShapes):
         flat, form = self._flat_filter(F)
         if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
             raise ValueError(f"epsilon must be a number > 0; got {epsilon!r}")
-        dtype = _as_torch_dtype(dtype)
+        dtype = float_dtype("dtype", dtype)
         if gain is not None:
             gain = floating_tensor("gain", gain)
             if tuple(gain.shape) != (self.K,):

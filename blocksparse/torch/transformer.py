@@ -4,13 +4,11 @@ from __future__ import annotations
 import torch
 
 from ..ops.transformer.frontend import TransformerBase, check_autoregress_at_key, check_bench, check_scale
-from ._checks import floating_tensor
+from ._checks import float_dtype, floating_tensor
 from ._transformer import ops as _ops
 from ._transformer import state as _state
 
 __all__ = ["BlocksparseTransformer"]
-
-_OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 class BlocksparseTransformer(TransformerBase):
@@ -52,10 +50,7 @@ class BlocksparseTransformer(TransformerBase):
         scale = check_scale(scale)
         autoregress_at_key = check_autoregress_at_key(autoregress_at_key)
         (x,) = self._operands(("x", x, "scores"), autocast=False)
-        if dtype is None:
-            dtype = x.dtype
-        elif dtype not in _OUT_DTYPES:
-            raise TypeError(f"dtype must be one of {', '.join(map(str, _OUT_DTYPES))} or None; got {dtype!r}")
+        dtype = x.dtype if dtype is None else float_dtype("dtype", dtype)
         return _ops.bst_softmax(x, self._handle, scale, autoregress_at_key, masked, dtype)
 
     def _operands(self, *specs, autocast=True):

@@ -129,7 +129,9 @@ def convolve(I, flat, edge_bias, spec, path=None):
     work = dtype if native else tf.float32
     x = _channels_last(tf.cast(I, work), ndim)
     y = (grouped if path == "grouped" else dense)(x, tf.cast(flat, work), spec)
-    y = _channels_first(y, ndim)
+    # TensorFlow's convolutions return an empty batch in their input's shape: the reshape (free
+    # otherwise) gives it the output's
+    y = tf.reshape(_channels_first(y, ndim), [-1, spec.blocks.K, *spec.geometry.MPQ])
     if edge_bias is not None and spec.edge_count:
         y = y + params.edge_bias_image(tf.cast(edge_bias, work), spec)[None]
     return tf.cast(y, dtype)

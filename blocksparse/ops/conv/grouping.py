@@ -27,7 +27,8 @@ __all__ = ["Bucket", "GroupedPlan", "grouped_plan", "worth_grouping", "GROUPED_M
 #: at least ``GROUPED_MIN_CHANNELS`` input and output channels.  Measured on an H200
 #: (``bench/results/conv-h200.md``, bf16, ResNet-like 3x3 layers): 128-channel blocks at density
 #: 0.25 ran 1.2-1.5x faster forward than the dense masked cuDNN convolution; 32- and 64-channel
-#: blocks, and density 0.5, ran slower.
+#: blocks, and density 0.5, ran slower.  1x1 layers (one tap) lost on every measured layout: they
+#: never take it.
 GROUPED_MAX_DENSITY = 0.25
 GROUPED_MIN_CHANNELS = 128
 
@@ -100,4 +101,4 @@ def grouped_plan(blocks):
 def worth_grouping(blocks, plan):
     """Whether the grouped path is expected to beat the dense masked convolution on a GPU."""
     narrowest = min(min(b.cin, b.cout) for b in plan.buckets)
-    return blocks.density <= GROUPED_MAX_DENSITY and narrowest >= GROUPED_MIN_CHANNELS
+    return blocks.trs > 1 and blocks.density <= GROUPED_MAX_DENSITY and narrowest >= GROUPED_MIN_CHANNELS

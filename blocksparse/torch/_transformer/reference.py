@@ -33,14 +33,14 @@ def nt(a, b, q_ids, k_ids, heads, bs):
     qa = _blocked(a, heads, bs).index_select(1, q_ids).to(acc)
     kb = _blocked(b, heads, bs).index_select(1, k_ids).to(acc)
     scores = torch.einsum("nbid,nbjd->nbij", qa, kb)
-    return scores.reshape(a.shape[0], heads, -1, bs, bs).to(a.dtype)
+    return scores.reshape(a.shape[0], heads, q_ids.numel() // heads, bs, bs).to(a.dtype)
 
 
 def xn(w, x, gather_ids, scatter_ids, out_blocks, heads, bs, trans):
     """``nn`` (``w[b] @ x[gather]`` summed into ``scatter``) or ``tn`` (``w[b].T``, ``trans=True``)."""
     acc = _acc_dtype(x.dtype)
     xb = _blocked(x, heads, bs).index_select(1, gather_ids).to(acc)
-    wb = w.reshape(w.shape[0], -1, bs, bs).to(acc)
+    wb = w.reshape(w.shape[0], w.shape[1] * w.shape[2], bs, bs).to(acc)
     contrib = torch.einsum("nbji,nbjd->nbid" if trans else "nbij,nbjd->nbid", wb, xb)
     out = contrib.new_zeros(x.shape[0], heads * out_blocks, bs, xb.shape[-1]).index_add_(1, scatter_ids, contrib)
     return _unblocked(out, heads).to(x.dtype)

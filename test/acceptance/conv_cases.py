@@ -1,0 +1,78 @@
+"""Convolution cases of the acceptance tests, shared by the TensorFlow and PyTorch files: every
+spatial rank, padding mode, strides, dilations, unequal blocks with arbitrary channel indices."""
+from dataclasses import dataclass, field
+
+import numpy as np
+
+import conv_reference as ref
+
+
+@dataclass
+class Case:
+    id: str
+    BCK: list
+    TRS: tuple
+    DHW: tuple
+    kwargs: dict = field(default_factory=dict)
+    transposed: bool = False
+    N: int = 2
+
+    def norm(self, name, default):
+        """An argument per spatial axis, as the reference wants it."""
+        value = self.kwargs.get(name, default)
+        nd = len(self.TRS)
+        if isinstance(value, int):
+            return (value,) * nd
+        return tuple(value)[-nd:] if len(value) > nd else tuple(value)
+
+
+CASES = [
+    Case("2d-same-uniform", [(range(0, 3), range(0, 2)), (range(3, 6), range(2, 4)), (range(0, 3), range(2, 4))],
+         (3, 3), (5, 6), {"edge_bias": True}),
+    Case("2d-unequal-shuffled-stride2", [([4, 0, 2], [1]), ([1, 3], [0, 2, 5]), ([0, 2], [3, 4])], (3, 2), (7, 6),
+         {"strides": (2, 2), "edge_bias": True}),
+    Case("1d-valid-stride3-dilate2", [([0, 1], [0, 1, 2]), ([2], [3])], (3,), (13,),
+         {"strides": (3,), "dilates": (2,), "padding": "VALID"}),
+    Case("1d-batch1-even-same", [([0], [0]), ([1], [1]), ([0, 1], [2])], (4,), (9,), {"edge_bias": True}, N=1),
+    Case("3d-explicit-pairs", [([0, 1], [0]), ([2], [1, 2])], (2, 3, 2), (3, 5, 4),
+         {"strides": (1, 2, 1), "dilates": (1, 1, 2), "padding": ((1, 0), 1, (0, 2)), "edge_bias": True}),
+    Case("2d-int-padding-dilate", [([0, 1, 2], [0, 1])], (3, 3), (6, 5),
+         {"dilates": 2, "padding": 2, "strides": 1, "edge_bias": True}),
+    Case("deconv-2d-k4-s2-p1", [([0, 1], [0, 1]), ([2, 3], [2, 3]), ([0, 1], [2, 3])], (4, 4), (3, 4),
+         {"strides": (2, 2), "padding": 1, "edge_bias": True}, transposed=True),
+    Case("deconv-1d-same-mpq", [([0], [0, 1]), ([1, 2], [2])], (3,), (5,),
+         {"strides": (2,), "MPQ": (9,), "edge_bias": True}, transposed=True),
+    Case("deconv-3d-valid", [([0, 1], [0, 1])], (2, 2, 2), (2, 3, 2), {"strides": (1, 2, 1), "padding": "VALID"},
+         transposed=True),
+    Case("deconv-2d-same-default-mpq-dilate", [([0], [1]), ([1], [0])], (3, 3), (4, 3),
+         {"strides": (2, 1), "dilates": (1, 2), "edge_bias": True}, transposed=True),
+]
+IDS = [c.id for c in CASES]
+
+
+def reference(case, conv, x, blocks, eb, gy):
+    """float64 ``(y, dx, [dF_b], deb)`` of ``conv`` (built from ``case``) on ``x`` and per-block filters."""
+    strides, dilates = case.norm("strides", 1), case.norm("dilates", 1)
+    padding = case.kwargs.get("padding", "SAME")
+    W = ref.dense_filter(case.BCK, blocks, case.transposed)
+    subs, ops = ref.conv_terms(x, W, case.TRS, strides, dilates, padding, case.transposed,
+                               tuple(conv.MPQ) if case.transposed else None)
+    y = np.einsum(subs, *ops)
+    image, out = (tuple(conv.MPQ), tuple(case.DHW)) if case.transposed else (tuple(case.DHW), tuple(conv.MPQ))
+    pattern, count = ref.edge_patterns(case.TRS, image, out, strides, dilates, padding, case.transposed)
+    assert conv.edge_bias_shape() == (conv.K, count if case.kwargs.get("edge_bias") else 0)
+    deb = None
+    if eb is not None:
+        y = ref.add_edge_bias(y, eb, pattern)
+        flat = gy.reshape(gy.shape[0], gy.shape[1], -1)
+        deb = np.stack([flat[:, :, pattern == p].sum(axis=(0, 2)) for p in range(count)], axis=1) \
+            if count else np.zeros((conv.K, 0))
+    dx = ref.einsum_grad(subs, ops, gy, len(ops) - 1)
+    dW = ref.einsum_grad(subs, ops, gy, 0)
+    return y, dx, ref.block_filters(case.BCK, dW, case.transposed), deb
+
+
+def make(case, module):
+    """The op of ``case`` from ``module`` (blocksparse.conv or blocksparse.torch)."""
+    cls = module.BlocksparseDeconv if case.transposed else module.BlocksparseConv
+    return cls([(list(c), list(k)) for c, k in case.BCK], case.TRS, case.DHW, **case.kwargs)
