@@ -8,7 +8,7 @@ from .._frontend import LayoutShapes, check_feature_axis
 from ..layout import Layout
 from ._matmul import ops as _ops
 from ._matmul import plan as _plan
-from ._portable.dispatch import Dispatched, LinearDispatch, uniform_fan_in_
+from ._portable.dispatch import Dispatched, LinearDispatch, check_input, uniform_fan_in_
 
 __all__ = ["BlocksparseMatMul", "BlocksparseLinear"]
 
@@ -177,9 +177,7 @@ class BlocksparseLinear(Dispatched, nn.Module):
         uniform_fan_in_(self.weight, self.bias, self.layout)
 
     def forward(self, x):
-        if x.dim() == 0 or x.shape[-1] != self.in_features:
-            raise ValueError(f"input must have shape (..., {self.in_features}); "
-                             f"got {tuple(x.shape)}")
+        check_input(x, self.in_features)
         x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         impl = self._dispatch.choose(x2, self.weight)
         if impl in ("kernels", "reference"):  # the matmul ops: the kernels on CUDA, else the reference path

@@ -43,7 +43,7 @@ def plan_of(kind, a, b, layout_handle, axis, precision, dw_dtype=None):
 def _xprop(kind, x, w, layout_handle, axis, precision):
     st = _plan.state(layout_handle)
     lay = st.layout
-    if use_triton(x, lay.block_size):
+    if use_triton(x, lay.block_size) and x.numel():  # an empty batch: nothing to launch, the reference path
         x = _strided(x)
         if not w.is_contiguous():
             w = w.contiguous()
@@ -69,7 +69,7 @@ def updat(x, dy, layout_handle, axis, precision, dw_dtype):
     """``dW = x.T @ dy`` on the layout's blocks, in ``dw_dtype``."""
     st = _plan.state(layout_handle)
     lay = st.layout
-    if use_triton(x, lay.block_size):
+    if use_triton(x, lay.block_size) and x.numel():  # an empty batch: dW = 0 from the reference path
         x, dy = _strided(x), _strided(dy)
         return plan_of("updat", x, dy, layout_handle, axis, precision, dw_dtype)(x, dy)
     coords = st.coords(x.device)

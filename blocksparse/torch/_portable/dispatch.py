@@ -32,7 +32,8 @@ from .._backend import KERNEL_DTYPES
 from .._matmul.products import use_triton
 from .matmul import DenseCache, PortableTables, dense_matmul, portable_matmul
 
-__all__ = ["DEFAULT_TOKENS", "Dispatched", "LinearDispatch", "for_layout", "kernel_layout", "uniform_fan_in_"]
+__all__ = ["DEFAULT_TOKENS", "Dispatched", "LinearDispatch", "check_input", "for_layout", "kernel_layout",
+           "uniform_fan_in_"]
 
 #: Tokens assumed when planning a call whose token count is unknown (tracing, ``plan()``).
 DEFAULT_TOKENS = 4096
@@ -195,7 +196,7 @@ class LinearDispatch(nn.Module):
         if torch.compiler.is_compiling():
             forced = self._forced()
             return forced[0] if forced else _traced_choice(self.handle, dtype, device_type, backward)
-        tokens = x.shape[0]
+        tokens = x.shape[0] or 1  # an empty batch is planned as one token: every path returns it
         self.__dict__["last_tokens"] = tokens  # a plain int: nn.Module.__setattr__ costs microseconds
         tf32 = device_type == "cuda" and dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
         key = (tokens, dtype, device_type, backward, self.impl, os.environ.get("BLOCKSPARSE_BACKEND"), tf32)
@@ -240,6 +241,17 @@ class LinearDispatch(nn.Module):
         if x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type):
             raise TypeError(f"input and weight must have the same dtype (or run under autocast); got "
                             f"{x.dtype} and {w.dtype}")
+
+
+def check_input(x, in_features):
+    """``x`` after checking it is a floating tensor of shape ``(..., in_features)`` (a layer's input)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"input must be a torch.Tensor; got {type(x).__name__}")
+    if x.dim() == 0 or x.shape[-1] != in_features:
+        raise ValueError(f"input must have shape (..., {in_features}); got {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"input must be floating point (float16, bfloat16, float32, float64); got {x.dtype}")
+    return x
 
 
 def uniform_fan_in_(weight, bias, layout):

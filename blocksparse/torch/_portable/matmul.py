@@ -54,6 +54,8 @@ def portable_matmul(x, w, tables, bias=None):
     """
     t = tables.tables
     bs, n = t.block_size, x.shape[0]
+    if n == 0:  # embedding_bag refuses zero-width rows; the dense product gives the empty result and zero dW
+        return dense_matmul(x, w, tables, bias)
     xt = x.t().reshape(t.CB, bs, n)
     parts = []
     for i, (r, m, all_rows, first) in enumerate(tables.groups):
