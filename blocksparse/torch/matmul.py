@@ -177,7 +177,7 @@ class BlocksparseLinear(Dispatched, nn.Module):
         uniform_fan_in_(self.weight, self.bias, self.layout)
 
     def forward(self, x):
-        check_input(x, self.in_features)
+        check_input(x, self.in_features, self.weight)
         x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         impl = self._dispatch.choose(x2, self.weight)
         if impl in ("kernels", "reference"):  # the matmul ops: the kernels on CUDA, else the reference path

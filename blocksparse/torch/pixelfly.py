@@ -127,7 +127,7 @@ class PixelflyLinear(Dispatched, nn.Module):
         return dense
 
     def forward(self, x):
-        check_input(x, self.in_features)
+        check_input(x, self.in_features, self.weight)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         y = self._dispatch.run(self._dispatch.choose(x2, self.weight), x2, self.weight, self.bias)

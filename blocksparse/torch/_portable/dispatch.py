@@ -243,14 +243,17 @@ class LinearDispatch(nn.Module):
                             f"{x.dtype} and {w.dtype}")
 
 
-def check_input(x, in_features):
-    """``x`` after checking it is a floating tensor of shape ``(..., in_features)`` (a layer's input)."""
+def check_input(x, in_features, weight):
+    """``x`` after checking it is a floating tensor of shape ``(..., in_features)`` on ``weight``'s
+    device (a layer's input; checked before the plan, which depends on the device)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"input must be a torch.Tensor; got {type(x).__name__}")
     if x.dim() == 0 or x.shape[-1] != in_features:
         raise ValueError(f"input must have shape (..., {in_features}); got {tuple(x.shape)}")
     if not x.is_floating_point():
         raise TypeError(f"input must be floating point (float16, bfloat16, float32, float64); got {x.dtype}")
+    if x.device != weight.device:
+        raise ValueError(f"input and weight must be on one device; got {x.device} and {weight.device}")
     return x
 
 
