@@ -19,6 +19,11 @@ def close(out, ref, dtype):
     assert err <= tolerance(dtype), f"relative error {err:.3g} > {tolerance(dtype):.3g} ({dtype})"
 
 
+def coarser(*dtypes):
+    """The dtype of ``dtypes`` with the loosest tolerance (a result computed from all of them)."""
+    return max(dtypes, key=tolerance)
+
+
 def draw(rng, shape, dtype, requires_grad=False):
     """Standard-normal values of ``shape`` as a tensor of ``dtype``."""
     t = torch.from_numpy(rng.standard_normal(shape)).to(dtype)
