@@ -14,7 +14,7 @@ from torch_setup import poison_empty  # noqa: E402,F401
 from blocksparse.dispatch import Plan  # noqa: E402
 from blocksparse.torch import BlocksparseLinear  # noqa: E402
 from blocksparse.testing.matmul import random_layout  # noqa: E402
-from torch_acceptance import DTYPES, block_grads, close, dense_weight, draw, f64  # noqa: E402
+from torch_acceptance import DTYPES, block_grads, close, dense_from_coords, dense_weight, draw, f64  # noqa: E402
 
 IMPLS = ["auto", "portable", "dense", "reference"]
 
@@ -233,3 +233,18 @@ def test_bad_plan_and_impl_arguments(rng):
         layer.impl = "quick"
     with pytest.raises(TypeError, match="dtype"):
         layer.plan(8, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_z_order_numbers_blocks_like_the_layout(rng, impl):
+    """With ``z_order=True`` block ``b`` of ``weight`` sits at ``layout.coords[b]`` on every path."""
+    mask = random_layout(rng, 4, 4, 0.5, cover=True)
+    layer = BlocksparseLinear(mask, block_size=8, impl=impl, z_order=True, dtype=torch.float64)
+    coords = np.asarray(layer.layout.coords)
+    assert sorted(map(tuple, coords.tolist())) == sorted(map(tuple, np.argwhere(mask).tolist()))
+    x = draw(rng, (3, 32), torch.float64, requires_grad=True)
+    y = layer(x)
+    dense = dense_from_coords(coords, f64(layer.weight), 8, 32, 32)
+    close(y, f64(x) @ dense + f64(layer.bias), torch.float64)
+    y.backward(torch.ones_like(y))
+    close(layer.weight.grad, block_grads(coords, f64(x), np.ones((3, 32)), 8), torch.float64)

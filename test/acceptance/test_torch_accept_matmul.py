@@ -215,3 +215,15 @@ def test_block_coord_out_of_range(rng):
     for bad in (-1, bsmm.blocks):
         with pytest.raises(ValueError, match="block must be in"):
             bsmm.block_coord(bad)
+
+
+def test_layout_object_and_keyword_options(rng):
+    from blocksparse.layout import Layout
+
+    mask = _layout(rng)
+    lay = Layout(mask, 8)
+    bsmm = BlocksparseMatMul(lay, block_size=8, feature_axis=1, allow_tf32=True)
+    assert bsmm.layout is lay and bsmm.allow_tf32
+    _check(bsmm, draw(rng, (3, bsmm.C), torch.float32), draw(rng, bsmm.w_shape, torch.float32), torch.float32, rng)
+    with pytest.raises(ValueError, match="block_size must match the Layout's block size 8; got 16"):
+        BlocksparseMatMul(lay, block_size=16)

@@ -220,3 +220,18 @@ def test_triton_kernels_tiny(rng, monkeypatch):
     c, h = draw(rng, (3, 8), torch.float32), draw(rng, (3, 32), torch.float32)
     _check_lstm(rng, c, [h], draw(rng, (32,), torch.float32))
     _check_lstm(rng, c.detach().clone(), [t.contiguous() for t in h.detach().split(8, 1)])
+
+
+def test_vmap_is_correct_or_refused(rng):
+    g, b = draw(rng, (16,), torch.float32), draw(rng, (16,), torch.float32)
+    x, c, h = (draw(rng, s, torch.float32) for s in ((3, 5, 16), (3, 5, 4), (3, 5, 16)))
+    cases = [(lambda t: layer_norm(t, g, b, segments=2), (x,)),
+             (lambda t: layer_norm(t, g, b, axis=0), (x.transpose(1, 2),)),
+             (lambda a, q: fused_lstm_gates(a, q)[1], (c, h))]
+    for fn, args in cases:
+        try:
+            got = torch.func.vmap(fn)(*args)
+        except RuntimeError as exc:
+            assert "vmap" in str(exc)
+            continue
+        close(got, f64(torch.stack([fn(*a) for a in zip(*args)])), torch.float32)
