@@ -95,9 +95,9 @@ class BlocksparseMatMul(LayoutShapes):
         if not good:
             self._refuse(x, w)
         device = "cuda" if x.is_cuda else x.device.type
-        if torch.is_autocast_enabled(device):
+        if torch.is_autocast_enabled(device):  # as torch's autocast: float64 tensors stay float64
             dtype = torch.get_autocast_dtype(device)
-            x, w = x.to(dtype), w.to(dtype)
+            x, w = (t if t.dtype is torch.float64 else t.to(dtype) for t in (x, w))
         if x.dtype != w.dtype:
             raise TypeError(f"x and w must have the same dtype; got {x.dtype} and {w.dtype}")
         return x, w

@@ -278,3 +278,14 @@ def test_weight_written_through_data_is_used_next_call(rng):
     layer(x)
     layer.weight.data.mul_(2)
     close(layer(x), f64(x) @ dense_weight(mask, f64(layer.weight), 8) + f64(layer.bias), torch.float32)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_autocast_leaves_float64_alone(rng, impl):
+    """As ``nn.Linear``: a float64 layer on float64 input stays float64 under autocast."""
+    mask, layer = _layer(rng, impl, dtype=torch.float64)
+    x = draw(rng, (3, layer.in_features), torch.float64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _check(layer, mask, x, rng)
+        with pytest.raises(TypeError, match="same dtype"):
+            layer(x.float())

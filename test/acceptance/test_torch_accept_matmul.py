@@ -227,3 +227,10 @@ def test_layout_object_and_keyword_options(rng):
     _check(bsmm, draw(rng, (3, bsmm.C), torch.float32), draw(rng, bsmm.w_shape, torch.float32), torch.float32, rng)
     with pytest.raises(ValueError, match="block_size must match the Layout's block size 8; got 16"):
         BlocksparseMatMul(lay, block_size=16)
+
+
+def test_autocast_leaves_float64_alone(rng):
+    bsmm = BlocksparseMatMul(_layout(rng), block_size=8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _check(bsmm, draw(rng, (3, bsmm.C), torch.float64), draw(rng, bsmm.w_shape, torch.float64), torch.float64,
+               rng)

@@ -256,3 +256,10 @@ def test_triton_kernels_tiny(rng, monkeypatch):
     layer = PixelflyLinear(96, 96, 48, lowrank_size=2, impl="kernels")
     assert layer._dispatch.refinement is not None
     _check(layer, draw(rng, (3, 96), torch.float32), rng)
+
+
+@pytest.mark.parametrize("impl", ["auto", "portable", "dense"])
+def test_autocast_leaves_float64_alone(rng, impl):
+    layer = _make("bs3-lowrank", impl, dtype=torch.float64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _check(layer, draw(rng, (3, layer.in_features), torch.float64), rng)

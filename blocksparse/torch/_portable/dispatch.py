@@ -191,7 +191,9 @@ class LinearDispatch(nn.Module):
         a change of ``BLOCKSPARSE_BACKEND`` takes effect at once.
         """
         device_type = x.device.type
-        dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
+        dtype = x.dtype
+        if torch.is_autocast_enabled(device_type) and dtype is not torch.float64:  # autocast leaves float64
+            dtype = torch.get_autocast_dtype(device_type)
         backward = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
         if torch.compiler.is_compiling():
             forced = self._forced()
@@ -238,9 +240,10 @@ class LinearDispatch(nn.Module):
             raise TypeError(f"input must be floating point (float16, bfloat16, float32, float64); got {x.dtype}")
         if x.device != w.device:
             raise ValueError(f"input and weight must be on one device; got {x.device} and {w.device}")
-        if x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type):
-            raise TypeError(f"input and weight must have the same dtype (or run under autocast); got "
-                            f"{x.dtype} and {w.dtype}")
+        if x.dtype != w.dtype and (torch.float64 in (x.dtype, w.dtype)
+                                   or not torch.is_autocast_enabled(x.device.type)):  # autocast leaves float64
+            raise TypeError(f"input and weight must have the same dtype (or float16 / bfloat16 / float32 under "
+                            f"autocast); got {x.dtype} and {w.dtype}")
 
 
 def check_input(x, in_features, weight):

@@ -134,7 +134,7 @@ def dense_matmul(x, w, tables, bias=None, cache=None):
         # F.linear: one fused matmul + bias, cast as nn.Linear is under autocast
         return F.linear(x, _densify(w, tables).t(), bias)
     device_type = x.device.type
-    if torch.is_autocast_enabled(device_type):  # the cast as autocast does it, then plain dtypes
+    if torch.is_autocast_enabled(device_type) and x.dtype is not torch.float64:  # autocast's cast, then plain dtypes
         dtype = torch.get_autocast_dtype(device_type)
         with torch.autocast(device_type, enabled=False):
             return _dense_cached(x.to(dtype), w, None if bias is None else bias.to(dtype),
