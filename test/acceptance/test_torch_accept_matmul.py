@@ -234,3 +234,14 @@ def test_autocast_leaves_float64_alone(rng):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         _check(bsmm, draw(rng, (3, bsmm.C), torch.float64), draw(rng, bsmm.w_shape, torch.float64), torch.float64,
                rng)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("axis", [1, 0], ids=["NC", "CN"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_triton_kernels_tiny_half_transposed(rng, monkeypatch, axis, dtype):
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "triton")
+    bsmm = BlocksparseMatMul(_layout(rng, 2, 2), block_size=16, feature_axis=axis)
+    x = draw(rng, bsmm.i_shape(6)[::-1], dtype).t()
+    w = draw(rng, bsmm.w_shape, dtype).transpose(1, 2)
+    _check(bsmm, x.detach(), w.detach(), dtype, rng)
