@@ -114,6 +114,7 @@ CASES = {  # id: (in, out, block_size, butterfly_size, n_factors, lowrank, impls
     "bs3-lowrank": (12, 24, 3, None, None, 2, ["auto", "portable", "dense"]),
     "bs16": (32, 64, 16, 2, 1, 0, ["auto", "portable", "dense", "reference"]),
     "bs48-tall": (192, 96, 48, 4, 2, 3, ["auto", "portable", "dense", "reference"]),
+    "bs256": (512, 1024, 256, None, None, 4, ["auto", "portable", "dense", "reference"]),
 }
 PARAMS = [(name, impl) for name, case in CASES.items() for impl in case[-1]]
 
