@@ -226,9 +226,13 @@ def test_bad_constructor_args(kwargs, err, words):
 
 def test_bad_plan_and_impl_arguments(rng):
     _, layer = _layer(rng)
-    for tokens in (0, -3, 2.5, True):
-        with pytest.raises(ValueError, match="tokens must be an int >= 1"):
+    for tokens in (0, -3):
+        with pytest.raises(ValueError, match=f"tokens must be >= 1; got {tokens}"):
             layer.plan(tokens)
+    for tokens in (2.5, True, "8"):
+        with pytest.raises(TypeError, match="tokens must be an int or None"):
+            layer.plan(tokens)
+    assert layer.plan(np.int64(8)) == layer.plan(8)
     with pytest.raises(ValueError, match="impl must be one of"):
         layer.impl = "quick"
     with pytest.raises(TypeError, match="dtype"):

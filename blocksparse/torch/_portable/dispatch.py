@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ... import _env
+from ..._checks import check_int
 from ..._initializers import fan_in_bounds
 from ...dispatch import Problem, check_impl, model_for, override_plan
 from ...layout import Layout
@@ -290,8 +291,7 @@ class Dispatched:
         Defaults: the token count of the last call (else :data:`DEFAULT_TOKENS`), the weight's
         dtype and device; ``backward``: whether the call is trained through (both gradients too).
         """
-        if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
-            raise ValueError(f"tokens must be an int >= 1 or None; got {tokens!r}")
+        tokens = check_int(tokens, "tokens", allow_none=True)
         device = torch.device(device) if device is not None else self.weight.device
         return self._dispatch.plan(tokens or self._dispatch.last_tokens or DEFAULT_TOKENS,
                                    dtype or self.weight.dtype, device.type, bool(backward))

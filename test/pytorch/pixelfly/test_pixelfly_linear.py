@@ -184,7 +184,7 @@ def test_bad_call_args():
     with pytest.raises(TypeError, match="same dtype"):
         layer.impl = "portable"
         layer(torch.randn(3, 96, dtype=torch.float64))
-    with pytest.raises(ValueError, match="tokens must be an int >= 1"):
+    with pytest.raises(ValueError, match="tokens must be >= 1; got 0"):
         layer.plan(0)
 
 
