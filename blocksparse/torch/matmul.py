@@ -173,7 +173,9 @@ class BlocksparseLinear(Dispatched, nn.Module):
         return self.bsmm.layout
 
     def reset_parameters(self):
-        """Uniform in +-1/sqrt(fan_in) per output feature, fan_in = features of its blocks."""
+        """Uniform in +-1/sqrt(fan_in) per output feature, fan_in = features of its blocks; the layout's
+        index buffers refilled too (a layer built on the meta device, then ``to_empty()``, needs both)."""
+        self._dispatch.reset_buffers()
         uniform_fan_in_(self.weight, self.bias, self.layout)
 
     def forward(self, x):

@@ -110,7 +110,9 @@ class PixelflyLinear(Dispatched, nn.Module):
         return self.layout.block_size
 
     def reset_parameters(self):
-        """Re-draw every parameter (see the class docstring)."""
+        """Re-draw every parameter (see the class docstring) and refill the layout's index buffers (a
+        layer built on the meta device, then ``to_empty()``, needs both)."""
+        self._dispatch.reset_buffers()
         uniform_fan_in_(self.weight, self.bias, self.layout)
         if self.lowrank_first is not None:
             with torch.no_grad():

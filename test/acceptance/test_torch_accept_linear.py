@@ -293,3 +293,14 @@ def test_autocast_leaves_float64_alone(rng, impl):
         _check(layer, mask, x, rng)
         with pytest.raises(TypeError, match="same dtype"):
             layer(x.float())
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_meta_device_init_then_to_empty(rng, impl):
+    """Large-model initialisation: build on ``meta``, ``to_empty()``, ``reset_parameters()``."""
+    mask = random_layout(rng, 3, 2, 0.6, cover=True)
+    layer = BlocksparseLinear(mask, block_size=8, impl=impl, device="meta")
+    assert layer.weight.is_meta
+    layer.to_empty(device="cpu")
+    layer.reset_parameters()
+    _check(layer, mask, draw(rng, (5, layer.in_features), torch.float32), rng)

@@ -264,3 +264,11 @@ def test_autocast_leaves_float64_alone(rng, impl):
     layer = _make("bs3-lowrank", impl, dtype=torch.float64)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         _check(layer, draw(rng, (3, layer.in_features), torch.float64), rng)
+
+
+@pytest.mark.parametrize("name, impl", PARAMS, ids=[f"{n}-{i}" for n, i in PARAMS])
+def test_meta_device_init_then_to_empty(rng, name, impl):
+    layer = _make(name, impl, device="meta")
+    layer.to_empty(device="cpu")
+    layer.reset_parameters()
+    _check(layer, draw(rng, (3, layer.in_features), torch.float32), rng)

@@ -118,6 +118,13 @@ class LinearDispatch(nn.Module):
         _dispatchers[self.handle] = self
 
 
+    def reset_buffers(self):
+        """Refill the index buffers (after ``Module.to_empty()``, which leaves them uninitialised)."""
+        self.tables.reset()
+        if self.refinement is not None:
+            with torch.no_grad():
+                self.perm.copy_(torch.as_tensor(self.refinement.perm))
+
     def __getstate__(self):
         # the decisions are a per-process memo (and hold read-only mappings that do not pickle)
         return {**self.__dict__, "_plans": {}}

@@ -25,19 +25,26 @@ class PortableTables(nn.Module):
     def __init__(self, tables, coords, device=None):
         super().__init__()
         self.tables = tables
+        self.coords = np.asarray(coords)
         self.groups = tuple((g.rows.shape[0], g.m, g.all_rows, g.first) for g in tables.groups)
+        for name, a in self._arrays():
+            self.register_buffer(name, torch.tensor(np.asarray(a, dtype=np.int64), device=device), persistent=False)
 
-        def put(name, a):
-            self.register_buffer(name, torch.tensor(np.asarray(a, dtype=np.int64), device=device),
-                                 persistent=False)
+    def _arrays(self):
+        """``(buffer name, int64 array)`` of every table."""
+        for i, g in enumerate(self.tables.groups):
+            yield f"rows{i}", g.rows
+            yield f"blocks{i}", g.blocks.ravel()
+        yield "bag_index", self.tables.bag_index
+        yield "bag_offsets", self.tables.bag_offsets
+        yield "c_idx", self.coords[:, 0]
+        yield "k_idx", self.coords[:, 1]
 
-        for i, g in enumerate(tables.groups):
-            put(f"rows{i}", g.rows)
-            put(f"blocks{i}", g.blocks.ravel())
-        put("bag_index", tables.bag_index)
-        put("bag_offsets", tables.bag_offsets)
-        put("c_idx", np.asarray(coords)[:, 0])
-        put("k_idx", np.asarray(coords)[:, 1])
+    def reset(self):
+        """Refill the buffers from the tables (``Module.to_empty()`` leaves them uninitialised)."""
+        with torch.no_grad():
+            for name, a in self._arrays():
+                getattr(self, name).copy_(torch.from_numpy(np.asarray(a, dtype=np.int64)))
 
     def extra_repr(self):
         t = self.tables
