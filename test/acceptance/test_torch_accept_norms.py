@@ -235,3 +235,25 @@ def test_vmap_is_correct_or_refused(rng):
             assert "vmap" in str(exc)
             continue
         close(got, f64(torch.stack([fn(*a) for a in zip(*args)])), torch.float32)
+
+
+def test_gradients_of_some_inputs_only(rng):
+    x, g, b = _ln_inputs(rng, (5, 16), torch.float32, 1)
+    g, b = g.detach(), b.detach()
+    x.requires_grad_()
+    dy = draw(rng, (5, 16), torch.float32)
+    layer_norm(x, g, b).backward(dy)
+    xr = _leaf64(x)
+    _ln_reference(xr, _leaf64(g).detach(), _leaf64(b).detach(), 1, 1e-6, False, 1).backward(torch.tensor(f64(dy)))
+    close(x.grad, f64(xr.grad), torch.float32)
+    assert g.grad is None and b.grad is None
+
+    c, h, bias = draw(rng, (4, 8), torch.float32), draw(rng, (4, 32), torch.float32), draw(rng, (32,), torch.float32)
+    bias.requires_grad_()
+    c_next, h_next = fused_lstm_gates(c, h, bias=bias)
+    (c_next.sum() + h_next.sum()).backward()
+    br = _leaf64(bias)
+    ref = _lstm_reference(_leaf64(c).detach(), [_leaf64(h).detach()], br, 1.0)
+    (ref[0].sum() + ref[1].sum()).backward()
+    close(bias.grad, f64(br.grad), torch.float32)
+    assert c.grad is None and h.grad is None
