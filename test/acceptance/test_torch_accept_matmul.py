@@ -245,3 +245,12 @@ def test_triton_kernels_tiny_half_transposed(rng, monkeypatch, axis, dtype):
     x = draw(rng, bsmm.i_shape(6)[::-1], dtype).t()
     w = draw(rng, bsmm.w_shape, dtype).transpose(1, 2)
     _check(bsmm, x.detach(), w.detach(), dtype, rng)
+
+
+@pytest.mark.interpreter
+def test_vmap_through_the_kernels_is_refused(rng, monkeypatch):
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "triton")
+    bsmm = BlocksparseMatMul(_layout(rng, 2, 2), block_size=16)
+    w = draw(rng, bsmm.w_shape, torch.float32)
+    with pytest.raises(RuntimeError, match=r"torch.func transforms \(vmap, grad, \.\.\.\) are not supported"):
+        torch.func.vmap(lambda t: bsmm(t, w))(draw(rng, (2, 3, bsmm.C), torch.float32))

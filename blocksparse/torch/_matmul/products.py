@@ -34,7 +34,11 @@ def plan_of(kind, a, b, layout_handle, axis, precision, dw_dtype=None):
     """The :class:`~.plan.Plan` of a kernel call (inputs as the product functions take them)."""
     if a.dtype is not torch.float32:
         precision = "ieee"  # TF32 concerns float32 products only: one plan (and compiled spec) for both
-    aligned = not (a.data_ptr() | b.data_ptr()) & 15
+    try:
+        aligned = not (a.data_ptr() | b.data_ptr()) & 15
+    except RuntimeError as exc:  # a tensor without storage: vmap's batched tensors
+        raise RuntimeError("the block-sparse matmul kernels take tensors with storage: torch.func transforms "
+                           "(vmap, grad, ...) are not supported; call the product per sample instead") from exc
     key = (kind, a.shape, a.stride(), b.stride() if kind == "updat" else None, a.dtype, a.get_device(), axis,
            precision, dw_dtype, aligned)
     return _plan.state(layout_handle).plan(key, kind, a, b, axis, precision, dw_dtype, aligned)
