@@ -44,7 +44,7 @@ class PortableTables(nn.Module):
         """Refill the buffers from the tables (``Module.to_empty()`` leaves them uninitialised)."""
         with torch.no_grad():
             for name, a in self._arrays():
-                getattr(self, name).copy_(torch.from_numpy(np.asarray(a, dtype=np.int64)))
+                getattr(self, name).copy_(torch.tensor(np.asarray(a, dtype=np.int64)))
 
     def extra_repr(self):
         t = self.tables
