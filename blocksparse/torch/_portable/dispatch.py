@@ -123,7 +123,7 @@ class LinearDispatch(nn.Module):
         self.tables.reset()
         if self.refinement is not None:
             with torch.no_grad():
-                self.perm.copy_(torch.as_tensor(self.refinement.perm))
+                self.perm.copy_(torch.tensor(self.refinement.perm))
 
     def __getstate__(self):
         # the decisions are a per-process memo (and hold read-only mappings that do not pickle)
