@@ -8,7 +8,7 @@ from .._frontend import LayoutShapes, check_feature_axis
 from ..layout import Layout
 from ._matmul import ops as _ops
 from ._matmul import plan as _plan
-from ._portable.dispatch import Dispatched, LinearDispatch, uniform_fan_in_
+from ._portable.dispatch import Dispatched, LinearDispatch, check_input, uniform_fan_in_
 
 __all__ = ["BlocksparseMatMul", "BlocksparseLinear"]
 
@@ -95,9 +95,9 @@ class BlocksparseMatMul(LayoutShapes):
         if not good:
             self._refuse(x, w)
         device = "cuda" if x.is_cuda else x.device.type
-        if torch.is_autocast_enabled(device):
+        if torch.is_autocast_enabled(device):  # as torch's autocast: float64 tensors stay float64
             dtype = torch.get_autocast_dtype(device)
-            x, w = x.to(dtype), w.to(dtype)
+            x, w = (t if t.dtype is torch.float64 else t.to(dtype) for t in (x, w))
         if x.dtype != w.dtype:
             raise TypeError(f"x and w must have the same dtype; got {x.dtype} and {w.dtype}")
         return x, w
@@ -173,13 +173,13 @@ class BlocksparseLinear(Dispatched, nn.Module):
         return self.bsmm.layout
 
     def reset_parameters(self):
-        """Uniform in +-1/sqrt(fan_in) per output feature, fan_in = features of its blocks."""
+        """Uniform in +-1/sqrt(fan_in) per output feature, fan_in = features of its blocks; the layout's
+        index buffers refilled too (a layer built on the meta device, then ``to_empty()``, needs both)."""
+        self._dispatch.reset_buffers()
         uniform_fan_in_(self.weight, self.bias, self.layout)
 
     def forward(self, x):
-        if x.dim() == 0 or x.shape[-1] != self.in_features:
-            raise ValueError(f"input must have shape (..., {self.in_features}); "
-                             f"got {tuple(x.shape)}")
+        check_input(x, self.in_features, self.weight)
         x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         impl = self._dispatch.choose(x2, self.weight)
         if impl in ("kernels", "reference"):  # the matmul ops: the kernels on CUDA, else the reference path

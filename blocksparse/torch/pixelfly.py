@@ -7,17 +7,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._checks import check_int
 from ..layout import Layout
 from ..layouts.butterfly import butterfly_layout, default_butterfly_size
-from ._portable.dispatch import Dispatched, for_layout, uniform_fan_in_
+from ._portable.dispatch import Dispatched, check_input, for_layout, uniform_fan_in_
 
 __all__ = ["PixelflyLinear"]
-
-
-def _check_features(value, name):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1; got {value!r}")
-    return value
 
 
 class PixelflyLinear(Dispatched, nn.Module):
@@ -82,10 +77,9 @@ class PixelflyLinear(Dispatched, nn.Module):
                  lowrank_size=0, bias=True, device=None, dtype=None, *, stretch=False, allow_tf32=False,
                  impl="auto", cost_model=None):
         super().__init__()
-        self.in_features = _check_features(in_features, "in_features")
-        self.out_features = _check_features(out_features, "out_features")
-        if isinstance(lowrank_size, bool) or not isinstance(lowrank_size, int) or lowrank_size < 0:
-            raise ValueError(f"lowrank_size must be an int >= 0; got {lowrank_size!r}")
+        self.in_features = in_features = check_int(in_features, "in_features")
+        self.out_features = out_features = check_int(out_features, "out_features")
+        lowrank_size = check_int(lowrank_size, "lowrank_size", 0)
         mask = butterfly_layout(in_features, out_features, block_size, butterfly_size, n_factors,
                                 stretch=bool(stretch))
         if butterfly_size is None:
@@ -116,7 +110,9 @@ class PixelflyLinear(Dispatched, nn.Module):
         return self.layout.block_size
 
     def reset_parameters(self):
-        """Re-draw every parameter (see the class docstring)."""
+        """Re-draw every parameter (see the class docstring) and refill the layout's index buffers (a
+        layer built on the meta device, then ``to_empty()``, needs both)."""
+        self._dispatch.reset_buffers()
         uniform_fan_in_(self.weight, self.bias, self.layout)
         if self.lowrank_first is not None:
             with torch.no_grad():
@@ -133,10 +129,7 @@ class PixelflyLinear(Dispatched, nn.Module):
         return dense
 
     def forward(self, x):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"input must be a torch.Tensor; got {type(x).__name__}")
-        if x.dim() == 0 or x.shape[-1] != self.in_features:
-            raise ValueError(f"input must have shape (..., {self.in_features}); got {tuple(x.shape)}")
+        check_input(x, self.in_features, self.weight)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         y = self._dispatch.run(self._dispatch.choose(x2, self.weight), x2, self.weight, self.bias)

@@ -34,7 +34,11 @@ def plan_of(kind, a, b, layout_handle, axis, precision, dw_dtype=None):
     """The :class:`~.plan.Plan` of a kernel call (inputs as the product functions take them)."""
     if a.dtype is not torch.float32:
         precision = "ieee"  # TF32 concerns float32 products only: one plan (and compiled spec) for both
-    aligned = not (a.data_ptr() | b.data_ptr()) & 15
+    try:
+        aligned = not (a.data_ptr() | b.data_ptr()) & 15
+    except RuntimeError as exc:  # a tensor without storage: vmap's batched tensors
+        raise RuntimeError("the block-sparse matmul kernels take tensors with storage: torch.func transforms "
+                           "(vmap, grad, ...) are not supported; call the product per sample instead") from exc
     key = (kind, a.shape, a.stride(), b.stride() if kind == "updat" else None, a.dtype, a.get_device(), axis,
            precision, dw_dtype, aligned)
     return _plan.state(layout_handle).plan(key, kind, a, b, axis, precision, dw_dtype, aligned)
@@ -43,7 +47,7 @@ def plan_of(kind, a, b, layout_handle, axis, precision, dw_dtype=None):
 def _xprop(kind, x, w, layout_handle, axis, precision):
     st = _plan.state(layout_handle)
     lay = st.layout
-    if use_triton(x, lay.block_size):
+    if use_triton(x, lay.block_size) and x.numel():  # an empty batch: nothing to launch, the reference path
         x = _strided(x)
         if not w.is_contiguous():
             w = w.contiguous()
@@ -69,7 +73,7 @@ def updat(x, dy, layout_handle, axis, precision, dw_dtype):
     """``dW = x.T @ dy`` on the layout's blocks, in ``dw_dtype``."""
     st = _plan.state(layout_handle)
     lay = st.layout
-    if use_triton(x, lay.block_size):
+    if use_triton(x, lay.block_size) and x.numel():  # an empty batch: dW = 0 from the reference path
         x, dy = _strided(x), _strided(dy)
         return plan_of("updat", x, dy, layout_handle, axis, precision, dw_dtype)(x, dy)
     coords = st.coords(x.device)

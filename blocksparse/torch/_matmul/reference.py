@@ -11,16 +11,17 @@ def _acc_dtype(dtype):
 
 
 def _blocks(t, axis, bs):
-    """View activations as (N, feature_blocks, bs) whatever their layout."""
+    """View activations as (N, feature_blocks, bs) whatever their layout (N may be 0: no -1 sizes)."""
+    blocks = t.shape[axis] // bs
     if axis == 1:
-        return t.reshape(t.shape[0], -1, bs)
-    return t.reshape(-1, bs, t.shape[1]).permute(2, 0, 1)
+        return t.reshape(t.shape[0], blocks, bs)
+    return t.reshape(blocks, bs, t.shape[1]).permute(2, 0, 1)
 
 
 def _unblocks(t, axis):
     """Inverse of :func:`_blocks` for a fresh (N, blocks, bs) result."""
-    n = t.shape[0]
-    return t.reshape(n, -1) if axis == 1 else t.reshape(n, -1).t().contiguous()
+    flat = t.reshape(t.shape[0], t.shape[1] * t.shape[2])
+    return flat if axis == 1 else flat.t().contiguous()
 
 
 def xprop(x, w, inp_idx, out_idx, out_blocks, bs, axis, trans):

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ... import _env
+from ..._checks import check_int
 from ..._initializers import fan_in_bounds
 from ...dispatch import Problem, check_impl, model_for, override_plan
 from ...layout import Layout
@@ -32,7 +33,8 @@ from .._backend import KERNEL_DTYPES
 from .._matmul.products import use_triton
 from .matmul import DenseCache, PortableTables, dense_matmul, portable_matmul
 
-__all__ = ["DEFAULT_TOKENS", "Dispatched", "LinearDispatch", "for_layout", "kernel_layout", "uniform_fan_in_"]
+__all__ = ["DEFAULT_TOKENS", "Dispatched", "LinearDispatch", "check_input", "for_layout", "kernel_layout",
+           "uniform_fan_in_"]
 
 #: Tokens assumed when planning a call whose token count is unknown (tracing, ``plan()``).
 DEFAULT_TOKENS = 4096
@@ -116,6 +118,13 @@ class LinearDispatch(nn.Module):
         _dispatchers[self.handle] = self
 
 
+    def reset_buffers(self):
+        """Refill the index buffers (after ``Module.to_empty()``, which leaves them uninitialised)."""
+        self.tables.reset()
+        if self.refinement is not None:
+            with torch.no_grad():
+                self.perm.copy_(torch.tensor(self.refinement.perm))
+
     def __getstate__(self):
         # the decisions are a per-process memo (and hold read-only mappings that do not pickle)
         return {**self.__dict__, "_plans": {}}
@@ -190,12 +199,14 @@ class LinearDispatch(nn.Module):
         a change of ``BLOCKSPARSE_BACKEND`` takes effect at once.
         """
         device_type = x.device.type
-        dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
+        dtype = x.dtype
+        if torch.is_autocast_enabled(device_type) and dtype is not torch.float64:  # autocast leaves float64
+            dtype = torch.get_autocast_dtype(device_type)
         backward = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
         if torch.compiler.is_compiling():
             forced = self._forced()
             return forced[0] if forced else _traced_choice(self.handle, dtype, device_type, backward)
-        tokens = x.shape[0]
+        tokens = x.shape[0] or 1  # an empty batch is planned as one token: every path returns it
         self.__dict__["last_tokens"] = tokens  # a plain int: nn.Module.__setattr__ costs microseconds
         tf32 = device_type == "cuda" and dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
         key = (tokens, dtype, device_type, backward, self.impl, os.environ.get("BLOCKSPARSE_BACKEND"), tf32)
@@ -237,9 +248,24 @@ class LinearDispatch(nn.Module):
             raise TypeError(f"input must be floating point (float16, bfloat16, float32, float64); got {x.dtype}")
         if x.device != w.device:
             raise ValueError(f"input and weight must be on one device; got {x.device} and {w.device}")
-        if x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type):
-            raise TypeError(f"input and weight must have the same dtype (or run under autocast); got "
-                            f"{x.dtype} and {w.dtype}")
+        if x.dtype != w.dtype and (torch.float64 in (x.dtype, w.dtype)
+                                   or not torch.is_autocast_enabled(x.device.type)):  # autocast leaves float64
+            raise TypeError(f"input and weight must have the same dtype (or float16 / bfloat16 / float32 under "
+                            f"autocast); got {x.dtype} and {w.dtype}")
+
+
+def check_input(x, in_features, weight):
+    """``x`` after checking it is a floating tensor of shape ``(..., in_features)`` on ``weight``'s
+    device (a layer's input; checked before the plan, which depends on the device)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"input must be a torch.Tensor; got {type(x).__name__}")
+    if x.dim() == 0 or x.shape[-1] != in_features:
+        raise ValueError(f"input must have shape (..., {in_features}); got {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"input must be floating point (float16, bfloat16, float32, float64); got {x.dtype}")
+    if x.device != weight.device:
+        raise ValueError(f"input and weight must be on one device; got {x.device} and {weight.device}")
+    return x
 
 
 def uniform_fan_in_(weight, bias, layout):
@@ -272,8 +298,7 @@ class Dispatched:
         Defaults: the token count of the last call (else :data:`DEFAULT_TOKENS`), the weight's
         dtype and device; ``backward``: whether the call is trained through (both gradients too).
         """
-        if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
-            raise ValueError(f"tokens must be an int >= 1 or None; got {tokens!r}")
+        tokens = check_int(tokens, "tokens", allow_none=True)
         device = torch.device(device) if device is not None else self.weight.device
         return self._dispatch.plan(tokens or self._dispatch.last_tokens or DEFAULT_TOKENS,
                                    dtype or self.weight.dtype, device.type, bool(backward))

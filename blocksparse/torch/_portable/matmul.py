@@ -25,19 +25,26 @@ class PortableTables(nn.Module):
     def __init__(self, tables, coords, device=None):
         super().__init__()
         self.tables = tables
+        self.coords = np.asarray(coords)
         self.groups = tuple((g.rows.shape[0], g.m, g.all_rows, g.first) for g in tables.groups)
+        for name, a in self._arrays():
+            self.register_buffer(name, torch.tensor(np.asarray(a, dtype=np.int64), device=device), persistent=False)
 
-        def put(name, a):
-            self.register_buffer(name, torch.tensor(np.asarray(a, dtype=np.int64), device=device),
-                                 persistent=False)
+    def _arrays(self):
+        """``(buffer name, int64 array)`` of every table."""
+        for i, g in enumerate(self.tables.groups):
+            yield f"rows{i}", g.rows
+            yield f"blocks{i}", g.blocks.ravel()
+        yield "bag_index", self.tables.bag_index
+        yield "bag_offsets", self.tables.bag_offsets
+        yield "c_idx", self.coords[:, 0]
+        yield "k_idx", self.coords[:, 1]
 
-        for i, g in enumerate(tables.groups):
-            put(f"rows{i}", g.rows)
-            put(f"blocks{i}", g.blocks.ravel())
-        put("bag_index", tables.bag_index)
-        put("bag_offsets", tables.bag_offsets)
-        put("c_idx", np.asarray(coords)[:, 0])
-        put("k_idx", np.asarray(coords)[:, 1])
+    def reset(self):
+        """Refill the buffers from the tables (``Module.to_empty()`` leaves them uninitialised)."""
+        with torch.no_grad():
+            for name, a in self._arrays():
+                getattr(self, name).copy_(torch.tensor(np.asarray(a, dtype=np.int64)))
 
     def extra_repr(self):
         t = self.tables
@@ -54,6 +61,8 @@ def portable_matmul(x, w, tables, bias=None):
     """
     t = tables.tables
     bs, n = t.block_size, x.shape[0]
+    if n == 0:  # embedding_bag refuses zero-width rows; the dense product gives the empty result and zero dW
+        return dense_matmul(x, w, tables, bias)
     xt = x.t().reshape(t.CB, bs, n)
     parts = []
     for i, (r, m, all_rows, first) in enumerate(tables.groups):
@@ -132,7 +141,7 @@ def dense_matmul(x, w, tables, bias=None, cache=None):
         # F.linear: one fused matmul + bias, cast as nn.Linear is under autocast
         return F.linear(x, _densify(w, tables).t(), bias)
     device_type = x.device.type
-    if torch.is_autocast_enabled(device_type):  # the cast as autocast does it, then plain dtypes
+    if torch.is_autocast_enabled(device_type) and x.dtype is not torch.float64:  # autocast's cast, then plain dtypes
         dtype = torch.get_autocast_dtype(device_type)
         with torch.autocast(device_type, enabled=False):
             return _dense_cached(x.to(dtype), w, None if bias is None else bias.to(dtype),

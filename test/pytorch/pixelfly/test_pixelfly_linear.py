@@ -165,13 +165,13 @@ def test_blocksparse_linear_dispatches(rng):
     ((96, 100, 48), ValueError, "out_features must be a multiple"),
     ((96, 96, 48, 3), ValueError, "butterfly_size must be a power of two"),
     ((96, 96, 48, 2, 2), ValueError, r"n_factors must be in 1..log2\(butterfly_size\) = 1..1"),
-    ((0, 96, 48), ValueError, "in_features must be an int >= 1"),
+    ((0, 96, 48), ValueError, "in_features must be >= 1; got 0"),
     ((96, 96, 0), ValueError, "block_size must be an int >= 1"),
 ], ids=["in", "out", "butterfly", "factors", "zero-in", "zero-bs"])
 def test_bad_constructor_args(args, err, words):
     with pytest.raises(err, match=words):
         PixelflyLinear(*args)
-    with pytest.raises(ValueError, match="lowrank_size must be an int >= 0"):
+    with pytest.raises(ValueError, match="lowrank_size must be >= 0; got -1"):
         PixelflyLinear(96, 96, 48, lowrank_size=-1)
 
 
@@ -184,7 +184,7 @@ def test_bad_call_args():
     with pytest.raises(TypeError, match="same dtype"):
         layer.impl = "portable"
         layer(torch.randn(3, 96, dtype=torch.float64))
-    with pytest.raises(ValueError, match="tokens must be an int >= 1"):
+    with pytest.raises(ValueError, match="tokens must be >= 1; got 0"):
         layer.plan(0)
 
 
