@@ -273,9 +273,6 @@ def test_weight_written_in_place_is_used_next_call(rng, impl):
     close(layer(x), f64(x) @ dense_weight(mask, f64(layer.weight), 8) + f64(layer.bias), torch.float32)
 
 
-@pytest.mark.xfail(strict=True, reason="the dense path caches the densified weight per (storage, version "
-                   "counter); a write through `weight.data` does not bump the parameter's version counter, so "
-                   "the next call multiplies by the stale dense matrix")
 def test_weight_written_through_data_is_used_next_call(rng):
     mask, layer = _layer(rng, "dense")
     x = draw(rng, (4, layer.in_features), torch.float32)

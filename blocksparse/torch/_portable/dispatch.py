@@ -31,7 +31,7 @@ from ...ops.matmul.refine import refine, refined_block_size
 from ...ops.matmul.configs import KERNEL_BLOCK_SIZES
 from .._backend import KERNEL_DTYPES
 from .._matmul.products import use_triton
-from .matmul import DenseCache, PortableTables, dense_matmul, portable_matmul
+from .matmul import PortableTables, dense_matmul, portable_matmul
 
 __all__ = ["DEFAULT_TOKENS", "Dispatched", "LinearDispatch", "check_input", "for_layout", "kernel_layout",
            "uniform_fan_in_"]
@@ -113,7 +113,6 @@ class LinearDispatch(nn.Module):
         self._plans = {}
         self._choices = {}
         self._structured = None
-        self._dense = DenseCache()
         self.handle = next(_handles)
         _dispatchers[self.handle] = self
 
@@ -240,7 +239,7 @@ class LinearDispatch(nn.Module):
         self._check(x, w)
         if impl == "portable":
             return portable_matmul(x, w, self.tables, bias)
-        return dense_matmul(x, w, self.tables, bias, None if torch.compiler.is_compiling() else self._dense)
+        return dense_matmul(x, w, self.tables, bias, eager=not torch.compiler.is_compiling())
 
     @staticmethod
     def _check(x, w):

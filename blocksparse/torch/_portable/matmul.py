@@ -14,7 +14,7 @@ from torch import nn
 
 from .._autograd import direct_apply
 
-__all__ = ["DenseCache", "PortableTables", "dense_matmul", "portable_matmul"]
+__all__ = ["PortableTables", "dense_matmul", "portable_matmul"]
 
 
 class PortableTables(nn.Module):
@@ -87,25 +87,6 @@ def _densify(w, tables):
     return dense.view(t.CB * bs, t.KB * bs)
 
 
-class DenseCache:
-    """The dense matrix of a layer's weight, kept while the weight is unchanged (same storage and
-    version counter -- an optimizer step or any in-place write makes a new one), per dtype and
-    device.  A training step densifies once, repeated calls on the same weight not at all."""
-
-    def __init__(self):
-        self._entries = {}
-
-    def get(self, w, tables, dtype):
-        key = (dtype, str(w.device))
-        stamp = (w.data_ptr(), w._version)
-        hit = self._entries.get(key)
-        if hit is None or hit[0] != stamp:
-            with torch.no_grad():
-                hit = (stamp, _densify(w.detach().to(dtype), tables))
-            self._entries[key] = hit
-        return hit[1]
-
-
 class _DenseMasked(torch.autograd.Function):
     """``x @ dense + bias`` with a precomputed ``dense``; ``w`` receives the gradient's blocks."""
 
@@ -129,32 +110,35 @@ class _DenseMasked(torch.autograd.Function):
         return dx, dw, db, None, None
 
 
-def dense_matmul(x, w, tables, bias=None, cache=None):
+def dense_matmul(x, w, tables, bias=None, eager=True):
     """``y = x @ W (+ bias)`` with ``W`` scattered into a dense ``(C, K)`` matrix (zeros elsewhere)
     and one dense matmul; the weight gradient is the dense one's blocks.
 
-    With a :class:`DenseCache` (eager calls) the dense matrix is reused while the weight is
-    unchanged and the product is one ``F.linear`` forward; without (``torch.compile``) it is built
-    with differentiable ops every call.
+    Eager calls build the dense matrix outside autograd and run one ``F.linear`` (through
+    :class:`_DenseMasked` when a gradient is wanted); ``eager=False`` (``torch.compile``) builds
+    it with differentiable ops.  The matrix is made anew every call: a cache keyed by the weight's
+    version counter would miss writes through ``weight.data``, and a training step changes the
+    weight anyway.
     """
-    if cache is None:
+    if not eager:
         # F.linear: one fused matmul + bias, cast as nn.Linear is under autocast
         return F.linear(x, _densify(w, tables).t(), bias)
     device_type = x.device.type
     if torch.is_autocast_enabled(device_type) and x.dtype is not torch.float64:  # autocast's cast, then plain dtypes
         dtype = torch.get_autocast_dtype(device_type)
         with torch.autocast(device_type, enabled=False):
-            return _dense_cached(x.to(dtype), w, None if bias is None else bias.to(dtype),
-                                 cache.get(w, tables, dtype), tables)
-    return _dense_cached(x, w, bias, cache.get(w, tables, x.dtype), tables)
+            return _dense_product(x.to(dtype), w, None if bias is None else bias.to(dtype), dtype, tables)
+    return _dense_product(x, w, bias, x.dtype, tables)
 
 
 _masked_apply = direct_apply(_DenseMasked)
 
 
-def _dense_cached(x, w, bias, dense, tables):
-    """``x @ dense + bias``: through :class:`_DenseMasked` where a gradient is wanted, else one
-    ``F.linear``."""
+def _dense_product(x, w, bias, dtype, tables):
+    """``x @ dense(w) + bias`` in ``dtype``: through :class:`_DenseMasked` where a gradient is
+    wanted, else one ``F.linear``."""
+    with torch.no_grad():
+        dense = _densify(w.detach().to(dtype), tables)
     if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
                                     or (bias is not None and bias.requires_grad)):
         return _masked_apply(x, w, bias, dense, tables)
