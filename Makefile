@@ -58,11 +58,14 @@ release: install  ## gates + twine check + tag + upload; DRY_RUN=1 (default) onl
 
 # The benchmark needs a CUDA build of torch and triton: BENCH_PYTHON=<such a python>, else .venv.
 BENCH_PYTHON ?= $(PY)
-bench:  ## GPU benchmarks (on a GPU machine): bench/results/*-h200.{json,md}, latency.{json,md}, the dispatch tables
+bench:  ## every GPU benchmark (on a GPU machine): bench/results/*-h200.{json,md}, latency, the eager breakdown, the dispatch table
 	$(if $(filter $(PY),$(BENCH_PYTHON)),$(MAKE) install)
 	$(BENCH_PYTHON) bench/bsmm.py --out bench/results
 	$(BENCH_PYTHON) bench/latency.py --out bench/results
+	$(BENCH_PYTHON) bench/profile_eager.py --breakdown --out bench/results
 	$(BENCH_PYTHON) bench/attention.py --out bench/results
+	$(BENCH_PYTHON) bench/norms.py --out bench/results
+	$(BENCH_PYTHON) bench/conv.py --out bench/results
 	$(BENCH_PYTHON) bench/dispatch.py --out bench/results --install
 	$(BENCH_PYTHON) bench/pixelfly.py --out bench/results
 
