@@ -47,16 +47,21 @@ def report(name, layer, x, dy, steps):
     print("synchronising calls:", ", ".join(f"{e.key} x{e.count}" for e in syncs) or "none")
 
 
-def breakdown(n, c, bs, density, out):
+def _spread(values):
+    return (max(values) - min(values)) / min(values) if min(values) > 0 else float("nan")
+
+
+def breakdown(n, c, bs, density, out, rounds=7):
     """Eager / graph / host microseconds of the parts of one training step (see the module doc)."""
     import json
+    import statistics
 
     from latency import Timer
     from blocksparse.torch._matmul import products
     layout = random_layout(np.random.default_rng(0), c // bs, c // bs, density, cover=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # cpu: a smoke run
     factory = dict(device=device, dtype=torch.bfloat16)
-    layer = BlocksparseLinear(layout, bs, **factory)
+    layer = BlocksparseLinear(layout, bs, impl="kernels" if device.type == "cuda" else "auto", **factory)
     x = torch.randn(n, c, **factory).requires_grad_()
     dy = torch.randn(n, c, **factory)
     w, h, xd = layer.weight, layer.bsmm._handle, x.detach()
@@ -101,46 +106,111 @@ def breakdown(n, c, bs, density, out):
         return run
 
     dense = torch.nn.Linear(c, c, **factory)
+    auto = BlocksparseLinear(layout, bs, **factory)  # the dispatch's choice (layer.plan() says which)
+    auto.load_state_dict(layer.state_dict())
     step = lambda: torch.autograd.grad(layer(x), inputs, dy)  # noqa: E731
+    auto_step = lambda: torch.autograd.grad(auto(x), (x, *auto.parameters()), dy)  # noqa: E731
     dense_fn = lambda: torch.autograd.grad(DenseFn.apply(x, wd), (x, wd), dy)  # noqa: E731
+    linear_step = lambda: torch.autograd.grad(dense(x), (x, *dense.parameters()), dy)  # noqa: E731
     parts = {
         "layer(x), grad enabled": lambda: layer(x),
+        "nn.Linear(x), grad enabled": lambda: dense(x),
         "fprop alone": lambda: products.fprop(xd, w.detach(), h, 1, "ieee"),
         "bprop alone": lambda: products.bprop(dy, w.detach(), h, 1, "ieee"),
         "updat alone": lambda: products.updat(xd, dy, h, 1, "ieee", w.dtype),
         "fprop+bprop+updat+bias grad, no autograd": manual,
         "autograd.grad(layer(x))": step,
         "autograd.grad(layer(x)), backward on the calling thread": single_thread(step),
+        f"autograd.grad(layer(x)), impl='auto' ({auto.plan(n).impl})": auto_step,
         "autograd.grad(bsmm(x, W))": lambda: torch.autograd.grad(layer.bsmm(x, w), (x, w), dy),
         "autograd.grad(plain Function over our products)":
             lambda: torch.autograd.grad(PlainFn.apply(x, w), (x, w), dy),
         "autograd.grad(DenseFn(x, W)) (cuBLAS)": dense_fn,
         "autograd.grad(DenseFn(x, W)), backward on the calling thread": single_thread(dense_fn),
-        "autograd.grad(nn.Linear)": lambda: torch.autograd.grad(dense(x), (x, *dense.parameters()), dy),
+        "autograd.grad(nn.Linear)": linear_step,
+        "autograd.grad(nn.Linear), backward on the calling thread": single_thread(linear_step),
     }
-    timer = Timer(device, 50, 5) if device.type == "cuda" else Timer(device, 2, 1)
-    rows = []
-    for name, fn in parts.items():
+    timer = Timer(device, 50, 1) if device.type == "cuda" else Timer(device, 2, 1)
+    for fn in parts.values():
         for _ in range(5):
             fn()
-        if timer.gpu:
-            torch.cuda.synchronize()
-        rows.append(dict(part=name, eager_us=timer.eager_us(fn), graph_us=timer.graph_us(fn),
-                         host_us=timer.host_us(fn)))
+    if timer.gpu:
+        torch.cuda.synchronize()
+    samples = {name: {"eager_us": [], "host_us": []} for name in parts}
+    for _ in range(rounds):  # interleaved: a slow moment of the host touches every part alike
+        for name, fn in parts.items():
+            samples[name]["eager_us"].append(timer.eager_us(fn))
+            samples[name]["host_us"].append(timer.host_us(fn))
+    rows = []
+    for name, fn in parts.items():
+        rows.append(dict(part=name, eager_us=statistics.median(samples[name]["eager_us"]),
+                         graph_us=timer.graph_us(fn), host_us=statistics.median(samples[name]["host_us"]),
+                         spread=_spread(samples[name]["eager_us"])))
         print(json.dumps(rows[-1]), flush=True)
+    trace = timeline(step, device)
+    print(json.dumps(trace), flush=True)
     meta = dict(device=torch.cuda.get_device_name() if timer.gpu else "CPU (smoke run)", torch=torch.__version__, N=n, C=c, block_size=bs,
                 density=density, dtype="bfloat16", paths=sorted({f"{k[0]}:{p.path}" for k, p in
                                                                  _plan_state(h).plans.items()}))
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"eager-breakdown-{n}x{c}.json"), "w") as f:
-        json.dump(dict(meta, rows=rows), f, indent=1)
+        json.dump(dict(meta, rows=rows, timeline=trace), f, indent=1)
     lines = [f"# One eager training step taken apart ({meta['device']})", "",
-             f"BlocksparseLinear {n} x {c}, bs{bs}, d={density}, bf16; plans {', '.join(meta['paths'])}. "
-             "µs per call: eager (what a loop sees), graph (GPU time), host (Python time, GPU kept busy).", "",
-             "| part | eager | graph | host |", "|---|---|---|---|"]
-    lines += [f"| {r['part']} | {r['eager_us']:.1f} | {r['graph_us']:.1f} | {r['host_us']:.1f} |" for r in rows]
+             f"BlocksparseLinear {n} x {c}, bs{bs}, d={density}, bf16 (`impl='kernels'` unless named); plans "
+             f"{', '.join(meta['paths'])}. µs per call: eager (what a loop sees), graph (GPU time), host (Python "
+             f"time, GPU kept busy); eager and host are medians of {rounds} interleaved rounds (spread: of eager).",
+             "", "| part | eager | graph | host | spread |", "|---|---|---|---|---|"]
+    lines += [f"| {r['part']} | {r['eager_us']:.1f} | {r['graph_us']:.1f} | {r['host_us']:.1f} | "
+              f"{r['spread']:.0%} |" for r in rows]
+    lines += ["", "Inside one `autograd.grad(layer(x))` step, host µs from its start (median of "
+              f"{trace['steps']} steps; the GPU kept busy):", "", "| event | µs |", "|---|---|"]
+    lines += [f"| {k} | {v:.1f} |" for k, v in trace["events"].items()]
     with open(os.path.join(out, f"eager-breakdown-{n}x{c}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
+
+
+def timeline(step, device, steps=200):
+    """When each part of one training step starts and ends, host µs from the step's start: the
+    products and the bias gradient timed where autograd calls them (wrapped for the run)."""
+    import statistics
+    import time
+
+    from blocksparse.torch._matmul import ops, products
+
+    clock, marks = time.perf_counter_ns, []
+
+    def wrap(module, name):
+        inner, raw = getattr(module, name), vars(module)[name]  # raw: a staticmethod stays one
+
+        def timed(*args, **kwargs):
+            marks.append((name + " start", clock()))
+            out = inner(*args, **kwargs)
+            marks.append((name + " end", clock()))
+            return out
+        setattr(module, name, timed)
+        return lambda: setattr(module, name, raw)
+
+    restore = [wrap(products, "fprop"), wrap(products, "bprop"), wrap(products, "updat"), wrap(ops, "_bias_grad"),
+               wrap(ops.MatmulFunction, "backward")]
+    samples = {}
+    try:
+        for i in range(steps + 10):
+            if device.type == "cuda" and i % 20 == 0:
+                torch.cuda.synchronize()
+                torch.cuda._sleep(50_000_000)  # keep the GPU busy: host time only
+            marks.clear()
+            t0 = clock()
+            marks.append(("step start", t0))
+            step()
+            marks.append(("step end", clock()))
+            if i >= 10:
+                for name, t in marks:
+                    samples.setdefault(name, []).append((t - t0) / 1000)
+    finally:
+        for undo in restore:
+            undo()
+    events = {k: statistics.median(v) for k, v in samples.items()}
+    return dict(steps=steps, events=dict(sorted(events.items(), key=lambda kv: kv[1])))
 
 
 def _plan_state(handle):
@@ -155,11 +225,12 @@ def main():
     ap.add_argument("--block-size", type=int, default=32)
     ap.add_argument("--density", type=float, default=0.25)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=7, help="--breakdown: interleaved rounds (median)")
     ap.add_argument("--breakdown", action="store_true", help="time the parts of a step (see the module doc)")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
     if args.breakdown:
-        return breakdown(args.tokens, args.features, args.block_size, args.density, args.out)
+        return breakdown(args.tokens, args.features, args.block_size, args.density, args.out, args.rounds)
     n, c, bs = args.tokens, args.features, args.block_size
     layout = random_layout(np.random.default_rng(0), c // bs, c // bs, args.density, cover=True)
     factory = dict(device="cuda", dtype=torch.bfloat16)

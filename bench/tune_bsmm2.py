@@ -165,12 +165,14 @@ class Case:
 
     def current_plan(self, op):
         """(plan, headers, entries) the current kernel runs ``op`` with."""
-        from blocksparse.torch._matmul import launch
         from blocksparse.torch._matmul import plan as _plan
+        from blocksparse.torch._matmul import products
         p = self.p
-        st = _plan.state(self.handle)
-        plan = st.plan(op, p.N, p.x.device, p.x.dtype, launch.tma_ok(p.x, p.dy))
-        return (plan, *st.xprop_tables(op, plan, p.x.device)) if op != "updat" else (plan, None, None)
+        a, b = {"fprop": (p.x, p.w), "bprop": (p.dy, p.w), "updat": (p.x, p.dy)}[op]
+        plan = products.plan_of(op, a, b, self.handle, 1, "ieee", p.x.dtype if op == "updat" else None)
+        if op == "updat":
+            return plan, None, None
+        return (plan, *_plan.state(self.handle).xprop_tables(op, plan.max_segment, plan.config.G, p.x.device))
 
     def stream_plan(self, op, cfg):
         key = (op, cfg)

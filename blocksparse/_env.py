@@ -20,13 +20,36 @@ import os
 
 BACKENDS = ("auto", "triton", "reference")
 
+# ``os.environ``'s own mapping (encoded keys and values): a plain dict lookup where
+# ``os.environ.get`` costs microseconds, which the per-call reads of the launch path cannot afford.
+_ENVIRON_DATA = getattr(os.environ, "_data", None)
+_ENCODED_KEYS = {}
+_DECODED = {}
+
+
+def getenv(name, default=None):
+    """``os.environ.get(name, default)``, fast: read at every call of the ops, so that a change of
+    the environment takes effect at once."""
+    if _ENVIRON_DATA is None:  # not CPython's os.environ
+        return os.environ.get(name, default)
+    key = _ENCODED_KEYS.get(name)
+    if key is None:
+        key = _ENCODED_KEYS[name] = os.environ.encodekey(name)
+    raw = _ENVIRON_DATA.get(key)
+    if raw is None:
+        return default
+    value = _DECODED.get(raw)
+    if value is None:
+        value = _DECODED[raw] = os.environ.decodevalue(raw)
+    return value
+
 
 _parsed_backend = {}
 
 
 def backend():
     """The requested backend, validated (read at every call: cheap, a parse per distinct value)."""
-    raw = os.environ.get("BLOCKSPARSE_BACKEND", "auto")
+    raw = getenv("BLOCKSPARSE_BACKEND", "auto")
     value = _parsed_backend.get(raw)
     if value is None:
         value = raw.strip().lower() or "auto"
@@ -38,7 +61,7 @@ def backend():
 
 def triton_interpret():
     """True when Triton's interpreter is switched on (kernels run on CPU tensors)."""
-    return os.environ.get("TRITON_INTERPRET", "0").strip() not in ("", "0", "false", "False")
+    return getenv("TRITON_INTERPRET", "0").strip() not in ("", "0", "false", "False")
 
 
 def tf_ops_path():

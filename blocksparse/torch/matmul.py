@@ -10,6 +10,8 @@ from ._matmul import ops as _ops
 from ._matmul import plan as _plan
 from ._portable.dispatch import Dispatched, LinearDispatch, check_input, uniform_fan_in_
 
+_BSMM_IMPLS = ("kernels", "reference")  # the implementations that run through BlocksparseMatMul
+
 __all__ = ["BlocksparseMatMul", "BlocksparseLinear"]
 
 
@@ -162,6 +164,7 @@ class BlocksparseLinear(Dispatched, nn.Module):
                                       allow_tf32=allow_tf32)
         self._dispatch = LinearDispatch(self.bsmm.layout, self.bsmm, impl=impl, cost_model=cost_model,
                                         device=device)
+        self.__dict__["_dispatch_ref"] = self._dispatch  # read per call without nn.Module.__getattr__
         self.in_features, self.out_features = self.bsmm.C, self.bsmm.K
         factory = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(self.bsmm.w_shape, **factory))
@@ -179,14 +182,15 @@ class BlocksparseLinear(Dispatched, nn.Module):
         uniform_fan_in_(self.weight, self.bias, self.layout)
 
     def forward(self, x):
-        check_input(x, self.in_features, self.weight)
+        w, bias, dispatch = self.weight, self.bias, self.__dict__["_dispatch_ref"]
+        check_input(x, self.in_features, w)
         x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
-        impl = self._dispatch.choose(x2, self.weight)
-        if impl in ("kernels", "reference"):  # the matmul ops: the kernels on CUDA, else the reference path
-            y = self.bsmm._linear(x2, self.weight, self.bias)
+        impl = dispatch.choose(x2, w)
+        if impl in _BSMM_IMPLS:  # the matmul ops: the kernels on CUDA, else the reference path
+            y = self.bsmm._linear(x2, w, bias)
         else:
-            y = self._dispatch.run(impl, x2, self.weight, self.bias)
-        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
+            y = dispatch.run(impl, x2, w, bias)
+        return y if x2 is x else y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

@@ -192,25 +192,50 @@ done:
   return err;
 }
 
-/* Make the stream's context current (*pushed: it must be popped), return its cache entry. */
-static int enter(void *stream, const bsk_driver **cu, int *pushed, bsk_context **entry, char *message,
-                 size_t size) {
+/* The primary context of the device holding `address` (retained once per device, never
+ * released: it lives as long as the process, as the frameworks' own use of it). */
+static CUresult primary_context(const bsk_driver *cu, uint64_t address, CUcontext *out) {
+  static CUcontext primaries[BSK_MAX_CONTEXTS];
+  int ordinal = -1;
+  CUdevice device;
+  CUresult err = cu->PointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, (CUdeviceptr)address);
+  if (err) return err;
+  if (ordinal < 0 || ordinal >= BSK_MAX_CONTEXTS) return CUDA_ERROR_INVALID_DEVICE;
+  pthread_mutex_lock(&contexts_lock);
+  if (!primaries[ordinal] && !(err = cu->DeviceGet(&device, ordinal)))
+    err = cu->DevicePrimaryCtxRetain(&primaries[ordinal], device);
+  *out = primaries[ordinal];
+  pthread_mutex_unlock(&contexts_lock);
+  return err;
+}
+
+/* Make the launch's context current (*pushed: it must be popped), return its cache entry: the
+ * stream's context; for the legacy default stream (NULL) the current one, or -- on a thread that
+ * has none current, e.g. a framework's autograd worker -- the primary context of the device
+ * holding `address` (an operand; 0: none). */
+static int enter(void *stream, uint64_t address, const bsk_driver **cu, int *pushed, bsk_context **entry,
+                 char *message, size_t size) {
   const char *why = NULL;
   *pushed = 0;
   *cu = bsk_driver_get(&why);
   if (!*cu) return bsk_fail(message, size, BSK_ERR_DRIVER, "%s", why);
   CUcontext context = NULL, current = NULL;
   CUresult err;
+  if ((err = (*cu)->CtxGetCurrent(&current))) return cuda_fail(message, size, "cuCtxGetCurrent", err);
   if (stream && (*cu)->StreamGetCtx((CUstream)stream, &context) == CUDA_SUCCESS && context) {
-    if ((err = (*cu)->CtxGetCurrent(&current))) return cuda_fail(message, size, "cuCtxGetCurrent", err);
-    if (current != context) {
-      if ((err = (*cu)->CtxPushCurrent(context))) return cuda_fail(message, size, "cuCtxPushCurrent", err);
-      *pushed = 1;
-    }
-  } else {
-    if ((err = (*cu)->CtxGetCurrent(&current))) return cuda_fail(message, size, "cuCtxGetCurrent", err);
-    if (!current)
-      return bsk_fail(message, size, BSK_ERR_CUDA, "no CUDA context: the stream has none and none is current");
+    /* the stream's context */
+  } else if (current) {
+    context = current;
+  } else if (!address) {
+    return bsk_fail(message, size, BSK_ERR_CUDA, "no CUDA context: the stream has none, none is current "
+                    "and the launch has no device address to take one from");
+  } else if ((err = primary_context(*cu, address, &context))) {
+    return cuda_fail(message, size, "no CUDA context is current; retaining the operand's device's primary "
+                     "context", err);
+  }
+  if (current != context) {
+    if ((err = (*cu)->CtxPushCurrent(context))) return cuda_fail(message, size, "cuCtxPushCurrent", err);
+    *pushed = 1;
   }
   int status = context_entry(*cu, entry, message, size);
   if (status && *pushed) {
@@ -219,6 +244,14 @@ static int enter(void *stream, const bsk_driver **cu, int *pushed, bsk_context *
     *pushed = 0;
   }
   return status;
+}
+
+/* The first device address among a launch's arguments (0: none). */
+static uint64_t first_address(const bsk_arg *args, int nargs) {
+  for (int i = 0; i < nargs; ++i)
+    if ((args[i].kind == BSK_ARG_PTR || args[i].kind == BSK_ARG_TENSOR) && args[i].value.ptr)
+      return args[i].value.ptr;
+  return 0;
 }
 
 static void leave(const bsk_driver *cu, int pushed) {
@@ -230,7 +263,7 @@ int bsk_device(void *stream, int *arch, int *sms, char *message, size_t size) {
   const bsk_driver *cu;
   bsk_context *entry;
   int pushed;
-  int status = enter(stream, &cu, &pushed, &entry, message, size);
+  int status = enter(stream, 0, &cu, &pushed, &entry, message, size);
   if (status) return status;
   if (arch) *arch = entry->arch;
   if (sms) *sms = entry->sms;
@@ -249,7 +282,7 @@ int bsk_launch(int index, const unsigned grid[3], const bsk_arg *args, int nargs
   const bsk_driver *cu;
   bsk_context *entry;
   int pushed;
-  if ((status = enter(stream, &cu, &pushed, &entry, message, size))) return status;
+  if ((status = enter(stream, first_address(args, nargs), &cu, &pushed, &entry, message, size))) return status;
   CUfunction function;
   CUresult err;
   if (!bsk_arch_serves(s->arch, entry->arch)) {
@@ -275,7 +308,7 @@ int bsk_memset32(uint64_t address, uint32_t value, size_t count, void *stream, c
   const bsk_driver *cu;
   bsk_context *entry;
   int pushed;
-  int status = enter(stream, &cu, &pushed, &entry, message, size);
+  int status = enter(stream, address, &cu, &pushed, &entry, message, size);
   if (status) return status;
   CUresult err = cu->MemsetD32Async((CUdeviceptr)address, value, count, (CUstream)stream);
   leave(cu, pushed);

@@ -54,6 +54,9 @@ typedef struct {
   CUresult (*CtxPushCurrent)(CUcontext);
   CUresult (*CtxPopCurrent)(CUcontext *);
   CUresult (*CtxGetDevice)(CUdevice *);
+  CUresult (*PointerGetAttribute)(void *, CUpointer_attribute, CUdeviceptr);
+  CUresult (*DeviceGet)(CUdevice *, int);
+  CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
   CUresult (*DeviceGetAttribute)(int *, CUdevice_attribute, CUdevice);
   CUresult (*ModuleLoadData)(CUmodule *, const void *);
   CUresult (*ModuleGetFunction)(CUfunction *, CUmodule, const char *);

@@ -49,6 +49,9 @@ static void open_driver(void) {
   BSK_LOAD(CtxPushCurrent, cuCtxPushCurrent);
   BSK_LOAD(CtxPopCurrent, cuCtxPopCurrent);
   BSK_LOAD(CtxGetDevice, cuCtxGetDevice);
+  BSK_LOAD(PointerGetAttribute, cuPointerGetAttribute);
+  BSK_LOAD(DeviceGet, cuDeviceGet);
+  BSK_LOAD(DevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain);
   BSK_LOAD(DeviceGetAttribute, cuDeviceGetAttribute);
   BSK_LOAD(ModuleLoadData, cuModuleLoadData);
   BSK_LOAD(ModuleGetFunction, cuModuleGetFunction);

@@ -80,7 +80,9 @@ matmul_op.register_autograd(_backward_op, setup_context=_setup_context)
 
 def _add_bias(y, bias, axis):
     """``y + bias`` in place on the fresh product ``y`` (bias per output feature, cast to ``y``)."""
-    return y.add_(bias.to(y.dtype) if axis == 1 else bias.to(y.dtype)[:, None])
+    if bias.dtype != y.dtype:
+        bias = bias.to(y.dtype)
+    return y.add_(bias if axis == 1 else bias[:, None])
 
 
 def _bias_grad(dy, bias, axis):

@@ -74,7 +74,7 @@ class Plan:
         if self.pretranspose:
             b = b.transpose(1, 2).contiguous()
         if self.runner is not None:
-            out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
+            out = a.new_empty(self.out_shape, dtype=self.out_dtype)  # on a's device: the plan's
             self.runner((a, b, out))  # zero-fills out first where the launch asks
         else:  # no tokens
             out = (torch.zeros if self.zero else torch.empty)(self.out_shape, dtype=self.out_dtype, device=self.device)

@@ -14,7 +14,6 @@ constant of the compiled graph.
 from __future__ import annotations
 
 import itertools
-import os
 import weakref
 
 import torch
@@ -208,7 +207,7 @@ class LinearDispatch(nn.Module):
         tokens = x.shape[0] or 1  # an empty batch is planned as one token: every path returns it
         self.__dict__["last_tokens"] = tokens  # a plain int: nn.Module.__setattr__ costs microseconds
         tf32 = device_type == "cuda" and dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
-        key = (tokens, dtype, device_type, backward, self.impl, os.environ.get("BLOCKSPARSE_BACKEND"), tf32)
+        key = (tokens, dtype, device_type, backward, self.impl, _env.getenv("BLOCKSPARSE_BACKEND"), tf32)
         impl = self._choices.get(key)
         if impl is None:
             impl = self._choices[key] = self.plan(tokens, dtype, device_type, backward).impl
@@ -234,12 +233,11 @@ class LinearDispatch(nn.Module):
                 raise RuntimeError(f"impl='kernels' needs CUDA tensors of float16, bfloat16 or float32 "
                                    f"(or BLOCKSPARSE_BACKEND=triton with TRITON_INTERPRET=1); got "
                                    f"{x.dtype} on {x.device}")
-            y = self.bsmm(x, self.kernel_weight(w))
-            return y if bias is None else y + bias.to(y.dtype)
+            return self.bsmm._linear(x, self.kernel_weight(w), bias)  # the bias added in the product
         self._check(x, w)
         if impl == "portable":
             return portable_matmul(x, w, self.tables, bias)
-        return dense_matmul(x, w, self.tables, bias, eager=not torch.compiler.is_compiling())
+        return dense_matmul(x, w, self.tables, bias)
 
     @staticmethod
     def _check(x, w):

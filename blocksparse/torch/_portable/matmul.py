@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._autograd import direct_apply
 
 __all__ = ["PortableTables", "dense_matmul", "portable_matmul"]
 
@@ -39,6 +38,7 @@ class PortableTables(nn.Module):
         yield "bag_offsets", self.tables.bag_offsets
         yield "c_idx", self.coords[:, 0]
         yield "k_idx", self.coords[:, 1]
+        yield "tile_idx", self.coords[:, 0] * self.tables.KB + self.coords[:, 1]  # block -> its (c, k) tile
 
     def reset(self):
         """Refill the buffers from the tables (``Module.to_empty()`` leaves them uninitialised)."""
@@ -79,67 +79,18 @@ def portable_matmul(x, w, tables, bias=None):
 
 
 def _densify(w, tables):
-    """The dense ``(C, K)`` matrix of the packed blocks ``w``: zeros, then the blocks put in place."""
+    """The dense ``(C, K)`` matrix of the packed blocks ``w`` (zeros elsewhere), differentiable in
+    ``w``: the blocks copied into a zero ``(CB * KB, bs, bs)`` grid of tiles, which is then laid out
+    as rows and columns.  Built every call (a cache keyed by the weight's version counter would miss
+    writes through ``weight.data``)."""
     t = tables.tables
     bs = t.block_size
-    dense = w.new_zeros(t.CB, bs, t.KB, bs)
-    dense[tables.c_idx, :, tables.k_idx, :] = w          # block b -> rows c*bs.., columns k*bs..
-    return dense.view(t.CB * bs, t.KB * bs)
+    tiles = torch.zeros((t.CB * t.KB, bs, bs), dtype=w.dtype, device=w.device).index_copy_(0, tables.tile_idx, w)
+    return tiles.view(t.CB, t.KB, bs, bs).transpose(1, 2).reshape(t.CB * bs, t.KB * bs)
 
 
-class _DenseMasked(torch.autograd.Function):
-    """``x @ dense + bias`` with a precomputed ``dense``; ``w`` receives the gradient's blocks."""
-
-    @staticmethod
-    def forward(ctx, x, w, bias, dense, tables):
-        ctx.save_for_backward(x, dense)
-        ctx.tables, ctx.w_dtype = tables, w.dtype
-        return F.linear(x, dense.t(), bias)
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, dense = ctx.saved_tensors
-        tables, t = ctx.tables, ctx.tables.tables
-        dx = dy @ dense.t() if ctx.needs_input_grad[0] else None
-        dw = db = None
-        if ctx.needs_input_grad[1]:
-            full = (x.t() @ dy).view(t.CB, t.block_size, t.KB, t.block_size)    # [C, N] @ [N, K]
-            dw = full[tables.c_idx, :, tables.k_idx, :].to(ctx.w_dtype)
-        if ctx.needs_input_grad[2]:
-            db = dy.sum(0)
-        return dx, dw, db, None, None
-
-
-def dense_matmul(x, w, tables, bias=None, eager=True):
-    """``y = x @ W (+ bias)`` with ``W`` scattered into a dense ``(C, K)`` matrix (zeros elsewhere)
-    and one dense matmul; the weight gradient is the dense one's blocks.
-
-    Eager calls build the dense matrix outside autograd and run one ``F.linear`` (through
-    :class:`_DenseMasked` when a gradient is wanted); ``eager=False`` (``torch.compile``) builds
-    it with differentiable ops.  The matrix is made anew every call: a cache keyed by the weight's
-    version counter would miss writes through ``weight.data``, and a training step changes the
-    weight anyway.
-    """
-    if not eager:
-        # F.linear: one fused matmul + bias, cast as nn.Linear is under autocast
-        return F.linear(x, _densify(w, tables).t(), bias)
-    device_type = x.device.type
-    if torch.is_autocast_enabled(device_type) and x.dtype is not torch.float64:  # autocast's cast, then plain dtypes
-        dtype = torch.get_autocast_dtype(device_type)
-        with torch.autocast(device_type, enabled=False):
-            return _dense_product(x.to(dtype), w, None if bias is None else bias.to(dtype), dtype, tables)
-    return _dense_product(x, w, bias, x.dtype, tables)
-
-
-_masked_apply = direct_apply(_DenseMasked)
-
-
-def _dense_product(x, w, bias, dtype, tables):
-    """``x @ dense(w) + bias`` in ``dtype``: through :class:`_DenseMasked` where a gradient is
-    wanted, else one ``F.linear``."""
-    with torch.no_grad():
-        dense = _densify(w.detach().to(dtype), tables)
-    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
-                                    or (bias is not None and bias.requires_grad)):
-        return _masked_apply(x, w, bias, dense, tables)
-    return F.linear(x, dense.t(), bias)
+def dense_matmul(x, w, tables, bias=None):
+    """``y = x @ W (+ bias)`` with ``W`` made dense (:func:`_densify`) and one ``F.linear`` (cast as
+    ``nn.Linear`` is under autocast).  Every op is a built-in one: the backward runs no Python, and
+    the weight's gradient is the dense one's blocks (the copy's backward gathers them)."""
+    return F.linear(x, _densify(w, tables).t(), bias)

@@ -105,6 +105,40 @@ def test_cuda_graphs_replay_compiled_launches(aot, rng):
     assert torch.equal(out, lin(x)) and not torch.equal(out, ref)
 
 
+def test_launches_from_a_thread_without_a_current_context(aot, rng):
+    """A fresh thread has no CUDA context current (autograd's worker threads start so): launches on
+    the default stream take the operands' device's context, the split updat's zero fill too."""
+    import threading
+
+    lin = BlocksparseLinear(random_layout(rng, 8, 8, 0.3, cover=True), block_size=32, impl="kernels", device="cuda",
+                            dtype=torch.bfloat16)
+    x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+    results, errors = [], []
+
+    def step():
+        try:
+            y = lin(x)
+            results.append((y, *torch.autograd.grad(y, (x, lin.weight), dy)))
+        except Exception as exc:  # noqa: BLE001 -- reported by the main thread
+            errors.append(exc)
+
+    for _ in range(2):  # the second time: the backward's worker thread is warm
+        thread = threading.Thread(target=step)
+        thread.start()
+        thread.join()
+    assert not errors, errors
+    dense = torch.from_numpy(lin.layout.dense(lin.weight.detach().double().cpu().numpy())).cuda()
+    xd, dyd = x.detach().double(), dy.double()
+    y, dx, dw = results[-1]
+    assert rel_error(y, xd @ dense + lin.bias.detach().double()) < TOLERANCE["bfloat16"]
+    assert rel_error(dx, dyd @ dense.T) < TOLERANCE["bfloat16"]
+    dw_dense = torch.from_numpy(lin.layout.dense(dw.double().cpu().numpy())).cuda()
+    mask = torch.from_numpy(lin.layout.dense(torch.ones(lin.layout.w_shape).double().numpy())).cuda()
+    assert rel_error(dw_dense, (xd.T @ dyd) * mask) < TOLERANCE["bfloat16"]
+    assert {p.path for p in _plans(lin.bsmm)} == {"aot"}
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_a_tensor_on_another_device_than_the_current_one(aot, rng):
     bsmm = BlocksparseMatMul(random_layout(rng, 4, 4, 0.5), 32)

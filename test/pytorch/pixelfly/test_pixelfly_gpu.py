@@ -12,6 +12,7 @@ from blocksparse.testing import rel_error, tolerance  # noqa: E402
 from blocksparse.testing.matmul import dense_products_torch  # noqa: E402
 from blocksparse.torch import PixelflyLinear  # noqa: E402
 from blocksparse.torch._matmul import plan as _plan  # noqa: E402
+from blocksparse.torch._matmul import products  # noqa: E402
 from blocksparse.torch._portable.dispatch import for_layout  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -42,11 +43,14 @@ def test_pixelfly_layers_every_impl(rng, dtype, impl, fin, fout, bs):
     _check(dispatch, impl, rng, 1000, dtype)
 
 
-def test_refined_butterfly_runs_grouped_kernels(rng):
+def test_refined_butterfly_runs_grouped_kernels(rng, monkeypatch):
+    monkeypatch.setenv("BLOCKSPARSE_KERNELS", "jit")  # the grouped tiles are the JIT's (compiled specs: G = 1)
     dispatch = for_layout(Layout(butterfly_layout(2048, 4096, 256, 8), 256, any_block_size=True), device="cuda")
     lay = dispatch.bsmm.layout
     assert dispatch.bsmm.block_size == 128
-    plan = _plan.state(_plan.handle(lay)).plan("fprop", 4096, torch.device("cuda"), torch.bfloat16, True)
+    x = torch.empty(4096, lay.C, device="cuda", dtype=torch.bfloat16)
+    w = torch.empty(lay.w_shape, device="cuda", dtype=torch.bfloat16)
+    plan = products.plan_of("fprop", x, w, _plan.handle(lay), 1, "ieee")
     assert plan.config.G == 2
     _check(dispatch, "kernels", rng, 4096, "bfloat16")
 
