@@ -94,7 +94,8 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["blocksparse", "blocksparse.*"]),
     # the dispatch cost model's measured tables (bench/dispatch.py) ship with the package
-    package_data={"blocksparse": ["*.so", "_build_info.json"], "blocksparse.dispatch": ["tables/*.json"]},
+    package_data={"blocksparse": ["*.so", "_build_info.json"], "blocksparse.dispatch": ["tables/*.json"],
+                  "blocksparse.torch": ["csrc/*.cpp"]},
     install_requires=["numpy>=1.26"],
     extras_require={
         # Users hold either distribution; neither is a hard dependency (see README).

@@ -105,6 +105,15 @@ def breakdown(n, c, bs, density, out, rounds=7):
                 torch.autograd.set_multithreading_enabled(True)
         return run
 
+    def python_path(fn):  # the Python autograd.Function instead of the native op (a putenv a call extra)
+        def run():
+            os.environ["BLOCKSPARSE_TORCH_NATIVE"] = "off"
+            try:
+                fn()
+            finally:
+                del os.environ["BLOCKSPARSE_TORCH_NATIVE"]
+        return run
+
     dense = torch.nn.Linear(c, c, **factory)
     auto = BlocksparseLinear(layout, bs, **factory)  # the dispatch's choice (layer.plan() says which)
     auto.load_state_dict(layer.state_dict())
@@ -120,6 +129,7 @@ def breakdown(n, c, bs, density, out, rounds=7):
         "updat alone": lambda: products.updat(xd, dy, h, 1, "ieee", w.dtype),
         "fprop+bprop+updat+bias grad, no autograd": manual,
         "autograd.grad(layer(x))": step,
+        "autograd.grad(layer(x)), Python autograd.Function": python_path(step),
         "autograd.grad(layer(x)), backward on the calling thread": single_thread(step),
         f"autograd.grad(layer(x)), impl='auto' ({auto.plan(n).impl})": auto_step,
         "autograd.grad(bsmm(x, W))": lambda: torch.autograd.grad(layer.bsmm(x, w), (x, w), dy),
@@ -147,7 +157,7 @@ def breakdown(n, c, bs, density, out, rounds=7):
                          graph_us=timer.graph_us(fn), host_us=statistics.median(samples[name]["host_us"]),
                          spread=_spread(samples[name]["eager_us"])))
         print(json.dumps(rows[-1]), flush=True)
-    trace = timeline(step, device)
+    trace = timeline(python_path(step), device)  # the Python path: the products are called from Python
     print(json.dumps(trace), flush=True)
     meta = dict(device=torch.cuda.get_device_name() if timer.gpu else "CPU (smoke run)", torch=torch.__version__, N=n, C=c, block_size=bs,
                 density=density, dtype="bfloat16", paths=sorted({f"{k[0]}:{p.path}" for k, p in
@@ -162,7 +172,7 @@ def breakdown(n, c, bs, density, out, rounds=7):
              "", "| part | eager | graph | host | spread |", "|---|---|---|---|---|"]
     lines += [f"| {r['part']} | {r['eager_us']:.1f} | {r['graph_us']:.1f} | {r['host_us']:.1f} | "
               f"{r['spread']:.0%} |" for r in rows]
-    lines += ["", "Inside one `autograd.grad(layer(x))` step, host µs from its start (median of "
+    lines += ["", "Inside one `autograd.grad(layer(x))` step of the Python path, host µs from its start (median of "
               f"{trace['steps']} steps; the GPU kept busy):", "", "| event | µs |", "|---|---|"]
     lines += [f"| {k} | {v:.1f} |" for k, v in trace["events"].items()]
     with open(os.path.join(out, f"eager-breakdown-{n}x{c}.md"), "w") as f:

@@ -11,6 +11,11 @@
     ahead-of-time compiled kernels from: a path (e.g. one ``python -m blocksparse.aot --library``
     built), or ``jit`` to launch every kernel through Triton's JIT instead.  Unset: the library
     installed in the package (platform wheels), else the JIT.
+``BLOCKSPARSE_TORCH_NATIVE``  ``auto`` (default) | ``off`` -- whether eager PyTorch calls that
+    the kernel library serves run as one C++ autograd node (``blocksparse/torch/csrc``, compiled
+    against the installed torch on first use, about 30 s, and cached) instead of a Python
+    ``autograd.Function``.
+``BLOCKSPARSE_CACHE_DIR``  where compiled artefacts are cached (default ``~/.cache/blocksparse``).
 ``TRITON_INTERPRET``  Triton's own switch; read here only to know that kernels may run on CPU.
 ``BLOCKSPARSE_CUDA_ARCHS``  build time only: the GPU architectures the TensorFlow op library's kernels
     are compiled for, e.g. ``sm_80,sm_90`` (the matrix harness sets it per cell; default: the cell's
@@ -77,6 +82,20 @@ def kernels_path():
     """``BLOCKSPARSE_KERNELS``: a path, :data:`KERNELS_OFF`, or None when unset."""
     value = os.environ.get("BLOCKSPARSE_KERNELS", "").strip()
     return (KERNELS_OFF if value.lower() == KERNELS_OFF else value) or None
+
+
+def torch_native():
+    """``BLOCKSPARSE_TORCH_NATIVE``: True unless ``off`` (or ``0`` / ``false``)."""
+    return getenv("BLOCKSPARSE_TORCH_NATIVE", "auto").strip().lower() not in ("off", "0", "false")
+
+
+def cache_dir():
+    """``BLOCKSPARSE_CACHE_DIR``, else ``~/.cache/blocksparse`` (``$XDG_CACHE_HOME`` honoured)."""
+    given = os.environ.get("BLOCKSPARSE_CACHE_DIR", "").strip()
+    if given:
+        return given
+    base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "blocksparse")
 
 
 def cuda_archs():

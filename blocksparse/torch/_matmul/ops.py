@@ -9,8 +9,10 @@ Each takes the activations, the packed weight (or the gradient), an integer layo
 :func:`.plan.handle`, the activation layout (``axis``) and the float32 precision (``"ieee"`` or
 ``"tf32"``).  A fake (shape) function per op lets ``torch.compile(fullgraph=True)`` trace them.
 Eager calls skip the dispatcher (a few tens of microseconds a call): :func:`matmul` takes the
-custom op only while compiling, else :class:`MatmulFunction` -- or no autograd at all when no
-gradient is wanted.  Both paths run the same :mod:`.products`.
+custom op only while compiling; eagerly with a gradient, the native op (one C++ autograd node,
+:mod:`blocksparse.torch._native`) where the kernel library serves all three products, else
+:class:`MatmulFunction`; without a gradient the product alone.  All paths run the same planned
+launches (:mod:`.products`).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from .. import _native
 from .._autograd import direct_apply
 from . import plan as _plan
 from . import products as _products
@@ -124,6 +127,27 @@ def matmul(x, w, layout, axis, precision, bias=None):
         return y if bias is None else y + (bias.to(y.dtype) if axis == 1 else bias.to(y.dtype)[:, None])
     if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
                                     or (bias is not None and bias.requires_grad)):
+        if x.is_cuda and _native.available():
+            ids = _native_ids(x, w, layout, axis, precision)
+            if ids is not None:
+                return _native.linear(x, w, bias, ids)
         return _apply(x, w, bias, layout, axis, precision)
     y = _products.fprop(x, w, layout, axis, precision)
     return y if bias is None else _add_bias(y, bias, axis)
+
+
+def _native_ids(x, w, layout, axis, precision):
+    """The native op's record ids for this call (:func:`blocksparse.torch._native.records`), or None
+    where the kernel library does not serve all three products of dense, aligned operands."""
+    if not (x.is_contiguous() and w.is_contiguous() and x.numel()):
+        return None
+    if not _products.use_triton(x, _plan.state(layout).layout.block_size):
+        return None
+    fprop = _products.plan_of("fprop", x, w, layout, axis, precision)
+
+    def backward_plans():  # for the gradient autograd hands over: fresh, dense, of the output's shape
+        dy = _out_like(x, _plan.state(layout).layout.K, axis)
+        return (_products.plan_of("bprop", dy, w, layout, axis, precision),
+                _products.plan_of("updat", x, dy, layout, axis, precision, w.dtype))
+
+    return _native.records(fprop, backward_plans)

@@ -7,6 +7,7 @@ The library: ``BLOCKSPARSE_KERNELS`` if it names one, else one built for this GP
 at the start of the session (about a minute: every dtype and block size)."""
 import os
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -137,6 +138,42 @@ def test_launches_from_a_thread_without_a_current_context(aot, rng):
     mask = torch.from_numpy(lin.layout.dense(torch.ones(lin.layout.w_shape).double().numpy())).cuda()
     assert rel_error(dw_dense, (xd.T @ dyd) * mask) < TOLERANCE["bfloat16"]
     assert {p.path for p in _plans(lin.bsmm)} == {"aot"}
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("axis", [1, 0])
+def test_the_native_op_is_one_cpp_node_and_matches_the_python_path(aot, rng, monkeypatch, dtype, axis):
+    """Eager forward + backward through the native op (one C++ autograd node): against float64, and
+    what the Python autograd.Function gives with the same launches (bit for bit but for a split
+    updat's float32 atomics)."""
+    from blocksparse.torch import _native
+
+    if not _native.available():
+        pytest.skip(f"the native op cannot be built here: {_native._state.get('why')}")
+    bsmm = BlocksparseMatMul(random_layout(rng, 8, 6, 0.4, cover=True), 32, feature_axis=axis)
+    n, dt = 256, DTYPES[dtype]
+    shape = (n, bsmm.C) if axis == 1 else (bsmm.C, n)
+    x = torch.randn(shape, device="cuda", dtype=dt, requires_grad=True)
+    w = torch.randn(bsmm.w_shape, device="cuda", dtype=dt, requires_grad=True)
+    y = bsmm(x, w)
+    assert type(y.grad_fn).__name__ == "CppFunction"  # a C++ autograd::Function node
+    dy = torch.randn_like(y)
+    dx, dw = torch.autograd.grad(y, (x, w), dy)
+    monkeypatch.setenv("BLOCKSPARSE_TORCH_NATIVE", "off")
+    y_py = bsmm(x, w)
+    assert type(y_py.grad_fn).__name__ != "CppFunction"
+    dx_py, dw_py = torch.autograd.grad(y_py, (x, w), dy)
+    assert torch.equal(y, y_py) and torch.equal(dx, dx_py)
+    assert rel_error(dw, dw_py.double().cpu().numpy()) < TOLERANCE[dtype] / 10  # split updat: atomics' order
+    dense = torch.from_numpy(bsmm.layout.dense(w.detach().double().cpu().numpy())).cuda()
+    xd = x.detach().double() if axis == 1 else x.detach().double().T
+    dyd = dy.double() if axis == 1 else dy.double().T
+    tol = TOLERANCE[dtype]
+    assert rel_error(y if axis == 1 else y.T, xd @ dense) < tol
+    assert rel_error(dx if axis == 1 else dx.T, dyd @ dense.T) < tol
+    mask = torch.from_numpy(bsmm.layout.dense(np.ones(bsmm.w_shape))).cuda()
+    dw_dense = torch.from_numpy(bsmm.layout.dense(dw.double().cpu().numpy())).cuda()
+    assert rel_error(dw_dense, (xd.T @ dyd) * mask) < tol
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")

@@ -1,0 +1,157 @@
+// blocksparse's eager PyTorch linear as one C++ autograd node: y = x @ W (+ bias) and its two
+// gradients, each product a prepared launch of the kernel library (bsk_launch), no Python on the
+// call's way once planned -- in particular none in the backward, which autograd runs on its CUDA
+// worker thread.
+//
+// Python (blocksparse/torch/_native.py) prepares a *record* per product and call shape: the spec,
+// grid and packed bsk_arg array of an AotLaunch, the argument words that take the call's tensor
+// pointers, the output's shape and dtype, whether it is zero-filled first (float32 atomics) and
+// cast after.  Records are registered once and named by an integer; the op takes three of them.
+// Each record carries the addresses of its kernel library's bsk_launch and bsk_memset32, so this
+// file links against nothing but torch.
+#include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+namespace {
+
+using LaunchFn = int (*)(int, const unsigned *, const void *, int, void *, char *, size_t);
+using MemsetFn = int (*)(uint64_t, uint32_t, size_t, void *, char *, size_t);
+
+struct Record {
+  LaunchFn launch = nullptr;
+  MemsetFn memset32 = nullptr;
+  int64_t spec = -1;
+  unsigned grid[3] = {1, 1, 1};
+  std::vector<uint64_t> words;                // the packed bsk_arg array
+  int64_t nargs = 0;
+  std::vector<std::pair<int64_t, int64_t>> slots;  // (word, operand: 0 input, 1 weight / dy, 2 out)
+  std::vector<int64_t> out_shape;
+  at::ScalarType out_dtype = at::kFloat;
+  bool zero = false;
+  std::optional<at::ScalarType> cast_to;
+  bool pretranspose = false;                  // bprop: the weight's blocks transposed first
+};
+
+std::mutex registry_lock;
+std::vector<Record> registry;  // append-only; records are never removed
+
+const Record &record(int64_t id) {
+  std::lock_guard<std::mutex> guard(registry_lock);
+  TORCH_CHECK(id >= 0 && id < static_cast<int64_t>(registry.size()), "blocksparse: unknown launch record ", id);
+  return registry[id];
+}
+
+void *current_stream(const at::Tensor &t) {
+  if (!t.is_cuda()) return nullptr;  // CPU tensors: the tests' stand-in runtime
+  return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(t.device()).native_handle();
+}
+
+// One product: allocate, (zero-fill,) launch, (cast).
+at::Tensor run(const Record &r, const at::Tensor &a, at::Tensor b) {
+  const c10::DeviceGuard guard(a.device());  // the default stream launches in the current device's context
+  if (r.pretranspose) b = b.transpose(1, 2).contiguous();
+  at::Tensor out = at::empty(r.out_shape, a.options().dtype(r.out_dtype));
+  const at::Tensor *operands[3] = {&a, &b, &out};
+  std::vector<uint64_t> words(r.words);  // a copy per call: records are shared between threads
+  for (const auto &slot : r.slots)
+    words[slot.first] = reinterpret_cast<uint64_t>(operands[slot.second]->data_ptr());
+  void *stream = current_stream(a);
+  char message[1024] = {0};
+  if (r.zero && out.numel()) {
+    int status = r.memset32(reinterpret_cast<uint64_t>(out.data_ptr()), 0,
+                           static_cast<size_t>(out.numel()) * out.element_size() / 4, stream, message,
+                           sizeof message);
+    TORCH_CHECK(status == 0, "blocksparse: zero fill failed: ", message);
+  }
+  int status = r.launch(static_cast<int>(r.spec), r.grid, words.data(), static_cast<int>(r.nargs), stream, message,
+                         sizeof message);
+  TORCH_CHECK(status == 0, "blocksparse: kernel launch failed: ", message);
+  return r.cast_to ? out.to(*r.cast_to) : out;
+}
+
+at::Tensor aligned(const at::Tensor &t) {
+  // the records were planned for dense row-major operands on 16-byte boundaries
+  if (t.is_contiguous() && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0) return t;
+  return t.clone(at::MemoryFormat::Contiguous);
+}
+
+struct LinearFunction : public torch::autograd::Function<LinearFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext *ctx, const at::Tensor &x, const at::Tensor &w,
+                            const std::optional<at::Tensor> &bias, int64_t fprop, int64_t bprop, int64_t updat) {
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["bprop"] = bprop;
+    ctx->saved_data["updat"] = updat;
+    ctx->saved_data["bias_dtype"] = bias ? static_cast<int64_t>(bias->scalar_type()) : int64_t(-1);
+    at::Tensor y = run(record(fprop), x, w);
+    if (bias) y.add_(bias->scalar_type() == y.scalar_type() ? *bias : bias->to(y.scalar_type()));
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w = saved[1];
+    at::Tensor dy = aligned(grads[0]);
+    at::Tensor dx, dw, db;
+    if (ctx->needs_input_grad(0)) dx = run(record(ctx->saved_data["bprop"].toInt()), dy, w);
+    if (ctx->needs_input_grad(1)) dw = run(record(ctx->saved_data["updat"].toInt()), x, dy);
+    int64_t bias_dtype = ctx->saved_data["bias_dtype"].toInt();
+    if (bias_dtype >= 0 && ctx->needs_input_grad(2))
+      db = dy.sum(0).to(static_cast<at::ScalarType>(bias_dtype));
+    return {dx, dw, db, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor linear(const at::Tensor &x, const at::Tensor &w, const std::optional<at::Tensor> &bias, int64_t fprop,
+                  int64_t bprop, int64_t updat) {
+  return LinearFunction::apply(x, w, bias, fprop, bprop, updat);
+}
+
+int64_t add_record(int64_t launch, int64_t memset32, int64_t spec, at::IntArrayRef grid, const at::Tensor &words, int64_t nargs,
+                   at::IntArrayRef slots, at::IntArrayRef out_shape, at::ScalarType out_dtype, bool zero,
+                   std::optional<at::ScalarType> cast_to, bool pretranspose) {
+  TORCH_CHECK(grid.size() == 3, "grid must have 3 dimensions");
+  TORCH_CHECK(words.scalar_type() == at::kLong && words.dim() == 1 && words.is_contiguous() && !words.is_cuda(),
+              "words must be a contiguous 1-D int64 CPU tensor");
+  TORCH_CHECK(slots.size() % 2 == 0, "slots must hold (word, operand) pairs");
+  TORCH_CHECK(launch && memset32, "launch and memset32 must be the addresses of bsk_launch and bsk_memset32");
+  Record r;
+  r.launch = reinterpret_cast<LaunchFn>(launch);
+  r.memset32 = reinterpret_cast<MemsetFn>(memset32);
+  r.spec = spec;
+  for (int i = 0; i < 3; ++i) r.grid[i] = static_cast<unsigned>(grid[i]);
+  const int64_t *data = words.data_ptr<int64_t>();
+  r.words.assign(reinterpret_cast<const uint64_t *>(data), reinterpret_cast<const uint64_t *>(data) + words.numel());
+  r.nargs = nargs;
+  for (size_t i = 0; i < slots.size(); i += 2) {
+    TORCH_CHECK(slots[i] >= 0 && slots[i] < words.numel() && slots[i + 1] >= 0 && slots[i + 1] < 3,
+                "slot (", slots[i], ", ", slots[i + 1], ") is out of range");
+    r.slots.emplace_back(slots[i], slots[i + 1]);
+  }
+  r.out_shape.assign(out_shape.begin(), out_shape.end());
+  r.out_dtype = out_dtype;
+  r.zero = zero;
+  r.cast_to = cast_to;
+  r.pretranspose = pretranspose;
+  std::lock_guard<std::mutex> guard(registry_lock);
+  registry.push_back(std::move(r));
+  return static_cast<int64_t>(registry.size()) - 1;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(blocksparse_native, m) {
+  m.def("linear(Tensor x, Tensor w, Tensor? bias, int fprop, int bprop, int updat) -> Tensor");
+  m.impl("linear", c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(linear));
+  m.def("add_record(int launch, int memset32, int spec, int[] grid, Tensor words, int nargs, int[] slots, int[] out_shape, "
+        "ScalarType out_dtype, bool zero, ScalarType? cast_to, bool pretranspose) -> int",
+        add_record);
+}

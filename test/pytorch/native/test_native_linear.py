@@ -1,0 +1,175 @@
+"""The native linear op (``blocksparse/torch/csrc/linear.cpp``) on the CPU, with a stand-in for the
+kernel library's runtime: a C function that records each launch and computes a known function
+of the pointers it was given.  Checks the op's plumbing -- which record each product runs, that
+each operand's pointer lands in its slot, allocation, zero fill, casts, the bias and its gradient,
+``needs_input_grad``, errors -- and that the backward is a C++ node.  The kernels themselves are
+checked against float64 on the GPU (``test/pytorch/matmul/test_torch_aot_gpu.py``).
+
+Also: :func:`blocksparse.torch._native.add_record` packs exactly the arguments an ahead-of-time
+launch of the toy family holds."""
+import ctypes
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from blocksparse.torch import _native  # noqa: E402
+
+FAKE_RUNTIME = r"""
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+/* words: [0] elements to write, [1] input (float*), [2] second operand (float*), [3] output
+ * (float*), [4] input elements, [5] 1: add to the output (it must have been zero-filled) */
+int launches[64], n_launches;
+uint64_t memset_counts[64]; int n_memsets;
+int fake_launch(int spec, const unsigned *grid, const uint64_t *w, int nargs, void *stream, char *msg, size_t size) {
+  if (spec == 99) { snprintf(msg, size, "boom"); return 5; }
+  launches[n_launches++ % 64] = spec;
+  const float *in = (const float *)w[1], *b = (const float *)w[2];
+  float *out = (float *)w[3];
+  for (uint64_t i = 0; i < w[0]; ++i) out[i] = (w[5] ? out[i] : 0.0f) + in[i % w[4]] * (float)spec + b[0];
+  return 0;
+}
+int fake_memset(uint64_t address, uint32_t value, size_t count, void *stream, char *msg, size_t size) {
+  uint32_t *p = (uint32_t *)address;
+  for (size_t i = 0; i < count; ++i) p[i] = value;
+  memset_counts[n_memsets++ % 64] = count;
+  return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def native(tmp_path_factory):
+    """The op built into a fresh cache, loaded, and the stand-in runtime."""
+    if _native._compiler() is None or shutil.which("cc") is None:
+        pytest.skip("needs C and C++ compilers")
+    cache = tmp_path_factory.mktemp("native-cache")
+    torch.ops.load_library(str(_native.build(cache)))
+    src = cache / "fake.c"
+    src.write_text(FAKE_RUNTIME)
+    subprocess.run(["cc", "-O1", "-shared", "-fPIC", str(src), "-o", str(cache / "fake.so")], check=True)
+    return ctypes.CDLL(str(cache / "fake.so"))
+
+
+def _record(lib, spec, out_shape, out_elems, in_elems, *, zero=False, dtype=torch.float32, cast_to=None):
+    words = torch.tensor([out_elems, 0, 0, 0, in_elems, int(zero)], dtype=torch.int64)
+    return torch.ops.blocksparse_native.add_record(
+        _native._address(lib.fake_launch), _native._address(lib.fake_memset), spec, [3, 1, 1], words, 6,
+        [1, 0, 2, 1, 3, 2], list(out_shape), dtype, zero, cast_to, False)
+
+
+def _expected(a, b, spec, shape):
+    flat = a.detach().reshape(-1)
+    n = int(np.prod(shape))
+    return (flat[torch.arange(n) % flat.numel()] * spec + b.detach().reshape(-1)[0]).reshape(shape)
+
+
+def test_forward_backward_bias_and_the_cpp_node(native, rng):
+    x = torch.from_numpy(rng.standard_normal((4, 6))).float().requires_grad_()
+    w = torch.from_numpy(rng.standard_normal((3, 2, 2))).float().requires_grad_()
+    bias = torch.from_numpy(rng.standard_normal(5)).float().requires_grad_()
+    ids = (_record(native, 2, (4, 5), 20, 24, zero=True), _record(native, 3, (4, 6), 24, 20),
+           _record(native, 4, (3, 2, 2), 12, 24))
+    memsets = ctypes.c_int.in_dll(native, "n_memsets").value
+    y = torch.ops.blocksparse_native.linear(x, w, bias, *ids)
+    assert ctypes.c_int.in_dll(native, "n_memsets").value == memsets + 1  # the zero fill of the fprop output
+    assert (ctypes.c_uint64 * 64).in_dll(native, "memset_counts")[memsets % 64] == 20  # float32 words
+    torch.testing.assert_close(y, _expected(x, w, 2, (4, 5)) + bias.detach())
+    assert type(y.grad_fn).__name__ == "CppFunction"  # a C++ autograd::Function node
+    dy = torch.from_numpy(rng.standard_normal((4, 5))).float()
+    dx, dw, db = torch.autograd.grad(y, (x, w, bias), dy)
+    torch.testing.assert_close(dx, _expected(dy, w, 3, (4, 6)))
+    torch.testing.assert_close(dw, _expected(x, dy, 4, (3, 2, 2)))
+    torch.testing.assert_close(db, dy.sum(0))
+
+
+def test_only_the_gradients_asked_for_are_launched(native, rng):
+    x = torch.from_numpy(rng.standard_normal((4, 6))).float()  # no gradient: no bprop
+    w = torch.from_numpy(rng.standard_normal((3, 2, 2))).float().requires_grad_()
+    ids = (_record(native, 5, (4, 5), 20, 24), _record(native, 6, (4, 6), 24, 20),
+           _record(native, 7, (3, 2, 2), 12, 24))
+    y = torch.ops.blocksparse_native.linear(x, w, None, *ids)
+    count = ctypes.c_int.in_dll(native, "n_launches").value
+    (dw,) = torch.autograd.grad(y, (w,), torch.ones(4, 5))
+    launched = (ctypes.c_int * 64).in_dll(native, "launches")
+    assert ctypes.c_int.in_dll(native, "n_launches").value == count + 1 and launched[count % 64] == 7
+    torch.testing.assert_close(dw, _expected(x, torch.ones(1), 7, (3, 2, 2)))
+
+
+def test_a_strided_gradient_is_made_dense_first(native, rng):
+    x = torch.from_numpy(rng.standard_normal((4, 6))).float().requires_grad_()
+    w = torch.from_numpy(rng.standard_normal((3, 2, 2))).float()
+    ids = (_record(native, 2, (4, 5), 20, 24), _record(native, 3, (4, 6), 24, 20), _record(native, 4, (3, 2, 2), 12, 24))
+    y = torch.ops.blocksparse_native.linear(x, w, None, *ids)
+    dy = torch.from_numpy(rng.standard_normal((5, 4))).float().t()  # not contiguous
+    (dx,) = torch.autograd.grad(y, (x,), dy)
+    torch.testing.assert_close(dx, _expected(dy.contiguous(), w, 3, (4, 6)))
+
+
+def test_the_output_is_cast_where_the_record_says(native, rng):
+    x = torch.from_numpy(rng.standard_normal((4, 6))).float()
+    w = torch.from_numpy(rng.standard_normal((3, 2, 2))).float()
+    ids = (_record(native, 2, (4, 5), 20, 24, cast_to=torch.float64), 0, 0)
+    y = torch.ops.blocksparse_native.linear(x, w, None, *ids)
+    assert y.dtype == torch.float64
+    torch.testing.assert_close(y, _expected(x, w, 2, (4, 5)).double())
+
+
+def test_errors_name_what_failed(native, rng):
+    x, w = torch.ones(4, 6), torch.ones(3, 2, 2)
+    bad = _record(native, 99, (4, 5), 20, 24)
+    with pytest.raises(RuntimeError, match="kernel launch failed: boom"):
+        torch.ops.blocksparse_native.linear(x, w, None, bad, bad, bad)
+    with pytest.raises(RuntimeError, match="unknown launch record"):
+        torch.ops.blocksparse_native.linear(x, w, None, 10**6, 0, 0)
+    with pytest.raises(RuntimeError, match="words must be"):
+        torch.ops.blocksparse_native.add_record(1, 1, 0, [1, 1, 1], torch.zeros(3), 1, [], [1], torch.float32,
+                                                False, None, False)
+    with pytest.raises(RuntimeError, match="slot"):
+        torch.ops.blocksparse_native.add_record(1, 1, 0, [1, 1, 1], torch.zeros(3, dtype=torch.int64), 1, [5, 0],
+                                                [1], torch.float32, False, None, False)
+
+
+def test_add_record_packs_what_the_ahead_of_time_launch_holds(native, toy_library):
+    """A record of a real prepared launch (the toy family's scale kernel) holds its spec, grid and
+    argument words, with the operand slots of the launch."""
+    pytest.importorskip("triton")
+    import toy_family
+
+    from blocksparse.torch._launch import AotLaunch, KernelLaunch, Operand
+    from blocksparse.torch._matmul.plan import Plan
+
+    launch = KernelLaunch(toy_family.scale_kernel, (8,), {"X": Operand(0, torch.float32), "Y": Operand(2, torch.float32),
+                                                           "N": 1000, "offset": 16, "alpha": 0.5}, {"BLOCK": 128},
+                          num_warps=4, num_stages=1)
+    spec = next(i for i, s in enumerate(toy_library.specs) if s["name"] == "scale_b128_sm90")
+    runner = AotLaunch(launch, toy_library, spec, 0)
+    plan = Plan("fprop", None, runner, torch.device("cpu"), (1016,), torch.float32)
+    before = _native.add_record(plan)
+    assert _native.add_record(plan) == before + 1  # ids in order of registration
+    # run the record with the stand-in: it reads word 0 as a count, so only check it was packed as
+    # the launch holds it -- the same words, the slots of X and Y
+    words = np.frombuffer(bytes(memoryview(runner.args)), dtype=np.uint64)
+    assert words.size == len(toy_library.specs[spec]["params"]) * 12
+    assert sorted(index for _, index in runner.slots) == [0, 2]
+
+
+def test_records_need_every_product_served_ahead_of_time():
+    class P:
+        def __init__(self, path):
+            self.path, self.runner = path, object()
+
+    fprop = P("jit")
+    assert _native.records(fprop, lambda: (P("aot"), P("aot"))) is None
+    assert fprop.native is False  # decided once per plan
+    assert _native.records(fprop, lambda: pytest.fail("asked again")) is None
+
+
+def test_switched_off_by_the_environment(monkeypatch):
+    monkeypatch.setenv("BLOCKSPARSE_TORCH_NATIVE", "off")
+    assert not _native.available()
