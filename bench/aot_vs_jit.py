@@ -13,12 +13,13 @@ specs for N = 64), and its launch runs two ways on the same buffers:
   launch the PyTorch plans and, through ``src/ops/matmul.c``, the TensorFlow ops make);
 * ``jit``  the same kernel, tile, grid and arguments through Triton's JIT.
 
-The JIT kernels are compiled first in ``--workers`` processes.  Every row is first checked: both outputs (NaN-poisoned buffers) against float64, and against each
-other.  Then the two are timed interleaved in ``--rounds`` rounds (rotated order each round) and
-the medians kept; ``aot_over_jit`` = aot ms / jit ms (1.03: the compiled kernel 3% slower).  N = 8192
-calls are timed with events around each call, N = 64 calls in a CUDA graph over operand copies
-that overflow the L2 (weights from device memory), as in bsmm.py.  A failing row is recorded and
-the run goes on; results are written after every problem.
+The JIT kernels are compiled first in ``--workers`` processes. Every row is first checked: both
+outputs (NaN-poisoned buffers) against float64, and against each other. Then the two are timed
+interleaved in ``--rounds`` rounds (rotated order each round) and the medians kept; ``aot_over_jit``
+= aot ms / jit ms (1.03: the compiled kernel 3% slower). N = 8192 calls are timed with events around
+each call, N = 64 calls in a CUDA graph over operand copies that overflow the L2 (weights from
+device memory), as in bsmm.py. A failing row is recorded and the run goes on; results are written
+after every problem.
 
 The kernel library: ``--kernels PATH``, else ``BLOCKSPARSE_KERNELS`` / the installed one, else one
 built now for this GPU's arch and the problems' dtypes and block sizes (a few minutes; say
@@ -236,7 +237,8 @@ def summary(rows):
                 median_ratio=statistics.median(ratios) if ratios else None,
                 geomean_ratio=statistics.geometric_mean(ratios) if ratios else None,
                 worst_ratio=worst["aot_over_jit"] if worst else None,
-                worst_row=None if worst is None else {k: worst[k] for k in ("op", "dtype", "bs", "N", "density", "spec")},
+                worst_row=None if worst is None else {k: worst[k] for k in ("op", "dtype", "bs", "N", "density",
+                                                                            "spec")},
                 within_limit=sum(r <= LIMIT for r in ratios), limit=LIMIT)
 
 
