@@ -77,8 +77,9 @@ def test_a_gpu_call_gets_a_compiled_spec_packed_as_the_jit_launch(kernels, rng, 
 @pytest.mark.parametrize("kind", ["fprop", "bprop", "updat"])
 @pytest.mark.parametrize("n", [64, configs.SMALL_N, configs.SMALL_N + 8], ids=lambda n: f"n{n}")
 def test_few_token_calls_get_the_few_token_specs_with_the_jit_s_tile(kernels, rng, kind, n):
-    """N = 64 plans run the few-token spec, with the tile, split and table segments the JIT path
-    picks for 64 tokens; past SMALL_N the many-token spec."""
+    """N = 64 plans run the few-token spec, with the tile of the JIT path's tables for 64 tokens (the
+    JIT's regrouping of structured layouts aside, as for every compiled spec) and the split or
+    table segments the JIT computes for that tile; past SMALL_N the many-token spec."""
     lay = Layout(random_layout(rng, 8, 6, 0.5), 32)
     a, b = _operands(rng, lay, kind, n, 1)
     p = _plan(kernels, lay, kind, a, b, 1)
@@ -87,10 +88,15 @@ def test_few_token_calls_get_the_few_token_specs_with_the_jit_s_tile(kernels, rn
     few = [s for s in kernels.specs if s["max_tokens"] and (s["product"], s["arch"]) == (kind, 90)]
     assert few, "the kernel library has no few-token spec for this product"
     assert spec["max_tokens"] == (configs.SMALL_N if n <= configs.SMALL_N else 0)
-    jit_cfg, part = plan._jit_choice(lay, kind, n, a.dtype, False, 132, True)
     if n <= configs.SMALL_N:
-        assert p.config == jit_cfg and spec["config"] == dataclasses.asdict(jit_cfg)
-        assert (p.split if kind == "updat" else p.max_segment) == part
+        if kind == "updat":
+            tile = configs.updat_config(32, n, tma=True)
+            part, got = configs.updat_split(tile, n, lay.updat_groups(tile.G).shape[0], 132), p.split
+        else:
+            tile = configs.xprop_config(32, n, tma=True)
+            part, got = plan._xprop_segments(lay, kind, tile, n, 132, True), p.max_segment
+        assert p.config == tile and spec["config"] == dataclasses.asdict(tile)
+        assert got == part
     assert spec["atomic"] == (p.split > 1 or p.max_segment is not None)
     tensors = _call_tensors(p, a, b)
     assert_packed_like_jit(_packed(p, tensors), tensors)
