@@ -26,10 +26,16 @@ class DeviceTables {
   // Tables one kernel keeps: a layout's fprop, bprop or updat table, a few layouts in eager mode.
   static constexpr size_t kMaxEntries = 8;
 
-  // `*device`: the device copy of `host` (an int32 table in host memory), uploaded on `stream`
-  // (a CUstream) the first time this kernel sees these contents.
-  absl::Status Get(tensorflow::OpKernelContext* ctx, const tensorflow::Tensor& host, void* stream,
-                   tensorflow::Tensor* device) {
+  size_t size() {
+    tensorflow::mutex_lock lock(mu_);
+    return entries_.size();
+  }
+
+  // `*device`: the device copy of `host` (an int32 table in host memory), allocated by `ctx`
+  // (an OpKernelContext: on the kernel's GPU) and uploaded on `stream` (a CUstream) the first time
+  // this kernel sees these contents.
+  template <typename Context>
+  absl::Status Get(Context* ctx, const tensorflow::Tensor& host, void* stream, tensorflow::Tensor* device) {
     const uint64_t hash = Hash(host);
     tensorflow::mutex_lock lock(mu_);
     for (Entry& e : entries_) {

@@ -3,6 +3,8 @@ every table in host memory (so TensorFlow copies none to the device at a step: e
 a table once and keeps it, src/tf/device_tables.h); graphs (tf.function, v1) hold the tables as
 constants feeding the ops directly; eager calls pass the same host tensors of a layout every step,
 and two layouts (even of equal sizes, sharing one eager kernel) their own."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -151,3 +153,30 @@ def test_backend_products_reach_the_host_tables(on_gpu):
     """The products the dispatcher hands out are the GPU path's (the ones checked above)."""
     layout = Layout(np.array(MASK_A), 32)
     assert backend.select(layout, 1, tf.bfloat16).name == "tf-gpu-sm90"
+
+
+def test_the_kernels_table_cache_in_cpp(tmp_path):
+    """src/tf/device_tables.h, compiled against this TensorFlow with stand-ins for the GPU
+    allocation and the upload: uploads once per table, finds a table by buffer and by contents,
+    keeps layouts of equal shapes apart, evicts the oldest past its bound."""
+    import shutil
+    import subprocess
+
+    from tf_op_build import ROOT
+
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    from blocksparse.aot import native
+
+    binary = tmp_path / "device_tables_test"
+    command = [cxx, "-std=c++17", "-O1", *tf.sysconfig.get_compile_flags(), f"-I{ROOT / 'src' / 'tf'}",
+               f"-I{native.RUNTIME_DIR}", str(Path(__file__).with_name("native") / "device_tables_test.cc"),
+               "-o", str(binary), *tf.sysconfig.get_link_flags()]
+    built = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr[-4000:]
+    lib_dir = next(f[2:] for f in tf.sysconfig.get_link_flags() if f.startswith("-L"))
+    ran = subprocess.run([str(binary)], capture_output=True, text=True, timeout=60,
+                         env={"LD_LIBRARY_PATH": lib_dir})
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert ran.stdout.count("ok ") == 10 and "FAIL" not in ran.stdout, ran.stdout
