@@ -36,14 +36,18 @@ class DeviceTables {
   // this kernel sees these contents.
   template <typename Context>
   absl::Status Get(Context* ctx, const tensorflow::Tensor& host, void* stream, tensorflow::Tensor* device) {
-    const uint64_t hash = Hash(host);
     tensorflow::mutex_lock lock(mu_);
+    for (const Entry& e : entries_) {  // every step but the first: no pass over the contents
+      if (e.host.shape() == host.shape() && e.host.SharesBufferWith(host)) {
+        *device = e.device;
+        return absl::OkStatus();
+      }
+    }
+    const uint64_t hash = Hash(host);
     for (Entry& e : entries_) {
-      if (e.host.shape() != host.shape()) continue;
-      if (e.host.SharesBufferWith(host) ||
-          (e.hash == hash && !std::memcmp(e.host.tensor_data().data(), host.tensor_data().data(),
-                                          host.tensor_data().size()))) {
-        e.host = host;  // the next step's lookup finds this buffer first
+      if (e.host.shape() == host.shape() && e.hash == hash &&
+          !std::memcmp(e.host.tensor_data().data(), host.tensor_data().data(), host.tensor_data().size())) {
+        e.host = host;  // the next step's lookup finds this buffer in the first pass
         *device = e.device;
         return absl::OkStatus();
       }
