@@ -80,18 +80,22 @@ class Problem:
     def table(self, array):
         return self.torch.from_numpy(np.array(array, dtype=np.int32)).to(self.device)  # a writable copy
 
-    def tables(self, product, group):
+    def tables(self, product, group, atomic=False):
+        """The spec's tables; split xprop reductions (``atomic``) walk segments of 2 blocks."""
         if product == "updat":
             return (self.table(self.layout.updat_groups(group)),)
-        lut = getattr(self.layout, product)(None, group=group)
+        lut = getattr(self.layout, product)(2 if atomic else None, group=group)
         return self.table(lut.headers), self.table(lut.entries)
 
-    def output(self, product):
-        """A NaN-filled output: a tile never written shows up."""
+    def output(self, product, atomic=False):
+        """A NaN-filled output (a tile never written shows up); split xprop reductions add into
+        float32 zeros."""
         torch = self.torch
         if product == "updat":
             return torch.full(self.layout.w_shape, math.nan, dtype=torch.float32, device=self.device)
         features = self.layout.K if product == "fprop" else self.layout.C
+        if atomic:
+            return torch.zeros(self.shape(features), dtype=torch.float32, device=self.device)
         return torch.full(self.shape(features), math.nan, dtype=self.dtype, device=self.device)
 
     def call(self, spec, out, tables, split):
@@ -141,11 +145,12 @@ class Problem:
         return _launches.xprop_launch(variant, tuple(a.shape), a.stride(), self.dtype, *tables,
                                       blocks=lay.blocks, out_features=lay.K if spec["product"] == "fprop" else lay.C,
                                       bs=bs, axis=self.axis, trans=spec["trans_w"],
-                                      cfg=configs.XpropConfig(**spec["config"]), atomic=False, precision="ieee")
+                                      cfg=configs.XpropConfig(**spec["config"]), atomic=spec["atomic"],
+                                      precision="ieee")
 
     def run(self, runner, spec, split):
         """``runner`` (an AotLaunch or JitLaunch) on fresh buffers: NaN-filled, zeros for atomics."""
-        out = self.output(spec["product"])
+        out = self.output(spec["product"], spec["atomic"])
         if spec["product"] == "updat" and (split > 1 or self.n == 0):  # as a plan zero-fills
             out.zero_()
         runner((*self.operands(spec), out))
@@ -165,10 +170,15 @@ def _time_us(torch, fn, repeats=20):
     return float(np.median(times))
 
 
+def _main_n(spec):
+    """The token count a spec is timed at: :data:`LARGE_N`, or 64 for the few-token tiles."""
+    return 64 if spec.get("max_tokens") else LARGE_N
+
+
 def _token_counts(spec):
     """(N, compare with the JIT kernel?): one token, a ragged count, the main case, none."""
     aligned = spec["axis"] == 0 and "_tma" in spec["kernel"]
-    return [(8 if aligned else 1, False), (88 if aligned else 77, True), (LARGE_N, True), (0, False)]
+    return [(8 if aligned else 1, False), (88 if aligned else 77, True), (_main_n(spec), True), (0, False)]
 
 
 def check_spec(torch, lib, index, spec, rng):
@@ -177,7 +187,7 @@ def check_spec(torch, lib, index, spec, rng):
 
     mm = MatmulRuntime(lib)
     record = {k: spec[k] for k in ("name", "arch", "product", "dtype", "block_size", "axis",
-                                   "kernel", "atomic", "group")}
+                                   "kernel", "atomic", "group", "max_tokens")}
     lay = Layout(random_layout(rng, max(2, 512 // spec["block_size"]),
                                max(2, 384 // spec["block_size"]), 0.4, empty_rows=1, empty_cols=1),
                  spec["block_size"])
@@ -187,8 +197,8 @@ def check_spec(torch, lib, index, spec, rng):
     cases, ok = [], True
     for n, compare_jit in _token_counts(spec):
         prob = Problem(torch, rng, lay, spec["dtype"], spec["axis"], n)
-        tables = prob.tables(spec["product"], spec["group"])
-        out = prob.output(spec["product"])
+        tables = prob.tables(spec["product"], spec["group"], spec["atomic"])
+        out = prob.output(spec["product"], spec["atomic"])
         call = prob.call(spec, out, tables, split)
         case = {"n": n, "split": split}
         try:
@@ -206,7 +216,7 @@ def check_spec(torch, lib, index, spec, rng):
                 case["rel_err_jit"] = _rel(out.double().cpu().numpy(), jit.double().cpu().numpy())
                 case["bitwise_equal_jit"] = bool(torch.equal(out, jit))
                 case["bitwise_equal_jit_torch"] = bool(torch.equal(via_torch, jit))
-            if n == LARGE_N:
+            if n == _main_n(spec):
                 case["aot_us"] = _time_us(torch, lambda: mm.run_spec(index, call, stream))
                 case["aot_torch_us"] = _time_us(torch, lambda: prob.run(torch_aot, spec, split))
                 case["jit_us"] = _time_us(torch, lambda: prob.run(torch_jit, spec, split))
@@ -227,13 +237,15 @@ def check_dispatch(torch, lib, arch, rng):
     """``bsk_matmul_run`` (kernel and split chosen by the runtime) once per product family."""
     mm = MatmulRuntime(lib)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    # the TensorFlow ops' tables: the many-token specs' G (few-token specs reading it serve few tokens)
     keys = sorted({(s["product"], s["dtype"], s["block_size"], s["axis"], s["group"])
-                   for s in lib.specs if s["arch"] // 10 == arch // 10 and s["arch"] <= arch})
+                   for s in lib.specs if s["arch"] // 10 == arch // 10 and s["arch"] <= arch
+                   and not s.get("max_tokens")})
     stream = torch.cuda.current_stream().cuda_stream
     records = []
     for product, dtype, bs, axis, group in keys:
         lay = Layout(random_layout(rng, max(2, 512 // bs), max(2, 384 // bs), 0.5), bs)
-        for n in ((LARGE_N, 13) if axis == 0 else (LARGE_N,)):
+        for n in ((LARGE_N, 64, 13) if axis == 0 else (LARGE_N, 64)):
             prob = Problem(torch, rng, lay, dtype, axis, n)
             trans_w = next(s["trans_w"] for s in lib.specs if (s["product"], s["dtype"]) == (product, dtype))
             spec = {"product": product, "dtype": dtype, "group": group, "trans_w": trans_w}
@@ -273,8 +285,8 @@ def check_packing(torch, lib, rng):
         n = 64 if "_tma" in spec["kernel"] else 13
         prob = Problem(torch, rng, lay, spec["dtype"], spec["axis"], n, device="cpu")
         try:
-            AotLaunch(prob.launch(spec, prob.tables(spec["product"], spec["group"]), 3 if spec["atomic"] else 1),
-                      lib, index, -1)
+            tables = prob.tables(spec["product"], spec["group"], spec["atomic"])
+            AotLaunch(prob.launch(spec, tables, 3 if spec["atomic"] else 1), lib, index, -1)
         except Mismatch as exc:
             problems.append(f"{spec['name']}: {exc}")
     return problems
@@ -282,11 +294,12 @@ def check_packing(torch, lib, rng):
 
 def check_selection(lib):
     """Pure checks of the library without a GPU: each arch's kernels are found by
-    bsk_matmul_select."""
+    bsk_matmul_select (few-token specs for few tokens, the others past them)."""
     mm = MatmulRuntime(lib)
     problems = []
     for index, spec in enumerate(lib.specs):
         n = 64 if "_tma" in spec["kernel"] else 13  # unaligned: where pointer kernels stand in
+        n += 0 if spec.get("max_tokens") else configs.SMALL_N
         call = MatmulCall(product=PRODUCTS[spec["product"]], dtype=DTYPES[spec["dtype"]],
                           block_size=spec["block_size"], axis=spec["axis"], group=spec["group"],
                           n_tokens=n, c_blocks=4, k_blocks=4, blocks=4, table_rows=4)
@@ -386,7 +399,7 @@ def main(argv=None):
               "kernels": [], "dispatch": []}
     if args.dry_run:
         result["kernels"] = [{**{k: s[k] for k in ("name", "arch", "product", "dtype", "block_size",
-                                                    "axis", "kernel", "atomic", "group")},
+                                                    "axis", "kernel", "atomic", "group", "max_tokens")},
                               "status": "compiled", "cubin_bytes": s["cubin_bytes"]} for s in lib.specs]
     else:
         major, minor = torch.cuda.get_device_capability(0)

@@ -70,14 +70,17 @@ class OpLibrary:
         """``G`` of the tables the matmul kernels for this product read on a GPU of compute capability
         ``arch`` (10 * major + minor), or None when no kernel serves it.
 
-        The specialisations of one product share their ``G`` (the pointer kernels that stand in
-        for TMA ones were compiled with it), so the tables do not depend on which one runs.
+        The many-token specialisations of one product share their ``G`` (the pointer kernels that
+        stand in for TMA ones were compiled with it), so the tables do not depend on which one runs;
+        few-token ones (``max_tokens``) that read these tables serve few-token calls, the others are
+        for the PyTorch plans.
         """
         served = [s for s in self.specs if s["arch"] // 10 == arch // 10 and s["arch"] <= arch]
         if not served:
             return None
         newest = max(s["arch"] for s in served)
         groups = {s["group"] for s in served if s["arch"] == newest and s["family"] == "matmul"
+                  and not s.get("max_tokens")
                   and (s["product"], s["dtype"], s["block_size"], s["axis"]) == (product, dtype, block_size, axis)}
         if len(groups) > 1:
             raise RuntimeError(f"{self.path}: the kernels for {product} {dtype} bs={block_size} "

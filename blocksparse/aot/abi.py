@@ -9,7 +9,7 @@ import json
 __all__ = ["ABI_VERSION", "ARG_KINDS", "MAX_RANK", "BskArg", "KernelLibrary", "KernelError", "STATUS"]
 
 #: Must equal BSK_ABI_VERSION of the library loaded.
-ABI_VERSION = 2
+ABI_VERSION = 3
 #: Argument kinds (BSK_ARG_*), by the names of :class:`blocksparse.aot.compile.Param`.
 ARG_KINDS = {"ptr": 1, "i32": 2, "i64": 3, "f32": 4, "tensor": 5}
 MAX_RANK = 5
@@ -54,6 +54,8 @@ _SIGNATURES = (
                                   ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]),
     ("bsk_memset32", ctypes.c_int, [ctypes.c_uint64, ctypes.c_uint32, ctypes.c_size_t, ctypes.c_void_p,
                                     ctypes.c_char_p, ctypes.c_size_t]),
+    ("bsk_upload", ctypes.c_int, [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                                  ctypes.c_char_p, ctypes.c_size_t]),
 )
 
 
@@ -142,3 +144,10 @@ class KernelLibrary:
         """Fill ``count`` 32-bit words at ``address`` with ``value`` on ``stream``."""
         message = ctypes.create_string_buffer(1024)
         self.check(self._lib.bsk_memset32(address, value, count, stream, message, 1024), message)
+
+    def upload(self, address, source, stream=0):
+        """Copy the bytes of ``source`` (a contiguous numpy array) to the device ``address`` on
+        ``stream``."""
+        message = ctypes.create_string_buffer(1024)
+        self.check(self._lib.bsk_upload(address, source.ctypes.data or None, source.nbytes, stream, message, 1024),
+                   message)

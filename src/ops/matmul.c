@@ -35,6 +35,7 @@ static const char *const VALUE_NAMES[V_COUNT] = {
 /* A matmul spec as this file reads it from the runtime's table. */
 typedef struct {
   int index, arch, product, dtype, block_size, axis, group, atomic, tma, bm, bk, bn, waves;
+  int max_tokens; /* the few-token tiles: calls of at most this many tokens; 0: any */
   int nargs, slots[MAX_ARGS]; /* value of each argument (V_*) */
   const char *name;
   const char *problem; /* why it cannot run (a static string), or NULL */
@@ -71,6 +72,7 @@ static void read_spec(int index, mm_spec *m) {
       !int_key(index, "bm", &m->bm) || !int_key(index, "bk", &m->bk) || !int_key(index, "bn", &m->bn) ||
       !int_key(index, "waves", &m->waves))
     m->problem = "its keys are not those of blocksparse/ops/matmul/aot.py fields()";
+  if (!int_key(index, "max_tokens", &m->max_tokens)) m->max_tokens = 0; /* builds before few-token tiles */
   m->nargs = bsk_spec_nargs(index);
   if (m->nargs > MAX_ARGS) m->problem = "it takes more arguments than src/ops/matmul.c handles";
   for (int i = 0; i < m->nargs && i < MAX_ARGS; ++i) {
@@ -110,6 +112,19 @@ static int matches(const mm_spec *s, const bsk_matmul_call *call) {
          s->axis == call->axis && s->group == call->group;
 }
 
+/* Whether `s` is tuned for the call's token count: a few-token tile for few tokens. */
+static int fits(const mm_spec *s, const bsk_matmul_call *call) {
+  return !s->max_tokens || call->n_tokens <= s->max_tokens;
+}
+
+/* Whether `s` serves the call better than `best`: the newest arch first, then the few-token
+ * tile over the general one, then the TMA kernel over the pointer one. */
+static int better(const mm_spec *s, const mm_spec *best) {
+  if (!best || s->arch != best->arch) return !best || s->arch > best->arch;
+  if (!s->max_tokens != !best->max_tokens) return s->max_tokens != 0;
+  return s->tma && !best->tma;
+}
+
 int bsk_matmul_select(const bsk_matmul_call *call, int arch, int atomic) {
   if (!call || call->dtype < 0 || call->dtype > BSK_FP32) return -1;
   pthread_once(&table_once, read_table);
@@ -117,9 +132,8 @@ int bsk_matmul_select(const bsk_matmul_call *call, int arch, int atomic) {
   for (int i = 0; i < table_count; ++i) {
     const mm_spec *s = &table[i];
     if (s->problem || !matches(s, call) || s->atomic != !!atomic || !bsk_arch_serves(s->arch, arch)) continue;
-    if (s->tma && !rows_aligned(call)) continue;
-    /* the newest arch first, then the TMA kernel over the pointer one */
-    if (!best || s->arch > best->arch || (s->arch == best->arch && s->tma && !best->tma)) best = s;
+    if ((s->tma && !rows_aligned(call)) || !fits(s, call)) continue;
+    if (better(s, best)) best = s;
   }
   return best ? best->index : -1;
 }

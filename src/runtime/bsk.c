@@ -314,3 +314,18 @@ int bsk_memset32(uint64_t address, uint32_t value, size_t count, void *stream, c
   leave(cu, pushed);
   return err ? cuda_fail(message, size, "cuMemsetD32Async", err) : BSK_OK;
 }
+
+int bsk_upload(uint64_t address, const void *source, size_t bytes, void *stream, char *message, size_t size) {
+  if (!bytes) return BSK_OK;
+  if (!address || !source)
+    return bsk_fail(message, size, BSK_ERR_INVALID, "address and source must not be NULL; got 0x%llx and %p",
+                    (unsigned long long)address, source);
+  const bsk_driver *cu;
+  bsk_context *entry;
+  int pushed;
+  int status = enter(stream, address, &cu, &pushed, &entry, message, size);
+  if (status) return status;
+  CUresult err = cu->MemcpyHtoDAsync((CUdeviceptr)address, source, bytes, (CUstream)stream);
+  leave(cu, pushed);
+  return err ? cuda_fail(message, size, "cuMemcpyHtoDAsync", err) : BSK_OK;
+}

@@ -25,7 +25,7 @@ extern "C" {
 #define BSK_API __attribute__((visibility("default")))
 
 /* Bumped whenever bsk_arg or a function below changes. */
-#define BSK_ABI_VERSION 2
+#define BSK_ABI_VERSION 3
 
 /* Status codes. */
 enum {
@@ -92,6 +92,12 @@ BSK_API int bsk_launch(int spec, const unsigned grid[3], const bsk_arg *args, in
  * atomics add into). */
 BSK_API int bsk_memset32(uint64_t address, uint32_t value, size_t count, void *stream, char *message,
                          size_t size);
+
+/* Copy `bytes` from host memory at `source` to the device address `address` on `stream`.  The
+ * source must stay untouched until the stream reaches the copy (pageable memory is staged before
+ * the call returns).  For tables uploaded once and kept (the TensorFlow ops' lookup tables). */
+BSK_API int bsk_upload(uint64_t address, const void *source, size_t bytes, void *stream, char *message,
+                       size_t size);
 
 #ifdef __cplusplus
 }

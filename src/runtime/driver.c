@@ -60,6 +60,7 @@ static void open_driver(void) {
   BSK_LOAD(FuncSetCacheConfig, cuFuncSetCacheConfig);
   BSK_LOAD(LaunchKernel, cuLaunchKernel);
   BSK_LOAD(MemsetD32Async, cuMemsetD32Async);
+  BSK_LOAD(MemcpyHtoDAsync, cuMemcpyHtoDAsync);
   BSK_LOAD(TensorMapEncodeTiled, cuTensorMapEncodeTiled);
   if (driver.Init(0) != CUDA_SUCCESS) {
     driver_error = "cuInit failed: the NVIDIA driver is installed but no GPU can be used";

@@ -2,9 +2,13 @@
 // kernels on TensorFlow's CUDA stream, through the matmul family's C (src/ops/matmul.h) on the
 // kernel runtime (src/runtime/bsk.h), both in the kernel library this library links against.
 //
+// The lookup tables arrive in host memory (the GPU kernels declare them HostMemory: no per-step
+// copy to the device) and each kernel uploads a table once and keeps the copy (device_tables.h).
+//
 // The CPU kernels only check their inputs and then report that the op runs on GPUs:
 // blocksparse's dispatcher (blocksparse/_tf/dispatch.py) takes the reference path on the CPU, so
 // they serve the checks (tested on CPU-only machines) and a clear error for a misplaced op.
+#include "device_tables.h"
 #include "matmul.h"
 #include "problem.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -103,6 +107,18 @@ class BlocksparseOp : public OpKernel {
     return call;
   }
 
+  static void* Stream(OpKernelContext* ctx) {
+    return ctx->op_device_context()->stream()->platform_specific_handle().stream;
+  }
+
+  // The device address of `host`'s copy on this kernel's GPU (uploaded on first use); `keep`
+  // holds the copy for the call.
+  absl::Status DeviceTable(OpKernelContext* ctx, const Tensor& host, Tensor* keep, uint64_t* address) {
+    TF_RETURN_IF_ERROR(tables_.Get(ctx, host, Stream(ctx), keep));
+    *address = Address(*keep);
+    return absl::OkStatus();
+  }
+
   // Checks done: on the CPU, say where the op runs; on a GPU, launch on TensorFlow's stream.
   void Run(OpKernelContext* ctx, const bsk_matmul_call& call) {
     if (!kGpu) {
@@ -111,9 +127,8 @@ class BlocksparseOp : public OpKernel {
                          "its reference path (TensorFlow ops)"));
       return;
     }
-    void* stream = ctx->op_device_context()->stream()->platform_specific_handle().stream;
     char message[1024] = {0};
-    OP_REQUIRES_OK(ctx, FromRuntime(bsk_matmul_run(&call, stream, message, sizeof(message)), message));
+    OP_REQUIRES_OK(ctx, FromRuntime(bsk_matmul_run(&call, Stream(ctx), message, sizeof(message)), message));
   }
 
   int64_t Tokens(const Tensor& t) const { return t.dim_size(p_.axis == 1 ? 0 : 1); }
@@ -122,6 +137,7 @@ class BlocksparseOp : public OpKernel {
   }
 
   Problem p_;
+  DeviceTables tables_;
 };
 
 template <bool kGpu>
@@ -145,9 +161,11 @@ class MatmulOp : public BlocksparseOp<kGpu> {
     Tensor* y = nullptr;
     if (kGpu) OP_REQUIRES_OK(ctx, ctx->allocate_output(0, this->ActivationShape(n, p.K()), &y));
     if (kGpu && n == 0) return;
+    Tensor d_headers, d_entries;
     if (kGpu) {
       call.x = Address(x), call.w = Address(w), call.y = Address(*y);
-      call.headers = Address(headers), call.entries = Address(entries);
+      OP_REQUIRES_OK(ctx, this->DeviceTable(ctx, headers, &d_headers, &call.headers));
+      OP_REQUIRES_OK(ctx, this->DeviceTable(ctx, entries, &d_entries, &call.entries));
     }
     this->Run(ctx, call);
   }
@@ -171,9 +189,11 @@ class MatmulDXOp : public BlocksparseOp<kGpu> {
     Tensor* dx = nullptr;
     if (kGpu) OP_REQUIRES_OK(ctx, ctx->allocate_output(0, this->ActivationShape(n, p.C()), &dx));
     if (kGpu && n == 0) return;
+    Tensor d_headers, d_entries;
     if (kGpu) {
       call.dy = Address(dy), call.w = Address(w), call.dx = Address(*dx);
-      call.headers = Address(headers), call.entries = Address(entries);
+      OP_REQUIRES_OK(ctx, this->DeviceTable(ctx, headers, &d_headers, &call.headers));
+      OP_REQUIRES_OK(ctx, this->DeviceTable(ctx, entries, &d_entries, &call.entries));
     }
     this->Run(ctx, call);
   }
@@ -197,11 +217,12 @@ class MatmulDWOp : public BlocksparseOp<kGpu> {
     bsk_matmul_call call = this->Call(BSK_UPDAT, x.dtype(), this->Tokens(x), groups,
                                (groups.dim_size(1) - 1) / 2);
     Tensor* dw = nullptr;
+    Tensor d_groups;
     if (kGpu) {
       OP_REQUIRES_OK(ctx, ctx->allocate_output(
                               0, TensorShape({p.blocks, p.block_size, p.block_size}), &dw));
       call.x = Address(x), call.dy = Address(dy), call.dw = Address(*dw);
-      call.groups = Address(groups);
+      OP_REQUIRES_OK(ctx, this->DeviceTable(ctx, groups, &d_groups, &call.groups));
     }
     this->Run(ctx, call);
   }
@@ -210,15 +231,23 @@ class MatmulDWOp : public BlocksparseOp<kGpu> {
 using tensorflow::DEVICE_CPU;
 using tensorflow::DEVICE_GPU;
 
-// The fprop op carries its gradient's tables without reading them: they stay in host memory.
+// Every table stays in host memory: the kernels upload their own once (DeviceTables), and the
+// fprop op carries its gradient's tables without reading them.
 REGISTER_KERNEL_BUILDER(Name("BlocksparseMatmul")
                             .Device(DEVICE_GPU)
+                            .HostMemory("headers")
+                            .HostMemory("entries")
                             .HostMemory("dx_headers")
                             .HostMemory("dx_entries")
                             .HostMemory("dw_groups"),
                         MatmulOp<true>);
-REGISTER_KERNEL_BUILDER(Name("BlocksparseMatmulDX").Device(DEVICE_GPU), MatmulDXOp<true>);
-REGISTER_KERNEL_BUILDER(Name("BlocksparseMatmulDW").Device(DEVICE_GPU), MatmulDWOp<true>);
+REGISTER_KERNEL_BUILDER(Name("BlocksparseMatmulDX")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("headers")
+                            .HostMemory("entries"),
+                        MatmulDXOp<true>);
+REGISTER_KERNEL_BUILDER(Name("BlocksparseMatmulDW").Device(DEVICE_GPU).HostMemory("groups"),
+                        MatmulDWOp<true>);
 REGISTER_KERNEL_BUILDER(Name("BlocksparseMatmul").Device(DEVICE_CPU), MatmulOp<false>);
 REGISTER_KERNEL_BUILDER(Name("BlocksparseMatmulDX").Device(DEVICE_CPU), MatmulDXOp<false>);
 REGISTER_KERNEL_BUILDER(Name("BlocksparseMatmulDW").Device(DEVICE_CPU), MatmulDWOp<false>);

@@ -28,32 +28,59 @@ def _call(product="fprop", dtype="bf16", bs=32, axis=1, n=64, group=None, split=
     return call
 
 
-def _expected(specs, product, dtype, bs, axis, arch, atomic, n):
-    """The spec a GPU of ``arch`` should run, from the manifest alone."""
+def _expected(specs, product, dtype, bs, axis, arch, atomic, n, group):
+    """The spec a GPU of ``arch`` should run, from the manifest alone: the newest arch, then the
+    few-token tile for a few tokens, then TMA where the rows allow."""
+    aligned = axis == 1 or n * (4 if dtype == "fp32" else 2) % 16 == 0
     served = [s for s in specs if s["arch"] // 10 == arch // 10 and s["arch"] <= arch
-              and (s["product"], s["dtype"], s["block_size"], s["axis"], s["atomic"])
-              == (product, dtype, bs, axis, atomic)]
+              and (s["product"], s["dtype"], s["block_size"], s["axis"], s["atomic"], s["group"])
+              == (product, dtype, bs, axis, atomic, group)
+              and (aligned or "_tma" not in s["kernel"]) and (not s["max_tokens"] or n <= s["max_tokens"])]
     if not served:
         return None
     newest = max(s["arch"] for s in served)
-    aligned = axis == 1 or n * (4 if dtype == "fp32" else 2) % 16 == 0
-    ranked = sorted((s for s in served if s["arch"] == newest and (aligned or "_tma" not in s["kernel"])),
-                    key=lambda s: "_tma" not in s["kernel"])
-    return ranked[0]["name"] if ranked else None
+    ranked = sorted((s for s in served if s["arch"] == newest),
+                    key=lambda s: (not s["max_tokens"], "_tma" not in s["kernel"]))
+    return ranked[0]["name"]
+
+
+def _many_token_group(specs, product, dtype, bs, axis):
+    """``G`` of the TensorFlow ops' tables: the many-token specs'."""
+    return next(s["group"] for s in specs if (s["product"], s["dtype"], s["block_size"], s["axis"])
+                == (product, dtype, bs, axis) and not s["max_tokens"])
 
 
 @pytest.mark.parametrize("arch", [80, 86, 89, 90, 100])
-@pytest.mark.parametrize("axis, n", [(1, 13), (0, 13), (0, 16), (0, 1)])
-@pytest.mark.parametrize("product, atomic", [("fprop", False), ("bprop", False), ("updat", False),
-                                             ("updat", True)])
+@pytest.mark.parametrize("axis, n", [(1, 13), (0, 13), (0, 16), (0, 1), (1, 64), (1, 513), (0, 520), (0, 515)],
+                         ids=lambda v: str(v))
+@pytest.mark.parametrize("product, atomic", [("fprop", False), ("bprop", False), ("fprop", True),
+                                             ("updat", False), ("updat", True)])
 def test_runtime_selects_the_specialisation(kernels, arch, axis, n, product, atomic):
     spec = kernels.specs[-1]
     dtype, bs = spec["dtype"], spec["block_size"]
-    group = next(s["group"] for s in kernels.specs if (s["product"], s["dtype"], s["block_size"],
-                                                       s["axis"]) == (product, dtype, bs, axis))
-    index = kernels.select(_call(product, dtype, bs, axis, n, group), arch, atomic)
-    want = _expected(kernels.specs, product, dtype, bs, axis, arch, atomic, n)
-    assert (kernels.specs[index]["name"] if index >= 0 else None) == want
+    groups = {s["group"] for s in kernels.specs if (s["product"], s["dtype"], s["block_size"], s["axis"])
+              == (product, dtype, bs, axis)}
+    for group in groups:
+        index = kernels.select(_call(product, dtype, bs, axis, n, group), arch, atomic)
+        want = _expected(kernels.specs, product, dtype, bs, axis, arch, atomic, n, group)
+        assert (kernels.specs[index]["name"] if index >= 0 else None) == want, group
+
+
+@pytest.mark.parametrize("product", ["fprop", "bprop", "updat"])
+def test_few_tokens_get_the_few_token_tile_with_the_tf_tables(kernels, product):
+    """The TensorFlow ops' tables (the many-token ``G``): 64 tokens run a few-token spec where one
+    reads those tables, 513 the many-token one."""
+    spec = kernels.specs[-1]
+    dtype, bs = spec["dtype"], spec["block_size"]
+    group = _many_token_group(kernels.specs, product, dtype, bs, 1)
+    few = [s for s in kernels.specs if (s["product"], s["dtype"], s["block_size"], s["axis"], s["group"],
+                                        s["arch"], s["atomic"]) == (product, dtype, bs, 1, group, 90, False)
+           and s["max_tokens"]]
+    assert any(s["max_tokens"] for s in kernels.specs if s["product"] == product)
+    chosen = kernels.specs[kernels.select(_call(product, dtype, bs, 1, 64, group), 90)]
+    assert bool(chosen["max_tokens"]) == bool(few) and chosen["group"] == group
+    chosen = kernels.specs[kernels.select(_call(product, dtype, bs, 1, configs.SMALL_N + 1, group), 90)]
+    assert chosen["max_tokens"] == 0
 
 
 def test_runtime_refuses_calls_it_has_no_kernel_for(kernels):

@@ -4,6 +4,7 @@ kinds, tensor ranks and strides, the alignment a kernel was compiled for), and c
 a launch needs the driver."""
 import ctypes
 
+import numpy as np
 import pytest
 
 from blocksparse.aot.abi import ABI_VERSION, ARG_KINDS, BskArg, KernelError
@@ -104,6 +105,18 @@ def test_device_and_memset_without_a_driver(toy_library):
         toy_library.memset32(2, 0, 16)
     assert info.value.status == 1
     toy_library.memset32(1 << 20, 0, 0)  # nothing to fill
+
+
+def test_upload_checks_its_addresses_before_the_driver(toy_library):
+    table = np.arange(6, dtype=np.int32)
+    with pytest.raises(KernelError, match="must not be NULL; got 0x0") as info:
+        toy_library.upload(0, table)
+    assert info.value.status == 1
+    toy_library.upload(1 << 20, table[:0])  # nothing to copy
+    if not _have_gpu():
+        with pytest.raises(KernelError, match="libcuda.so.1|cuInit") as info:
+            toy_library.upload(1 << 20, table)
+        assert info.value.status == 3
 
 
 def test_the_raw_entry_takes_prebuilt_arguments(toy_library):

@@ -37,8 +37,9 @@ def kernel(spec: AotSpec):
 def fields(spec: AotSpec):
     """What selects ``spec`` at run time (the manifest's record; scalars are C keys too):
     product, dtype, block size, axis, kernel, atomics, the tables' ``G``, whether bprop transposes
-    weight tiles itself, TMA, the resolved tile (``bm``, ``bk``, ``bn``; 0 where unused), ``waves``
-    and the whole ``config``."""
+    weight tiles itself, TMA, the resolved tile (``bm``, ``bk``, ``bn``; 0 where unused), ``waves``,
+    ``max_tokens`` (the few-token tiles: calls of at most this many tokens; 0: any) and the whole
+    ``config``."""
     cfg, bs = spec.config, spec.block_size
     if spec.product == "updat":
         bm, bk, bn = 0, cfg.BK, 0
@@ -46,7 +47,8 @@ def fields(spec: AotSpec):
         bm, bk, bn = cfg.BM, (cfg.BK or bs) if spec.tma else bs, (cfg.BN or bs) if spec.tma else bs
     return {"product": spec.product, "dtype": spec.dtype, "block_size": bs, "axis": spec.axis,
             "kernel": spec.kernel, "atomic": spec.atomic, "group": spec.group, "trans_w": spec.trans_w,
-            "tma": spec.tma, "bm": bm, "bk": bk, "bn": bn, "waves": cfg.WAVES, "config": asdict(cfg)}
+            "tma": spec.tma, "bm": bm, "bk": bk, "bn": bn, "waves": cfg.WAVES, "max_tokens": spec.max_tokens,
+            "config": asdict(cfg)}
 
 
 def kernel_function(name):

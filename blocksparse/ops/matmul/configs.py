@@ -149,8 +149,10 @@ class AotSpec:
     ``"bprop"`` or ``"updat"``; ``dtype``: Triton's name of the activation / weight dtype;
     ``axis``: the feature axis of the activations; ``kernel``: the Triton kernel
     (``xprop_kernel``, ``xprop_tma_kernel``, ``updat_kernel``, ``updat_tma_kernel``); ``atomic``:
-    float32 atomic reduction of split token slices (updat); ``config``: the tile.  The weight
-    gradient is always written in float32.
+    float32 atomic reduction of split token slices (updat) or of split reductions (few-token
+    fprop / bprop); ``config``: the tile; ``max_tokens``: the calls the tile is for, those of at
+    most this many tokens (:data:`SMALL_N`: the few-token tile), or any (0).  The weight gradient
+    is always written in float32.
     """
 
     arch: int
@@ -161,13 +163,15 @@ class AotSpec:
     kernel: str
     atomic: bool
     config: XpropConfig | UpdatConfig
+    max_tokens: int = 0
 
     @property
     def name(self):
         """A C identifier naming the specialisation, unique within one build."""
         kernel = self.kernel.removesuffix("_kernel")
         atomic = "_atomic" if self.atomic else ""
-        return (f"{self.product}_{self.dtype}_bs{self.block_size}_ax{self.axis}_{kernel}{atomic}"
+        few = "_few" if self.max_tokens else ""
+        return (f"{self.product}_{self.dtype}_bs{self.block_size}_ax{self.axis}_{kernel}{atomic}{few}"
                 f"_sm{self.arch}")
 
     @property
@@ -187,22 +191,26 @@ class AotSpec:
         return "_tma" in self.kernel
 
 
-def _aot_xprop(arch, product, dtype, bs, axis):
-    classes = ("fp32" if dtype == "fp32" else "16bit", "large")
+def _aot_xprop(arch, product, dtype, bs, axis, size):
+    """fprop / bprop specs with the ``size`` ("large", "small") tile; few-token tiles that split
+    long reductions (``WAVES``) come with and without float32 atomics."""
+    classes = ("fp32" if dtype == "fp32" else "16bit", size)
     cfg = _XPROP[("tma" if arch >= 90 else "ptr", *classes)][bs]
-    if not (arch >= 90 and cfg.TMA):
-        return [AotSpec(arch, product, dtype, bs, axis, "xprop_kernel", False, cfg)]
-    specs = [AotSpec(arch, product, dtype, bs, axis, "xprop_tma_kernel", False, cfg)]
-    if axis == 0:
-        # (F, N) rows are not 16-byte aligned for every N: the pointer kernel serves those calls,
-        # reading the same table (so the same G)
-        ptr = replace(_XPROP[("ptr", *classes)][bs], G=cfg.G)
-        specs.append(AotSpec(arch, product, dtype, bs, axis, "xprop_kernel", False, ptr))
-    return specs
+    kernels = [("xprop_kernel", cfg)]
+    if arch >= 90 and cfg.TMA:
+        kernels = [("xprop_tma_kernel", cfg)]
+        if axis == 0:
+            # (F, N) rows are not 16-byte aligned for every N: the pointer kernel serves those calls,
+            # reading the same table (so the same G)
+            kernels.append(("xprop_kernel", replace(_XPROP[("ptr", *classes)][bs], G=cfg.G)))
+    atomics = (False, True) if size == "small" else (False,)
+    max_tokens = SMALL_N if size == "small" else 0
+    return [AotSpec(arch, product, dtype, bs, axis, kernel, atomic, c, max_tokens)
+            for kernel, c in kernels for atomic in atomics if not atomic or c.WAVES]
 
 
-def _aot_updat(arch, dtype, bs, axis):
-    cfg = _UPDAT[("fp32" if dtype == "fp32" else "16bit", "large")][bs]
+def _aot_updat(arch, dtype, bs, axis, size):
+    cfg = _UPDAT[("fp32" if dtype == "fp32" else "16bit", size)][bs]
     if not cfg.TMA:
         kernels = [("updat_kernel", cfg)]
     elif arch < 90:
@@ -211,18 +219,25 @@ def _aot_updat(arch, dtype, bs, axis):
         kernels = [("updat_tma_kernel", cfg)]
         if axis == 0:  # as for xprop: unaligned (F, N) rows, same table
             kernels.append(("updat_kernel", replace(_UPDAT_PTR[bs], G=cfg.G)))
-    return [AotSpec(arch, "updat", dtype, bs, axis, kernel, atomic, c)
+    max_tokens = SMALL_N if size == "small" else 0
+    return [AotSpec(arch, "updat", dtype, bs, axis, kernel, atomic, c, max_tokens)
             for kernel, c in kernels for atomic in (False, True)]
 
 
 def aot_specializations(archs=(80, 90), *, dtypes=AOT_DTYPES, block_sizes=KERNEL_BLOCK_SIZES):
     """Every kernel the TensorFlow op library compiles ahead of time, for ``archs``.
 
-    Per arch, dtype, block size and feature axis: fprop and bprop with the many-token ("large")
-    tile (no split reductions), and updat with and without float32 atomics (token slices).  On
-    sm_90 and newer the TMA kernels where the tables ask for them, plus pointer kernels with the
-    same ``G`` for (F, N) activations whose rows descriptors cannot address.  The pointer kernels
-    compiled for sm_80 run on every sm_8x GPU.
+    Per arch, dtype, block size and feature axis, for many tokens (``max_tokens`` 0) and for few
+    (at most :data:`SMALL_N`, with the tiles the JIT path picks for them): fprop and bprop (the
+    few-token tiles that split long reductions also with float32 atomics), and updat with and
+    without float32 atomics (token slices).  On sm_90 and newer the TMA kernels where the tables
+    ask for them, plus pointer kernels with the same ``G`` for (F, N) activations whose rows
+    descriptors cannot address.  The pointer kernels compiled for sm_80 run on every sm_8x GPU.
+
+    The many-token specs of one product share one ``G``, the one the TensorFlow ops build their
+    tables with; a few-token spec that reads another ``G`` serves the PyTorch plans (they build
+    tables per call shape), and the TensorFlow ops' few-token calls fall back to the many-token
+    spec there.
 
     >>> specs = aot_specializations((90,), dtypes=("bf16",), block_sizes=(64,))
     >>> sorted({s.kernel for s in specs})
@@ -233,7 +248,10 @@ def aot_specializations(archs=(80, 90), *, dtypes=AOT_DTYPES, block_sizes=KERNEL
         for dtype in dtypes:
             for bs in block_sizes:
                 for axis in (1, 0):
-                    for product in ("fprop", "bprop"):
-                        specs += _aot_xprop(arch, product, dtype, bs, axis)
-                    specs += _aot_updat(arch, dtype, bs, axis)
-    return tuple(specs)
+                    for size in ("large", "small"):
+                        for product in ("fprop", "bprop"):
+                            specs += _aot_xprop(arch, product, dtype, bs, axis, size)
+                        specs += _aot_updat(arch, dtype, bs, axis, size)
+    # a few-token spec identical to a many-token one adds nothing: that one serves every count
+    many = {replace(s, max_tokens=SMALL_N) for s in specs if not s.max_tokens}
+    return tuple(s for s in specs if s not in many)

@@ -125,33 +125,54 @@ def _to(array, device):
     return torch.from_numpy(np.array(array, dtype=np.int32)).to(device)
 
 
-def _aot_spec(kernels, arch, product, dtype, bs, axis, tma, atomic):
-    """Index of the library's spec for this product (TMA kernel first where it can run), or None."""
+def _aot_spec(kernels, arch, product, dtype, bs, axis, tma, atomic, n, max_tokens=None):
+    """Index of the library's spec for this product (the few-token tile for a few tokens, the TMA
+    kernel first where it can run), or None.  ``max_tokens``: only specs of that token class."""
     names = _KERNEL_NAMES["updat" if product == "updat" else "xprop"]
     fields = dict(product=product, dtype=_DTYPE_NAMES.get(dtype), block_size=bs, axis=axis, atomic=atomic)
-    for variant in ("tma", "ptr") if tma else ("ptr",):
-        index = kernels.find("matmul", arch, kernel=names[variant], **fields)
-        if index is not None:
-            return index
+    classes = (max_tokens,) if max_tokens is not None else ((configs.SMALL_N, 0) if n <= configs.SMALL_N else (0,))
+    for size in classes:
+        for variant in ("tma", "ptr") if tma else ("ptr",):
+            index = kernels.find("matmul", arch, kernel=names[variant], max_tokens=size, **fields)
+            if index is not None:
+                return index
     return None
 
 
 def _aot_choice(kernels, arch, sms, layout, kind, a, b, axis):
-    """``(config, split, spec index)`` of the kernel library for this call, or None where it has no
-    spec (or the tensors are not dense): the specs are compiled for contiguous activations."""
+    """``(config, max_segment or split, spec index)`` of the kernel library for this call, or None
+    where it has no spec (or the tensors are not dense): the specs are compiled for contiguous
+    activations.  Tile, split and segments as the JIT path would choose them for that tile; a split
+    without its atomic spec runs unsplit."""
     if kernels is None or a.dtype not in _DTYPE_NAMES or not (a.is_contiguous() and b.is_contiguous()):
         return None
     n, bs, tma = _kernels.tokens(a, axis), layout.block_size, _kernels.tma_ok(a, b)
-    index = _aot_spec(kernels, arch, kind, a.dtype, bs, axis, tma, False)
+    index = _aot_spec(kernels, arch, kind, a.dtype, bs, axis, tma, False, n)
     if index is None:
         return None
     spec = kernels.specs[index]
+    same = dict(tma=spec["tma"], atomic=True, n=n, max_tokens=spec["max_tokens"])
     if kind != "updat":
-        return XpropConfig(**spec["config"]), 1, index
+        cfg = XpropConfig(**spec["config"])
+        max_segment = _xprop_segments(layout, kind, cfg, n, sms, spec["tma"])
+        atomic = _aot_spec(kernels, arch, kind, a.dtype, bs, axis, **same) if max_segment else None
+        return (cfg, max_segment, atomic) if atomic is not None else (cfg, None, index)
     cfg = UpdatConfig(**spec["config"])
     split = configs.updat_split(cfg, n, layout.updat_groups(cfg.G).shape[0], sms)
-    atomic = _aot_spec(kernels, arch, kind, a.dtype, bs, axis, spec["tma"], True) if split > 1 else None
+    atomic = _aot_spec(kernels, arch, kind, a.dtype, bs, axis, **same) if split > 1 else None
     return (cfg, split, atomic) if atomic is not None else (cfg, 1, index)
+
+
+def _xprop_segments(layout, kind, cfg, n, sms, tma):
+    """Table segment length that splits long reductions until about ``cfg.WAVES`` programs per SM
+    run, or None (one program per output group)."""
+    lut = getattr(layout, kind)(None, group=cfg.G)
+    slices = layout.block_size // (cfg.BN or layout.block_size) if tma else 1
+    programs = math.ceil(max(n, 1) / cfg.BM) * lut.num_segments * slices
+    want = cfg.WAVES * sms
+    if programs >= want or lut.max_count <= 1:
+        return None
+    return max(1, math.ceil(lut.max_count * programs / want))
 
 
 def _jit_choice(layout, kind, n, dtype, interpret, sms, tma):
@@ -164,13 +185,7 @@ def _jit_choice(layout, kind, n, dtype, interpret, sms, tma):
     cfg = configs.xprop_config(bs, n, **opts)
     # structured layouts: one activation tile serves G output blocks (blocksparse.ops.matmul.grouping)
     cfg = grouping.grouped_config(cfg, layout, kind, float32=opts["float32"], interpret=interpret)
-    lut = getattr(layout, kind)(None, group=cfg.G)
-    slices = bs // (cfg.BN or bs) if cfg.TMA else 1
-    programs = math.ceil(max(n, 1) / cfg.BM) * lut.num_segments * slices
-    want = cfg.WAVES * sms
-    if programs >= want or lut.max_count <= 1:
-        return cfg, None
-    return cfg, max(1, math.ceil(lut.max_count * programs / want))
+    return cfg, _xprop_segments(layout, kind, cfg, n, sms, cfg.TMA)
 
 
 def _build(state, kind, a, b, axis, precision, dw_dtype, aligned, target=None):
@@ -186,12 +201,12 @@ def _build(state, kind, a, b, axis, precision, dw_dtype, aligned, target=None):
     tma = aligned and _kernels.tma_ok(a, b) and (info is None or arch >= 90)
     aot = _aot_choice(kernels, arch, sms, layout, kind, a, b, axis) if aligned else None
     if aot is not None:
-        cfg, split, spec_index = aot
-        max_segment, tma = None, "_tma" in kernels.specs[spec_index]["kernel"]
+        cfg, part, spec_index = aot
+        tma = "_tma" in kernels.specs[spec_index]["kernel"]
     else:
         cfg, part = _jit_choice(layout, kind, n, a.dtype, not a.is_cuda, sms, tma)
         spec_index, tma = None, tma and cfg.TMA
-        max_segment, split = (None, part) if kind == "updat" else (part, 1)
+    max_segment, split = (None, part) if kind == "updat" else (part, 1)
     variant = "tma" if tma else "ptr"
     if kind == "updat":
         zero = split > 1 or n == 0

@@ -3,6 +3,8 @@ sm_80 target with the session's kernel library, on CPU tensors), that its packed
 what the JIT passes for the same launch, the updat split and its atomics, when the JIT serves
 instead, the plan cache, and the two call paths (eager autograd function, custom ops under
 torch.compile) giving identical results through the kernels (Triton's interpreter)."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -12,6 +14,7 @@ from launch_checks import assert_packed_like_jit  # noqa: E402
 
 from blocksparse.aot.abi import KernelLibrary  # noqa: E402
 from blocksparse.layout import Layout  # noqa: E402
+from blocksparse.ops.matmul import configs  # noqa: E402
 from blocksparse.testing import rel_error, tolerance  # noqa: E402
 from blocksparse.testing.matmul import dense_products, random_layout  # noqa: E402
 from blocksparse.torch import BlocksparseLinear, BlocksparseMatMul  # noqa: E402
@@ -66,7 +69,35 @@ def test_a_gpu_call_gets_a_compiled_spec_packed_as_the_jit_launch(kernels, rng, 
     assert (spec["product"], spec["dtype"], spec["block_size"], spec["axis"]) == (kind, "bf16", 32, axis)
     has_tma = any(s["tma"] for s in kernels.specs if (s["product"], s["axis"], s["arch"]) == (kind, axis, 90))
     assert spec["arch"] == (90 if arch >= 90 else 80) and spec["tma"] == (kernel == "tma" and has_tma)
-    assert spec["group"] == p.config.G and spec["atomic"] == (p.split > 1)
+    assert spec["group"] == p.config.G and spec["atomic"] == (p.split > 1 or p.max_segment is not None)
+    tensors = _call_tensors(p, a, b)
+    assert_packed_like_jit(_packed(p, tensors), tensors)
+
+
+@pytest.mark.parametrize("kind", ["fprop", "bprop", "updat"])
+@pytest.mark.parametrize("n", [64, configs.SMALL_N, configs.SMALL_N + 8], ids=lambda n: f"n{n}")
+def test_few_token_calls_get_the_few_token_specs_with_the_jit_s_tile(kernels, rng, kind, n):
+    """N = 64 plans run the few-token spec, with the tile of the JIT path's tables for 64 tokens (the
+    JIT's regrouping of structured layouts aside, as for every compiled spec) and the split or
+    table segments the JIT computes for that tile; past SMALL_N the many-token spec."""
+    lay = Layout(random_layout(rng, 8, 6, 0.5), 32)
+    a, b = _operands(rng, lay, kind, n, 1)
+    p = _plan(kernels, lay, kind, a, b, 1)
+    assert p.path == "aot", p.runner.reason
+    spec = kernels.specs[p.runner.spec_index]
+    few = [s for s in kernels.specs if s["max_tokens"] and (s["product"], s["arch"]) == (kind, 90)]
+    assert few, "the kernel library has no few-token spec for this product"
+    assert spec["max_tokens"] == (configs.SMALL_N if n <= configs.SMALL_N else 0)
+    if n <= configs.SMALL_N:
+        if kind == "updat":
+            tile = configs.updat_config(32, n, tma=True)
+            part, got = configs.updat_split(tile, n, lay.updat_groups(tile.G).shape[0], 132), p.split
+        else:
+            tile = configs.xprop_config(32, n, tma=True)
+            part, got = plan._xprop_segments(lay, kind, tile, n, 132, True), p.max_segment
+        assert p.config == tile and spec["config"] == dataclasses.asdict(tile)
+        assert got == part
+    assert spec["atomic"] == (p.split > 1 or p.max_segment is not None)
     tensors = _call_tensors(p, a, b)
     assert_packed_like_jit(_packed(p, tensors), tensors)
 

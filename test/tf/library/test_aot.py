@@ -35,40 +35,73 @@ def test_every_product_has_kernels_on_every_arch():
 
 def test_names_are_unique_c_identifiers():
     names = [s.name for s in ALL]
-    assert len(set(names)) == len(names) == 224
+    assert len(set(names)) == len(names) == 516  # 224 for many tokens, 292 for few
     assert all(n.isidentifier() for n in names)
 
 
-def test_no_tma_kernel_before_sm90_and_no_split_xprop():
+def test_no_tma_kernel_before_sm90_and_split_xprop_only_for_few_tokens():
     assert not [s for s in ALL if s.arch < 90 and s.tma]
-    assert not [s for s in ALL if s.product != "updat" and s.atomic]
+    split = [s for s in ALL if s.product != "updat" and s.atomic]
+    assert split and all(s.max_tokens == configs.SMALL_N and s.config.WAVES for s in split)
 
 
 def test_pointer_kernels_stand_in_for_tma_ones_with_the_same_group():
     """(F, N) activations whose rows descriptors cannot address run on pointer kernels that read
-    the same tables: every product has one G per arch."""
+    the same tables: every product has one G per arch and token class."""
     by_key = {}
     for s in ALL:
-        by_key.setdefault((s.arch, s.product, s.dtype, s.block_size, s.axis), []).append(s)
+        by_key.setdefault((s.arch, s.product, s.dtype, s.block_size, s.axis, s.max_tokens), []).append(s)
     for key, specs in by_key.items():
         assert len({s.group for s in specs}) == 1, key
         if key[0] == 90 and key[4] == 0 and any(s.tma for s in specs):
-            assert any(not s.tma for s in specs), key
+            # a few-token stand-in equal to the many-token one is that one (it serves every count)
+            either = specs + by_key.get((*key[:5], 0), [])
+            assert any(not s.tma and s.group == specs[0].group for s in either), key
 
 
-def test_the_list_uses_the_many_token_tiles():
+@pytest.mark.parametrize("max_tokens, n", [(0, configs.SMALL_N + 1), (configs.SMALL_N, 64)], ids=["many", "few"])
+def test_the_list_uses_the_tiles_of_the_jit_path(max_tokens, n):
+    """Many-token specs have the JIT's tiles for many tokens, few-token specs those for N = 64."""
     for s in ALL:
+        if s.max_tokens != max_tokens:
+            continue
         float32 = s.dtype == "fp32"
         if s.product == "updat":
-            tiles = configs.updat_config(s.block_size, configs.SMALL_N + 1, float32=float32, tma=s.arch >= 90)
+            tiles = configs.updat_config(s.block_size, n, float32=float32, tma=s.arch >= 90)
             if not s.tma and tiles.TMA:  # the pointer stand-in
-                tiles = replace(configs.updat_config(s.block_size, configs.SMALL_N + 1, float32=float32,
-                                                     tma=False), G=s.group)
+                tiles = replace(configs.updat_config(s.block_size, n, float32=float32, tma=False), G=s.group)
         else:
-            tiles = configs.xprop_config(s.block_size, configs.SMALL_N + 1, float32=float32,
-                                         tma=s.arch >= 90 and s.tma)
+            tiles = configs.xprop_config(s.block_size, n, float32=float32, tma=s.arch >= 90 and s.tma)
             tiles = replace(tiles, G=s.group)
         assert s.config == tiles, s.name
+
+
+def test_few_token_tiles_are_compiled_for_every_product():
+    """Every (arch, dtype, block size, axis, product) whose JIT tile for 64 tokens is not the one
+    for many has few-token specs, none a copy of a many-token one (which serves every count)."""
+    for arch in (80, 90):
+        for dtype in configs.AOT_DTYPES:
+            for bs in KERNEL_BLOCK_SIZES:
+                for axis in (1, 0):
+                    for product in ("fprop", "bprop", "updat"):
+                        mine = [s for s in ALL if (s.arch, s.dtype, s.block_size, s.axis, s.product)
+                                == (arch, dtype, bs, axis, product)]
+                        few = {(s.kernel, s.atomic, s.config) for s in mine if s.max_tokens}
+                        many = {(s.kernel, s.atomic, s.config) for s in mine if not s.max_tokens}
+                        key = (arch, dtype, bs, axis, product)
+                        tiles = configs.updat_config if product == "updat" else configs.xprop_config
+                        opts = dict(float32=dtype == "fp32", tma=arch >= 90)
+                        if tiles(bs, 64, **opts) != tiles(bs, configs.SMALL_N + 1, **opts):
+                            assert few, key
+                        assert not few & many, key
+                        if product == "updat":
+                            assert {a for _, a, _ in few} in (set(), {False, True}), key
+
+
+def test_few_token_names_say_so():
+    few = [s for s in ALL if s.max_tokens]
+    assert few and all("_few_" in s.name for s in few)
+    assert not [s for s in ALL if not s.max_tokens and "_few_" in s.name]
 
 
 def test_filters():
