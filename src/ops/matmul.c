@@ -114,12 +114,14 @@ int bsk_matmul_select(const bsk_matmul_call *call, int arch, int atomic) {
   if (!call || call->dtype < 0 || call->dtype > BSK_FP32) return -1;
   pthread_once(&table_once, read_table);
   const mm_spec *best = NULL;
+  int best_rank = 0;
   for (int i = 0; i < table_count; ++i) {
     const mm_spec *s = &table[i];
-    if (s->problem || !matches(s, call) || s->atomic != !!atomic || !bsk_arch_serves(s->arch, arch)) continue;
+    int rank = bsk_spec_rank(s->index, arch);
+    if (s->problem || !matches(s, call) || s->atomic != !!atomic || !rank) continue;
     if (s->tma && !rows_aligned(call)) continue;
-    /* the newest arch first, then the TMA kernel over the pointer one */
-    if (!best || s->arch > best->arch || (s->arch == best->arch && s->tma && !best->tma)) best = s;
+    /* a cubin over PTX and the newest arch first (bsk_arch_rank), then the TMA kernel over the pointer one */
+    if (rank > best_rank || (rank == best_rank && s->tma && !best->tma)) best = s, best_rank = rank;
   }
   return best ? best->index : -1;
 }
@@ -280,11 +282,12 @@ static void archs_text(char *out, size_t size) {
   int seen[16] = {0}, count = 0;
   out[0] = 0;
   for (int i = 0; i < table_count; ++i) {
-    int a = table[i].arch, known = 0;
-    for (int j = 0; j < count; ++j) known |= seen[j] == a;
+    int a = table[i].arch, image = bsk_spec_image(table[i].index), known = 0;
+    for (int j = 0; j < count; ++j) known |= seen[j] == 4 * a + image;
     if (known || count == 16) continue;
-    seen[count++] = a;
-    used += (size_t)snprintf(out + used, used < size ? size - used : 0, "%ssm_%d", count > 1 ? ", " : "", a);
+    seen[count++] = 4 * a + image;
+    used += (size_t)snprintf(out + used, used < size ? size - used : 0, "%s%s_%d%s", count > 1 ? ", " : "",
+                             image == BSK_IMAGE_PTX ? "compute" : "sm", a, image == BSK_IMAGE_CUBIN_EXACT ? "a" : "");
   }
 }
 

@@ -22,6 +22,7 @@ static const bsk_spec *spec_at(int index) {
 const char *bsk_spec_name(int index) { return spec_at(index) ? bsk_specs[index].name : NULL; }
 const char *bsk_spec_family(int index) { return spec_at(index) ? bsk_specs[index].family : NULL; }
 int bsk_spec_arch(int index) { return spec_at(index) ? bsk_specs[index].arch : -1; }
+int bsk_spec_image(int index) { return spec_at(index) ? bsk_specs[index].image : -1; }
 int bsk_spec_nargs(int index) { return spec_at(index) ? bsk_specs[index].nparams : -1; }
 
 int bsk_spec_arg(int index, int i, const char **name, int *kind, int *rank, int *divisible) {
@@ -47,8 +48,19 @@ int bsk_spec_key(int index, const char *key, int64_t *value, const char **text) 
   return 0;
 }
 
-int bsk_arch_serves(int compiled, int arch) {
-  return compiled / 10 == arch / 10 && compiled % 10 <= arch % 10;
+int bsk_arch_rank(int compiled, int image, int arch) {
+  switch (image) {
+    case BSK_IMAGE_PTX: return compiled <= arch ? compiled : 0;
+    case BSK_IMAGE_CUBIN_EXACT: return compiled == arch ? 1000 + compiled : 0;
+    case BSK_IMAGE_CUBIN:
+      return compiled / 10 == arch / 10 && compiled % 10 <= arch % 10 ? 1000 + compiled : 0;
+    default: return 0;
+  }
+}
+
+int bsk_spec_rank(int index, int arch) {
+  const bsk_spec *s = spec_at(index);
+  return s ? bsk_arch_rank(s->arch, s->image, arch) : 0;
 }
 
 static int cuda_fail(char *message, size_t size, const char *what, CUresult err) {
@@ -285,9 +297,10 @@ int bsk_launch(int index, const unsigned grid[3], const bsk_arg *args, int nargs
   if ((status = enter(stream, first_address(args, nargs), &cu, &pushed, &entry, message, size))) return status;
   CUfunction function;
   CUresult err;
-  if (!bsk_arch_serves(s->arch, entry->arch)) {
-    status = bsk_fail(message, size, BSK_ERR_UNSUPPORTED, "%s/%s was compiled for sm_%d; this GPU is sm_%d",
-                      s->family, s->name, s->arch, entry->arch);
+  if (!bsk_spec_rank(index, entry->arch)) {
+    status = bsk_fail(message, size, BSK_ERR_UNSUPPORTED, "%s/%s was compiled for %s_%d%s; this GPU is sm_%d",
+                      s->family, s->name, s->image == BSK_IMAGE_PTX ? "compute" : "sm", s->arch,
+                      s->image == BSK_IMAGE_CUBIN_EXACT ? "a" : "", entry->arch);
   } else if ((err = load_function(cu, entry, index, &function))) {
     status = bsk_fail(message, size, BSK_ERR_CUDA, "loading kernel %s/%s failed: %s (CUDA error %d)", s->family,
                       s->name, bsk_cuda_error(err), (int)err);

@@ -113,13 +113,16 @@ def test_bprop_reads_pretransposed_weight_in_float32_only():
 # ---------------------------------------------------------------------- archs
 
 
-@pytest.mark.parametrize("text, archs", [("sm_80,sm_90", (80, 90)), ("90 80 90", (80, 90)),
-                                         (["sm_90a"], (90,)), ("sm_100", (100,))])
-def test_parse_archs(text, archs):
-    assert parse_archs(text) == archs
+@pytest.mark.parametrize("text, archs, ptx", [("sm_80,sm_90", (80, 90), ()), ("90 80 90", (80, 90), ()),
+                                              (["sm_90a"], (90,), ()), ("sm_100", (100,), ()),
+                                              ("sm_100,sm_120,compute_80", (100, 120), (80,)),
+                                              ("compute_86", (), (86,))])
+def test_parse_archs(text, archs, ptx):
+    assert parse_archs(text) == (archs, ptx)
 
 
-@pytest.mark.parametrize("text, message", [("sm_75", "sm_80 or newer"), ("compute_90", "like sm_80"),
+@pytest.mark.parametrize("text, message", [("sm_75", "sm_80 or newer"), ("compute_90", "compute_80 to compute_89"),
+                                           ("compute_75", "sm_80 or newer"), ("compute_80a", "like sm_80"),
                                            ("", "at least one")])
 def test_parse_archs_refuses(text, message):
     with pytest.raises(ValueError, match=message):
@@ -132,13 +135,13 @@ def test_resolve_archs(monkeypatch, tmp_path):
     matrix.write_text("defaults:\n  archs: [sm_80]\nbuilds:\n  - tensorflow: '2.21'\n    archs: [sm_90]\n"
                       "  - tensorflow: '2.20'\n")
     monkeypatch.delenv("BLOCKSPARSE_CUDA_ARCHS", raising=False)
-    assert resolve_archs(None, "2.21.0", matrix) == (90,)
-    assert resolve_archs(None, "2.20.1", matrix) == (80,)
-    assert resolve_archs(None, "2.19.0", matrix) == (80,)
-    assert resolve_archs(None, "2.21.0", tmp_path / "absent.yaml") == DEFAULT_ARCHS
-    monkeypatch.setenv("BLOCKSPARSE_CUDA_ARCHS", "sm_80,sm_90")
-    assert resolve_archs(None, "2.21.0", matrix) == (80, 90)
-    assert resolve_archs("sm_90", "2.21.0", matrix) == (90,)
+    assert resolve_archs(None, "2.21.0", matrix) == ((90,), ())
+    assert resolve_archs(None, "2.20.1", matrix) == ((80,), ())
+    assert resolve_archs(None, "2.19.0", matrix) == ((80,), ())
+    assert resolve_archs(None, "2.21.0", tmp_path / "absent.yaml") == DEFAULT_ARCHS == ((80, 90), ())
+    monkeypatch.setenv("BLOCKSPARSE_CUDA_ARCHS", "sm_80,sm_90,compute_80")
+    assert resolve_archs(None, "2.21.0", matrix) == ((80, 90), (80,))
+    assert resolve_archs("sm_90", "2.21.0", matrix) == ((90,), ())
 
 
 # ------------------------------------------------------- the op library's kernels
