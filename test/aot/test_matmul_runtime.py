@@ -28,21 +28,34 @@ def _call(product="fprop", dtype="bf16", bs=32, axis=1, n=64, group=None, split=
     return call
 
 
+def _serves(target, arch):
+    """Whether ``target`` runs on ``sm_{arch}``, written out: sm_XY cubins on later minors of X,
+    arch-specific sm_XYa ones on X.Y only, compute_XY PTX on any GPU from X.Y on."""
+    kind, number = target.split("_")
+    compiled = int(number.rstrip("a"))
+    if kind == "compute":
+        return compiled <= arch
+    return compiled == arch if number.endswith("a") else (compiled // 10 == arch // 10 and compiled <= arch)
+
+
 def _expected(specs, product, dtype, bs, axis, arch, atomic, n):
-    """The spec a GPU of ``arch`` should run, from the manifest alone."""
-    served = [s for s in specs if s["arch"] // 10 == arch // 10 and s["arch"] <= arch
+    """``(name, target)`` of the spec a GPU of ``arch`` should run, from the manifest alone: the
+    newest cubin that runs there, else the newest PTX; then the TMA kernel where rows allow."""
+    served = [s for s in specs if _serves(s["target"], arch)
               and (s["product"], s["dtype"], s["block_size"], s["axis"], s["atomic"])
               == (product, dtype, bs, axis, atomic)]
+    cubins = [s for s in served if s["image"] == "cubin"]
+    served = cubins or served
     if not served:
         return None
     newest = max(s["arch"] for s in served)
     aligned = axis == 1 or n * (4 if dtype == "fp32" else 2) % 16 == 0
     ranked = sorted((s for s in served if s["arch"] == newest and (aligned or "_tma" not in s["kernel"])),
                     key=lambda s: "_tma" not in s["kernel"])
-    return ranked[0]["name"] if ranked else None
+    return (ranked[0]["name"], ranked[0]["target"]) if ranked else None
 
 
-@pytest.mark.parametrize("arch", [80, 86, 89, 90, 100])
+@pytest.mark.parametrize("arch", [75, 80, 86, 89, 90, 100, 120, 130])
 @pytest.mark.parametrize("axis, n", [(1, 13), (0, 13), (0, 16), (0, 1)])
 @pytest.mark.parametrize("product, atomic", [("fprop", False), ("bprop", False), ("updat", False),
                                              ("updat", True)])
@@ -53,7 +66,7 @@ def test_runtime_selects_the_specialisation(kernels, arch, axis, n, product, ato
                                                        s["axis"]) == (product, dtype, bs, axis))
     index = kernels.select(_call(product, dtype, bs, axis, n, group), arch, atomic)
     want = _expected(kernels.specs, product, dtype, bs, axis, arch, atomic, n)
-    assert (kernels.specs[index]["name"] if index >= 0 else None) == want
+    assert ((kernels.specs[index]["name"], kernels.specs[index]["target"]) if index >= 0 else None) == want
 
 
 def test_runtime_refuses_calls_it_has_no_kernel_for(kernels):
