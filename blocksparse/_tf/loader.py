@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .. import _env
 from .._version import minor_text as _minor
-from ..aot.targets import rank, target_of
+from ..aot.targets import spec_rank
 from . import tf
 
 __all__ = ["LIBRARY_NAME", "OpLibrary", "OpLibraryWarning", "built_for", "library",
@@ -77,12 +77,13 @@ class OpLibrary:
         ``arch`` (10 * major + minor), or None when no kernel serves it.
 
         The kernels that would run are those the runtime's selection ranks best (a cubin over PTX,
-        the newest arch: :func:`blocksparse.aot.targets.rank`); the specialisations of one product
+        the newest arch, within the GPU's shared memory: :func:`blocksparse.aot.targets.spec_rank`);
+        the specialisations of one product
         among them share their ``G`` (the pointer kernels that stand in for TMA ones were compiled
         with it), so the tables do not depend on which one runs.
         """
         key = (product, dtype, block_size, axis)
-        ranks = [(rank(target_of(s), arch), s) for s in self.specs if s["family"] == "matmul"
+        ranks = [(spec_rank(s, arch), s) for s in self.specs if s["family"] == "matmul"
                  and (s["product"], s["dtype"], s["block_size"], s["axis"]) == key]
         best = max((r for r, _ in ranks), default=0)
         if not best:

@@ -49,6 +49,7 @@ _SIGNATURES = (
                                     ctypes.POINTER(ctypes.c_char_p)]),
     ("bsk_arch_rank", ctypes.c_int, [ctypes.c_int, ctypes.c_int, ctypes.c_int]),
     ("bsk_spec_rank", ctypes.c_int, [ctypes.c_int, ctypes.c_int]),
+    ("bsk_arch_shared_limit", ctypes.c_int, [ctypes.c_int]),
     ("bsk_spec_image", ctypes.c_int, [ctypes.c_int]),
     ("bsk_device", ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int),
                                   ctypes.c_char_p, ctypes.c_size_t]),
@@ -121,8 +122,13 @@ class KernelLibrary:
         :mod:`.targets`) compiled for ``compiled`` serves ``sm_{arch}``; 0: not at all."""
         return self._lib.bsk_arch_rank(compiled, image, arch)
 
+    def shared_limit(self, arch):
+        """``bsk_arch_shared_limit``: shared memory (bytes) one block may use on ``sm_{arch}``."""
+        return self._lib.bsk_arch_shared_limit(arch)
+
     def rank(self, spec, arch):
-        """``bsk_spec_rank``: how well spec ``spec`` serves ``sm_{arch}`` (0: it cannot run there)."""
+        """``bsk_spec_rank``: how well spec ``spec`` serves ``sm_{arch}`` (0: it cannot run there, or
+        needs more shared memory than :meth:`shared_limit`)."""
         return self._lib.bsk_spec_rank(spec, arch)
 
     def find(self, family, arch, **fields):

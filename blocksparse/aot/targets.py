@@ -18,7 +18,7 @@ import re
 from typing import NamedTuple
 
 __all__ = ["CUBIN", "CUBIN_EXACT", "PTX", "IMAGE_NAMES", "PTX_ARCHS", "Targets", "parse_targets", "image_of",
-           "rank", "parse_gpu", "target_of", "serving"]
+           "rank", "shared_limit", "spec_rank", "parse_gpu", "target_of", "serving"]
 
 #: How a spec's image reaches GPUs, as the runtime numbers them (BSK_IMAGE_*): a cubin for
 #: ``sm_XY`` (runs on X.Y and later minors of X), an arch-specific cubin for ``sm_XYa`` (X.Y only),
@@ -28,6 +28,9 @@ CUBIN, CUBIN_EXACT, PTX = 0, 1, 2
 IMAGE_NAMES = {CUBIN: "cubin", CUBIN_EXACT: "cubin", PTX: "ptx"}
 #: PTX targets Triton emits without arch-specific features (from sm_90 on it targets sm_90a etc.).
 PTX_ARCHS = range(80, 90)
+#: Shared memory one block may use (opt-in maximum, bytes) per compute capability; others: 99 KiB.
+SHARED_LIMITS = {80: 163 * 1024, 87: 163 * 1024, 90: 227 * 1024, 100: 227 * 1024, 103: 227 * 1024}
+_SHARED_DEFAULT = 99 * 1024
 
 
 class Targets(NamedTuple):
@@ -89,6 +92,18 @@ def rank(target, arch):
     return 1000 + compiled if runs else 0
 
 
+def shared_limit(arch):
+    """Shared memory (bytes) one block may use on ``sm_{arch}``; for an architecture the table does
+    not know, the smallest of recent ones (99 KiB).  Must equal the runtime's ``bsk_arch_shared_limit``."""
+    return SHARED_LIMITS.get(arch, _SHARED_DEFAULT)
+
+
+def spec_rank(spec, arch):
+    """:func:`rank` of a manifest record on ``sm_{arch}``, 0 where its shared memory exceeds
+    :func:`shared_limit` (the runtime's ``bsk_spec_rank``)."""
+    return rank(target_of(spec), arch) if spec.get("shared", 0) <= shared_limit(arch) else 0
+
+
 def parse_gpu(arch):
     """A GPU's compute capability as ``10 * major + minor``: from ``100``, ``"sm_100"``, ``"10.0"``
     or ``(10, 0)``."""
@@ -113,11 +128,11 @@ def serving(specs, arch, fallback):
     ``{"arch": "sm_100", "image": "cubin" | "ptx" | None, "target": "sm_100a" | "compute_80" |
     None}``; where none does, ``"fallback"`` says what runs instead.
 
-    Per library: a call takes the best spec of its own kind, and a build compiles the same kinds
-    for every target.
+    Per library: the best spec that fits the GPU's shared memory (:func:`spec_rank`); a call takes
+    the best of its own kind, and a build compiles the same kinds for every target.
     """
     gpu = parse_gpu(arch)
-    best = max(specs, key=lambda s: rank(target_of(s), gpu), default=None)
-    if best is None or not rank(target_of(best), gpu):
+    best = max(specs, key=lambda s: spec_rank(s, gpu), default=None)
+    if best is None or not spec_rank(best, gpu):
         return {"arch": f"sm_{gpu}", "image": None, "target": None, "fallback": fallback}
     return {"arch": f"sm_{gpu}", "image": IMAGE_NAMES[image_of(target_of(best))[1]], "target": target_of(best)}

@@ -83,7 +83,12 @@ BSK_API int bsk_spec_key(int spec, const char *key, int64_t *value, const char *
  * serves a GPU of `arch` (both 10 * major + minor).  0: it cannot run there; else larger is
  * better -- any cubin over PTX, then the newest compiled arch.  Pure: touches no GPU. */
 BSK_API int bsk_arch_rank(int compiled, int image, int arch);
-/* bsk_arch_rank of spec `spec` on `arch` (0 for an index out of range). */
+/* The shared memory (bytes) one block may use on `arch` (the opt-in maximum NVIDIA documents per
+ * compute capability); for an architecture this table does not know, the smallest of recent ones
+ * (99 KiB), so that no spec is picked that could not launch. */
+BSK_API int bsk_arch_shared_limit(int arch);
+/* bsk_arch_rank of spec `spec` on `arch`, 0 where its shared memory exceeds bsk_arch_shared_limit
+ * (e.g. a float32 sm_80 kernel on an sm_86 GPU, or PTX on sm_120) or the index is out of range. */
 BSK_API int bsk_spec_rank(int spec, int arch);
 
 /* Compute capability (10 * major + minor) and multiprocessor count of the GPU of `stream`'s

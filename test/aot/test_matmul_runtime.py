@@ -38,10 +38,15 @@ def _serves(target, arch):
     return compiled == arch if number.endswith("a") else (compiled // 10 == arch // 10 and compiled <= arch)
 
 
+#: Shared memory per block (opt-in, KiB) of the GPUs the selection is simulated on.
+SHARED_KIB = {75: 64, 80: 163, 86: 99, 89: 99, 90: 227, 100: 227, 120: 99, 130: 99}
+
+
 def _expected(specs, product, dtype, bs, axis, arch, atomic, n):
     """``(name, target)`` of the spec a GPU of ``arch`` should run, from the manifest alone: the
-    newest cubin that runs there, else the newest PTX; then the TMA kernel where rows allow."""
-    served = [s for s in specs if _serves(s["target"], arch)
+    newest cubin that runs there, else the newest PTX (within the GPU's shared memory); then the
+    TMA kernel where rows allow."""
+    served = [s for s in specs if _serves(s["target"], arch) and s["shared"] <= SHARED_KIB[arch] * 1024
               and (s["product"], s["dtype"], s["block_size"], s["axis"], s["atomic"])
               == (product, dtype, bs, axis, atomic)]
     cubins = [s for s in served if s["image"] == "cubin"]

@@ -132,6 +132,28 @@ def test_the_python_mirror_is_the_runtime_s_rule(newer, target):
     assert newer.arch_rank(compiled, 7, 90) == 0  # an unknown image serves nothing
 
 
+def test_the_shared_memory_table_is_the_runtime_s(newer):
+    for gpu in (75, 80, 86, 87, 89, 90, 100, 103, 110, 120, 121, 130):
+        assert targets.shared_limit(gpu) == newer.shared_limit(gpu), gpu
+    assert newer.shared_limit(80) == 163 * 1024 and newer.shared_limit(86) == newer.shared_limit(120) == 99 * 1024
+    assert newer.shared_limit(90) == newer.shared_limit(100) == 227 * 1024 and newer.shared_limit(130) == 99 * 1024
+    # every spec of the build: the C rank (shared memory included) is the mirror's
+    for index, spec in enumerate(newer.specs):
+        for gpu in GPUS:
+            assert newer.rank(index, gpu) == targets.spec_rank(spec, gpu), (spec["name"], spec["target"], gpu)
+
+
+def test_a_spec_needing_more_shared_memory_than_the_gpu_offers_does_not_serve_it():
+    """A float32 sm_80 kernel of 128 KiB: the sm_80 cubin runs on 8.0 (163 KiB) but not on 8.6 /
+    8.9 (99 KiB); its PTX serves 9.0 and 10.0 (227 KiB), not 12.0 or an unknown GPU."""
+    big = [{"arch": 80, "image": "cubin", "target": "sm_80", "shared": 128 * 1024},
+           {"arch": 80, "image": "ptx", "target": "compute_80", "shared": 128 * 1024}]
+    want = {80: "sm_80", 86: None, 89: None, 90: "compute_80", 100: "compute_80", 120: None, 130: None}
+    assert {gpu: serving(big, gpu, "jit")["target"] for gpu in want} == want
+    small = [{**s, "shared": 99 * 1024} for s in big]
+    assert serving(small, 86, "jit")["target"] == "sm_80" and serving(small, 130, "jit")["target"] == "compute_80"
+
+
 def test_the_rule_prefers_any_cubin_then_the_newest_arch():
     assert rank("sm_80", 86) > rank("compute_86", 86) > rank("compute_80", 86) > 0
     assert rank("sm_86", 89) > rank("sm_80", 89) > 0 and rank("sm_86", 80) == 0

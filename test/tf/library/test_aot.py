@@ -144,6 +144,36 @@ def test_resolve_archs(monkeypatch, tmp_path):
     assert resolve_archs("sm_90", "2.21.0", matrix) == ((90,), ())
 
 
+def _mm(target, group, shared=0, product="fprop", axis=1):
+    arch = int(target.split("_")[1].rstrip("a"))
+    return {"family": "matmul", "arch": arch, "target": target, "image": "ptx" if "compute" in target else "cubin",
+            "product": product, "dtype": "bf16", "block_size": 32, "axis": axis, "group": group, "shared": shared}
+
+
+@pytest.mark.parametrize("arch, group", [(80, 1), (86, None), (90, 4), (100, 2), (103, 2), (120, None), (130, None)],
+                         ids=lambda v: str(v))
+def test_the_tf_tables_follow_the_runtime_s_choice(arch, group):
+    """``OpLibrary.group``: the G of the kernels the runtime would pick -- a cubin of the GPU, else
+    the PTX, within the GPU's shared memory (here 128 KiB kernels: too much for 8.6 and 12.x)."""
+    from blocksparse._tf.loader import OpLibrary
+
+    big = 128 * 1024
+    lib = OpLibrary("lib.so", None, (_mm("sm_80", 1, big), _mm("sm_90a", 4), _mm("compute_80", 2, big),
+                                     _mm("sm_90a", 4, product="bprop"), _mm("compute_80", 3, product="bprop")))
+    assert lib.archs == (80, 90) and lib.ptx == (80,)
+    assert lib.group(arch, "fprop", "bf16", 32, 1) == group
+    assert lib.group(arch, "fprop", "bf16", 32, 0) is None  # no kernels for that axis
+    assert lib.group(arch, "bprop", "bf16", 32, 1) == {90: 4}.get(arch, 3 if arch >= 80 else None)
+
+
+def test_the_tf_tables_refuse_kernels_of_one_rank_with_different_groups():
+    from blocksparse._tf.loader import OpLibrary
+
+    lib = OpLibrary("lib.so", None, (_mm("sm_90a", 4), _mm("sm_90a", 2)))
+    with pytest.raises(RuntimeError, match=r"on sm_90 read tables of different G"):
+        lib.group(90, "fprop", "bf16", 32, 1)
+
+
 # ------------------------------------------------------- the op library's kernels
 
 
