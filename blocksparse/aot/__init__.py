@@ -27,7 +27,7 @@ from .abi import ABI_VERSION
 from .codegen import manifest_entry, write_sources
 from .compile import AotError, compile_specs
 from .family import registered
-from .targets import Targets, parse_targets
+from .targets import PTX, Targets, parse_targets, shared_limit
 
 __all__ = ["DEFAULT_ARCHS", "ABI_VERSION", "Targets", "parse_archs", "parse_filters", "resolve_archs", "collect",
            "build_sources", "AotError"]
@@ -115,7 +115,9 @@ def build_sources(archs, out_dir, *, jobs=None, families=None, **fields):
     :func:`collect`).  A PTX target compiles every spec a family lists for that arch as PTX.
 
     Returns ``(path of bsk_specs.c, manifest)``; the manifest (also embedded in the C file) lists
-    the ABI, the cubin archs, the PTX targets, the Triton and CUDA-header versions and every spec.
+    the ABI, the cubin archs, the PTX targets, the Triton and CUDA-header versions and every spec;
+    ``dropped`` names the cubins left out because they need more shared memory than their GPU
+    offers (:func:`.targets.shared_limit`).
     """
     import triton
 
@@ -127,9 +129,16 @@ def build_sources(archs, out_dir, *, jobs=None, families=None, **fields):
         work += [(f, s, True) for f, s in collect(targets.ptx, families, **fields)]
     if not work:
         raise AotError(f"no registered kernel matches archs {targets}, families {families} and {fields}")
-    kernels = compile_specs(work, jobs=jobs)
+    compiled = compile_specs(work, jobs=jobs)
+    # a cubin needing more shared memory than its own GPU offers could never launch
+    fits = [k.image == PTX or k.shared <= shared_limit(k.spec.arch) for k in compiled]
+    kernels = [k for k, fit in zip(compiled, fits) if fit]
+    if not kernels:
+        raise AotError(f"no kernel for archs {targets} fits its GPU's shared memory")
     manifest = {"abi": ABI_VERSION, "archs": [f"sm_{a}" for a in targets.cubins],
                 "ptx": [f"compute_{a}" for a in targets.ptx], "triton": triton.__version__,
                 "cuda": cuda_version(), "families": sorted({k.family for k in kernels}),
-                "specializations": [manifest_entry(k) for k in kernels]}
+                "specializations": [manifest_entry(k) for k in kernels],
+                "dropped": [f"{k.family}/{k.spec.name}: {k.shared} bytes of shared memory"
+                            for k, fit in zip(compiled, fits) if not fit]}
     return write_sources(kernels, out_dir, manifest), manifest

@@ -33,6 +33,8 @@ def main(argv=None):
     print(f"compiled {len(specs)} kernels of {', '.join(manifest['families'])} for "
           f"{', '.join(manifest['archs'] + manifest['ptx'])} ({sum(s['cubin_bytes'] for s in specs) / 2**20:.1f} "
           f"MiB of cubins and PTX) in {time.perf_counter() - start:.0f} s -> {source}")
+    for dropped in manifest["dropped"]:
+        print(f"left out (it could never launch on its GPU): {dropped}")
     if args.library:
         print(build_kernel_library(source, Path(args.out) / KERNELS_LIBRARY, jobs=args.jobs))
     return 0

@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -214,3 +215,29 @@ def test_image_of_refuses_unknown_targets():
     assert image_of("sm_90a") == (90, CUBIN_EXACT) and image_of("compute_80") == (80, PTX)
     with pytest.raises(ValueError, match="target must be like sm_80"):
         targets.image_of("compute_90a")
+
+
+def test_the_build_leaves_out_cubins_their_own_gpu_cannot_launch(monkeypatch, tmp_path):
+    """A cubin needing more shared memory than its GPU offers is dropped (and named); PTX is kept:
+    it serves the GPUs that have enough."""
+    import blocksparse.aot as aot
+    from blocksparse.aot.compile import CompiledKernel, Param
+
+    def kernel(name, arch, shared, ptx=False):
+        spec = SimpleNamespace(name=name, arch=arch)
+        return CompiledKernel("toy", spec, {"op": name}, "scale_kernel", b"\0" * 8, "scale_kernel", 4, 1, shared,
+                              (Param("X", "ptr", True, 0, "*fp32"),), (), {},
+                              f"compute_{arch}" if ptx else f"sm_{arch}{'a' if arch >= 90 else ''}", "8.7")
+
+    compiled = [kernel("fits", 120, 99 * 1024), kernel("big", 120, 99 * 1024 + 1), kernel("big", 90, 200_000),
+                kernel("big", 80, 200_000, ptx=True)]
+    monkeypatch.setattr(aot, "compile_specs", lambda work, jobs=None: compiled)
+    monkeypatch.setattr(aot, "collect", lambda archs, families=None, **fields: [(None, None)])
+    source, manifest = aot.build_sources(parse_targets("sm_90,sm_120,compute_80"), tmp_path)
+    assert [(s["name"], s["target"]) for s in manifest["specializations"]] == [
+        ("fits", "sm_120a"), ("big", "sm_90a"), ("big", "compute_80")]
+    assert manifest["dropped"] == [f"toy/big: {99 * 1024 + 1} bytes of shared memory"]
+    text = source.read_text()
+    assert "bsk_cubin_toy_big_ptx" in text and "launch_toy_fits(" in text and text.count("launch_toy_big(") == 1
+    assert sorted(p.name for p in (tmp_path / "cubins").iterdir()) == ["toy_big.cubin", "toy_big_ptx.ptx",
+                                                                       "toy_fits.cubin"]
