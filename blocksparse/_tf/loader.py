@@ -78,13 +78,16 @@ class OpLibrary:
 
         The kernels that would run are those the runtime's selection ranks best (a cubin over PTX,
         the newest arch, within the GPU's shared memory: :func:`blocksparse.aot.targets.spec_rank`);
-        the specialisations of one product
-        among them share their ``G`` (the pointer kernels that stand in for TMA ones were compiled
-        with it), so the tables do not depend on which one runs.
+        the specialisations of one product among them share their ``G`` (the pointer kernels that
+        stand in for TMA ones were compiled with it), so the tables do not depend on which one
+        runs.  On axis 0 a pointer kernel must serve too (token counts whose rows descriptors
+        cannot address are known only when the op runs), so ``G`` is the best pointer kernel's:
+        the runtime then takes a TMA kernel of that ``G`` where rows allow.
         """
         key = (product, dtype, block_size, axis)
         ranks = [(spec_rank(s, arch), s) for s in self.specs if s["family"] == "matmul"
-                 and (s["product"], s["dtype"], s["block_size"], s["axis"]) == key]
+                 and (s["product"], s["dtype"], s["block_size"], s["axis"]) == key
+                 and (axis == 1 or not s["tma"])]
         best = max((r for r, _ in ranks), default=0)
         if not best:
             return None

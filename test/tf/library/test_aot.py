@@ -144,10 +144,11 @@ def test_resolve_archs(monkeypatch, tmp_path):
     assert resolve_archs("sm_90", "2.21.0", matrix) == ((90,), ())
 
 
-def _mm(target, group, shared=0, product="fprop", axis=1):
+def _mm(target, group, shared=0, product="fprop", axis=1, tma=False):
     arch = int(target.split("_")[1].rstrip("a"))
     return {"family": "matmul", "arch": arch, "target": target, "image": "ptx" if "compute" in target else "cubin",
-            "product": product, "dtype": "bf16", "block_size": 32, "axis": axis, "group": group, "shared": shared}
+            "product": product, "dtype": "bf16", "block_size": 32, "axis": axis, "group": group, "shared": shared,
+            "tma": tma}
 
 
 @pytest.mark.parametrize("arch, group", [(80, 1), (86, None), (90, 4), (100, 2), (103, 2), (120, None), (130, None)],
@@ -164,6 +165,20 @@ def test_the_tf_tables_follow_the_runtime_s_choice(arch, group):
     assert lib.group(arch, "fprop", "bf16", 32, 1) == group
     assert lib.group(arch, "fprop", "bf16", 32, 0) is None  # no kernels for that axis
     assert lib.group(arch, "bprop", "bf16", 32, 1) == {90: 4}.get(arch, 3 if arch >= 80 else None)
+
+
+@pytest.mark.parametrize("arch, group", [(90, 4), (100, 2), (120, None)], ids=lambda v: str(v))
+def test_on_axis_0_the_tf_tables_are_those_of_a_pointer_kernel(arch, group):
+    """(F, N) activations: whether descriptors can address the rows is known only when the op runs,
+    so a pointer kernel must serve -- its G, which the runtime's TMA kernel shares where it exists."""
+    from blocksparse._tf.loader import OpLibrary
+
+    big = 128 * 1024
+    lib = OpLibrary("lib.so", None, (
+        _mm("sm_90a", 4, axis=0, tma=True), _mm("sm_90a", 4, axis=0),     # TMA + its stand-in, one G
+        _mm("sm_100a", 4, axis=0, tma=True), _mm("sm_120a", 4, axis=0, tma=True),
+        _mm("compute_80", 2, big, axis=0)))                                  # 128 KiB: not on 12.x
+    assert lib.group(arch, "fprop", "bf16", 32, 0) == group
 
 
 def test_the_tf_tables_refuse_kernels_of_one_rank_with_different_groups():
