@@ -449,7 +449,10 @@ def test_build_info_of_a_build(op_library, monkeypatch):
     major, minor = (int(p) for p in tf.__version__.split(".")[:2])
     assert info["tensorflow_window"] == f">={major}.{minor},<{major}.{minor + 1}"
     assert info["archs"] == [f"sm_{a}" for a in op_library.archs]
+    assert info["ptx"] == [f"compute_{a}" for a in op_library.ptx]
     assert [s["name"] for s in info["specializations"]] == [s["name"] for s in op_library.specs]
+    serving = blocksparse.build_info(arch=130)["serving"]  # a GPU no cubin serves
+    assert serving["image"] == ("ptx" if op_library.ptx else None)
     assert info["platform_tag"].startswith("manylinux_2_") and info["cuda"].startswith("12.")
     assert info["library_bytes"] > info["cubin_bytes"] > 0
     if shutil.which("git") and info["git_revision"]:
