@@ -260,11 +260,14 @@ def test_platform_tag_refuses_what_no_policy_allows(build_ops):
 def test_verify_script_dry_run(tmp_path):
     pytest.importorskip("torch")
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "verify_aot.py"), "--dry-run",
-                           "--archs", "sm_90", "--dtypes", "fp16", "--block-sizes", "64",
+                           "--archs", "sm_90,compute_80", "--dtypes", "fp16", "--block-sizes", "64",
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     result = json.loads((tmp_path / "aot-verify.json").read_text())
-    assert result["dry_run"] is True and result["gpu"] is None
-    assert len(result["kernels"]) == len(aot_specializations((90,), dtypes=("fp16",), block_sizes=(64,)))
+    assert result["dry_run"] is True and result["gpu"] is None and result["archs"] == ["sm_90", "compute_80"]
+    cubins, ptx = (aot_specializations((arch,), dtypes=("fp16",), block_sizes=(64,)) for arch in (90, 80))
+    assert [k["target"] for k in result["kernels"]] == ["sm_90a"] * len(cubins) + ["compute_80"] * len(ptx)
     assert all(k["status"] == "compiled" for k in result["kernels"])
+    # selection: each sm_90 kernel on sm_90, each PTX kernel on a GPU no cubin serves
+    assert result["selection_mismatches"] == [] and result["packing_mismatches"] == []
     assert "dry run" in (tmp_path / "aot-verify.md").read_text()
