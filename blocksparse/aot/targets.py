@@ -1,6 +1,7 @@
 """GPU targets of a build and which compiled image serves a GPU: the Python mirror of the runtime's
-``bsk_arch_rank`` (``src/runtime/bsk.c``), for callers that read a build's manifest without
-loading it (:func:`blocksparse.build_info`, the TensorFlow frontend's table planning).
+``bsk_arch_rank``, ``bsk_arch_shared_limit`` and ``bsk_spec_rank`` (``src/runtime/bsk.c``; the
+tests hold them equal), for callers that read a build's manifest without loading it
+(:func:`blocksparse.build_info`, the TensorFlow frontend's table planning).
 
 A build compiles cubins for ``sm_XY`` targets and, optionally, PTX for ``compute_XY`` targets::
 
@@ -10,7 +11,8 @@ A build compiles cubins for ``sm_XY`` targets and, optionally, PTX for ``compute
     compute_80 PTX  the pointer kernels, JIT-compiled by the driver on 8.0 and any later GPU
 
 A GPU takes the newest cubin that runs on it, else the newest PTX, else nothing (the callers'
-fallback: Triton's JIT in PyTorch, the reference path in TensorFlow).  Cheap to import.
+fallback: Triton's JIT in PyTorch, the reference path in TensorFlow) -- among the kernels that fit
+the GPU's shared memory per block (:func:`shared_limit`).  Cheap to import.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import re
 from typing import NamedTuple
 
 __all__ = ["CUBIN", "CUBIN_EXACT", "PTX", "IMAGE_NAMES", "PTX_ARCHS", "Targets", "parse_targets", "image_of",
-           "rank", "shared_limit", "spec_rank", "parse_gpu", "target_of", "serving"]
+           "rank", "SHARED_LIMITS", "shared_limit", "spec_rank", "parse_gpu", "target_of", "serving"]
 
 #: How a spec's image reaches GPUs, as the runtime numbers them (BSK_IMAGE_*): a cubin for
 #: ``sm_XY`` (runs on X.Y and later minors of X), an arch-specific cubin for ``sm_XYa`` (X.Y only),
