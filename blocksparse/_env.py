@@ -17,9 +17,10 @@
     ``autograd.Function``.
 ``BLOCKSPARSE_CACHE_DIR``  where compiled artefacts are cached (default ``~/.cache/blocksparse``).
 ``TRITON_INTERPRET``  Triton's own switch; read here only to know that kernels may run on CPU.
-``BLOCKSPARSE_CUDA_ARCHS``  build time only: the GPU architectures the TensorFlow op library's kernels
-    are compiled for, e.g. ``sm_80,sm_90`` (the matrix harness sets it per cell; default: the cell's
-    ``archs`` in ``matrix.yaml``, else sm_80 and sm_90).
+``BLOCKSPARSE_CUDA_ARCHS``  build time only: the targets the kernel library's kernels are compiled
+    for, cubins (``sm_XY``) and the pointer kernels' PTX (``compute_80``), e.g.
+    ``sm_80,sm_90,sm_100,sm_120,compute_80`` (the matrix harness sets it per cell; default: the
+    cell's ``archs`` in ``matrix.yaml``, else sm_80 and sm_90).
 """
 import os
 

@@ -8,13 +8,14 @@ through Triton's JIT, and :func:`describe` (part of :func:`blocksparse.build_inf
 """
 from __future__ import annotations
 
+import json
 import warnings
 from functools import lru_cache
 from pathlib import Path
 
 from . import _env
 
-__all__ = ["LIBRARY_NAME", "KernelLibraryWarning", "location", "load", "describe"]
+__all__ = ["LIBRARY_NAME", "KernelLibraryWarning", "location", "load", "read_manifest", "describe"]
 
 LIBRARY_NAME = "_kernels.so"
 INSTALLED = Path(__file__).with_name(LIBRARY_NAME)
@@ -73,10 +74,40 @@ def _warn_once(path, message):
     warnings.warn(message, KernelLibraryWarning, stacklevel=4)
 
 
-def describe():
+#: How the embedded manifest (``bsk_manifest``) begins: ``blocksparse.aot`` writes ``abi`` first.
+_MANIFEST_START = b'{"abi": '
+
+
+@lru_cache(maxsize=8)
+def _manifest_of(path, mtime_ns, size):
+    data = Path(path).read_bytes()
+    at = data.find(_MANIFEST_START)
+    if at < 0:
+        return None
+    end = data.find(b"\0", at)
+    try:
+        return json.loads(data[at:end if end >= 0 else len(data)].decode())
+    except ValueError:
+        return None
+
+
+def read_manifest(path):
+    """The build manifest embedded in the kernel library at ``path``, read from the file without
+    loading it (None where it holds none)."""
+    stat = Path(path).stat()
+    return _manifest_of(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+def describe(arch=None):
     """What :func:`blocksparse.build_info` reports under ``"kernels"`` (nothing is loaded):
     ``library`` (path or None), ``source`` and ``launch`` (``"aot"`` where a library file is
-    there, else ``"jit"`` with the ``reason``)."""
+    there, else ``"jit"`` with the ``reason``); for a library, ``archs`` (those with cubins) and
+    ``ptx`` (the PTX targets, empty without); with ``arch`` (a GPU, see
+    :func:`blocksparse.aot.targets.parse_gpu`), ``serving``: which image would serve it, or
+    ``"fallback": "jit"``."""
+    from .aot.targets import parse_gpu, serving
+
+    gpu = parse_gpu(arch) if arch is not None else None
     path, source, why = location()
     if path is not None and not path.is_file():
         path, why = None, f"BLOCKSPARSE_KERNELS names {path}, which does not exist"
@@ -84,4 +115,11 @@ def describe():
             "launch": "aot" if path else "jit"}
     if why:
         info["reason"] = why
+    specs = ()
+    if path is not None:
+        manifest = read_manifest(path) or {}
+        specs = manifest.get("specializations", ())
+        info["archs"], info["ptx"] = manifest.get("archs", []), manifest.get("ptx", [])
+    if gpu is not None:
+        info["serving"] = serving(specs, gpu, "jit")
     return info

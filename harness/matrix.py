@@ -33,7 +33,8 @@ _DEFAULTS = {"archs": ("sm_80", "sm_90"), "status": "supported",
              "runs_on": ("self-hosted", "linux", "x64", "gpu")}
 _BUILD_KEYS = ("tensorflow", "cuda", "cudnn", "python", "image", "archs", "status", "runs_on")
 _IMAGE = r"[a-z0-9]+(?:[._/-][a-z0-9]+)*:[A-Za-z0-9][A-Za-z0-9._-]*"
-_ARCH = r"sm_\d{2,3}a?"
+#: cubin targets (sm_XY) and PTX targets (compute_XY: 8.x only, see blocksparse.aot.targets)
+_ARCH = r"sm_\d{2,3}a?|compute_8\d"
 _RUNNER_LABEL = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 
 
@@ -54,7 +55,8 @@ class Cell:
     image : str
         Fully tagged base image of the cell's container.
     archs : tuple of str
-        GPU architectures to compile kernels for (``sm_80`` ...).
+        GPU architectures to compile kernels for: cubins (``sm_80`` ...) and the portable
+        kernels' PTX (``compute_80``), which the driver JIT-compiles on any later GPU.
     status : str
         One of `STATUSES`.
     runs_on : tuple of str

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Build the kernel library and the TensorFlow op library for the TensorFlow installed here.
 
-    python scripts/build_ops.py [--out DIR] [--archs sm_80,sm_90] [--jobs N]
+    python scripts/build_ops.py [--out DIR] [--archs sm_80,sm_90,compute_80] [--jobs N]
                                 [--dtypes bf16] [--block-sizes 32]   (a subset, for tests)
                                 [--kernels PATH]                     (reuse a built _kernels.so)
 
@@ -171,6 +171,7 @@ def build(out, archs=None, jobs=None, build_dir=None, kernels=None, **filters):
         "cuda": kernel_manifest["cuda"],
         "triton": kernel_manifest["triton"],
         "archs": kernel_manifest["archs"],
+        "ptx": kernel_manifest.get("ptx", []),
         "families": kernel_manifest["families"],
         "git_revision": revision,
         "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")) if revision else None,
@@ -186,8 +187,8 @@ def build(out, archs=None, jobs=None, build_dir=None, kernels=None, **filters):
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     if not build_dir:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"build_ops: {len(manifest['specializations'])} kernels for {', '.join(manifest['archs'])} "
-          f"({manifest['cubin_bytes'] / 2**20:.1f} MiB of cubins), TensorFlow {tf_version} -> "
+    print(f"build_ops: {len(manifest['specializations'])} kernels for {', '.join(manifest['archs'] + manifest['ptx'])} "
+          f"({manifest['cubin_bytes'] / 2**20:.1f} MiB of cubins and PTX), TensorFlow {tf_version} -> "
           f"{library} + {KERNELS} ({manifest['library_bytes'] / 2**20:.1f} MiB, {manifest['platform_tag']}) "
           f"in {time.perf_counter() - start:.0f} s")
     return manifest

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Verify the ahead-of-time matmul kernels on a GPU, in one run, through both callers.
 
-    python scripts/verify_aot.py --out DIR [--archs sm_80,sm_90] [--dtypes bf16] [--block-sizes 32]
+    python scripts/verify_aot.py --out DIR [--archs sm_80,sm_90,compute_80] [--dtypes bf16] [--block-sizes 32]
                                  [--jobs N] [--dry-run]
 
 Compiles every matmul spec (``configs.aot_specializations``) for the archs, generates the C
 launchers and builds them with the kernel runtime into a kernel library (system C compiler), loads
-it with ctypes, and runs every spec this GPU can run on PyTorch CUDA tensors twice: through the
+it with ctypes, and runs every spec this GPU can run -- cubins of its arch, and the PTX of
+``compute_XY`` targets, which the driver JIT-compiles here as on any later GPU -- on PyTorch CUDA
+tensors twice: through the
 PyTorch launch layer (the launch a plan describes, packed into ``bsk_arg`` and launched by
 ``bsk_launch``) and through ``bsk_matmul_run_spec`` (the matmul C the TensorFlow ops call).  Both
 outputs are compared with the JIT kernel (the same launch through Triton) and with a float64
@@ -186,7 +188,7 @@ def check_spec(torch, lib, index, spec, rng):
     from blocksparse.torch._launch import AotLaunch, JitLaunch
 
     mm = MatmulRuntime(lib)
-    record = {k: spec[k] for k in ("name", "arch", "product", "dtype", "block_size", "axis",
+    record = {k: spec[k] for k in ("name", "arch", "target", "product", "dtype", "block_size", "axis",
                                    "kernel", "atomic", "group", "max_tokens")}
     lay = Layout(random_layout(rng, max(2, 512 // spec["block_size"]),
                                max(2, 384 // spec["block_size"]), 0.4, empty_rows=1, empty_cols=1),
@@ -202,7 +204,12 @@ def check_spec(torch, lib, index, spec, rng):
         call = prob.call(spec, out, tables, split)
         case = {"n": n, "split": split}
         try:
+            first = not cases
+            start = time.perf_counter()
             mm.run_spec(index, call, stream)
+            if first:  # loads the module: for PTX, the driver's JIT compile (or its disk cache)
+                torch.cuda.synchronize()
+                record["first_call_ms"] = 1e3 * (time.perf_counter() - start)
             launch = prob.launch(spec, tables, split)
             torch_aot, torch_jit = AotLaunch(launch, lib, index, torch.cuda.current_device()), JitLaunch(launch)
             via_torch = prob.run(torch_aot, spec, split)
@@ -237,10 +244,14 @@ def check_dispatch(torch, lib, arch, rng):
     """``bsk_matmul_run`` (kernel and split chosen by the runtime) once per product family."""
     mm = MatmulRuntime(lib)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    # the TensorFlow ops' tables: the many-token specs' G (few-token specs reading it serve few tokens)
-    keys = sorted({(s["product"], s["dtype"], s["block_size"], s["axis"], s["group"])
-                   for s in lib.specs if s["arch"] // 10 == arch // 10 and s["arch"] <= arch
-                   and not s.get("max_tokens")})
+    # the TensorFlow ops' tables: the groups of the many-token kernels the runtime ranks best here
+    # (a cubin over PTX; few-token specs reading them serve few tokens)
+    ranked = [((s["product"], s["dtype"], s["block_size"], s["axis"]), s["group"], lib.rank(i, arch))
+              for i, s in enumerate(lib.specs) if not s.get("max_tokens")]
+    top = {}
+    for key, _, rank in ranked:
+        top[key] = max(top.get(key, 0), rank)
+    keys = sorted({(*key, group) for key, group, rank in ranked if rank and rank == top[key]})
     stream = torch.cuda.current_stream().cuda_stream
     records = []
     for product, dtype, bs, axis, group in keys:
@@ -259,7 +270,7 @@ def check_dispatch(torch, lib, arch, rng):
                 record["split"] = configs.updat_split(cfg, n, tables[0].shape[0], sms)
                 if record["split"] > 1:
                     index = mm.select(call, arch, True)
-            record["kernel"] = lib.specs[index]["name"] if index >= 0 else None
+            record["kernel"] = f"{lib.specs[index]['name']} ({lib.specs[index]['target']})" if index >= 0 else None
             try:
                 mm.run(call, stream)
                 torch.cuda.synchronize()
@@ -292,9 +303,14 @@ def check_packing(torch, lib, rng):
     return problems
 
 
+#: A GPU newer than any compiled cubin: only PTX serves it.
+FUTURE_ARCH = 130
+
+
 def check_selection(lib):
-    """Pure checks of the library without a GPU: each arch's kernels are found by
-    bsk_matmul_select (few-token specs for few tokens, the others past them)."""
+    """Pure checks of the library without a GPU: each arch's cubins are found by
+    bsk_matmul_select (few-token specs for few tokens, the others past them), and the PTX on a GPU
+    no cubin serves."""
     mm = MatmulRuntime(lib)
     problems = []
     for index, spec in enumerate(lib.specs):
@@ -303,8 +319,9 @@ def check_selection(lib):
         call = MatmulCall(product=PRODUCTS[spec["product"]], dtype=DTYPES[spec["dtype"]],
                           block_size=spec["block_size"], axis=spec["axis"], group=spec["group"],
                           n_tokens=n, c_blocks=4, k_blocks=4, blocks=4, table_rows=4)
-        if mm.select(call, spec["arch"], spec["atomic"]) != index:
-            problems.append(spec["name"])
+        arch = FUTURE_ARCH if spec["image"] == "ptx" else spec["arch"]
+        if mm.select(call, arch, spec["atomic"]) != index:
+            problems.append(f"{spec['name']} ({spec['target']})")
     return problems
 
 
@@ -314,7 +331,7 @@ def _markdown(result):
     lines += [f"- GPU: {result['gpu'] or 'none (dry run)'}", f"- torch {env['torch']}, triton "
               f"{env['triton']}, CUDA headers {env['cuda_headers']}, Python {env['python']}",
               f"- compiled {len(result['kernels'])} kernels for {', '.join(result['archs'])}: "
-              f"{result['build']['cubin_bytes'] / 2**20:.1f} MiB of cubins, library "
+              f"{result['build']['cubin_bytes'] / 2**20:.1f} MiB of cubins and PTX, library "
               f"{result['build']['library_bytes'] / 2**20:.1f} MiB, {result['build']['seconds']:.0f} s",
               f"- summary: {json.dumps(result['summary'])}", ""]
     if result["dry_run"]:
@@ -325,9 +342,10 @@ def _markdown(result):
               "TensorFlow ops' path) and from the PyTorch launch layer (`bsk_launch` with the "
               "arguments a plan packs); error = ||out - ref|| / ||ref|| against float64 and against "
               "the JIT kernel with the same launch (N = 77/88 and 1000); times at N = 1000, median of "
-              "20, events around each call (host time included).", "",
-              "| kernel | status | max err vs float64 (C / torch) | max err vs JIT | bitwise = JIT | "
-              "C us | torch AOT us | JIT us |", "|---|---|---|---|---|---|---|---|"]
+              "20, events around each call (host time included); first call: the first launch, "
+              "with the module's load (for PTX: the driver's JIT compile, or its disk cache).", "",
+              "| kernel | image | status | max err vs float64 (C / torch) | max err vs JIT | bitwise = JIT | "
+              "first call ms | C us | torch AOT us | JIT us |", "|---|---|---|---|---|---|---|---|---|---|"]
     for k in result["kernels"]:
         cases = k.get("cases", [])
         ref = max((c.get("rel_err_ref", math.nan) for c in cases), default=math.nan)
@@ -336,7 +354,8 @@ def _markdown(result):
         bitwise = all(c.get("bitwise_equal_jit", True) and c.get("bitwise_equal_jit_torch", True)
                       for c in cases) if cases else None
         large = next((c for c in cases if "aot_us" in c), {})
-        lines.append(f"| {k['name']} | {k['status']} | {ref:.2e} / {ref_torch:.2e} | {jit:.2e} | {bitwise} | "
+        lines.append(f"| {k['name']} | {k.get('target', '')} | {k['status']} | {ref:.2e} / {ref_torch:.2e} | "
+                     f"{jit:.2e} | {bitwise} | {k.get('first_call_ms', math.nan):.1f} | "
                      f"{large.get('aot_us', math.nan):.1f} | {large.get('aot_torch_us', math.nan):.1f} | "
                      f"{large.get('jit_us', math.nan):.1f} |")
     lines += ["", "`bsk_matmul_run` (the TensorFlow ops' entry point: kernel and split chosen by the runtime):",
@@ -389,16 +408,16 @@ def main(argv=None):
     lib = KernelLibrary(library)
     build = {"seconds": time.perf_counter() - start, "library_bytes": library.stat().st_size,
              "cubin_bytes": sum(s["cubin_bytes"] for s in lib.specs)}
-    print(f"verify_aot: {len(lib.specs)} kernels for {', '.join(manifest['archs'])} built in "
+    print(f"verify_aot: {len(lib.specs)} kernels for {', '.join(manifest['archs'] + manifest['ptx'])} built in "
           f"{build['seconds']:.0f} s", flush=True)
-    result = {"dry_run": args.dry_run, "archs": manifest["archs"], "build": build, "gpu": None,
+    result = {"dry_run": args.dry_run, "archs": manifest["archs"] + manifest["ptx"], "build": build, "gpu": None,
               "environment": {"torch": torch.__version__, "triton": triton.__version__,
                               "cuda_headers": manifest["cuda"], "python": platform.python_version()},
               "selection_mismatches": check_selection(lib),
               "packing_mismatches": check_packing(torch, lib, np.random.default_rng(args.seed)),
               "kernels": [], "dispatch": []}
     if args.dry_run:
-        result["kernels"] = [{**{k: s[k] for k in ("name", "arch", "product", "dtype", "block_size",
+        result["kernels"] = [{**{k: s[k] for k in ("name", "arch", "target", "product", "dtype", "block_size",
                                                     "axis", "kernel", "atomic", "group", "max_tokens")},
                               "status": "compiled", "cubin_bytes": s["cubin_bytes"]} for s in lib.specs]
     else:
@@ -409,8 +428,8 @@ def main(argv=None):
         # a stream of its own, as TensorFlow's: the runtime takes the context from the stream
         with torch.cuda.stream(torch.cuda.Stream()):
             for index, spec in enumerate(lib.specs):
-                if not (spec["arch"] // 10 == arch // 10 and spec["arch"] <= arch):
-                    result["kernels"].append({"name": spec["name"], "arch": spec["arch"],
+                if not lib.rank(index, arch):
+                    result["kernels"].append({"name": spec["name"], "arch": spec["arch"], "target": spec["target"],
                                               "status": f"not runnable on sm_{arch}"})
                     continue
                 record = check_spec(torch, lib, index, spec, rng)

@@ -51,7 +51,7 @@ def gpu_library(eligible=True):
 def no_kernels(library, arch, what):
     """The library has no kernel for ``what`` (a description) on ``sm_{arch}``: raise under
     ``BLOCKSPARSE_BACKEND=triton``, else warn once per architecture (the reference path serves)."""
-    archs = ", ".join(f"sm_{a}" for a in library.archs)
+    archs = ", ".join([*(f"sm_{a}" for a in library.archs), *(f"compute_{a} (PTX)" for a in library.ptx)])
     why = f"{library.path} has no kernels for this GPU (sm_{arch}) and {what}; it was built for {archs}"
     if _env.backend() == "triton":
         raise _unavailable(why)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from .. import _env
 from .._version import minor_text as _minor
+from ..aot.targets import spec_rank
 from . import tf
 
 __all__ = ["LIBRARY_NAME", "OpLibrary", "OpLibraryWarning", "built_for", "library",
@@ -63,29 +64,39 @@ class OpLibrary:
 
     @property
     def archs(self):
-        """Compiled architectures, e.g. ``(80, 90)``."""
-        return tuple(sorted({s["arch"] for s in self.specs}))
+        """Architectures with cubins, e.g. ``(80, 90)``."""
+        return tuple(sorted({s["arch"] for s in self.specs if s["image"] == "cubin"}))
+
+    @property
+    def ptx(self):
+        """Architectures of the forward-compatible PTX, e.g. ``(80,)`` (empty without)."""
+        return tuple(sorted({s["arch"] for s in self.specs if s["image"] == "ptx"}))
 
     def group(self, arch, product, dtype, block_size, axis):
         """``G`` of the tables the matmul kernels for this product read on a GPU of compute capability
         ``arch`` (10 * major + minor), or None when no kernel serves it.
 
-        The many-token specialisations of one product share their ``G`` (the pointer kernels that
-        stand in for TMA ones were compiled with it), so the tables do not depend on which one runs;
-        few-token ones (``max_tokens``) that read these tables serve few-token calls, the others are
-        for the PyTorch plans.
+        The kernels that would run are those the runtime's selection ranks best (a cubin over PTX,
+        the newest arch, within the GPU's shared memory: :func:`blocksparse.aot.targets.spec_rank`);
+        the many-token specialisations of one product among them share their ``G`` (the pointer
+        kernels that stand in for TMA ones were compiled with it), so the tables do not depend on
+        which one runs; few-token ones (``max_tokens``) that read these tables serve few-token calls,
+        the others are for the PyTorch plans.  On axis 0 a pointer kernel must serve too (token
+        counts whose rows descriptors cannot address are known only when the op runs), so ``G`` is
+        the best pointer kernel's: the runtime then takes a TMA kernel of that ``G`` where rows allow.
         """
-        served = [s for s in self.specs if s["arch"] // 10 == arch // 10 and s["arch"] <= arch]
-        if not served:
+        key = (product, dtype, block_size, axis)
+        ranks = [(spec_rank(s, arch), s) for s in self.specs if s["family"] == "matmul"
+                 and (s["product"], s["dtype"], s["block_size"], s["axis"]) == key
+                 and (axis == 1 or not s["tma"]) and not s.get("max_tokens")]
+        best = max((r for r, _ in ranks), default=0)
+        if not best:
             return None
-        newest = max(s["arch"] for s in served)
-        groups = {s["group"] for s in served if s["arch"] == newest and s["family"] == "matmul"
-                  and not s.get("max_tokens")
-                  and (s["product"], s["dtype"], s["block_size"], s["axis"]) == (product, dtype, block_size, axis)}
+        groups = {s["group"] for r, s in ranks if r == best}
         if len(groups) > 1:
             raise RuntimeError(f"{self.path}: the kernels for {product} {dtype} bs={block_size} "
-                               f"axis={axis} on sm_{newest} read tables of different G {groups}")
-        return groups.pop() if groups else None
+                               f"axis={axis} on sm_{arch} read tables of different G {groups}")
+        return groups.pop()
 
 
 def library_path():

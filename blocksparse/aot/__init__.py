@@ -10,13 +10,15 @@
                                          (src/ops/): objects, or the kernel library _kernels.so
 
 The kernel library serves the PyTorch frontend (through ctypes, :mod:`.abi`) and the TensorFlow
-op library (linked against it).  ``python -m blocksparse.aot --out DIR [--archs 80,90] [--library]``
+op library (linked against it).  ``python -m blocksparse.aot --out DIR [--archs sm_80,sm_90,compute_80]
+[--library]``
 runs the steps (the wheel's build is ``scripts/build_ops.py``; the GPU check
-``scripts/verify_aot.py``).  Nothing here knows an op family: see :mod:`.family`.
+``scripts/verify_aot.py``).  ``sm_XY`` targets get cubins; ``compute_XY`` targets the PTX of every
+spec a family lists for that arch (the pointer kernels of sm_80), which the driver JIT-compiles on
+any later GPU (see :mod:`.targets`).  Nothing here knows an op family: see :mod:`.family`.
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from .. import _env
@@ -25,13 +27,14 @@ from .abi import ABI_VERSION
 from .codegen import manifest_entry, write_sources
 from .compile import AotError, compile_specs
 from .family import registered
+from .targets import PTX, Targets, parse_targets, shared_limit
 
-__all__ = ["DEFAULT_ARCHS", "ABI_VERSION", "parse_archs", "parse_filters", "resolve_archs", "collect",
+__all__ = ["DEFAULT_ARCHS", "ABI_VERSION", "Targets", "parse_archs", "parse_filters", "resolve_archs", "collect",
            "build_sources", "AotError"]
 
 
-#: Architectures compiled when nothing else says which.
-DEFAULT_ARCHS = (80, 90)
+#: Architectures compiled when nothing else says which (cubins; no PTX).
+DEFAULT_ARCHS = Targets((80, 90), ())
 MATRIX = Path(__file__).resolve().parents[2] / "matrix.yaml"
 
 
@@ -50,19 +53,9 @@ def parse_filters(dtypes=None, block_sizes=None, families=None):
 
 
 def parse_archs(text):
-    """``"sm_80,sm_90"`` / ``"80 90"`` / a list of those -> ``(80, 90)`` (sorted, unique)."""
-    items = re.split(r"[,\s]+", text.strip()) if isinstance(text, str) else [str(t) for t in text]
-    archs = set()
-    for item in filter(None, items):
-        match = re.fullmatch(r"(?:sm_)?(\d{2,3})a?", item.strip())
-        if not match:
-            raise ValueError(f"archs must be GPU architectures like sm_80 or 90; got {item!r}")
-        if int(match.group(1)) < 80:
-            raise ValueError(f"the kernels need sm_80 or newer; got {item!r}")
-        archs.add(int(match.group(1)))
-    if not archs:
-        raise ValueError(f"archs must name at least one architecture; got {text!r}")
-    return tuple(sorted(archs))
+    """``"sm_80,sm_90,compute_80"`` / ``"80 90"`` / a list of those -> :class:`.targets.Targets`
+    (cubin archs and PTX archs, each sorted and unique): :func:`.targets.parse_targets`."""
+    return parse_targets(text)
 
 
 def _matrix_archs(tf_version, matrix):
@@ -84,8 +77,9 @@ def _matrix_archs(tf_version, matrix):
 
 
 def resolve_archs(archs=None, tf_version=None, matrix=MATRIX):
-    """The architectures to compile: ``archs`` if given, else ``BLOCKSPARSE_CUDA_ARCHS``, else the
-    build of ``tf_version`` in ``matrix.yaml`` (when present), else :data:`DEFAULT_ARCHS`."""
+    """The targets to compile (:class:`.targets.Targets`): ``archs`` if given, else
+    ``BLOCKSPARSE_CUDA_ARCHS``, else the build of ``tf_version`` in ``matrix.yaml`` (when present),
+    else :data:`DEFAULT_ARCHS`."""
     if archs:
         return parse_archs(archs)
     if _env.cuda_archs():
@@ -116,21 +110,35 @@ def collect(archs, families=None, **fields):
 
 
 def build_sources(archs, out_dir, *, jobs=None, families=None, **fields):
-    """Compile the registered specs for ``archs`` (``families`` and ``fields``: see :func:`collect`)
-    and write the C sources under ``out_dir``.
+    """Compile the registered specs for ``archs`` (:class:`.targets.Targets`, or the cubin archs
+    alone) and write the C sources under ``out_dir`` (``families`` and ``fields``: see
+    :func:`collect`).  A PTX target compiles every spec a family lists for that arch as PTX.
 
     Returns ``(path of bsk_specs.c, manifest)``; the manifest (also embedded in the C file) lists
-    the ABI, the archs, the Triton and CUDA-header versions and every spec.
+    the ABI, the cubin archs, the PTX targets, the Triton and CUDA-header versions and every spec;
+    ``dropped`` names the cubins left out because they need more shared memory than their GPU
+    offers (:func:`.targets.shared_limit`).
     """
     import triton
 
     from .native import cuda_version
 
-    work = collect(tuple(archs), families, **fields)
+    targets = archs if isinstance(archs, Targets) else Targets(tuple(archs), ())
+    work = [(f, s, False) for f, s in collect(targets.cubins, families, **fields)] if targets.cubins else []
+    if targets.ptx:
+        work += [(f, s, True) for f, s in collect(targets.ptx, families, **fields)]
     if not work:
-        raise AotError(f"no registered kernel matches archs {list(archs)}, families {families} and {fields}")
-    kernels = compile_specs(work, jobs=jobs)
-    manifest = {"abi": ABI_VERSION, "archs": [f"sm_{a}" for a in archs], "triton": triton.__version__,
+        raise AotError(f"no registered kernel matches archs {targets}, families {families} and {fields}")
+    compiled = compile_specs(work, jobs=jobs)
+    # a cubin needing more shared memory than its own GPU offers could never launch
+    fits = [k.image == PTX or k.shared <= shared_limit(k.spec.arch) for k in compiled]
+    kernels = [k for k, fit in zip(compiled, fits) if fit]
+    if not kernels:
+        raise AotError(f"no kernel for archs {targets} fits its GPU's shared memory")
+    manifest = {"abi": ABI_VERSION, "archs": [f"sm_{a}" for a in targets.cubins],
+                "ptx": [f"compute_{a}" for a in targets.ptx], "triton": triton.__version__,
                 "cuda": cuda_version(), "families": sorted({k.family for k in kernels}),
-                "specializations": [manifest_entry(k) for k in kernels]}
+                "specializations": [manifest_entry(k) for k in kernels],
+                "dropped": [f"{k.family}/{k.spec.name}: {k.shared} bytes of shared memory"
+                            for k, fit in zip(compiled, fits) if not fit]}
     return write_sources(kernels, out_dir, manifest), manifest

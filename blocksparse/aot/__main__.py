@@ -15,7 +15,8 @@ def main(argv=None):
     os.environ.pop("TRITON_INTERPRET", None)
     parser = argparse.ArgumentParser(prog="python -m blocksparse.aot", description=__doc__)
     parser.add_argument("--out", required=True, help="directory for the cubins, bsk_specs.c and the library")
-    parser.add_argument("--archs", help="e.g. sm_80,sm_90 (default: BLOCKSPARSE_CUDA_ARCHS, "
+    parser.add_argument("--archs", help="cubin targets sm_XY and PTX targets compute_XY, e.g. "
+                                        "sm_80,sm_90,sm_100,compute_80 (default: BLOCKSPARSE_CUDA_ARCHS, "
                                         "matrix.yaml, else sm_80,sm_90)")
     parser.add_argument("--dtypes", help="only kernels of these dtypes, e.g. bf16,fp32")
     parser.add_argument("--block-sizes", help="only kernels of these block sizes, e.g. 32,64")
@@ -30,8 +31,10 @@ def main(argv=None):
     source, manifest = build_sources(resolve_archs(args.archs), args.out, jobs=args.jobs, **filters)
     specs = manifest["specializations"]
     print(f"compiled {len(specs)} kernels of {', '.join(manifest['families'])} for "
-          f"{', '.join(manifest['archs'])} ({sum(s['cubin_bytes'] for s in specs) / 2**20:.1f} MiB of "
-          f"cubins) in {time.perf_counter() - start:.0f} s -> {source}")
+          f"{', '.join(manifest['archs'] + manifest['ptx'])} ({sum(s['cubin_bytes'] for s in specs) / 2**20:.1f} "
+          f"MiB of cubins and PTX) in {time.perf_counter() - start:.0f} s -> {source}")
+    for dropped in manifest["dropped"]:
+        print(f"left out (it could never launch on its GPU): {dropped}")
     if args.library:
         print(build_kernel_library(source, Path(args.out) / KERNELS_LIBRARY, jobs=args.jobs))
     return 0

@@ -47,7 +47,10 @@ _SIGNATURES = (
     ("bsk_manifest", ctypes.c_char_p, []),
     ("bsk_spec_key", ctypes.c_int, [ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64),
                                     ctypes.POINTER(ctypes.c_char_p)]),
-    ("bsk_arch_serves", ctypes.c_int, [ctypes.c_int, ctypes.c_int]),
+    ("bsk_arch_rank", ctypes.c_int, [ctypes.c_int, ctypes.c_int, ctypes.c_int]),
+    ("bsk_spec_rank", ctypes.c_int, [ctypes.c_int, ctypes.c_int]),
+    ("bsk_arch_shared_limit", ctypes.c_int, [ctypes.c_int]),
+    ("bsk_spec_image", ctypes.c_int, [ctypes.c_int]),
     ("bsk_device", ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int),
                                   ctypes.c_char_p, ctypes.c_size_t]),
     ("bsk_launch", ctypes.c_int, [ctypes.c_int, ctypes.POINTER(ctypes.c_uint * 3), ctypes.POINTER(BskArg),
@@ -63,7 +66,8 @@ class KernelLibrary:
     """A loaded kernel library (``_kernels.so``, or a library linked against it).
 
     ``specs``: the manifest's record of every spec, in the runtime's order (the index is what
-    :meth:`launch` takes); each has ``family``, ``name``, ``arch``, ``params`` (the arguments in
+    :meth:`launch` takes); each has ``family``, ``name``, ``arch``, ``image`` (``"cubin"`` or
+    ``"ptx"``), ``target`` (``"sm_80"``, ``"sm_90a"``, ``"compute_80"``), ``params`` (the arguments in
     order: name, kind, divisible, rank), ``constexprs``, ``tensormaps`` and its family's fields.
     """
 
@@ -93,8 +97,13 @@ class KernelLibrary:
 
     @property
     def archs(self):
-        """Compiled architectures, e.g. ``(80, 90)``."""
-        return tuple(sorted({s["arch"] for s in self.specs}))
+        """Architectures with cubins, e.g. ``(80, 90)``."""
+        return tuple(sorted({s["arch"] for s in self.specs if s["image"] == "cubin"}))
+
+    @property
+    def ptx(self):
+        """Architectures of the forward-compatible PTX, e.g. ``(80,)`` (empty without)."""
+        return tuple(sorted({s["arch"] for s in self.specs if s["image"] == "ptx"}))
 
     def library(self, name, signatures):
         """This library's function ``name`` with ``signatures`` ``(restype, argtypes)`` set (a
@@ -110,16 +119,27 @@ class KernelLibrary:
             return None
         return text.value.decode() if text.value is not None else value.value
 
-    def serves(self, compiled, arch):
-        """Whether a kernel compiled for ``sm_{compiled}`` runs on ``sm_{arch}``."""
-        return bool(self._lib.bsk_arch_serves(compiled, arch))
+    def arch_rank(self, compiled, image, arch):
+        """The runtime's ``bsk_arch_rank``: how well ``image`` (``BSK_IMAGE_*``, see
+        :mod:`.targets`) compiled for ``compiled`` serves ``sm_{arch}``; 0: not at all."""
+        return self._lib.bsk_arch_rank(compiled, image, arch)
+
+    def shared_limit(self, arch):
+        """``bsk_arch_shared_limit``: shared memory (bytes) one block may use on ``sm_{arch}``."""
+        return self._lib.bsk_arch_shared_limit(arch)
+
+    def rank(self, spec, arch):
+        """``bsk_spec_rank``: how well spec ``spec`` serves ``sm_{arch}`` (0: it cannot run there, or
+        needs more shared memory than :meth:`shared_limit`)."""
+        return self._lib.bsk_spec_rank(spec, arch)
 
     def find(self, family, arch, **fields):
-        """Index of the spec of ``family`` with these ``fields`` that serves ``sm_{arch}`` (the
-        newest compiled arch first), or None."""
-        served = [i for i, s in enumerate(self.specs) if s["family"] == family and self.serves(s["arch"], arch)
-                  and all(s.get(k) == v for k, v in fields.items())]
-        return max(served, key=lambda i: self.specs[i]["arch"], default=None)
+        """Index of the spec of ``family`` with these ``fields`` that serves ``sm_{arch}`` best (a
+        cubin over PTX, the newest compiled arch first: :meth:`rank`), or None."""
+        ranks = {i: self.rank(i, arch) for i, s in enumerate(self.specs)
+                 if s["family"] == family and all(s.get(k) == v for k, v in fields.items())}
+        best = max(ranks, key=ranks.get, default=None)
+        return best if best is not None and ranks[best] else None
 
     @staticmethod
     def check(status, message):

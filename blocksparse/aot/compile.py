@@ -1,7 +1,9 @@
 """Compile registered specs with Triton for an explicit GPU target -- no GPU needed.
 
 Each result holds the cubin and what a launcher must know: the kernel's symbol, warps, shared
-memory, and its arguments in order (:class:`Param`: the kernel's non-constexpr parameters).  The
+memory, and its arguments in order (:class:`Param`: the kernel's non-constexpr parameters).  A spec
+compiled as PTX (``ptx=True``: a pointer kernel for ``compute_80``, forward compatible) carries
+the kernel's PTX text instead of a cubin, for the driver to JIT-compile on any later GPU.  The
 launch parameters follow Triton's CUDA launcher (``triton/backends/nvidia/driver.py``): each
 argument in order, a host tensor descriptor expanded into a ``CUtensorMap`` passed by value, its
 shape (``i32`` each) and strides (``i64`` each), then two scratch pointers (global, profile).  The
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 
 from .family import Family
+from .targets import PTX, image_of
 
 __all__ = ["Param", "TensorMap", "CompiledKernel", "compile_spec", "compile_specs", "launch_param_bytes",
            "AotError", "KINDS"]
@@ -62,6 +65,10 @@ class TensorMap:
 
 @dataclass(frozen=True)
 class CompiledKernel:
+    """One compiled spec.  ``cubin``: the image the driver loads (a cubin, or NUL-terminated PTX
+    text); ``target``: what it was compiled for (``"sm_80"``, ``"sm_90a"``, ``"compute_80"``);
+    ``ptx_isa``: the PTX ISA version (a driver must know it to JIT the PTX)."""
+
     family: str
     spec: object
     fields: dict
@@ -74,11 +81,18 @@ class CompiledKernel:
     params: tuple      # Param, in the kernel's order
     tensormaps: tuple  # TensorMap, in the order of the tensor params
     constexprs: dict
+    target: str = ""
+    ptx_isa: str = ""
+
+    @property
+    def image(self):
+        """The runtime's image kind (:data:`.targets.CUBIN`, ``CUBIN_EXACT`` or ``PTX``)."""
+        return image_of(self.target or f"sm_{self.spec.arch}")[1]
 
     @property
     def symbol(self):
-        """A C identifier unique within a build: family and spec name."""
-        return f"{self.family}_{self.spec.name}"
+        """A C identifier unique within a build: family and spec name (and ``_ptx`` for PTX)."""
+        return f"{self.family}_{self.spec.name}" + ("_ptx" if self.image == PTX else "")
 
 
 def _target(arch):
@@ -136,8 +150,18 @@ def _ptx_param_bytes(ptx, function):
     return sizes
 
 
-def compile_spec(family: Family, spec) -> CompiledKernel:
-    """Compile ``spec`` of ``family`` for ``sm_{spec.arch}`` and describe its launch."""
+def _ptx_target(ptx, name):
+    """``(.target, .version)`` of Triton's PTX."""
+    target = re.search(r"^\s*\.target\s+(sm_\d+a?)", ptx, re.M)
+    version = re.search(r"^\s*\.version\s+(\d+\.\d+)", ptx, re.M)
+    if not target or not version:
+        raise AotError(f"{name}: Triton's PTX names no .target or .version")
+    return target.group(1), version.group(1)
+
+
+def compile_spec(family: Family, spec, ptx=False) -> CompiledKernel:
+    """Compile ``spec`` of ``family`` for ``sm_{spec.arch}`` and describe its launch; ``ptx``: keep
+    the forward-compatible PTX (``compute_{spec.arch}``) instead of the cubin."""
     import triton
     from triton.compiler import ASTSource
 
@@ -172,24 +196,32 @@ def compile_spec(family: Family, spec) -> CompiledKernel:
     if launch_param_bytes(params) != _ptx_param_bytes(compiled.asm["ptx"], md.name):
         raise AotError(f"{name}: the launch parameters do not match the kernel's PTX; Triton's "
                        "calling convention changed")
-    return CompiledKernel(family.name, spec, family.fields(spec), fn.__name__, compiled.asm["cubin"], md.name,
-                          md.num_warps, args.num_stages, md.shared, params, maps, dict(args.constexprs))
+    target, isa = _ptx_target(compiled.asm["ptx"], name)
+    image = compiled.asm["cubin"]
+    if ptx:
+        if target.endswith("a") or maps:
+            raise AotError(f"{name}: only pointer kernels compiled for sm_80 to sm_89 have forward-compatible "
+                           f"PTX; this one targets {target}{' with tensor descriptors' if maps else ''}")
+        target, image = f"compute_{spec.arch}", compiled.asm["ptx"].encode() + b"\0"
+    return CompiledKernel(family.name, spec, family.fields(spec), fn.__name__, image, md.name,
+                          md.num_warps, args.num_stages, md.shared, params, maps, dict(args.constexprs),
+                          target, isa)
 
 
 def _compile_in_worker(job):
-    family_name, module_name, spec = job
-    return compile_spec(Family(family_name, importlib.import_module(module_name)), spec)
+    family_name, module_name, spec, ptx = job
+    return compile_spec(Family(family_name, importlib.import_module(module_name)), spec, ptx)
 
 
 def compile_specs(jobs_list, jobs=None):
-    """Compile every ``(family, spec)``, ``jobs`` processes at a time (default: the CPUs); results
-    in order."""
-    work = list(jobs_list)
+    """Compile every ``(family, spec)`` (as a cubin) or ``(family, spec, ptx)``, ``jobs`` processes
+    at a time (default: the CPUs); results in order."""
+    work = [(*job, False)[:3] for job in jobs_list]
     jobs = jobs or os.cpu_count() or 1
     if jobs == 1 or len(work) <= 1:
-        return [compile_spec(f, s) for f, s in work]
+        return [compile_spec(*job) for job in work]
     # spawn: Triton keeps threads and caches that a forked child must not inherit; a worker
     # imports the family's module by name
-    tasks = [(f.name, f.module.__name__, s) for f, s in work]
+    tasks = [(f.name, f.module.__name__, s, ptx) for f, s, ptx in work]
     with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
         return list(pool.map(_compile_in_worker, tasks, chunksize=max(1, len(tasks) // (4 * jobs))))

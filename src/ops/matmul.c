@@ -117,10 +117,11 @@ static int fits(const mm_spec *s, const bsk_matmul_call *call) {
   return !s->max_tokens || call->n_tokens <= s->max_tokens;
 }
 
-/* Whether `s` serves the call better than `best`: the newest arch first, then the few-token
- * tile over the general one, then the TMA kernel over the pointer one. */
-static int better(const mm_spec *s, const mm_spec *best) {
-  if (!best || s->arch != best->arch) return !best || s->arch > best->arch;
+/* Whether `s` (of rank `rank`, bsk_spec_rank) serves the call better than `best`: a cubin over PTX
+ * and the newest arch first, then the few-token tile over the general one, then the TMA kernel
+ * over the pointer one. */
+static int better(const mm_spec *s, int rank, const mm_spec *best, int best_rank) {
+  if (!best || rank != best_rank) return !best || rank > best_rank;
   if (!s->max_tokens != !best->max_tokens) return s->max_tokens != 0;
   return s->tma && !best->tma;
 }
@@ -129,11 +130,13 @@ int bsk_matmul_select(const bsk_matmul_call *call, int arch, int atomic) {
   if (!call || call->dtype < 0 || call->dtype > BSK_FP32) return -1;
   pthread_once(&table_once, read_table);
   const mm_spec *best = NULL;
+  int best_rank = 0;
   for (int i = 0; i < table_count; ++i) {
     const mm_spec *s = &table[i];
-    if (s->problem || !matches(s, call) || s->atomic != !!atomic || !bsk_arch_serves(s->arch, arch)) continue;
+    int rank = bsk_spec_rank(s->index, arch);
+    if (s->problem || !matches(s, call) || s->atomic != !!atomic || !rank) continue;
     if ((s->tma && !rows_aligned(call)) || !fits(s, call)) continue;
-    if (better(s, best)) best = s;
+    if (better(s, rank, best, best_rank)) best = s, best_rank = rank;
   }
   return best ? best->index : -1;
 }
@@ -294,11 +297,12 @@ static void archs_text(char *out, size_t size) {
   int seen[16] = {0}, count = 0;
   out[0] = 0;
   for (int i = 0; i < table_count; ++i) {
-    int a = table[i].arch, known = 0;
-    for (int j = 0; j < count; ++j) known |= seen[j] == a;
+    int a = table[i].arch, image = bsk_spec_image(table[i].index), known = 0;
+    for (int j = 0; j < count; ++j) known |= seen[j] == 4 * a + image;
     if (known || count == 16) continue;
-    seen[count++] = a;
-    used += (size_t)snprintf(out + used, used < size ? size - used : 0, "%ssm_%d", count > 1 ? ", " : "", a);
+    seen[count++] = 4 * a + image;
+    used += (size_t)snprintf(out + used, used < size ? size - used : 0, "%s%s_%d%s", count > 1 ? ", " : "",
+                             image == BSK_IMAGE_PTX ? "compute" : "sm", a, image == BSK_IMAGE_CUBIN_EXACT ? "a" : "");
   }
 }
 

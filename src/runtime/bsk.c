@@ -22,6 +22,7 @@ static const bsk_spec *spec_at(int index) {
 const char *bsk_spec_name(int index) { return spec_at(index) ? bsk_specs[index].name : NULL; }
 const char *bsk_spec_family(int index) { return spec_at(index) ? bsk_specs[index].family : NULL; }
 int bsk_spec_arch(int index) { return spec_at(index) ? bsk_specs[index].arch : -1; }
+int bsk_spec_image(int index) { return spec_at(index) ? bsk_specs[index].image : -1; }
 int bsk_spec_nargs(int index) { return spec_at(index) ? bsk_specs[index].nparams : -1; }
 
 int bsk_spec_arg(int index, int i, const char **name, int *kind, int *rank, int *divisible) {
@@ -47,8 +48,27 @@ int bsk_spec_key(int index, const char *key, int64_t *value, const char **text) 
   return 0;
 }
 
-int bsk_arch_serves(int compiled, int arch) {
-  return compiled / 10 == arch / 10 && compiled % 10 <= arch % 10;
+int bsk_arch_rank(int compiled, int image, int arch) {
+  switch (image) {
+    case BSK_IMAGE_PTX: return compiled <= arch ? compiled : 0;
+    case BSK_IMAGE_CUBIN_EXACT: return compiled == arch ? 1000 + compiled : 0;
+    case BSK_IMAGE_CUBIN:
+      return compiled / 10 == arch / 10 && compiled % 10 <= arch % 10 ? 1000 + compiled : 0;
+    default: return 0;
+  }
+}
+
+int bsk_arch_shared_limit(int arch) {
+  switch (arch) {
+    case 80: case 87: return 163 * 1024;
+    case 90: case 100: case 103: return 227 * 1024;
+    default: return 99 * 1024; /* 8.6, 8.9, 12.x, and what this table does not know */
+  }
+}
+
+int bsk_spec_rank(int index, int arch) {
+  const bsk_spec *s = spec_at(index);
+  return s && s->shared <= bsk_arch_shared_limit(arch) ? bsk_arch_rank(s->arch, s->image, arch) : 0;
 }
 
 static int cuda_fail(char *message, size_t size, const char *what, CUresult err) {
@@ -116,7 +136,7 @@ static int check_args(const bsk_spec *s, const unsigned grid[3], const bsk_arg *
 
 typedef struct {
   CUcontext context;
-  int arch, sms;
+  int arch, sms, shared_optin; /* shared_optin: the device's opt-in shared memory per block */
   CUfunction *functions; /* bsk_specs_count entries, NULL until loaded */
 } bsk_context;
 
@@ -136,11 +156,12 @@ static int context_entry(const bsk_driver *cu, bsk_context **out, char *message,
       entry = &contexts[i];
     } else if (!contexts[i].context) {
       CUdevice device;
-      int major = 0, minor = 0, sms = 0;
+      int major = 0, minor = 0, sms = 0, optin = 0;
       if ((err = cu->CtxGetDevice(&device)) ||
           (err = cu->DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device)) ||
           (err = cu->DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device)) ||
-          (err = cu->DeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device))) {
+          (err = cu->DeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device)) ||
+          (err = cu->DeviceGetAttribute(&optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device))) {
         status = cuda_fail(message, size, "querying the device", err);
         break;
       }
@@ -149,7 +170,7 @@ static int context_entry(const bsk_driver *cu, bsk_context **out, char *message,
         status = bsk_fail(message, size, BSK_ERR_CUDA, "out of host memory");
         break;
       }
-      contexts[i] = (bsk_context){context, 10 * major + minor, sms, functions};
+      contexts[i] = (bsk_context){context, 10 * major + minor, sms, optin, functions};
       entry = &contexts[i];
     }
   }
@@ -285,9 +306,14 @@ int bsk_launch(int index, const unsigned grid[3], const bsk_arg *args, int nargs
   if ((status = enter(stream, first_address(args, nargs), &cu, &pushed, &entry, message, size))) return status;
   CUfunction function;
   CUresult err;
-  if (!bsk_arch_serves(s->arch, entry->arch)) {
-    status = bsk_fail(message, size, BSK_ERR_UNSUPPORTED, "%s/%s was compiled for sm_%d; this GPU is sm_%d",
-                      s->family, s->name, s->arch, entry->arch);
+  if (!bsk_arch_rank(s->arch, s->image, entry->arch)) {
+    status = bsk_fail(message, size, BSK_ERR_UNSUPPORTED, "%s/%s was compiled for %s_%d%s; this GPU is sm_%d",
+                      s->family, s->name, s->image == BSK_IMAGE_PTX ? "compute" : "sm", s->arch,
+                      s->image == BSK_IMAGE_CUBIN_EXACT ? "a" : "", entry->arch);
+  } else if (s->shared > entry->shared_optin) {
+    status = bsk_fail(message, size, BSK_ERR_UNSUPPORTED,
+                      "%s/%s needs %d bytes of shared memory per block; this GPU (sm_%d) offers %d", s->family,
+                      s->name, s->shared, entry->arch, entry->shared_optin);
   } else if ((err = load_function(cu, entry, index, &function))) {
     status = bsk_fail(message, size, BSK_ERR_CUDA, "loading kernel %s/%s failed: %s (CUDA error %d)", s->family,
                       s->name, bsk_cuda_error(err), (int)err);

@@ -36,6 +36,11 @@ enum {
   BSK_ERR_CUDA = 4         /* a CUDA driver call failed */
 };
 
+/* How a spec's image reaches GPUs: a cubin for sm_XY runs on X.Y and later minors of X; an
+ * arch-specific cubin (sm_XYa: Triton compiles sm_90 and newer so) on X.Y only; PTX for compute_XY
+ * is JIT-compiled by the driver on X.Y and any later GPU. */
+enum { BSK_IMAGE_CUBIN = 0, BSK_IMAGE_CUBIN_EXACT = 1, BSK_IMAGE_PTX = 2 };
+
 /* Argument kinds. */
 enum { BSK_ARG_PTR = 1, BSK_ARG_I32 = 2, BSK_ARG_I64 = 3, BSK_ARG_F32 = 4, BSK_ARG_TENSOR = 5 };
 
@@ -61,11 +66,12 @@ BSK_API int bsk_abi_version(void);
 /* Number of compiled specs, and the build manifest (JSON) describing each in order. */
 BSK_API int bsk_spec_count(void);
 BSK_API const char *bsk_manifest(void);
-/* A spec's name, family, compiled arch (10 * major + minor) and argument count; NULL / -1 for an
- * index out of range. */
+/* A spec's name, family, compiled arch (10 * major + minor), image (BSK_IMAGE_*) and argument
+ * count; NULL / -1 for an index out of range. */
 BSK_API const char *bsk_spec_name(int spec);
 BSK_API const char *bsk_spec_family(int spec);
 BSK_API int bsk_spec_arch(int spec);
+BSK_API int bsk_spec_image(int spec);
 BSK_API int bsk_spec_nargs(int spec);
 /* Argument `i` of a spec: 1 and its name, kind (BSK_ARG_*), rank (tensors) and whether it was
  * compiled as a multiple of 16 (any output pointer may be NULL); 0 past the last one. */
@@ -73,9 +79,17 @@ BSK_API int bsk_spec_arg(int spec, int i, const char **name, int *kind, int *ran
 /* A key field of a spec: 1 if present (*value holds ints and bools, *text strings, else NULL),
  * 0 if the spec has no such key. */
 BSK_API int bsk_spec_key(int spec, const char *key, int64_t *value, const char **text);
-/* Whether a kernel compiled for `compiled` runs on a GPU of `arch`: same major version, equal or
- * newer minor one. */
-BSK_API int bsk_arch_serves(int compiled, int arch);
+/* The one selection rule of every caller: how well an `image` (BSK_IMAGE_*) compiled for `compiled`
+ * serves a GPU of `arch` (both 10 * major + minor).  0: it cannot run there; else larger is
+ * better -- any cubin over PTX, then the newest compiled arch.  Pure: touches no GPU. */
+BSK_API int bsk_arch_rank(int compiled, int image, int arch);
+/* The shared memory (bytes) one block may use on `arch` (the opt-in maximum NVIDIA documents per
+ * compute capability); for an architecture this table does not know, the smallest of recent ones
+ * (99 KiB), so that no spec is picked that could not launch. */
+BSK_API int bsk_arch_shared_limit(int arch);
+/* bsk_arch_rank of spec `spec` on `arch`, 0 where its shared memory exceeds bsk_arch_shared_limit
+ * (e.g. a float32 sm_80 kernel on an sm_86 GPU, or PTX on sm_120) or the index is out of range. */
+BSK_API int bsk_spec_rank(int spec, int arch);
 
 /* Compute capability (10 * major + minor) and multiprocessor count of the GPU of `stream`'s
  * context (the current context for the NULL stream). */

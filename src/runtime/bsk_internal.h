@@ -30,8 +30,8 @@ typedef struct {
   const char *name;     /* the spec's name within its family */
   const char *function; /* the kernel's symbol in the cubin */
   const char *family;
-  int arch, num_warps, shared;
-  const unsigned char *cubin;
+  int arch, image, num_warps, shared; /* image: BSK_IMAGE_* */
+  const unsigned char *cubin;          /* what cuModuleLoadData takes: a cubin, or NUL-terminated PTX */
   size_t cubin_size;
   bsk_launcher launch;
   int nparams;

@@ -71,7 +71,7 @@ def manifest(toy_library):
 
 def test_the_manifest_records_arguments_constexprs_and_fields(manifest):
     assert manifest["abi"] == ABI_VERSION and manifest["families"] == ["toy"]
-    assert manifest["archs"] == ["sm_80", "sm_90"]
+    assert manifest["archs"] == ["sm_80", "sm_90"] and manifest["ptx"] == []
     scale, rows = manifest["specializations"][1:]
     assert [(p["name"], p["kind"], p["type"], p["divisible"]) for p in scale["params"]] == [
         ("X", "ptr", "*fp32", True), ("Y", "ptr", "*fp32", True), ("N", "i32", "i32", False),

@@ -28,20 +28,37 @@ def _call(product="fprop", dtype="bf16", bs=32, axis=1, n=64, group=None, split=
     return call
 
 
+def _serves(target, arch):
+    """Whether ``target`` runs on ``sm_{arch}``, written out: sm_XY cubins on later minors of X,
+    arch-specific sm_XYa ones on X.Y only, compute_XY PTX on any GPU from X.Y on."""
+    kind, number = target.split("_")
+    compiled = int(number.rstrip("a"))
+    if kind == "compute":
+        return compiled <= arch
+    return compiled == arch if number.endswith("a") else (compiled // 10 == arch // 10 and compiled <= arch)
+
+
+#: Shared memory per block (opt-in, KiB) of the GPUs the selection is simulated on.
+SHARED_KIB = {75: 64, 80: 163, 86: 99, 89: 99, 90: 227, 100: 227, 120: 99, 130: 99}
+
+
 def _expected(specs, product, dtype, bs, axis, arch, atomic, n, group):
-    """The spec a GPU of ``arch`` should run, from the manifest alone: the newest arch, then the
-    few-token tile for a few tokens, then TMA where the rows allow."""
+    """``(name, target)`` of the spec a GPU of ``arch`` should run, from the manifest alone: among
+    the specs that run there (within the GPU's shared memory, TMA ones only where rows allow,
+    few-token ones only for their token counts), the newest cubin, else the newest PTX; then the
+    few-token tile; then TMA."""
     aligned = axis == 1 or n * (4 if dtype == "fp32" else 2) % 16 == 0
-    served = [s for s in specs if s["arch"] // 10 == arch // 10 and s["arch"] <= arch
+    served = [s for s in specs if _serves(s["target"], arch) and s["shared"] <= SHARED_KIB[arch] * 1024
               and (s["product"], s["dtype"], s["block_size"], s["axis"], s["atomic"], s["group"])
               == (product, dtype, bs, axis, atomic, group)
               and (aligned or "_tma" not in s["kernel"]) and (not s["max_tokens"] or n <= s["max_tokens"])]
+    served = [s for s in served if s["image"] == "cubin"] or served
     if not served:
         return None
     newest = max(s["arch"] for s in served)
     ranked = sorted((s for s in served if s["arch"] == newest),
                     key=lambda s: (not s["max_tokens"], "_tma" not in s["kernel"]))
-    return ranked[0]["name"]
+    return ranked[0]["name"], ranked[0]["target"]
 
 
 def _many_token_group(specs, product, dtype, bs, axis):
@@ -50,7 +67,7 @@ def _many_token_group(specs, product, dtype, bs, axis):
                 == (product, dtype, bs, axis) and not s["max_tokens"])
 
 
-@pytest.mark.parametrize("arch", [80, 86, 89, 90, 100])
+@pytest.mark.parametrize("arch", [75, 80, 86, 89, 90, 100, 120, 130])
 @pytest.mark.parametrize("axis, n", [(1, 13), (0, 13), (0, 16), (0, 1), (1, 64), (1, 513), (0, 520), (0, 515)],
                          ids=lambda v: str(v))
 @pytest.mark.parametrize("product, atomic", [("fprop", False), ("bprop", False), ("fprop", True),
@@ -63,7 +80,8 @@ def test_runtime_selects_the_specialisation(kernels, arch, axis, n, product, ato
     for group in groups:
         index = kernels.select(_call(product, dtype, bs, axis, n, group), arch, atomic)
         want = _expected(kernels.specs, product, dtype, bs, axis, arch, atomic, n, group)
-        assert (kernels.specs[index]["name"] if index >= 0 else None) == want, group
+        got = (kernels.specs[index]["name"], kernels.specs[index]["target"]) if index >= 0 else None
+        assert got == want, group
 
 
 @pytest.mark.parametrize("product", ["fprop", "bprop", "updat"])

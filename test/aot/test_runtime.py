@@ -50,9 +50,10 @@ def test_the_library_describes_itself(toy_library):
     assert lib.find("toy", 90, op="scale") == _index(lib, SCALE)   # the newest arch serving sm_90
     assert lib.find("toy", 89, op="scale") == 0                    # sm_80 kernels run on sm_89
     assert lib.find("toy", 80, op="rows") is None                  # rows needs sm_90
-    assert lib.find("toy", 100, op="scale") is None                # no sm_10x kernels
+    assert lib.find("toy", 100, op="scale") is None                # no sm_10x kernels, no PTX
     assert lib.find("matmul", 90) is None
-    assert lib.serves(80, 86) and not lib.serves(86, 80) and not lib.serves(90, 100)
+    assert [s["target"] for s in lib.specs] == ["sm_80", "sm_90a", "sm_90a"]
+    assert [lib.rank(i, 90) for i in range(3)] == [0, 1090, 1090] and lib.rank(3, 90) == 0
 
 
 CHECKS = [

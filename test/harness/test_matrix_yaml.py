@@ -60,10 +60,11 @@ def test_bad_flavor_is_an_error(cell):
                                                         r"cell's CUDA version 12.5"),
     ({"image": "nvidia/cuda:12.5.1-devel-rockylinux9"}, r"image: tag must end with one of"),
     ({"archs": ["80"]}, r"archs\[0\]: expected a string such as 'sm_90'"),
+    ({"archs": ["sm_90", "compute_90"]}, r"archs\[1\]: expected a string such as 'sm_90' \(matching"),
     ({"cudnn": None}, r"cudnn: missing \(required\)"),
 ], ids=["unknown-key", "float-python", "float-cuda", "old-python", "no-python", "twice",
         "old-tf", "bad-tf", "bad-status", "latest-image", "untagged", "cuda-mismatch",
-        "unknown-distro", "bad-arch", "missing-key"])
+        "unknown-distro", "bad-arch", "ptx-of-sm90", "missing-key"])
 def test_bad_build(change, words):
     build = {**BUILD, **change}
     build = {k: v for k, v in build.items() if v is not None}
@@ -111,4 +112,4 @@ def test_the_project_matrix():
     main_cells = {c.tensorflow for c in cells if c.python == "3.11"}
     assert {"2.16", "2.17", "2.18", "2.19", "2.20", "2.21"} <= main_cells
     assert len({c.name for c in cells}) == len(cells)
-    assert all({"sm_80", "sm_90"} <= set(c.archs) for c in cells)
+    assert all({"sm_80", "sm_90", "sm_100", "sm_120", "compute_80"} <= set(c.archs) for c in cells)

@@ -146,13 +146,16 @@ def test_bprop_reads_pretransposed_weight_in_float32_only():
 # ---------------------------------------------------------------------- archs
 
 
-@pytest.mark.parametrize("text, archs", [("sm_80,sm_90", (80, 90)), ("90 80 90", (80, 90)),
-                                         (["sm_90a"], (90,)), ("sm_100", (100,))])
-def test_parse_archs(text, archs):
-    assert parse_archs(text) == archs
+@pytest.mark.parametrize("text, archs, ptx", [("sm_80,sm_90", (80, 90), ()), ("90 80 90", (80, 90), ()),
+                                              (["sm_90a"], (90,), ()), ("sm_100", (100,), ()),
+                                              ("sm_100,sm_120,compute_80", (100, 120), (80,)),
+                                              ("compute_86", (), (86,))])
+def test_parse_archs(text, archs, ptx):
+    assert parse_archs(text) == (archs, ptx)
 
 
-@pytest.mark.parametrize("text, message", [("sm_75", "sm_80 or newer"), ("compute_90", "like sm_80"),
+@pytest.mark.parametrize("text, message", [("sm_75", "sm_80 or newer"), ("compute_90", "compute_80 to compute_89"),
+                                           ("compute_75", "sm_80 or newer"), ("compute_80a", "like sm_80"),
                                            ("", "at least one")])
 def test_parse_archs_refuses(text, message):
     with pytest.raises(ValueError, match=message):
@@ -165,13 +168,58 @@ def test_resolve_archs(monkeypatch, tmp_path):
     matrix.write_text("defaults:\n  archs: [sm_80]\nbuilds:\n  - tensorflow: '2.21'\n    archs: [sm_90]\n"
                       "  - tensorflow: '2.20'\n")
     monkeypatch.delenv("BLOCKSPARSE_CUDA_ARCHS", raising=False)
-    assert resolve_archs(None, "2.21.0", matrix) == (90,)
-    assert resolve_archs(None, "2.20.1", matrix) == (80,)
-    assert resolve_archs(None, "2.19.0", matrix) == (80,)
-    assert resolve_archs(None, "2.21.0", tmp_path / "absent.yaml") == DEFAULT_ARCHS
-    monkeypatch.setenv("BLOCKSPARSE_CUDA_ARCHS", "sm_80,sm_90")
-    assert resolve_archs(None, "2.21.0", matrix) == (80, 90)
-    assert resolve_archs("sm_90", "2.21.0", matrix) == (90,)
+    assert resolve_archs(None, "2.21.0", matrix) == ((90,), ())
+    assert resolve_archs(None, "2.20.1", matrix) == ((80,), ())
+    assert resolve_archs(None, "2.19.0", matrix) == ((80,), ())
+    assert resolve_archs(None, "2.21.0", tmp_path / "absent.yaml") == DEFAULT_ARCHS == ((80, 90), ())
+    monkeypatch.setenv("BLOCKSPARSE_CUDA_ARCHS", "sm_80,sm_90,compute_80")
+    assert resolve_archs(None, "2.21.0", matrix) == ((80, 90), (80,))
+    assert resolve_archs("sm_90", "2.21.0", matrix) == ((90,), ())
+
+
+def _mm(target, group, shared=0, product="fprop", axis=1, tma=False):
+    arch = int(target.split("_")[1].rstrip("a"))
+    return {"family": "matmul", "arch": arch, "target": target, "image": "ptx" if "compute" in target else "cubin",
+            "product": product, "dtype": "bf16", "block_size": 32, "axis": axis, "group": group, "shared": shared,
+            "tma": tma}
+
+
+@pytest.mark.parametrize("arch, group", [(80, 1), (86, None), (90, 4), (100, 2), (103, 2), (120, None), (130, None)],
+                         ids=lambda v: str(v))
+def test_the_tf_tables_follow_the_runtime_s_choice(arch, group):
+    """``OpLibrary.group``: the G of the kernels the runtime would pick -- a cubin of the GPU, else
+    the PTX, within the GPU's shared memory (here 128 KiB kernels: too much for 8.6 and 12.x)."""
+    from blocksparse._tf.loader import OpLibrary
+
+    big = 128 * 1024
+    lib = OpLibrary("lib.so", None, (_mm("sm_80", 1, big), _mm("sm_90a", 4), _mm("compute_80", 2, big),
+                                     _mm("sm_90a", 4, product="bprop"), _mm("compute_80", 3, product="bprop")))
+    assert lib.archs == (80, 90) and lib.ptx == (80,)
+    assert lib.group(arch, "fprop", "bf16", 32, 1) == group
+    assert lib.group(arch, "fprop", "bf16", 32, 0) is None  # no kernels for that axis
+    assert lib.group(arch, "bprop", "bf16", 32, 1) == {90: 4}.get(arch, 3 if arch >= 80 else None)
+
+
+@pytest.mark.parametrize("arch, group", [(90, 4), (100, 2), (120, None)], ids=lambda v: str(v))
+def test_on_axis_0_the_tf_tables_are_those_of_a_pointer_kernel(arch, group):
+    """(F, N) activations: whether descriptors can address the rows is known only when the op runs,
+    so a pointer kernel must serve -- its G, which the runtime's TMA kernel shares where it exists."""
+    from blocksparse._tf.loader import OpLibrary
+
+    big = 128 * 1024
+    lib = OpLibrary("lib.so", None, (
+        _mm("sm_90a", 4, axis=0, tma=True), _mm("sm_90a", 4, axis=0),     # TMA + its stand-in, one G
+        _mm("sm_100a", 4, axis=0, tma=True), _mm("sm_120a", 4, axis=0, tma=True),
+        _mm("compute_80", 2, big, axis=0)))                                  # 128 KiB: not on 12.x
+    assert lib.group(arch, "fprop", "bf16", 32, 0) == group
+
+
+def test_the_tf_tables_refuse_kernels_of_one_rank_with_different_groups():
+    from blocksparse._tf.loader import OpLibrary
+
+    lib = OpLibrary("lib.so", None, (_mm("sm_90a", 4), _mm("sm_90a", 2)))
+    with pytest.raises(RuntimeError, match=r"on sm_90 read tables of different G"):
+        lib.group(90, "fprop", "bf16", 32, 1)
 
 
 # ------------------------------------------------------- the op library's kernels
@@ -245,11 +293,14 @@ def test_platform_tag_refuses_what_no_policy_allows(build_ops):
 def test_verify_script_dry_run(tmp_path):
     pytest.importorskip("torch")
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "verify_aot.py"), "--dry-run",
-                           "--archs", "sm_90", "--dtypes", "fp16", "--block-sizes", "64",
+                           "--archs", "sm_90,compute_80", "--dtypes", "fp16", "--block-sizes", "64",
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     result = json.loads((tmp_path / "aot-verify.json").read_text())
-    assert result["dry_run"] is True and result["gpu"] is None
-    assert len(result["kernels"]) == len(aot_specializations((90,), dtypes=("fp16",), block_sizes=(64,)))
+    assert result["dry_run"] is True and result["gpu"] is None and result["archs"] == ["sm_90", "compute_80"]
+    cubins, ptx = (aot_specializations((arch,), dtypes=("fp16",), block_sizes=(64,)) for arch in (90, 80))
+    assert [k["target"] for k in result["kernels"]] == ["sm_90a"] * len(cubins) + ["compute_80"] * len(ptx)
     assert all(k["status"] == "compiled" for k in result["kernels"])
+    # selection: each sm_90 kernel on sm_90, each PTX kernel on a GPU no cubin serves
+    assert result["selection_mismatches"] == [] and result["packing_mismatches"] == []
     assert "dry run" in (tmp_path / "aot-verify.md").read_text()

@@ -243,6 +243,22 @@ def test_on_a_gpu_the_ops_are_built_with_the_kernels_tables(op_library, gpu_arch
     assert updat.inputs[2].shape.as_list()[1] == 1 + 2 * g["updat"]
 
 
+@pytest.mark.parametrize("arch", [100, 103, 120, 130])
+def test_a_newer_gpu_without_cubins_builds_the_ops_on_the_ptx_tables(op_library, gpu_arch, monkeypatch, arch):
+    """No cubin serves sm_{arch}: the tables are built with the G of the compute_80 PTX, the kernels
+    the runtime then picks (the driver JIT-compiles them)."""
+    if not op_library.ptx or any(s["arch"] == arch for s in op_library.specs):
+        pytest.skip(f"this library has no PTX, or cubins for sm_{arch}")
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "auto")
+    gpu_arch(arch)
+    for axis in (1, 0):
+        for product in ("fprop", "bprop", "updat"):
+            ptx = {s["group"] for s in op_library.specs if s["target"] == "compute_80"
+                   and (s["product"], s["dtype"], s["block_size"], s["axis"]) == (product, "bf16", 32, axis)}
+            assert len(ptx) == 1 and op_library.group(arch, product, "bf16", 32, axis) == ptx.pop()
+        assert backend.select(Layout(MASK, 32), axis, tf.bfloat16).name == f"tf-gpu-sm{arch}"
+
+
 def test_gpu_path_honours_dw_dtype(op_library, gpu_arch):
     gpu_arch(90)
     bsmm = BlocksparseMatMul(MASK, block_size=32, impl="kernels")
@@ -316,16 +332,16 @@ def test_block_size_8_takes_the_reference_path_even_with_triton(op_library, gpu_
 def test_a_gpu_without_kernels_warns_once_and_uses_the_reference_path(op_library, gpu_arch,
                                                                       monkeypatch):
     ops.warn_once.reset()
-    gpu_arch(100)
+    gpu_arch(75)  # older than any target: neither a cubin nor the PTX serves it
     lay = Layout(MASK, 32)
-    with pytest.warns(ops.OpLibraryWarning, match=r"no kernels for this GPU \(sm_100\)"):
+    with pytest.warns(ops.OpLibraryWarning, match=r"no kernels for this GPU \(sm_75\)"):
         assert backend.select(lay, 1, tf.bfloat16) is backend.REFERENCE
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         assert backend.select(lay, 0, tf.bfloat16) is backend.REFERENCE
     assert _no_library_warnings(record)
     monkeypatch.setenv("BLOCKSPARSE_BACKEND", "triton")
-    with pytest.raises(backend.BackendUnavailableError, match="sm_100"):
+    with pytest.raises(backend.BackendUnavailableError, match="sm_75"):
         backend.select(lay, 1, tf.bfloat16)
 
 
@@ -433,7 +449,10 @@ def test_build_info_of_a_build(op_library, monkeypatch):
     major, minor = (int(p) for p in tf.__version__.split(".")[:2])
     assert info["tensorflow_window"] == f">={major}.{minor},<{major}.{minor + 1}"
     assert info["archs"] == [f"sm_{a}" for a in op_library.archs]
+    assert info["ptx"] == [f"compute_{a}" for a in op_library.ptx]
     assert [s["name"] for s in info["specializations"]] == [s["name"] for s in op_library.specs]
+    serving = blocksparse.build_info(arch=130)["serving"]  # a GPU no cubin serves
+    assert serving["image"] == ("ptx" if op_library.ptx else None)
     assert info["platform_tag"].startswith("manylinux_2_") and info["cuda"].startswith("12.")
     assert info["library_bytes"] > info["cubin_bytes"] > 0
     if shutil.which("git") and info["git_revision"]:
