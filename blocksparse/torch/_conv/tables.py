@@ -10,12 +10,13 @@ from types import SimpleNamespace
 import torch
 
 from .._matmul import plan as _matmul_plan
+from . import implicit as _implicit
 
 __all__ = ["Tables"]
 
 
-def _tensor(array):
-    return torch.from_numpy(array.astype("int64", copy=True))
+def _tensor(array, dtype="int64"):
+    return torch.from_numpy(array.astype(dtype, copy=True))
 
 
 class Tables:
@@ -24,9 +25,14 @@ class Tables:
     ``fan_in`` (per output channel), and per bucket of the grouped plan ``inputs`` / ``weight``;
     ``order`` (the grouped output shuffle); ``pointwise`` (the matmul weight's flat filter indices,
     when the op has a :class:`~blocksparse.ops.conv.pointwise.PointwisePlan`) and ``matmul_handle``
-    (the layout handle of the matmul ops, or None)."""
+    (the layout handle of the matmul ops, or None); ``implicit_steps`` / ``implicit_tiles`` /
+    ``implicit_weight`` (the tables of the implicit-GEMM kernel, when the op has an
+    :class:`~blocksparse.ops.conv.implicit.ImplicitPlan`) and ``implicit_handle`` (this object's
+    handle for that path's custom op, or None).  ``spec``: the op's
+    :class:`~blocksparse.ops.conv.ConvSpec`."""
 
     def __init__(self, spec):
+        self.spec = spec
         blocks = spec.blocks
         segments, channel = blocks.norm_segments
         fan_in = torch.zeros(blocks.K, dtype=torch.int64)
@@ -40,6 +46,12 @@ class Tables:
             weight=[_tensor(b.weight) for b in plan.buckets], order=_tensor(plan.order),
             pointwise=None if spec.pointwise is None else _tensor(spec.pointwise.weight),
             matmul_handle=None if spec.pointwise is None else _matmul_plan.handle(spec.pointwise.layout))
+        implicit = spec.implicit
+        if implicit is not None:
+            self._cpu.implicit_steps = _tensor(implicit.steps, "int32")
+            self._cpu.implicit_tiles = _tensor(implicit.tiles, "int32")
+            self._cpu.implicit_weight = _tensor(implicit.weight)
+            self._cpu.implicit_handle = _implicit.register(self)
         self._devices = {}
 
     def on(self, device):

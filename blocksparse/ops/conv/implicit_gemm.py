@@ -1,0 +1,83 @@
+"""Implicit-GEMM Triton kernel of the block-sparse convolution (forward), over the tables of
+:mod:`.implicit`.
+
+Activations are channels-last: input pixel ``(n, d, h, w)``, channel ``c`` at
+``n * stride_n + d * stride_d + h * stride_h + w * stride_w + c`` (channels contiguous, so a
+chunk of consecutive channels is one coalesced load per pixel); the output ``(pixels, K)``
+contiguous.  1-D and 2-D convolutions run as 3-D ones with size-1 leading axes.
+
+Program ``pid`` computes output tile ``pid % tiles`` of pixel tile ``pid // tiles``: the programs
+that run together share their pixels, so the input they read overlaps in L2.  Each program walks
+its column's steps (tap x chunk of input channels) in one flat loop -- one ``[BM, BK] @ [BK, BN]``
+product a step, which the compiler can pipeline -- with the input address of each output pixel
+computed per tap and masked where the tap falls into the padding.
+
+Bytes: each tile reads its pixels' present input channels once per tap (mostly from L2 after the
+first tap) and the column's packed filter; writes its ``[BM, BN]`` output once.  Accumulation is
+float32; the output takes its buffer's dtype.
+"""
+import triton
+import triton.language as tl
+
+from ... import _env
+
+#: Tile shapes tried on a GPU (``BM`` output pixels; ``BN`` / ``BK`` come from the plan), tuned per
+#: pixel count and tile table; the interpreter takes the first only.
+CONFIGS = [
+    triton.Config({"BM": 128}, num_warps=4, num_stages=3),
+    triton.Config({"BM": 128}, num_warps=8, num_stages=3),
+    triton.Config({"BM": 64}, num_warps=4, num_stages=4),
+    triton.Config({"BM": 128}, num_warps=4, num_stages=5),
+    triton.Config({"BM": 256}, num_warps=8, num_stages=3),
+]
+if _env.triton_interpret():
+    CONFIGS = [triton.Config({"BM": 32}, num_warps=4, num_stages=1)]
+
+
+@triton.autotune(CONFIGS, key=["pixels", "tiles", "K", "BN", "BK"])
+@triton.jit
+def conv_implicit_fwd_kernel(
+    X, W, Y, STEPS, TILES,
+    tiles, pixels, K,
+    ID, IH, IW, OD, OH, OW,
+    stride_n, stride_d, stride_h, stride_w,
+    step_d, step_h, step_w, dil_d, dil_h, dil_w, pad_d, pad_h, pad_w, taps_h, taps_w,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
+):
+    i_pid = tl.program_id(0)
+    i_t, i_m = i_pid % tiles, i_pid // tiles
+    p_tile = TILES + i_t * 6
+    step_lo, step_hi = tl.load(p_tile), tl.load(p_tile + 1)
+    k_first, k_count = tl.load(p_tile + 2), tl.load(p_tile + 3)
+    position, width = tl.load(p_tile + 4), tl.load(p_tile + 5)
+
+    o_m = i_m * BM + tl.arange(0, BM)
+    m_m = o_m < pixels
+    o_w = o_m % OW
+    o_h = (o_m // OW) % OH
+    o_d = (o_m // (OW * OH)) % OD
+    o_n = o_m // (OW * OH * OD)
+    # image position of tap 0; tap (t, r, s) adds (t * dil_d, r * dil_h, s * dil_w)
+    o_id, o_ih, o_iw = o_d * step_d - pad_d, o_h * step_h - pad_h, o_w * step_w - pad_w
+    p_n = X + o_n.to(tl.int64) * stride_n
+
+    o_k = tl.arange(0, BN)
+    m_k = o_k < k_count
+    o_c = tl.arange(0, BK)
+    b_acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for i_s in range(step_lo, step_hi):
+        p_step = STEPS + i_s * 4
+        tap, c_first = tl.load(p_step), tl.load(p_step + 1)
+        c_count, w_row = tl.load(p_step + 2), tl.load(p_step + 3)
+        i_id = o_id + (tap // (taps_h * taps_w)) * dil_d
+        i_ih = o_ih + ((tap // taps_w) % taps_h) * dil_h
+        i_iw = o_iw + (tap % taps_w) * dil_w
+        m_x = m_m & (i_id >= 0) & (i_id < ID) & (i_ih >= 0) & (i_ih < IH) & (i_iw >= 0) & (i_iw < IW)
+        p_x = p_n + i_id.to(tl.int64) * stride_d + i_ih.to(tl.int64) * stride_h + i_iw.to(tl.int64) * stride_w
+        m_c = o_c < c_count
+        b_x = tl.load(p_x[:, None] + (c_first + o_c)[None, :], mask=m_x[:, None] & m_c[None, :], other=0.0)
+        p_w = W + w_row + position + o_c[:, None] * width + o_k[None, :]
+        b_w = tl.load(p_w, mask=m_c[:, None] & m_k[None, :], other=0.0)
+        b_acc += tl.dot(b_x, b_w, input_precision=PRECISION)  # [BM, BK] @ [BK, BN] -> [BM, BN]
+    p_y = Y + o_m[:, None].to(tl.int64) * K + (k_first + o_k)[None, :]
+    tl.store(p_y, b_acc.to(Y.dtype.element_ty), mask=m_m[:, None] & m_k[None, :])
