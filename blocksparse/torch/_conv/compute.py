@@ -37,7 +37,7 @@ def choose(spec, x, training=False):
     serves where its table says (:data:`blocksparse.ops.conv.implicit.IMPLICIT_MAX_DENSITY`)."""
     if _env.backend() == "reference" or not x.is_cuda:
         return "dense"
-    if _implicit.serves(spec, x) and worth_implicit(spec.implicit, spec.blocks.density, training):
+    if worth_implicit(spec.implicit, spec.blocks.density, training) and _implicit.serves(spec, x):
         return "implicit"
     if training:
         return "dense"

@@ -49,32 +49,34 @@ def transposed(x, w, geometry, groups):
     return pad(full, [(-a.pad, -a.pad_after) for a in axes])
 
 
-def dense_filter(flat, spec, tables):
-    """The dense filter, ``(K, C) + TRS`` (transposed: ``(C, K) + TRS``), zero outside the blocks."""
+def dense_filter(flat, spec, index):
+    """The dense filter, ``(K, C) + TRS`` (transposed: ``(C, K) + TRS``), zero outside the blocks;
+    ``index``: where each flat filter element goes (the tables' ``dense``)."""
     blocks = spec.blocks
-    w = flat.new_zeros(blocks.dense_shape[0] * blocks.dense_shape[1] * blocks.trs).scatter(0, tables.dense, flat)
+    w = flat.new_zeros(blocks.dense_shape[0] * blocks.dense_shape[1] * blocks.trs).scatter(0, index, flat)
     return w.view(*blocks.dense_shape[:2], *spec.geometry.TRS)
 
 
 def dense(x, flat, spec, tables):
-    w = dense_filter(flat, spec, tables)
+    w = dense_filter(flat, spec, tables.dense)
     if spec.transposed:
         return transposed(x, w, spec.geometry, 1)
     return convolution(x, w, spec.geometry, 1)
 
 
-def dense_grads(dy, x, flat, spec, tables, need_x, need_flat):
+def dense_grads(dy, x, flat, spec, index, need_x, need_flat):
     """``(dx, dflat)`` of a convolution (not transposed) for output gradient ``dy``, from one
-    ``convolution_backward`` with the dense filter (None where not needed)."""
+    ``convolution_backward`` with the dense filter (None where not needed); ``index``: as for
+    :func:`dense_filter`."""
     geometry = spec.geometry
     tail = _tail(geometry)
     x_padded = pad(x, tail)
     full = [(x_padded.shape[2 + i] + 2 * a.pad - a.extent) // a.stride + 1 for i, a in enumerate(geometry.axes)]
     dy = pad(dy, [(0, f - a.out) for f, a in zip(full, geometry.axes)])  # the cropped extra outputs
     dx, dw, _ = torch.ops.aten.convolution_backward(
-        dy, x_padded, dense_filter(flat, spec, tables), None, list(geometry.strides),
+        dy, x_padded, dense_filter(flat, spec, index), None, list(geometry.strides),
         [a.pad for a in geometry.axes], list(geometry.dilates), False, [0] * geometry.ndim, 1,
         [need_x, need_flat, False])
     if need_x:
         dx = pad(dx, [(0, -after) for _, after in tail])
-    return dx, (dw.reshape(-1).index_select(0, tables.dense) if need_flat else None)
+    return dx, (dw.reshape(-1).index_select(0, index) if need_flat else None)

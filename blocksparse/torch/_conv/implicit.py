@@ -11,7 +11,8 @@ the blocks.
 ``blocksparse::conv_implicit`` (with a fake function and registered autograd) serves
 ``torch.compile``; eager calls take :class:`ImplicitConvFunction` directly (no dispatcher).  The op
 receives an integer *handle* of the op's :class:`~.tables.Tables` (see :func:`register`), so that
-the compiler sees only tensors, ints and strings at its boundary.
+the compiler sees only tensors, ints and strings at its boundary; the dense filter's index is an
+input, since the backward (traced by the compiler) builds the dense filter from it.
 """
 from __future__ import annotations
 
@@ -93,47 +94,46 @@ class ImplicitConvFunction(torch.autograd.Function):
     """``y`` of the kernel; gradients of the dense masked convolution."""
 
     @staticmethod
-    def forward(ctx, x, flat, handle, precision):
+    def forward(ctx, x, flat, dense_index, handle, precision):
         tables = _tables(handle)
-        ctx.save_for_backward(x, flat)
+        ctx.save_for_backward(x, flat, dense_index)
         ctx.handle = handle
         return conv_implicit_fwd(x, flat, tables.spec, tables.on(x.device), precision)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):
-        return (*_grads(ctx, dy), None, None)
+        return (*_grads(ctx, dy), None, None, None)
 
 
 def _grads(ctx, dy):
-    x, flat = ctx.saved_tensors
-    tables = _tables(ctx.handle)
+    x, flat, dense_index = ctx.saved_tensors
     need_x, need_flat = ctx.needs_input_grad[:2]
-    return dense_grads(dy, x, flat, tables.spec, tables.on(x.device), need_x, need_flat)
+    return dense_grads(dy, x, flat, _tables(ctx.handle).spec, dense_index, need_x, need_flat)
 
 
 _apply = direct_apply(ImplicitConvFunction)
 
 
 @torch.library.custom_op("blocksparse::conv_implicit", mutates_args=())
-def conv_implicit_op(x: Tensor, flat: Tensor, handle: int, precision: str) -> Tensor:
+def conv_implicit_op(x: Tensor, flat: Tensor, dense_index: Tensor, handle: int, precision: str) -> Tensor:
     tables = _tables(handle)
     return conv_implicit_fwd(x, flat, tables.spec, tables.on(x.device), precision)
 
 
 @conv_implicit_op.register_fake
-def _(x, flat, handle, precision):
+def _(x, flat, dense_index, handle, precision):
     return x.new_empty(_out_shape(x, _tables(handle).spec)).movedim(-1, 1)
 
 
 def _setup_context(ctx, inputs, output):
-    x, flat, handle, _ = inputs
-    ctx.save_for_backward(x, flat)
+    x, flat, dense_index, handle, _ = inputs
+    ctx.save_for_backward(x, flat, dense_index)
     ctx.handle = handle
 
 
 def _backward_op(ctx, dy):
-    return (*_grads(ctx, dy), None, None)
+    return (*_grads(ctx, dy), None, None, None)
 
 
 conv_implicit_op.register_autograd(_backward_op, setup_context=_setup_context)
@@ -143,7 +143,7 @@ def implicit(x, flat, spec, device_tables):
     """The implicit path's output (the custom op while ``torch.compile`` traces)."""
     precision = _precision(x)
     if torch.compiler.is_compiling():
-        return conv_implicit_op(x, flat, device_tables.implicit_handle, precision)
+        return conv_implicit_op(x, flat, device_tables.dense, device_tables.implicit_handle, precision)
     if torch.is_grad_enabled() and (x.requires_grad or flat.requires_grad):
-        return _apply(x, flat, device_tables.implicit_handle, precision)
+        return _apply(x, flat, device_tables.dense, device_tables.implicit_handle, precision)
     return conv_implicit_fwd(x, flat, spec, device_tables, precision)
