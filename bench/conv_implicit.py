@@ -11,7 +11,8 @@ at densities 0.25 and 0.5, "balanced" layouts (every input and every output bloc
 cuDNN's default) on the 3x3 stride-1 shapes.
 
 * ``implicit``  ``BlocksparseConv(..., path="implicit")`` called as a user does, channels-last
-                input: the Triton kernel forward, the dense masked cuDNN gradients backward.
+                input: the Triton kernel for the output and the input gradient, the dense masked
+                cuDNN filter gradient.
 * ``grouped``   the grouped cuDNN path (``path="grouped"``), channels-last input.
 * ``dense``     ``F.conv2d`` with a ready dense filter that is zero outside the blocks (cuDNN),
                 NCHW and channels-last timed once per shape and dtype; the faster is the baseline.

@@ -26,8 +26,10 @@ Tables (int32, row-major):
            ``j``'s filter is ``(taps, cin_j, kw_j)``, output channels fastest, so a tile's
            ``[BK, BN]`` slice of one tap is rows of consecutive elements.
 
-Only convolutions (not transposed) have a plan.  Which layouts take this path by themselves is
-the measured table :data:`IMPLICIT_MAX_DENSITY`.
+The same tables serve the input gradient of the convolution, with the roles swapped: output
+channels are read, input channels written, through the transposed relation of the kernel.  Only
+convolutions (not transposed ones) have plans.  Which layouts take this path by themselves is the
+measured table :data:`IMPLICIT_MAX_DENSITY`.
 """
 from __future__ import annotations
 
@@ -81,10 +83,10 @@ def _pow2(n, low, high):
     return int(min(high, max(low, 1 << (int(n) - 1).bit_length())))
 
 
-def _columns(blocks):
-    """``{blocks writing a channel: sorted output channels}``, blocks in ascending order."""
-    writers = [[] for _ in range(blocks.K)]
-    for b, ks in enumerate(blocks.ks):
+def _columns(writes, channels):
+    """``{blocks writing a channel: sorted channels}`` (``writes[b]``: block ``b``'s written channels)."""
+    writers = [[] for _ in range(channels)]
+    for b, ks in enumerate(writes):
         for k in ks.tolist():
             writers[k].append(b)
     columns = {}
@@ -94,29 +96,36 @@ def _columns(blocks):
     return {members: np.array(ks, dtype=np.int64) for members, ks in columns.items()}
 
 
-def _column_filter(blocks, members, outs):
+def _column_filter(side, members, outs):
     """``(sorted input channels, (taps, cin, kw) flat-F indices)`` of one column."""
-    ins = np.sort(np.concatenate([blocks.cs[b] for b in members]))
-    packed = np.empty((blocks.trs, ins.size, outs.size), dtype=np.int64)
+    reads, writes, filters = side
+    ins = np.sort(np.concatenate([reads[b] for b in members]))
+    packed = np.empty((filters(members[0]).shape[2], ins.size, outs.size), dtype=np.int64)
     for b in members:
-        index = blocks.flat_index(b)                        # (Kb, Cb, taps)
-        rows = np.searchsorted(ins, blocks.cs[b])           # the block's input channels, sorted order
-        kpos = np.argsort(blocks.ks[b])[np.searchsorted(np.sort(blocks.ks[b]), outs)]
-        packed[:, rows, :] = index[kpos].transpose(2, 1, 0)  # (taps, Cb, kw)
+        index = filters(b)                                   # (written, read, taps) of block b
+        rows = np.searchsorted(ins, reads[b])                # the block's read channels, sorted order
+        kpos = np.argsort(writes[b])[np.searchsorted(np.sort(writes[b]), outs)]
+        packed[:, rows, :] = index[kpos].transpose(2, 1, 0)  # (taps, read, kw)
     return ins, packed
 
 
-def implicit_plan(blocks):
-    """The :class:`ImplicitPlan` of a :class:`~.blocks.ConvBlocks`, or None when transposed."""
+def implicit_plan(blocks, gradient=False):
+    """The :class:`ImplicitPlan` of a :class:`~.blocks.ConvBlocks` (None when transposed): of the
+    convolution (reads input channels ``cs``, writes output channels ``ks``) or, with ``gradient``,
+    of its input gradient (reads ``ks``, writes ``cs``: the kernel's transposed relation)."""
     if blocks.transposed:
         return None
-    columns = _columns(blocks)
+    if gradient:
+        side = (blocks.ks, blocks.cs, lambda b: blocks.flat_index(b).transpose(1, 0, 2))
+    else:
+        side = (blocks.cs, blocks.ks, blocks.flat_index)
+    columns = _columns(side[1], blocks.C if gradient else blocks.K)
     widest_run = max(count for outs in columns.values() for _, count in _runs(outs))
-    longest_run = max(count for cs in blocks.cs for _, count in _runs(np.sort(cs)))
+    longest_run = max(count for cs in side[0] for _, count in _runs(np.sort(cs)))
     block_n, block_k = _pow2(widest_run, _MIN_TILE, MAX_BN), _pow2(longest_run, _MIN_TILE, MAX_BK)
     steps, tiles, weight, offset = [], [], [], 0
     for members, outs in columns.items():
-        ins, packed = _column_filter(blocks, members, outs)
+        ins, packed = _column_filter(side, members, outs)
         first = len(steps)
         runs = _runs(ins)
         rows = np.cumsum([0] + [count for _, count in runs])
@@ -138,7 +147,7 @@ def implicit_plan(blocks):
     width = min(min(c.size, k.size) for c, k in zip(blocks.cs, blocks.ks))
     return ImplicitPlan(steps=_frozen_int32(steps, 4), tiles=_frozen_int32(tiles, 6),
                         weight=frozen_int64(np.concatenate(weight)), block_n=block_n, block_k=block_k,
-                        covers=written == blocks.K, width=width)
+                        covers=written == (blocks.C if gradient else blocks.K), width=width)
 
 
 def _frozen_int32(rows, width):

@@ -1,10 +1,14 @@
-"""Implicit-GEMM Triton kernel of the block-sparse convolution (forward), over the tables of
-:mod:`.implicit`.
+"""Implicit-GEMM Triton kernel of the block-sparse convolution and of its input gradient, over the
+tables of :mod:`.implicit`.
 
-Activations are channels-last: input pixel ``(n, d, h, w)``, channel ``c`` at
+Activations are channels-last: read pixel ``(n, d, h, w)``, channel ``c`` at
 ``n * stride_n + d * stride_d + h * stride_h + w * stride_w + c`` (channels contiguous, so a
-chunk of consecutive channels is one coalesced load per pixel); the output ``(pixels, K)``
+chunk of consecutive channels is one coalesced load per pixel); the written ``(pixels, K)``
 contiguous.  1-D and 2-D convolutions run as 3-D ones with size-1 leading axes.
+
+Per axis, tap ``t`` of written position ``o`` reads position ``o * step - pad + t * dil`` (the
+convolution) or, ``TRANSPOSED`` (its input gradient), ``(o + pad - t * dil) / step`` where that
+is a whole number: the taps that land between strided positions read nothing.
 
 Program ``pid`` computes output tile ``pid % tiles`` of pixel tile ``pid // tiles``: the programs
 that run together share their pixels, so the input they read overlaps in L2.  Each program walks
@@ -39,10 +43,10 @@ if _env.triton_interpret():
 def conv_implicit_fwd_kernel(
     X, W, Y, STEPS, TILES,
     tiles, pixels, K,
-    ID, IH, IW, OD, OH, OW,
+    ID, IH, IW, OD, OH, OW,  # read and written spatial sizes
     stride_n, stride_d, stride_h, stride_w,
     step_d, step_h, step_w, dil_d, dil_h, dil_w, pad_d, pad_h, pad_w, taps_h, taps_w,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr, TRANSPOSED: tl.constexpr,
 ):
     i_pid = tl.program_id(0)
     i_t, i_m = i_pid % tiles, i_pid // tiles
@@ -57,8 +61,12 @@ def conv_implicit_fwd_kernel(
     o_h = (o_m // OW) % OH
     o_d = (o_m // (OW * OH)) % OD
     o_n = o_m // (OW * OH * OD)
-    # image position of tap 0; tap (t, r, s) adds (t * dil_d, r * dil_h, s * dil_w)
-    o_id, o_ih, o_iw = o_d * step_d - pad_d, o_h * step_h - pad_h, o_w * step_w - pad_w
+    # read position of tap 0 (transposed: before the division by the step); tap (t, r, s) moves it
+    # by (t * dil_d, r * dil_h, s * dil_w), forward (transposed: backward)
+    if TRANSPOSED:
+        o_id, o_ih, o_iw = o_d + pad_d, o_h + pad_h, o_w + pad_w
+    else:
+        o_id, o_ih, o_iw = o_d * step_d - pad_d, o_h * step_h - pad_h, o_w * step_w - pad_w
     p_n = X + o_n.to(tl.int64) * stride_n
 
     o_k = tl.arange(0, BN)
@@ -69,10 +77,16 @@ def conv_implicit_fwd_kernel(
         p_step = STEPS + i_s * 4
         tap, c_first = tl.load(p_step), tl.load(p_step + 1)
         c_count, w_row = tl.load(p_step + 2), tl.load(p_step + 3)
-        i_id = o_id + (tap // (taps_h * taps_w)) * dil_d
-        i_ih = o_ih + ((tap // taps_w) % taps_h) * dil_h
-        i_iw = o_iw + (tap % taps_w) * dil_w
-        m_x = m_m & (i_id >= 0) & (i_id < ID) & (i_ih >= 0) & (i_ih < IH) & (i_iw >= 0) & (i_iw < IW)
+        t_d, t_h, t_w = (tap // (taps_h * taps_w)) * dil_d, ((tap // taps_w) % taps_h) * dil_h, (tap % taps_w) * dil_w
+        if TRANSPOSED:
+            j_d, j_h, j_w = o_id - t_d, o_ih - t_h, o_iw - t_w
+            i_id, i_ih, i_iw = j_d // step_d, j_h // step_h, j_w // step_w
+            m_x = m_m & (j_d >= 0) & (j_h >= 0) & (j_w >= 0) & (i_id * step_d == j_d) & (i_ih * step_h == j_h)
+            m_x = m_x & (i_iw * step_w == j_w)
+        else:
+            i_id, i_ih, i_iw = o_id + t_d, o_ih + t_h, o_iw + t_w
+            m_x = m_m & (i_id >= 0) & (i_ih >= 0) & (i_iw >= 0)
+        m_x = m_x & (i_id < ID) & (i_ih < IH) & (i_iw < IW)
         p_x = p_n + i_id.to(tl.int64) * stride_d + i_ih.to(tl.int64) * stride_h + i_iw.to(tl.int64) * stride_w
         m_c = o_c < c_count
         b_x = tl.load(p_x[:, None] + (c_first + o_c)[None, :], mask=m_x[:, None] & m_c[None, :], other=0.0)

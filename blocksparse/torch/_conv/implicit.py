@@ -1,15 +1,16 @@
-"""The implicit-GEMM path of the PyTorch convolution: launcher, autograd, custom op.
+"""The implicit-GEMM path of the PyTorch convolution: launchers, autograd, custom ops.
 
-Forward: the Triton kernel of :mod:`blocksparse.ops.conv.implicit_gemm` on channels-last
-activations.  The input is read channels-last (a channels-last tensor as it is; any other is copied
-once, which costs one pass over the input but makes every chunk of channels one coalesced load),
-and the output is written channels-last: an ``(N, K) + MPQ`` tensor with channels-last strides, as
-cuDNN returns for channels-last inputs.  Backward: the gradients of the dense masked convolution
-(:func:`.dense.dense_grads`, one cuDNN ``convolution_backward``), the filter's gathered back to
-the blocks.
+Forward and input gradient: the Triton kernel of :mod:`blocksparse.ops.conv.implicit_gemm` on
+channels-last activations.  The input (backward: the output gradient) is read channels-last (a
+channels-last tensor as it is; any other is copied once, which costs one pass but makes every
+chunk of channels one coalesced load), and the result is written channels-last: a channels-first
+shaped tensor with channels-last strides, as cuDNN returns for channels-last inputs.  The filter
+gradient is the dense masked convolution's (:func:`.dense.dense_grads`, one cuDNN
+``convolution_backward`` for the weight), gathered back to the blocks.
 
-``blocksparse::conv_implicit`` (with a fake function and registered autograd) serves
-``torch.compile``; eager calls take :class:`ImplicitConvFunction` directly (no dispatcher).  The op
+``blocksparse::conv_implicit`` (with a fake function and registered autograd) and
+``blocksparse::conv_implicit_dx`` serve ``torch.compile``; eager calls take
+:class:`ImplicitConvFunction` directly (no dispatcher).  The op
 receives an integer *handle* of the op's :class:`~.tables.Tables` (see :func:`register`), so that
 the compiler sees only tensors, ints and strings at its boundary; the dense filter's index is an
 input, since the backward (traced by the compiler) builds the dense filter from it.
@@ -29,7 +30,8 @@ from .._autograd import direct_apply
 from .._backend import kernels_serve
 from .dense import dense_grads
 
-__all__ = ["implicit", "register", "serves", "conv_implicit_fwd", "ImplicitConvFunction", "conv_implicit_op"]
+__all__ = ["implicit", "register", "serves", "conv_implicit_fwd", "conv_implicit_dx", "ImplicitConvFunction",
+           "conv_implicit_op", "conv_implicit_dx_op"]
 
 _HANDLES = weakref.WeakValueDictionary()  # handle -> Tables; an op's handle lives as long as the op
 _NEXT = itertools.count()
@@ -55,61 +57,79 @@ def _precision(x):
     return "tf32" if x.dtype == torch.float32 and torch.backends.cudnn.allow_tf32 else "ieee"
 
 
-def _out_shape(x, spec):
-    return (x.shape[0], *spec.geometry.MPQ, spec.blocks.K)
-
-
 def _spatial3(values, fill):
     """A per-axis tuple as three axes (1-D / 2-D convolutions lead with neutral axes)."""
     return (fill,) * (3 - len(values)) + tuple(values)
 
 
-def conv_implicit_fwd(x, flat, spec, device_tables, precision):
-    """``y`` (``(N, K) + MPQ``, channels-last strides) of input ``x`` (``(N, C) + DHW``) and the flat
-    filter, both of one kernel dtype."""
-    plan, geometry = spec.implicit, spec.geometry
-    n = x.shape[0]
-    x_last = x.movedim(1, -1).contiguous()  # no copy for channels-last input
-    x5 = x_last.view(n, *_spatial3(x.shape[2:], 1), x.shape[1])
-    w = flat.index_select(0, device_tables.implicit_weight)
+def _launch(a, w, plan, steps, tiles, spec, written, transposed, precision):
+    """The kernel reading ``a`` (``(N, channels) + spatial``) into an ``(N, written) + spatial``
+    tensor with channels-last strides; ``w``: the plan's packed filter."""
+    geometry = spec.geometry
+    n = a.shape[0]
+    image, out = [x.image for x in geometry.axes], [x.out for x in geometry.axes]
+    size_in, size_out = (out, image) if transposed else (image, out)
+    a_last = a.movedim(1, -1).contiguous()  # no copy for channels-last input
+    a5 = a_last.view(n, *_spatial3(size_in, 1), a.shape[1])
     alloc = torch.empty if plan.covers else torch.zeros  # channels no block writes stay zero
-    y = alloc(_out_shape(x, spec), dtype=x.dtype, device=x.device)
-    pixels, tiles = y.numel() // max(spec.blocks.K, 1), plan.tiles.shape[0]
+    y = alloc((n, *size_out, written), dtype=a.dtype, device=a.device)
+    pixels, count = y.numel() // max(written, 1), plan.tiles.shape[0]
     if pixels:
-        axes = geometry.axes
-        image = _spatial3([a.image for a in axes], 1)
-        out = _spatial3([a.out for a in axes], 1)
-        conv_implicit_fwd_kernel[lambda meta: (tiles * triton.cdiv(pixels, meta["BM"]),)](
-            x5, w, y, device_tables.implicit_steps, device_tables.implicit_tiles,
-            tiles, pixels, spec.blocks.K,
-            *image, *out, *x5.stride()[:4],
+        conv_implicit_fwd_kernel[lambda meta: (count * triton.cdiv(pixels, meta["BM"]),)](
+            a5, w, y, steps, tiles,
+            count, pixels, written,
+            *_spatial3(size_in, 1), *_spatial3(size_out, 1), *a5.stride()[:4],
             *_spatial3(geometry.strides, 1), *_spatial3(geometry.dilates, 1),
-            *_spatial3([a.pad for a in axes], 0), *_spatial3(geometry.TRS, 1)[1:],
-            BN=plan.block_n, BK=plan.block_k, PRECISION=precision,
+            *_spatial3([x.pad for x in geometry.axes], 0), *_spatial3(geometry.TRS, 1)[1:],
+            BN=plan.block_n, BK=plan.block_k, PRECISION=precision, TRANSPOSED=transposed,
         )
     return y.movedim(-1, 1)
 
 
+def conv_implicit_fwd(x, flat, spec, device_tables, precision):
+    """``y`` (``(N, K) + MPQ``, channels-last strides) of input ``x`` (``(N, C) + DHW``) and the flat
+    filter, both of one kernel dtype."""
+    t = device_tables
+    return _launch(x, flat.index_select(0, t.implicit_weight), spec.implicit, t.implicit_steps,
+                   t.implicit_tiles, spec, spec.blocks.K, False, precision)
+
+
+def conv_implicit_dx(dy, flat, spec, device_tables, precision):
+    """The input gradient (``(N, C) + DHW``, channels-last strides) for output gradient ``dy``."""
+    t = device_tables
+    return _launch(dy, flat.index_select(0, t.implicit_grad_weight), spec.implicit_grad, t.implicit_grad_steps,
+                   t.implicit_grad_tiles, spec, spec.blocks.C, True, precision)
+
+
 class ImplicitConvFunction(torch.autograd.Function):
-    """``y`` of the kernel; gradients of the dense masked convolution."""
+    """``y`` and the input gradient from the kernel; the dense masked convolution's filter gradient."""
 
     @staticmethod
     def forward(ctx, x, flat, dense_index, handle, precision):
         tables = _tables(handle)
         ctx.save_for_backward(x, flat, dense_index)
-        ctx.handle = handle
+        ctx.handle, ctx.precision = handle, precision
         return conv_implicit_fwd(x, flat, tables.spec, tables.on(x.device), precision)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):
-        return (*_grads(ctx, dy), None, None, None)
+        return (*_grads(ctx, dy, _eager_dx), None, None, None)
 
 
-def _grads(ctx, dy):
+def _grads(ctx, dy, input_grad):
+    """``(dx, dflat)``: ``input_grad(dy, flat, handle, precision)`` and the dense filter gradient."""
     x, flat, dense_index = ctx.saved_tensors
     need_x, need_flat = ctx.needs_input_grad[:2]
-    return dense_grads(dy, x, flat, _tables(ctx.handle).spec, dense_index, need_x, need_flat)
+    dx = input_grad(dy, flat, ctx.handle, ctx.precision) if need_x else None
+    if not need_flat:
+        return dx, None
+    return dx, dense_grads(dy, x, flat, _tables(ctx.handle).spec, dense_index, False, True)[1]
+
+
+def _eager_dx(dy, flat, handle, precision):
+    tables = _tables(handle)
+    return conv_implicit_dx(dy, flat, tables.spec, tables.on(dy.device), precision)
 
 
 _apply = direct_apply(ImplicitConvFunction)
@@ -123,17 +143,29 @@ def conv_implicit_op(x: Tensor, flat: Tensor, dense_index: Tensor, handle: int, 
 
 @conv_implicit_op.register_fake
 def _(x, flat, dense_index, handle, precision):
-    return x.new_empty(_out_shape(x, _tables(handle).spec)).movedim(-1, 1)
+    spec = _tables(handle).spec
+    return x.new_empty((x.shape[0], *spec.geometry.MPQ, spec.blocks.K)).movedim(-1, 1)
+
+
+@torch.library.custom_op("blocksparse::conv_implicit_dx", mutates_args=())
+def conv_implicit_dx_op(dy: Tensor, flat: Tensor, handle: int, precision: str) -> Tensor:
+    return _eager_dx(dy, flat, handle, precision)
+
+
+@conv_implicit_dx_op.register_fake
+def _(dy, flat, handle, precision):
+    spec = _tables(handle).spec
+    return dy.new_empty((dy.shape[0], *spec.geometry.DHW, spec.blocks.C)).movedim(-1, 1)
 
 
 def _setup_context(ctx, inputs, output):
-    x, flat, dense_index, handle, _ = inputs
+    x, flat, dense_index, handle, precision = inputs
     ctx.save_for_backward(x, flat, dense_index)
-    ctx.handle = handle
+    ctx.handle, ctx.precision = handle, precision
 
 
 def _backward_op(ctx, dy):
-    return (*_grads(ctx, dy), None, None, None)
+    return (*_grads(ctx, dy, conv_implicit_dx_op), None, None, None)
 
 
 conv_implicit_op.register_autograd(_backward_op, setup_context=_setup_context)

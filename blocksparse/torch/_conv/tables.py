@@ -26,8 +26,8 @@ class Tables:
     ``order`` (the grouped output shuffle); ``pointwise`` (the matmul weight's flat filter indices,
     when the op has a :class:`~blocksparse.ops.conv.pointwise.PointwisePlan`) and ``matmul_handle``
     (the layout handle of the matmul ops, or None); ``implicit_steps`` / ``implicit_tiles`` /
-    ``implicit_weight`` (the tables of the implicit-GEMM kernel, when the op has an
-    :class:`~blocksparse.ops.conv.implicit.ImplicitPlan`) and ``implicit_handle`` (this object's
+    ``implicit_weight`` and ``implicit_grad_*`` (the tables of the implicit-GEMM kernel, forward and
+    input gradient, when the op has :class:`~blocksparse.ops.conv.implicit.ImplicitPlan` s) and ``implicit_handle`` (this object's
     handle for that path's custom op, or None).  ``spec``: the op's
     :class:`~blocksparse.ops.conv.ConvSpec`."""
 
@@ -46,11 +46,12 @@ class Tables:
             weight=[_tensor(b.weight) for b in plan.buckets], order=_tensor(plan.order),
             pointwise=None if spec.pointwise is None else _tensor(spec.pointwise.weight),
             matmul_handle=None if spec.pointwise is None else _matmul_plan.handle(spec.pointwise.layout))
-        implicit = spec.implicit
-        if implicit is not None:
-            self._cpu.implicit_steps = _tensor(implicit.steps, "int32")
-            self._cpu.implicit_tiles = _tensor(implicit.tiles, "int32")
-            self._cpu.implicit_weight = _tensor(implicit.weight)
+        for name, plan in (("implicit", spec.implicit), ("implicit_grad", spec.implicit_grad)):
+            if plan is not None:
+                setattr(self._cpu, f"{name}_steps", _tensor(plan.steps, "int32"))
+                setattr(self._cpu, f"{name}_tiles", _tensor(plan.tiles, "int32"))
+                setattr(self._cpu, f"{name}_weight", _tensor(plan.weight))
+        if spec.implicit is not None:
             self._cpu.implicit_handle = _implicit.register(self)
         self._devices = {}
 

@@ -10,11 +10,12 @@ from blocksparse.ops.conv.implicit import MAX_BK, MAX_BN, worth_implicit
 from blocksparse.testing.conv import layout_bck, random_bck
 
 
-def walk(spec, F):
-    """``W[k, c, tap]`` as the kernel reads it from the packed filter, and how often each was read."""
-    plan, blocks = spec.implicit, spec.blocks
+def walk(spec, F, gradient=False):
+    """``W[k, c, tap]`` (``gradient``: ``W[c, k, tap]``) as the kernel reads it from the packed
+    filter, and how often each was read."""
+    plan, blocks = (spec.implicit_grad if gradient else spec.implicit), spec.blocks
     packed = F[plan.weight]
-    W = np.zeros((blocks.K, blocks.C, blocks.trs))
+    W = np.zeros((blocks.C, blocks.K, blocks.trs) if gradient else (blocks.K, blocks.C, blocks.trs))
     reads = np.zeros(W.shape, dtype=int)
     for s_lo, s_hi, k_first, k_count, position, width in plan.tiles:
         assert 0 < k_count <= plan.block_n and s_lo < s_hi
@@ -51,14 +52,17 @@ LAYOUTS = {
 }
 
 
+@pytest.mark.parametrize("side", ["forward", "input-gradient"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("TRS", [(1,), (3, 3), (2, 1, 3)], ids=["1d-1tap", "2d-3x3", "3d"])
-def test_tables_rebuild_the_dense_filter(rng, layout, TRS):
+def test_tables_rebuild_the_dense_filter(rng, layout, TRS, side):
     bck = LAYOUTS[layout](rng)
     spec = ConvSpec(bck, TRS, (5,) * len(TRS))
     F = rng.standard_normal(spec.blocks.size)
-    W, reads = walk(spec, F)
+    W, reads = walk(spec, F, gradient=side == "input-gradient")
     want = dense_reference(spec, F)
+    if side == "input-gradient":
+        want = want.transpose(1, 0, 2)
     np.testing.assert_array_equal(W, want)
     np.testing.assert_array_equal(reads, (want != 0).astype(int))
     assert spec.implicit.steps.dtype == np.int32 and not spec.implicit.steps.flags.writeable
@@ -82,7 +86,9 @@ def test_sizes_coverage_and_transposed():
     assert wide.implicit.tiles.shape[0] == 256 // MAX_BN
     narrow = ConvSpec([([0, 2], [1])], (3,), (4,))  # output channel 0 unwritten
     assert (narrow.implicit.block_n, narrow.implicit.block_k, narrow.implicit.covers) == (16, 16, False)
-    assert ConvSpec([([0], [0])], (3,), (4,), transposed=True).implicit is None
+    assert narrow.implicit_grad.covers is False  # input channel 1 is read by no block
+    transposed = ConvSpec([([0], [0])], (3,), (4,), transposed=True)
+    assert transposed.implicit is None and transposed.implicit_grad is None
 
 
 def test_rule_table(monkeypatch):
