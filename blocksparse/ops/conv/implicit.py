@@ -61,7 +61,9 @@ class ImplicitPlan:
     """Tables of the kernel (see the module) and its channel tile sizes.
 
     ``covers``: every output channel is written (else the output starts as zeros); ``width``: the
-    narrowest block (``min`` over blocks of input and output channels), for the path rule.
+    narrowest block (``min`` over blocks of input and output channels), for the path rule;
+    ``align``: a power of two (at most 16) dividing every channel, count and offset of the tables,
+    which the kernel is told so that it can vectorise its loads and stores.
     """
 
     steps: np.ndarray
@@ -71,6 +73,7 @@ class ImplicitPlan:
     block_k: int
     covers: bool
     width: int
+    align: int
 
 
 def _runs(channels):
@@ -145,9 +148,11 @@ def implicit_plan(blocks, gradient=False):
         raise ValueError(f"the filter has {offset} elements; the implicit-GEMM kernel takes fewer than 2**31")
     written = sum(outs.size for outs in columns.values())
     width = min(min(c.size, k.size) for c, k in zip(blocks.cs, blocks.ks))
-    return ImplicitPlan(steps=_frozen_int32(steps, 4), tiles=_frozen_int32(tiles, 6),
-                        weight=frozen_int64(np.concatenate(weight)), block_n=block_n, block_k=block_k,
-                        covers=written == (blocks.C if gradient else blocks.K), width=width)
+    steps, tiles = _frozen_int32(steps, 4), _frozen_int32(tiles, 6)
+    align = int(np.gcd.reduce(np.concatenate([steps[:, 1:].ravel(), tiles[:, 2:].ravel(), [16]])))
+    return ImplicitPlan(steps=steps, tiles=tiles, weight=frozen_int64(np.concatenate(weight)), block_n=block_n,
+                        block_k=block_k, covers=written == (blocks.C if gradient else blocks.K), width=width,
+                        align=align & -align)
 
 
 def _frozen_int32(rows, width):

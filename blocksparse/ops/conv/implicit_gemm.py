@@ -46,14 +46,16 @@ def conv_implicit_fwd_kernel(
     ID, IH, IW, OD, OH, OW,  # read and written spatial sizes
     stride_n, stride_d, stride_h, stride_w,
     step_d, step_h, step_w, dil_d, dil_h, dil_w, pad_d, pad_h, pad_w, taps_h, taps_w,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr, TRANSPOSED: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ALIGN: tl.constexpr,
+    PRECISION: tl.constexpr, TRANSPOSED: tl.constexpr,
 ):
     i_pid = tl.program_id(0)
     i_t, i_m = i_pid % tiles, i_pid // tiles
     p_tile = TILES + i_t * 6
     step_lo, step_hi = tl.load(p_tile), tl.load(p_tile + 1)
-    k_first, k_count = tl.load(p_tile + 2), tl.load(p_tile + 3)
-    position, width = tl.load(p_tile + 4), tl.load(p_tile + 5)
+    # every channel, count and offset of the tables is a multiple of ALIGN: vector loads and stores
+    k_first, k_count = tl.multiple_of(tl.load(p_tile + 2), ALIGN), tl.multiple_of(tl.load(p_tile + 3), ALIGN)
+    position, width = tl.multiple_of(tl.load(p_tile + 4), ALIGN), tl.multiple_of(tl.load(p_tile + 5), ALIGN)
 
     o_m = i_m * BM + tl.arange(0, BM)
     m_m = o_m < pixels
@@ -75,8 +77,8 @@ def conv_implicit_fwd_kernel(
     b_acc = tl.zeros([BM, BN], dtype=tl.float32)
     for i_s in range(step_lo, step_hi):
         p_step = STEPS + i_s * 4
-        tap, c_first = tl.load(p_step), tl.load(p_step + 1)
-        c_count, w_row = tl.load(p_step + 2), tl.load(p_step + 3)
+        tap, c_first = tl.load(p_step), tl.multiple_of(tl.load(p_step + 1), ALIGN)
+        c_count, w_row = tl.multiple_of(tl.load(p_step + 2), ALIGN), tl.multiple_of(tl.load(p_step + 3), ALIGN)
         t_d, t_h, t_w = (tap // (taps_h * taps_w)) * dil_d, ((tap // taps_w) % taps_h) * dil_h, (tap % taps_w) * dil_w
         if TRANSPOSED:
             j_d, j_h, j_w = o_id - t_d, o_ih - t_h, o_iw - t_w

@@ -81,7 +81,7 @@ def _launch(a, w, plan, steps, tiles, spec, written, transposed, precision):
             *_spatial3(size_in, 1), *_spatial3(size_out, 1), *a5.stride()[:4],
             *_spatial3(geometry.strides, 1), *_spatial3(geometry.dilates, 1),
             *_spatial3([x.pad for x in geometry.axes], 0), *_spatial3(geometry.TRS, 1)[1:],
-            BN=plan.block_n, BK=plan.block_k, PRECISION=precision, TRANSPOSED=transposed,
+            BN=plan.block_n, BK=plan.block_k, ALIGN=plan.align, PRECISION=precision, TRANSPOSED=transposed,
         )
     return y.movedim(-1, 1)
 

@@ -60,6 +60,8 @@ def test_tables_rebuild_the_dense_filter(rng, layout, TRS, side):
     spec = ConvSpec(bck, TRS, (5,) * len(TRS))
     F = rng.standard_normal(spec.blocks.size)
     W, reads = walk(spec, F, gradient=side == "input-gradient")
+    plan = spec.implicit_grad if side == "input-gradient" else spec.implicit
+    assert not (np.concatenate([plan.steps[:, 1:].ravel(), plan.tiles[:, 2:].ravel()]) % plan.align).any()
     want = dense_reference(spec, F)
     if side == "input-gradient":
         want = want.transpose(1, 0, 2)
@@ -74,7 +76,7 @@ def test_aligned_blocks_give_one_step_per_run_and_tap(rng):
            (range(0, 64), range(64, 128))]
     spec = ConvSpec(bck, (3, 3), (8, 8))
     plan = spec.implicit
-    assert (plan.block_n, plan.block_k, plan.covers, plan.width) == (64, 64, True, 64)
+    assert (plan.block_n, plan.block_k, plan.covers, plan.width, plan.align) == (64, 64, True, 64, 16)
     assert plan.tiles.shape[0] == 2
     # column 0: runs 0-127 (2 chunks) and 192-255 (1 chunk) per tap; column 1: 1 chunk per tap
     assert plan.steps.shape[0] == 9 * 3 + 9 * 1
@@ -86,6 +88,9 @@ def test_sizes_coverage_and_transposed():
     assert wide.implicit.tiles.shape[0] == 256 // MAX_BN
     narrow = ConvSpec([([0, 2], [1])], (3,), (4,))  # output channel 0 unwritten
     assert (narrow.implicit.block_n, narrow.implicit.block_k, narrow.implicit.covers) == (16, 16, False)
+    assert narrow.implicit.align == 1 and wide.implicit.align == 16
+    eight = ConvSpec([(range(8, 16), range(0, 8)), (range(0, 8), range(8, 24))], (3,), (4,))
+    assert eight.implicit.align == 8
     assert narrow.implicit_grad.covers is False  # input channel 1 is read by no block
     transposed = ConvSpec([([0], [0])], (3,), (4,), transposed=True)
     assert transposed.implicit is None and transposed.implicit_grad is None
