@@ -31,8 +31,6 @@ the dense baseline (all shapes and dtypes of that width) is at least ``RULE_MARG
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
@@ -46,7 +44,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from conv import CPU_SHAPES, DENSITIES, DTYPES, SHAPES, _geomean, bck_of, timer  # noqa: E402
+from conv import CPU_SHAPES, DENSITIES, DTYPES, SHAPES, _geomean, begin_run, bck_of, run_rows, timer  # noqa: E402
 
 from blocksparse.ops.conv.implicit import IMPLICIT_MAX_DENSITY  # noqa: E402
 from blocksparse.testing import rel_error, tolerance  # noqa: E402
@@ -230,42 +228,19 @@ def measure(case, ms, dense_ms, key):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", required=True, help="folder for conv-implicit-<tag>.json / .md")
-    parser.add_argument("--quick", action="store_true", help="one row (a smoke run)")
-    parser.add_argument("--cpu", action="store_true", help="tiny sizes on the CPU through Triton's interpreter")
-    parser.add_argument("--tag", default=None, help="file name tag (default: h200 / the GPU's name / cpu)")
-    args = parser.parse_args(argv)
-    device = "cpu" if args.cpu else "cuda"
-    if device == "cuda":
-        if not torch.cuda.is_available():
-            parser.error("no CUDA device: use --cpu for a CPU smoke run")
-        torch.backends.cudnn.benchmark = True
-        name = torch.cuda.get_device_name()
-    else:
-        name = "cpu"
-    tag = args.tag or ("h200" if "H200" in name else "".join(ch for ch in name.lower() if ch.isalnum()) or "gpu")
-    os.makedirs(args.out, exist_ok=True)
-    meta = {"device": name, "torch": torch.__version__, "when": time.strftime("%Y-%m-%d %H:%M")}
-    path_json = os.path.join(args.out, f"conv-implicit-{tag}.json")
+    args, device, meta, path_json = begin_run(__doc__, "conv-implicit", argv, "one row (a smoke run)",
+                                          "tiny sizes on the CPU through Triton's interpreter")
     ms = timer(device)
-    rows, dense_ms = [], {}
-    started = time.time()
-    for seed, (dt, shape, bs, density) in enumerate(cases(args.quick, args.cpu)):
-        row = {"dtype": dt, "shape": shape, "bs": bs, "density": density}
-        try:
-            case = Case(dt, shape, bs, density, device, seed)
-            row.update(density_actual=case.density, **measure(case, ms, dense_ms, f"{dt} {shape}"))
-        except Exception as exc:  # keep going: the row says what failed
-            row["error"] = f"{type(exc).__name__}: {exc}"
-            traceback.print_exc()
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        with open(path_json, "w") as f:
-            json.dump({"meta": meta, "dense_ms": dense_ms, "rows": rows}, f, indent=1)
-        if device == "cuda":
-            torch.cuda.empty_cache()
-    with open(os.path.join(args.out, f"conv-implicit-{tag}.md"), "w") as f:
+    dense_ms, started = {}, time.time()
+
+    def measure_row(seed, row):
+        case = Case(row["dtype"], row["shape"], row["bs"], row["density"], device, seed)
+        return dict(density_actual=case.density, **measure(case, ms, dense_ms, f"{row['dtype']} {row['shape']}"))
+
+    names = ("dtype", "shape", "bs", "density")
+    rows = run_rows([dict(zip(names, c)) for c in cases(args.quick, args.cpu)], measure_row, path_json, meta,
+                    dense_ms, device)
+    with open(path_json[:-len(".json")] + ".md", "w") as f:
         f.write(markdown(rows, meta))
     failed = sum("error" in r or any("error" in r.get(p, {}) for p in PATHS) for r in rows)
     print(f"{len(rows)} rows, {failed} with failures, {time.time() - started:.0f} s -> {path_json}")

@@ -18,9 +18,10 @@ class ConvSpec:
     """A block-sparse (transposed) convolution, validated: channels (``blocks``), ``geometry``,
     ``edges`` (the output's :class:`~.edges.EdgeMap`), ``grouped`` (the
     :class:`~.grouping.GroupedPlan`), ``pointwise`` (the :class:`~.pointwise.PointwisePlan` of a
-    1x1 block grid, else None), ``implicit`` / ``implicit_grad`` (the :class:`~.implicit.ImplicitPlan` of a
-    convolution and of its input gradient, None when transposed), and which of those should serve it on a GPU (``prefers_grouped``,
-    ``prefers_matmul``; the implicit path's rule depends on the call), all computed at construction."""
+    1x1 block grid, else None), ``implicit`` / ``implicit_grad`` (the :class:`~.implicit.ImplicitPlan`
+    of a convolution and of its input gradient, None when transposed), and which of those should
+    serve it on a GPU (``prefers_grouped``, ``prefers_matmul``; the implicit path's rule depends on
+    the call), all computed at construction."""
 
     def __init__(self, BCK, TRS, DHW, MPQ=None, strides=1, dilates=1, padding="SAME", edge_bias=False,
                  transposed=False):

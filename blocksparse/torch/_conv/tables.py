@@ -27,8 +27,8 @@ class Tables:
     when the op has a :class:`~blocksparse.ops.conv.pointwise.PointwisePlan`) and ``matmul_handle``
     (the layout handle of the matmul ops, or None); ``implicit_steps`` / ``implicit_tiles`` /
     ``implicit_weight`` and ``implicit_grad_*`` (the tables of the implicit-GEMM kernel, forward and
-    input gradient, when the op has :class:`~blocksparse.ops.conv.implicit.ImplicitPlan` s) and ``implicit_handle`` (this object's
-    handle for that path's custom op, or None).  ``spec``: the op's
+    input gradient, when the op has :class:`~blocksparse.ops.conv.implicit.ImplicitPlan` s) and
+    ``implicit_handle`` (this object's handle for that path's custom ops, or None).  ``spec``: the op's
     :class:`~blocksparse.ops.conv.ConvSpec`."""
 
     def __init__(self, spec):

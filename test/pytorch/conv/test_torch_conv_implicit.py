@@ -28,7 +28,8 @@ def check_all(op, ref, F, x, dy, eb, channels_last=False, bound=1e-5):
     assert tuple(y.shape) == tuple(op.o_shape(x.shape[0]))
     y.backward(torch.tensor(dy))
     want = conv_products(ref, F, x, dy, eb)
-    for name, got, ref_value in zip(("y", "dx", "dF", "d_edge_bias"), (y, xt.grad, Ft.grad, None if et is None else et.grad), want):
+    got = (y, xt.grad, Ft.grad, None if et is None else et.grad)
+    for name, got, ref_value in zip(("y", "dx", "dF", "d_edge_bias"), got, want):
         if ref_value is None or ref_value.size == 0:
             continue
         err = rel_error(got, ref_value)
