@@ -43,12 +43,12 @@ def _tuning_bench(fn, quantiles):
 
 @triton.autotune(CONFIGS, key=["pixels", "tiles", "K", "BN", "BK"], do_bench=_tuning_bench)
 @triton.jit
-def conv_implicit_fwd_kernel(
+def conv_implicit_kernel(
     X, W, Y, STEPS, TILES,
     tiles, pixels, K,
     ID, IH, IW, OD, OH, OW,  # read and written spatial sizes
-    stride_n, stride_d, stride_h, stride_w,
-    step_d, step_h, step_w, dil_d, dil_h, dil_w, pad_d, pad_h, pad_w, taps_h, taps_w,
+    stride_n, stride_d, stride_h, stride_w,  # memory strides of the read tensor (its channel stride is 1)
+    step_d, step_h, step_w, dil_d, dil_h, dil_w, pad_d, pad_h, pad_w, taps_h, taps_w,  # the convolution's
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ALIGN: tl.constexpr,
     PRECISION: tl.constexpr, TRANSPOSED: tl.constexpr,
 ):

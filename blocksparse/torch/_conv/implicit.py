@@ -25,7 +25,7 @@ import triton
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ...ops.conv.implicit_gemm import conv_implicit_fwd_kernel
+from ...ops.conv.implicit_gemm import conv_implicit_kernel
 from .._autograd import direct_apply
 from .._backend import kernels_serve
 from .dense import dense_grads
@@ -75,7 +75,7 @@ def _launch(a, w, plan, steps, tiles, spec, written, transposed, precision):
     y = alloc((n, *size_out, written), dtype=a.dtype, device=a.device)
     pixels, count = y.numel() // max(written, 1), plan.tiles.shape[0]
     if pixels:
-        conv_implicit_fwd_kernel[lambda meta: (count * triton.cdiv(pixels, meta["BM"]),)](
+        conv_implicit_kernel[lambda meta: (count * triton.cdiv(pixels, meta["BM"]),)](
             a5, w, y, steps, tiles,
             count, pixels, written,
             *_spatial3(size_in, 1), *_spatial3(size_out, 1), *a5.stride()[:4],
