@@ -239,10 +239,13 @@ def markdown(rows, meta):
     return "\n".join(lines) + "\n"
 
 
-def begin_run(doc, stem, argv, quick_help, cpu_help):
+def begin_run(doc, stem, argv, quick_help, cpu_help, install=None):
     """The command line of a convolution benchmark: ``(args, device, meta, json path)``; the output
-    folder made, cuDNN's autotuner on for GPU runs."""
+    folder made, cuDNN's autotuner on for GPU runs.  ``install``: the help of an ``--install`` flag
+    (None: no such flag)."""
     parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    if install:
+        parser.add_argument("--install", action="store_true", help=install)
     parser.add_argument("--out", required=True, help=f"folder for {stem}-<tag>.json / .md")
     parser.add_argument("--quick", action="store_true", help=quick_help)
     parser.add_argument("--cpu", action="store_true", help=cpu_help)

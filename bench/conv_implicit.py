@@ -3,6 +3,7 @@
     python bench/conv_implicit.py --out bench/results            (H200: about 2.5 minutes, 62 rows)
     python bench/conv_implicit.py --out /tmp/ci --quick          (GPU, one row: ~20 s with compiling)
     python bench/conv_implicit.py --out /tmp/ci --quick --cpu    (tiny sizes, Triton's interpreter: checks the script)
+    python bench/conv_implicit.py --out bench/results --install  (also writes the suggested rule into the package)
 
 PyTorch, the ResNet-like 2-D layers of ``bench/conv.py`` (N = 32; 56x56x256, 28x28x512,
 14x14x1024; 3x3 and 1x1 filters; stride 1 and 2), ``C = K`` in blocks of 32 / 64 / 128 channels
@@ -27,11 +28,13 @@ faster than cuDNN dense), medians of ``triton.testing.do_bench`` (on the CPU: wa
 Writes ``conv-implicit-<tag>.json`` after every row and ``conv-implicit-<tag>.md`` at the end,
 including the rule table ``IMPLICIT_MAX_DENSITY`` (``blocksparse/ops/conv/implicit.py``) these
 numbers suggest: per block width and mode, the largest density whose geometric-mean speedup over
-the dense baseline (all shapes and dtypes of that width) is at least ``RULE_MARGIN``.
+the dense baseline (all shapes and dtypes of that width) is at least ``RULE_MARGIN``.  ``--install``
+writes that table into ``blocksparse/ops/conv/implicit.py`` (a full GPU run without failures only).
 """
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 import traceback
@@ -164,6 +167,24 @@ def suggested_rule(rows):
     return table
 
 
+def rule_source(table):
+    """The Python source of ``IMPLICIT_MAX_DENSITY = {...}`` for ``table``, one width a line."""
+    widths = sorted({w for w, _ in table})
+    lines = [f"    ({w}, \"fwd\"): {table[(w, 'fwd')]}, ({w}, \"fwd+bwd\"): {table[(w, 'fwd+bwd')]}," for w in widths]
+    return "IMPLICIT_MAX_DENSITY = {\n" + "\n".join(lines) + "\n}"
+
+
+def install_rule(table, path):
+    """Replace the ``IMPLICIT_MAX_DENSITY`` literal of the module at ``path`` by ``table``."""
+    with open(path) as f:
+        text = f.read()
+    new, count = re.subn(r"^IMPLICIT_MAX_DENSITY = \{\n.*?\n\}", rule_source(table), text, flags=re.S | re.M)
+    if count != 1:
+        raise RuntimeError(f"{path}: found {count} IMPLICIT_MAX_DENSITY tables, expected 1")
+    with open(path, "w") as f:
+        f.write(new)
+
+
 def markdown(rows, meta):
     lines = [f"# Implicit-GEMM block-sparse convolution vs dense masked cuDNN ({meta['device']})", "",
              f"torch {meta['torch']}, {meta['when']}; N x C x H x W, C = K, balanced layouts, channels-last data "
@@ -229,7 +250,8 @@ def measure(case, ms, dense_ms, key):
 
 def main(argv=None):
     args, device, meta, path_json = begin_run(__doc__, "conv-implicit", argv, "one row (a smoke run)",
-                                          "tiny sizes on the CPU through Triton's interpreter")
+                                              "tiny sizes on the CPU through Triton's interpreter",
+                                              install="write the suggested rule into blocksparse/ops/conv/implicit.py")
     ms = timer(device)
     dense_ms, started = {}, time.time()
 
@@ -244,6 +266,14 @@ def main(argv=None):
         f.write(markdown(rows, meta))
     failed = sum("error" in r or any("error" in r.get(p, {}) for p in PATHS) for r in rows)
     print(f"{len(rows)} rows, {failed} with failures, {time.time() - started:.0f} s -> {path_json}")
+    if args.install:
+        if failed or args.quick or args.cpu:
+            print("--install: not installed (a full GPU run without failures only)")
+            return 1
+        target = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                              "blocksparse", "ops", "conv", "implicit.py")
+        install_rule(suggested_rule(rows), target)
+        print(f"--install: wrote the suggested IMPLICIT_MAX_DENSITY into {target}")
     return 1 if failed else 0
 
 

@@ -42,10 +42,11 @@ from .blocks import frozen_int64
 __all__ = ["ImplicitPlan", "implicit_plan", "worth_implicit", "IMPLICIT_MAX_DENSITY", "MAX_BN", "MAX_BK"]
 
 #: The automatic path choice: ``(narrowest block width, "fwd" | "fwd+bwd") -> largest channel
-#: density`` at which a GPU call takes the implicit-GEMM kernel.  A layout's blocks are at least as
-#: wide as the largest key width not above its narrowest block (narrower: never chosen).  0.0 means
-#: never.  ``bench/conv_implicit.py`` prints this table as its measurements suggest; until those H200
-#: numbers exist, the measured choice of :mod:`.grouping` and the dense masked convolution stands.
+#: density`` at which a GPU call takes the implicit-GEMM kernel.  A layout is looked up under the
+#: largest width of the table not above its narrowest block (narrower than all: never); 0.0 means
+#: never.  ``bench/conv_implicit.py`` prints this table as its measurements suggest (``--install``
+#: writes it here); all zeros, as first shipped before any H200 run, leaves the measured choice of
+#: :mod:`.grouping` and the dense masked convolution as it was.
 IMPLICIT_MAX_DENSITY = {
     (32, "fwd"): 0.0, (32, "fwd+bwd"): 0.0,
     (64, "fwd"): 0.0, (64, "fwd+bwd"): 0.0,
