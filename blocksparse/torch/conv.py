@@ -46,8 +46,13 @@ class BlocksparseConv(ConvShapes):
     def __init__(self, BCK, TRS, DHW, MPQ=None, strides=(1, 1, 1), dilates=(1, 1, 1), padding="SAME",
                  edge_bias=False, *, path="auto"):
         super().__init__(BCK, TRS, DHW, MPQ, strides, dilates, padding, edge_bias)
-        self.path = self._check_path(path)
+        self._path = self._check_path(path)
         self._tables = _tables.Tables(self.spec)
+
+    @property
+    def path(self):
+        """The implementation asked for at construction (see the class)."""
+        return self._path
 
     def _check_path(self, path):
         if not isinstance(path, str) or path not in _compute.PATHS:
@@ -124,7 +129,7 @@ class BlocksparseConv(ConvShapes):
         for name, t in (("F", flat), ("edge_bias", edge_bias)):
             if t is not None and t.dtype != I.dtype:
                 raise TypeError(f"{name} and I must have the same dtype; got {t.dtype} and {I.dtype}")
-        return _compute.convolve(I, flat, edge_bias, self.spec, self._tables, self.path)
+        return _compute.convolve(I, flat, edge_bias, self.spec, self._tables, self._path)
 
     def l2_normalize(self, F, gain=None, epsilon=1e-6, dtype=torch.float32):
         """Weight normalisation: each block's filter scaled to unit L2 norm per output channel.
@@ -202,4 +207,5 @@ class BlocksparseConvLayer(nn.Module):
         c = self.conv
         return (f"C={c.C}, K={c.K}, blocks={c.blocks}, TRS={c.TRS}, DHW={c.DHW}, MPQ={c.MPQ}, "
                 f"strides={c.strides}, dilates={c.dilates}, density={c.density:.3f}, "
-                f"edge_bias={self.edge_bias is not None}, transposed={isinstance(c, BlocksparseDeconv)}")
+                f"edge_bias={self.edge_bias is not None}, transposed={isinstance(c, BlocksparseDeconv)}, "
+                f"path={c.path!r}")

@@ -55,6 +55,13 @@ class Tables:
             self._cpu.implicit_handle = _implicit.register(self)
         self._devices = {}
 
+    # Copies and unpickled ops rebuild their tables: the handles are this process's, of this object.
+    def __getstate__(self):
+        return {"spec": self.spec}
+
+    def __setstate__(self, state):
+        self.__init__(state["spec"])
+
     def on(self, device):
         if device.type == "cpu":
             return self._cpu

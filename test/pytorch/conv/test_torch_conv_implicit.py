@@ -101,6 +101,26 @@ def test_torch_compile_fullgraph(rng, kernels):
         assert rel_error(got, want) < 1e-5
 
 
+@pytest.mark.interpreter
+def test_copies_and_pickles_keep_working(rng, kernels):
+    """A copied or unpickled op rebuilds its tables (the kernel's handle is per object and process)."""
+    import copy
+    import gc
+    import pickle
+
+    torch.manual_seed(int(rng.integers(2 ** 31)))
+    layer = BlocksparseConvLayer([([0, 1], [0, 1]), ([2, 3], [1, 2])], TRS=(3,), DHW=(6,), path="implicit")
+    x = torch.randn(2, 4, 6)
+    want = layer(x).detach()
+    copied, unpickled = copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))
+    del layer
+    gc.collect()
+    assert torch.equal(copied(x), want) and torch.equal(unpickled(x), want)
+    assert "path='implicit'" in repr(copied)
+    with pytest.raises(AttributeError):
+        copied.conv.path = "dense"
+
+
 def test_without_kernels_the_dense_path_serves(rng, monkeypatch):
     """CPU tensors without the interpreter backend, and float64, take the dense path (no error)."""
     monkeypatch.setenv("BLOCKSPARSE_BACKEND", "auto")
