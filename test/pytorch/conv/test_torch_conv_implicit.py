@@ -180,3 +180,30 @@ def test_cuda(rng, case, dtype):
     bound = tolerance(dtype, tf32=dtype == torch.float32 and torch.backends.cudnn.allow_tf32)
     for got, ref_value in zip((y, xt.grad, Ft.grad, et.grad), want):
         assert got.dtype == dtype and rel_error(got, ref_value) < bound
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("bs, stride", [(32, 1), (64, 2), (128, 1)], ids=["bs32", "bs64-s2", "bs128"])
+def test_cuda_aligned_blocks(rng, bs, stride, dtype):
+    """Block-aligned layouts (the vectorised, pipelined kernel: full tiles, ALIGN 16), channels-last,
+    against float64 -- through the public call and under torch.compile."""
+    dtype = {"fp32": torch.float32, **DTYPES}[dtype]
+    CB = 256 // bs
+    mask = rng.random((CB, CB)) < 0.5
+    mask[rng.permutation(CB), np.arange(CB)] = True
+    bck = [(range(c * bs, (c + 1) * bs), range(k * bs, (k + 1) * bs)) for c, k in np.argwhere(mask)]
+    op = BlocksparseConv(bck, TRS=(3, 3), DHW=(14, 13), strides=stride, path="implicit")
+    assert op.spec.implicit.align == 16
+    ref = case_of(op, bck, "SAME", False)
+    F, x, dy, _ = random_inputs(rng, op, N=3)
+    bound = tolerance(dtype, tf32=dtype == torch.float32 and torch.backends.cudnn.allow_tf32)
+    want = conv_products(ref, torch.tensor(F).to(dtype).double().numpy(), torch.tensor(x).to(dtype).double().numpy(),
+                         torch.tensor(dy).to(dtype).double().numpy())
+    for fn in (op, torch.compile(op.__call__, fullgraph=True)):
+        Ft = torch.tensor(F, device="cuda").to(dtype).requires_grad_()
+        xt = torch.tensor(x, device="cuda").to(dtype).to(memory_format=torch.channels_last).requires_grad_()
+        y = fn(Ft, xt)
+        y.backward(torch.tensor(dy, device="cuda").to(dtype))
+        for got, ref_value in zip((y, xt.grad, Ft.grad), want):
+            assert got.dtype == dtype and rel_error(got, ref_value) < bound
