@@ -8,8 +8,9 @@
 * matmul: the plan of :mod:`blocksparse.ops.conv.pointwise`: a 1x1 convolution on a block grid as
   the library's block-sparse matmul over the pixels (its Triton kernels on CUDA), no gather.
 * implicit: the implicit-GEMM Triton kernel of :mod:`blocksparse.ops.conv.implicit_gemm` over the
-  present channel blocks (convolutions, any layout); its backward is the dense path's
-  (:mod:`.implicit`).  Where the kernels cannot run (CPU tensors, float64) the dense path serves.
+  present channel blocks (convolutions, any layout), for the output and the input gradient; the
+  filter gradient is the dense path's (:mod:`.implicit`).  Where the kernels cannot run (CPU
+  tensors, float64) the dense path serves.
 
 float32 convolutions follow ``torch.backends.cudnn.allow_tf32`` on every path (the matmul path
 asks its kernels for TF32 products when it is set, as cuDNN then computes).
