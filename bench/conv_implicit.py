@@ -27,9 +27,10 @@ path of the row and the run goes on.  Speedups are the dense baseline's ms / the
 faster than cuDNN dense), medians of ``triton.testing.do_bench`` (on the CPU: wall time).
 Writes ``conv-implicit-<tag>.json`` after every row and ``conv-implicit-<tag>.md`` at the end,
 including the rule table ``IMPLICIT_MAX_DENSITY`` (``blocksparse/ops/conv/implicit.py``) these
-numbers suggest: per block width and mode, the largest density whose geometric-mean speedup over
-the dense baseline (all shapes and dtypes of that width) is at least ``RULE_MARGIN``.  ``--install``
-writes that table into ``blocksparse/ops/conv/implicit.py`` (a full GPU run without failures only).
+numbers suggest: per block width and mode, the largest density up to which the geometric-mean
+gain of the implicit path over the faster of the dense and grouped paths (all shapes and dtypes of
+that width) is at least ``RULE_MARGIN``.  ``--install`` writes that table into
+``blocksparse/ops/conv/implicit.py`` (a full GPU run without failures only).
 """
 from __future__ import annotations
 
@@ -70,19 +71,17 @@ def balanced(CB, density, seed):
 
 def cases(quick, cpu):
     """``(dtype, shape, block size, density)`` of every row."""
-    if cpu:
-        return [("fp32", "8x8x64-3x3", 16, 0.25)] if quick else [
-            ("fp32", s, bs, d) for s in CPU_SHAPES for bs in CPU_BLOCKS for d in DENSITIES]
     if quick:
-        return [("bf16", "28x28x512-3x3", 64, 0.25)]
+        return [("fp32", "8x8x64-3x3", 16, 0.25)] if cpu else [("bf16", "28x28x512-3x3", 64, 0.25)]
+    shapes, blocks, dtypes = (CPU_SHAPES, CPU_BLOCKS, ("fp32",)) if cpu else (SHAPES, BLOCKS, tuple(DTYPES))
     rows = []
-    for dt in DTYPES:
-        for shape in SHAPES:
-            if dt == "fp32" and not shape.endswith("-3x3"):
+    for dt in dtypes:
+        for shape in shapes:
+            if dt == "fp32" and not cpu and not shape.endswith("-3x3"):
                 continue
-            channels = SHAPES[shape][2]
+            channels = shapes[shape][2]
             # whole numbers of blocks per column only (2 blocks of 128 channels have no density 0.25)
-            rows += [(dt, shape, bs, d) for bs in BLOCKS for d in DENSITIES if (channels // bs * d).is_integer()]
+            rows += [(dt, shape, bs, d) for bs in blocks for d in DENSITIES if (channels // bs * d).is_integer()]
     return rows
 
 
@@ -153,13 +152,23 @@ def dense_run(case, channels_last, backward):
     return lambda: torch.autograd.grad(F.conv2d(x, W, stride=case.stride, padding=case.pad), [x, W], dy)
 
 
+def _gain(row, mode):
+    """How much faster the implicit path ran than the faster of the dense and grouped paths."""
+    best = row[f"dense_{mode}_ms"]
+    if "error" not in row["grouped"]:
+        best = min(best, row["grouped"][f"{mode}_ms"])
+    return best / row["implicit"][f"{mode}_ms"]
+
+
 def suggested_rule(rows):
-    """``IMPLICIT_MAX_DENSITY`` as the rows suggest (keys of the shipped table; see the module)."""
+    """``IMPLICIT_MAX_DENSITY`` as the rows suggest (keys of the shipped table; see the module): per
+    width and mode, the densities up to the first whose geometric-mean gain over the faster other
+    path falls below ``RULE_MARGIN``."""
     table = {}
     for width, mode in IMPLICIT_MAX_DENSITY:
         table[(width, mode)] = 0.0
         for d in sorted(DENSITIES):
-            sel = [r["implicit"][f"speedup_{mode}"] for r in rows
+            sel = [_gain(r, mode) for r in rows
                    if r["bs"] == width and r["density"] == d and "speedup_fwd" in r.get("implicit", {})]
             if not sel or _geomean(sel) < RULE_MARGIN:
                 break
@@ -204,8 +213,8 @@ def markdown(rows, meta):
                 if any(cells):
                     lines.append(f"| {dt} | {bs} | {path} | " + " | ".join(cells) + " |")
     rule = suggested_rule(rows)
-    lines += ["", f"Suggested `IMPLICIT_MAX_DENSITY` (margin {RULE_MARGIN}):", "", "```python",
-              "IMPLICIT_MAX_DENSITY = {", *(f"    {k!r}: {v}," for k, v in rule.items()), "}", "```", "",
+    lines += ["", f"Suggested `IMPLICIT_MAX_DENSITY` (margin {RULE_MARGIN}; `--install` writes it):", "",
+              "```python", rule_source(rule), "```", "",
               "| dtype | shape | bs | density | dense fwd / fwd+bwd ms (format) | "
               + " | ".join(f"{p} fwd / fwd+bwd ms (speedup) | {p} err" for p in PATHS) + " |",
               "|---|---|---|---|---|" + "---|---|" * len(PATHS)]
