@@ -1,4 +1,4 @@
-"""The block-sparse convolution family, framework-neutral (numpy only).
+"""The block-sparse convolution family, framework-neutral (numpy; Triton for the one kernel).
 
 :mod:`.blocks`     ``BCK`` validated, the filter's layout (block shapes, flat offsets, dense index)
 :mod:`.geometry`   spatial arithmetic: padding modes, output sizes, transposed-size ranges
