@@ -67,6 +67,7 @@ bench:  ## every GPU benchmark (on a GPU machine): bench/results/*-h200.{json,md
 	$(BENCH_PYTHON) bench/attention.py --out bench/results
 	$(BENCH_PYTHON) bench/norms.py --out bench/results
 	$(BENCH_PYTHON) bench/conv.py --out bench/results
+	$(BENCH_PYTHON) bench/conv_implicit.py --out bench/results
 	$(BENCH_PYTHON) bench/dispatch.py --out bench/results --install
 	$(BENCH_PYTHON) bench/pixelfly.py --out bench/results
 

@@ -239,11 +239,16 @@ def markdown(rows, meta):
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", required=True, help="folder for conv-<tag>.json / .md")
-    parser.add_argument("--quick", action="store_true", help="one shape and block size (a smoke run)")
-    parser.add_argument("--cpu", action="store_true", help="tiny sizes on the CPU (checks the script)")
+def begin_run(doc, stem, argv, quick_help, cpu_help, install=None):
+    """The command line of a convolution benchmark: ``(args, device, meta, json path)``; the output
+    folder made, cuDNN's autotuner on for GPU runs.  ``install``: the help of an ``--install`` flag
+    (None: no such flag)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    if install:
+        parser.add_argument("--install", action="store_true", help=install)
+    parser.add_argument("--out", required=True, help=f"folder for {stem}-<tag>.json / .md")
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--cpu", action="store_true", help=cpu_help)
     parser.add_argument("--tag", default=None, help="file name tag (default: h200 / the GPU's name / cpu)")
     args = parser.parse_args(argv)
     device = "cpu" if args.cpu else "cuda"
@@ -257,27 +262,16 @@ def main(argv=None):
     tag = args.tag or ("h200" if "H200" in name else "".join(ch for ch in name.lower() if ch.isalnum()) or "gpu")
     os.makedirs(args.out, exist_ok=True)
     meta = {"device": name, "torch": torch.__version__, "when": time.strftime("%Y-%m-%d %H:%M")}
-    path_json = os.path.join(args.out, f"conv-{tag}.json")
-    ms = timer(device)
-    rows, dense_ms = [], {}
-    started = time.time()
-    for seed, (dt, shape, bs, density, kind) in enumerate(cases(args.quick, args.cpu)):
-        row = {"dtype": dt, "shape": shape, "bs": bs, "density": density, "layout": kind}
+    return args, device, meta, os.path.join(args.out, f"{stem}-{tag}.json")
+
+
+def run_rows(todo, measure, path_json, meta, dense_ms, device):
+    """``todo``'s rows (dicts naming them), each completed by ``measure(seed, row)``; a row that
+    raises records the error and the run goes on; the JSON is rewritten after every row."""
+    rows = []
+    for seed, row in enumerate(todo):
         try:
-            case = Case(dt, shape, bs, density, kind, device, seed)
-            row.update(density_actual=case.density, path=case.path, max_rel_err=case.check())
-            key = f"{dt} {shape}"
-            if key not in dense_ms:  # the dense convolution's time does not depend on the mask
-                dense_ms[key] = {f"{fmt} {what}": ms(dense_runs(case, fmt == "channels_last", what == "fwd+bwd"))
-                                 for fmt in ("NCHW", "channels_last") for what in ("fwd", "fwd+bwd")}
-            t = dense_ms[key]
-            fmt = min(("NCHW", "channels_last"), key=lambda f: t[f"{f} fwd"] + t[f"{f} fwd+bwd"])
-            fwd, fwdbwd = t[f"{fmt} fwd"], t[f"{fmt} fwd+bwd"]
-            row.update(dense_fwd_ms=fwd, dense_fwdbwd_ms=fwdbwd, dense_format=fmt,
-                       ours_fwd_ms=ms(case.ours(False)), ours_fwdbwd_ms=ms(case.ours(True)))
-            gather = case.gather()
-            row["gather_ms"] = None if gather is None else ms(gather)
-            row.update(speedup_fwd=fwd / row["ours_fwd_ms"], speedup_fwdbwd=fwdbwd / row["ours_fwdbwd_ms"])
+            row.update(measure(seed, row))
         except Exception as exc:  # keep going: the row says what failed
             row["error"] = f"{type(exc).__name__}: {exc}"
             traceback.print_exc()
@@ -287,7 +281,37 @@ def main(argv=None):
             json.dump({"meta": meta, "dense_ms": dense_ms, "rows": rows}, f, indent=1)
         if device == "cuda":
             torch.cuda.empty_cache()
-    with open(os.path.join(args.out, f"conv-{tag}.md"), "w") as f:
+    return rows
+
+
+def main(argv=None):
+    args, device, meta, path_json = begin_run(__doc__, "conv", argv, "one shape and block size (a smoke run)",
+                                          "tiny sizes on the CPU (checks the script)")
+    ms = timer(device)
+    dense_ms = {}
+    started = time.time()
+
+    def measure(seed, row):
+        case = Case(row["dtype"], row["shape"], row["bs"], row["density"], row["layout"], device, seed)
+        out = dict(density_actual=case.density, path=case.path, max_rel_err=case.check())
+        key = f"{row['dtype']} {row['shape']}"
+        if key not in dense_ms:  # the dense convolution's time does not depend on the mask
+            dense_ms[key] = {f"{fmt} {what}": ms(dense_runs(case, fmt == "channels_last", what == "fwd+bwd"))
+                             for fmt in ("NCHW", "channels_last") for what in ("fwd", "fwd+bwd")}
+        t = dense_ms[key]
+        fmt = min(("NCHW", "channels_last"), key=lambda f: t[f"{f} fwd"] + t[f"{f} fwd+bwd"])
+        fwd, fwdbwd = t[f"{fmt} fwd"], t[f"{fmt} fwd+bwd"]
+        out.update(dense_fwd_ms=fwd, dense_fwdbwd_ms=fwdbwd, dense_format=fmt,
+                   ours_fwd_ms=ms(case.ours(False)), ours_fwdbwd_ms=ms(case.ours(True)))
+        gather = case.gather()
+        out["gather_ms"] = None if gather is None else ms(gather)
+        out.update(speedup_fwd=fwd / out["ours_fwd_ms"], speedup_fwdbwd=fwdbwd / out["ours_fwdbwd_ms"])
+        return out
+
+    names = ("dtype", "shape", "bs", "density", "layout")
+    rows = run_rows([dict(zip(names, c)) for c in cases(args.quick, args.cpu)], measure, path_json, meta,
+                    dense_ms, device)
+    with open(path_json[:-len(".json")] + ".md", "w") as f:
         f.write(markdown(rows, meta))
     failed = sum("error" in r for r in rows)
     print(f"{len(rows)} rows, {failed} failed, {time.time() - started:.0f} s -> {path_json}")

@@ -24,8 +24,16 @@ class BlocksparseConv(ConvShapes):
 
     Calls are differentiable in the input, the filter and the edge bias, work under
     ``torch.autocast`` and ``torch.compile(fullgraph=True)``; float32, float16, bfloat16 (and
-    float64).  CUDA tensors of sparse layouts with wide blocks run as grouped convolutions (cuDNN);
-    everything else as one convolution with the dense filter that is zero outside the blocks.
+    float64).
+
+    ``path`` (keyword only) picks the implementation of CUDA calls: ``"auto"`` (the measured
+    choice: grouped convolutions for forward-only calls of sparse layouts with wide blocks, the
+    implicit-GEMM kernel where its table says, else the dense path), ``"dense"`` (one convolution
+    with the dense filter that is zero outside the blocks), ``"grouped"`` (grouped cuDNN
+    convolutions), ``"matmul"`` (1x1 block grids only: the block-sparse matmul kernels) or
+    ``"implicit"`` (convolutions only: the implicit-GEMM Triton kernel over the present channel
+    blocks, dense-path gradients).  CPU tensors and float64 run the dense path whatever is asked
+    (``BLOCKSPARSE_BACKEND=triton`` runs the kernels through Triton's interpreter).
 
     Examples
     --------
@@ -36,9 +44,26 @@ class BlocksparseConv(ConvShapes):
     """
 
     def __init__(self, BCK, TRS, DHW, MPQ=None, strides=(1, 1, 1), dilates=(1, 1, 1), padding="SAME",
-                 edge_bias=False):
+                 edge_bias=False, *, path="auto"):
         super().__init__(BCK, TRS, DHW, MPQ, strides, dilates, padding, edge_bias)
+        self._path = self._check_path(path)
         self._tables = _tables.Tables(self.spec)
+
+    @property
+    def path(self):
+        """The implementation asked for at construction (see the class)."""
+        return self._path
+
+    def _check_path(self, path):
+        if not isinstance(path, str) or path not in _compute.PATHS:
+            raise ValueError(f"path must be one of {', '.join(map(repr, _compute.PATHS))}; got {path!r}")
+        if path == "matmul" and self.spec.pointwise is None:
+            raise ValueError("path='matmul' needs a 1x1 convolution without padding whose blocks are aligned "
+                             "squares of 16, 32, 64 or 128 channels; this op is not one")
+        if path == "implicit" and self.spec.transposed:
+            raise ValueError("path='implicit' serves convolutions only; got a transposed convolution "
+                             "(BlocksparseDeconv)")
+        return path
 
     # ------------------------------------------------------------------ argument checks
     def _flat_filter(self, F):
@@ -104,7 +129,7 @@ class BlocksparseConv(ConvShapes):
         for name, t in (("F", flat), ("edge_bias", edge_bias)):
             if t is not None and t.dtype != I.dtype:
                 raise TypeError(f"{name} and I must have the same dtype; got {t.dtype} and {I.dtype}")
-        return _compute.convolve(I, flat, edge_bias, self.spec, self._tables)
+        return _compute.convolve(I, flat, edge_bias, self.spec, self._tables, self._path)
 
     def l2_normalize(self, F, gain=None, epsilon=1e-6, dtype=torch.float32):
         """Weight normalisation: each block's filter scaled to unit L2 norm per output channel.
@@ -142,7 +167,7 @@ class BlocksparseDeconv(BlocksparseConv):
 class BlocksparseConvLayer(nn.Module):
     """An ``nn.Module`` holding a block-sparse (transposed) convolution's filter and edge bias.
 
-    Parameters are those of :class:`BlocksparseConv` plus ``transposed`` (a
+    Parameters are those of :class:`BlocksparseConv` (``path`` included) plus ``transposed`` (a
     :class:`BlocksparseDeconv`), ``device`` and ``dtype``.  ``weight`` has shape ``f_shape()``,
     initialised uniform in ``+-1/sqrt(fan_in)`` per output channel (``fan_in`` counting only the
     connected inputs, times the taps), like ``nn.Conv2d``; ``edge_bias`` (with ``edge_bias=True``)
@@ -157,10 +182,10 @@ class BlocksparseConvLayer(nn.Module):
     """
 
     def __init__(self, BCK, TRS, DHW, MPQ=None, strides=(1, 1, 1), dilates=(1, 1, 1), padding="SAME",
-                 edge_bias=False, transposed=False, device=None, dtype=None):
+                 edge_bias=False, transposed=False, device=None, dtype=None, *, path="auto"):
         super().__init__()
         cls = BlocksparseDeconv if transposed else BlocksparseConv
-        self.conv = cls(BCK, TRS, DHW, MPQ, strides, dilates, padding, edge_bias)
+        self.conv = cls(BCK, TRS, DHW, MPQ, strides, dilates, padding, edge_bias, path=path)
         factory = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(self.conv.f_shape(), **factory))
         self.edge_bias = nn.Parameter(torch.empty(self.conv.edge_bias_shape(), **factory)) if edge_bias else None
@@ -182,4 +207,5 @@ class BlocksparseConvLayer(nn.Module):
         c = self.conv
         return (f"C={c.C}, K={c.K}, blocks={c.blocks}, TRS={c.TRS}, DHW={c.DHW}, MPQ={c.MPQ}, "
                 f"strides={c.strides}, dilates={c.dilates}, density={c.density:.3f}, "
-                f"edge_bias={self.edge_bias is not None}, transposed={isinstance(c, BlocksparseDeconv)}")
+                f"edge_bias={self.edge_bias is not None}, transposed={isinstance(c, BlocksparseDeconv)}, "
+                f"path={c.path!r}")

@@ -8,6 +8,7 @@ from .blocks import ConvBlocks, parse_bck
 from .edges import edge_map
 from .geometry import make_geometry
 from .grouping import grouped_plan, worth_grouping
+from .implicit import implicit_plan
 from .pointwise import pointwise_plan, worth_matmul
 
 __all__ = ["ConvSpec", "ConvShapes"]
@@ -17,8 +18,10 @@ class ConvSpec:
     """A block-sparse (transposed) convolution, validated: channels (``blocks``), ``geometry``,
     ``edges`` (the output's :class:`~.edges.EdgeMap`), ``grouped`` (the
     :class:`~.grouping.GroupedPlan`), ``pointwise`` (the :class:`~.pointwise.PointwisePlan` of a
-    1x1 block grid, else None), and which of those should serve it on a GPU (``prefers_grouped``,
-    ``prefers_matmul``), all computed at construction."""
+    1x1 block grid, else None), ``implicit`` / ``implicit_grad`` (the :class:`~.implicit.ImplicitPlan`
+    of a convolution and of its input gradient, None when transposed), and which of those should
+    serve it on a GPU (``prefers_grouped``, ``prefers_matmul``; the implicit path's rule depends on
+    the call), all computed at construction."""
 
     def __init__(self, BCK, TRS, DHW, MPQ=None, strides=1, dilates=1, padding="SAME", edge_bias=False,
                  transposed=False):
@@ -34,6 +37,8 @@ class ConvSpec:
         self.prefers_grouped = worth_grouping(self.blocks, self.grouped)
         self.pointwise = pointwise_plan(self.blocks, self.geometry)
         self.prefers_matmul = worth_matmul(self.pointwise, self.blocks.density)
+        self.implicit = implicit_plan(self.blocks)
+        self.implicit_grad = implicit_plan(self.blocks, gradient=True)
 
     @property
     def edge_count(self):

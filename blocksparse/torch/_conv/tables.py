@@ -10,12 +10,13 @@ from types import SimpleNamespace
 import torch
 
 from .._matmul import plan as _matmul_plan
+from . import implicit as _implicit
 
 __all__ = ["Tables"]
 
 
-def _tensor(array):
-    return torch.from_numpy(array.astype("int64", copy=True))
+def _tensor(array, dtype="int64"):
+    return torch.from_numpy(array.astype(dtype, copy=True))
 
 
 class Tables:
@@ -24,9 +25,14 @@ class Tables:
     ``fan_in`` (per output channel), and per bucket of the grouped plan ``inputs`` / ``weight``;
     ``order`` (the grouped output shuffle); ``pointwise`` (the matmul weight's flat filter indices,
     when the op has a :class:`~blocksparse.ops.conv.pointwise.PointwisePlan`) and ``matmul_handle``
-    (the layout handle of the matmul ops, or None)."""
+    (the layout handle of the matmul ops, or None); ``implicit_steps`` / ``implicit_tiles`` /
+    ``implicit_weight`` and ``implicit_grad_*`` (the tables of the implicit-GEMM kernel, forward and
+    input gradient, when the op has :class:`~blocksparse.ops.conv.implicit.ImplicitPlan` s) and
+    ``implicit_handle`` (this object's handle for that path's custom ops, or None).  ``spec``: the op's
+    :class:`~blocksparse.ops.conv.ConvSpec`."""
 
     def __init__(self, spec):
+        self.spec = spec
         blocks = spec.blocks
         segments, channel = blocks.norm_segments
         fan_in = torch.zeros(blocks.K, dtype=torch.int64)
@@ -40,7 +46,21 @@ class Tables:
             weight=[_tensor(b.weight) for b in plan.buckets], order=_tensor(plan.order),
             pointwise=None if spec.pointwise is None else _tensor(spec.pointwise.weight),
             matmul_handle=None if spec.pointwise is None else _matmul_plan.handle(spec.pointwise.layout))
+        for name, plan in (("implicit", spec.implicit), ("implicit_grad", spec.implicit_grad)):
+            if plan is not None:
+                setattr(self._cpu, f"{name}_steps", _tensor(plan.steps, "int32"))
+                setattr(self._cpu, f"{name}_tiles", _tensor(plan.tiles, "int32"))
+                setattr(self._cpu, f"{name}_weight", _tensor(plan.weight))
+        if spec.implicit is not None:
+            self._cpu.implicit_handle = _implicit.register(self)
         self._devices = {}
+
+    # Copies and unpickled ops rebuild their tables: the handles are this process's, of this object.
+    def __getstate__(self):
+        return {"spec": self.spec}
+
+    def __setstate__(self, state):
+        self.__init__(state["spec"])
 
     def on(self, device):
         if device.type == "cpu":

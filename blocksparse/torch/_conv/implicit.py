@@ -1,0 +1,181 @@
+"""The implicit-GEMM path of the PyTorch convolution: launchers, autograd, custom ops.
+
+Forward and input gradient: the Triton kernel of :mod:`blocksparse.ops.conv.implicit_gemm` on
+channels-last activations.  The input (backward: the output gradient) is read channels-last (a
+channels-last tensor as it is; any other is copied once, which costs one pass but makes every
+chunk of channels one coalesced load), and the result is written channels-last: a channels-first
+shaped tensor with channels-last strides, as cuDNN returns for channels-last inputs.  The filter
+gradient is the dense masked convolution's (:func:`.dense.dense_grads`, one cuDNN
+``convolution_backward`` for the weight), gathered back to the blocks.
+
+``blocksparse::conv_implicit`` (with a fake function and registered autograd) and
+``blocksparse::conv_implicit_dx`` serve ``torch.compile``; eager calls take
+:class:`ImplicitConvFunction` directly (no dispatcher).  The op
+receives an integer *handle* of the op's :class:`~.tables.Tables` (see :func:`register`), so that
+the compiler sees only tensors, ints and strings at its boundary; the dense filter's index is an
+input, since the backward (traced by the compiler) builds the dense filter from it.
+"""
+from __future__ import annotations
+
+import itertools
+import weakref
+
+import torch
+import triton
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from ...ops.conv.implicit_gemm import conv_implicit_kernel
+from .._autograd import direct_apply
+from .._backend import kernels_serve
+from .dense import dense_grads
+
+__all__ = ["implicit", "register", "serves", "conv_implicit_fwd", "conv_implicit_dx", "ImplicitConvFunction",
+           "conv_implicit_op", "conv_implicit_dx_op"]
+
+_HANDLES = weakref.WeakValueDictionary()  # handle -> Tables; an op's handle lives as long as the op
+_NEXT = itertools.count()
+
+
+def register(tables):
+    """A new handle of ``tables`` (a :class:`~.tables.Tables` whose spec has an implicit plan)."""
+    handle = next(_NEXT)
+    _HANDLES[handle] = tables
+    return handle
+
+
+def _tables(handle):
+    return _HANDLES[handle]
+
+
+def serves(spec, x):
+    """Whether the kernel can run this call (a convolution, a kernel dtype on a device it runs on)."""
+    return spec.implicit is not None and kernels_serve(x)
+
+
+def _precision(x):
+    return "tf32" if x.dtype == torch.float32 and torch.backends.cudnn.allow_tf32 else "ieee"
+
+
+def _spatial3(values, fill):
+    """A per-axis tuple as three axes (1-D / 2-D convolutions lead with neutral axes)."""
+    return (fill,) * (3 - len(values)) + tuple(values)
+
+
+def _launch(a, w, plan, steps, tiles, spec, written, transposed, precision):
+    """The kernel reading ``a`` (``(N, channels) + spatial``) into an ``(N, written) + spatial``
+    tensor with channels-last strides; ``w``: the plan's packed filter."""
+    geometry = spec.geometry
+    n = a.shape[0]
+    image, out = [x.image for x in geometry.axes], [x.out for x in geometry.axes]
+    size_in, size_out = (out, image) if transposed else (image, out)
+    a_last = a.movedim(1, -1).contiguous()  # no copy for channels-last input
+    a5 = a_last.view(n, *_spatial3(size_in, 1), a.shape[1])
+    alloc = torch.empty if plan.covers else torch.zeros  # channels no block writes stay zero
+    y = alloc((n, *size_out, written), dtype=a.dtype, device=a.device)
+    pixels, count = y.numel() // max(written, 1), plan.tiles.shape[0]
+    if pixels:
+        conv_implicit_kernel[lambda meta: (count * triton.cdiv(pixels, meta["BM"]),)](
+            a5, w, y, steps, tiles,
+            count, pixels, written,
+            *_spatial3(size_in, 1), *_spatial3(size_out, 1), *a5.stride()[:4],
+            *_spatial3(geometry.strides, 1), *_spatial3(geometry.dilates, 1),
+            *_spatial3([x.pad for x in geometry.axes], 0), *_spatial3(geometry.TRS, 1)[1:],
+            BN=plan.block_n, BK=plan.block_k, ALIGN=plan.align, PRECISION=precision, TRANSPOSED=transposed,
+        )
+    return y.movedim(-1, 1)
+
+
+def conv_implicit_fwd(x, flat, spec, device_tables, precision):
+    """``y`` (``(N, K) + MPQ``, channels-last strides) of input ``x`` (``(N, C) + DHW``) and the flat
+    filter, both of one kernel dtype."""
+    t = device_tables
+    return _launch(x, flat.index_select(0, t.implicit_weight), spec.implicit, t.implicit_steps,
+                   t.implicit_tiles, spec, spec.blocks.K, False, precision)
+
+
+def conv_implicit_dx(dy, flat, spec, device_tables, precision):
+    """The input gradient (``(N, C) + DHW``, channels-last strides) for output gradient ``dy``."""
+    t = device_tables
+    return _launch(dy, flat.index_select(0, t.implicit_grad_weight), spec.implicit_grad, t.implicit_grad_steps,
+                   t.implicit_grad_tiles, spec, spec.blocks.C, True, precision)
+
+
+class ImplicitConvFunction(torch.autograd.Function):
+    """``y`` and the input gradient from the kernel; the dense masked convolution's filter gradient."""
+
+    @staticmethod
+    def forward(ctx, x, flat, dense_index, handle, precision):
+        tables = _tables(handle)
+        ctx.save_for_backward(x, flat, dense_index)
+        ctx.handle, ctx.precision = handle, precision
+        return conv_implicit_fwd(x, flat, tables.spec, tables.on(x.device), precision)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        return (*_grads(ctx, dy, _eager_dx), None, None, None)
+
+
+def _grads(ctx, dy, input_grad):
+    """``(dx, dflat)``: ``input_grad(dy, flat, handle, precision)`` and the dense filter gradient."""
+    x, flat, dense_index = ctx.saved_tensors
+    need_x, need_flat = ctx.needs_input_grad[:2]
+    dx = input_grad(dy, flat, ctx.handle, ctx.precision) if need_x else None
+    if not need_flat:
+        return dx, None
+    return dx, dense_grads(dy, x, flat, _tables(ctx.handle).spec, dense_index, False, True)[1]
+
+
+def _eager_dx(dy, flat, handle, precision):
+    tables = _tables(handle)
+    return conv_implicit_dx(dy, flat, tables.spec, tables.on(dy.device), precision)
+
+
+_apply = direct_apply(ImplicitConvFunction)
+
+
+@torch.library.custom_op("blocksparse::conv_implicit", mutates_args=())
+def conv_implicit_op(x: Tensor, flat: Tensor, dense_index: Tensor, handle: int, precision: str) -> Tensor:
+    tables = _tables(handle)
+    return conv_implicit_fwd(x, flat, tables.spec, tables.on(x.device), precision)
+
+
+@conv_implicit_op.register_fake
+def _(x, flat, dense_index, handle, precision):
+    spec = _tables(handle).spec
+    return x.new_empty((x.shape[0], *spec.geometry.MPQ, spec.blocks.K)).movedim(-1, 1)
+
+
+@torch.library.custom_op("blocksparse::conv_implicit_dx", mutates_args=())
+def conv_implicit_dx_op(dy: Tensor, flat: Tensor, handle: int, precision: str) -> Tensor:
+    return _eager_dx(dy, flat, handle, precision)
+
+
+@conv_implicit_dx_op.register_fake
+def _(dy, flat, handle, precision):
+    spec = _tables(handle).spec
+    return dy.new_empty((dy.shape[0], *spec.geometry.DHW, spec.blocks.C)).movedim(-1, 1)
+
+
+def _setup_context(ctx, inputs, output):
+    x, flat, dense_index, handle, precision = inputs
+    ctx.save_for_backward(x, flat, dense_index)
+    ctx.handle, ctx.precision = handle, precision
+
+
+def _backward_op(ctx, dy):
+    return (*_grads(ctx, dy, conv_implicit_dx_op), None, None, None)
+
+
+conv_implicit_op.register_autograd(_backward_op, setup_context=_setup_context)
+
+
+def implicit(x, flat, spec, device_tables):
+    """The implicit path's output (the custom op while ``torch.compile`` traces)."""
+    precision = _precision(x)
+    if torch.compiler.is_compiling():
+        return conv_implicit_op(x, flat, device_tables.dense, device_tables.implicit_handle, precision)
+    if torch.is_grad_enabled() and (x.requires_grad or flat.requires_grad):
+        return _apply(x, flat, device_tables.dense, device_tables.implicit_handle, precision)
+    return conv_implicit_fwd(x, flat, spec, device_tables, precision)
