@@ -26,7 +26,7 @@ import importlib
 __all__ = ["AOT_FAMILIES", "family"]
 
 #: Families whose kernels are compiled ahead of time (each has an ``aot`` module).
-AOT_FAMILIES = ("matmul",)
+AOT_FAMILIES = ("matmul", "norms", "lstm")
 
 
 def family(name):
