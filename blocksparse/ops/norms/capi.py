@@ -1,0 +1,51 @@
+"""ctypes view of the norms and LSTM families' C entry points (``src/ops/norms.h``) in a kernel
+library: what the TensorFlow ops call, for the tests and GPU checks."""
+from __future__ import annotations
+
+import ctypes
+
+from ...aot.abi import KernelLibrary
+
+__all__ = ["DTYPES", "LayerNormCall", "LstmGatesCall", "NormsRuntime"]
+
+DTYPES = {"fp16": 0, "bf16": 1, "fp32": 2}
+
+
+class LayerNormCall(ctypes.Structure):
+    """``bsk_layer_norm_call`` (see norms.h for the fields)."""
+
+    _fields_ = [(name, ctypes.c_int32) for name in ("dtype", "axis", "relu", "segments")] + \
+               [(name, ctypes.c_int64) for name in ("n_tokens", "features")] + [("epsilon", ctypes.c_float)] + \
+               [(name, ctypes.c_uint64) for name in
+                ("x", "g", "b", "y", "mean", "rstd", "dy", "dx", "dg", "db", "workspace")]
+
+
+class LstmGatesCall(ctypes.Structure):
+    """``bsk_lstm_gates_call`` (see norms.h for the fields)."""
+
+    _fields_ = [(name, ctypes.c_int32) for name in ("dtype", "merged")] + \
+               [(name, ctypes.c_int64) for name in ("n_tokens", "features")] + [("forget_bias", ctypes.c_float)] + \
+               [(name, ctypes.c_uint64) for name in
+                ("c", "i", "j", "f", "o", "bias", "c_next", "h_next", "dc_next", "dh_next", "dc", "di", "dj",
+                 "df", "d_o", "dbias", "workspace")]
+
+
+class NormsRuntime:
+    """The layer-norm and LSTM-gate entry points of ``library`` (a :class:`KernelLibrary` or its path)."""
+
+    def __init__(self, library):
+        self.library = library if isinstance(library, KernelLibrary) else KernelLibrary(library)
+        self.specs = self.library.specs
+        lib = self.library.library
+        self._select = {
+            "layer_norm": lib("bsk_layer_norm_select",
+                              (ctypes.c_int, [ctypes.POINTER(LayerNormCall), ctypes.c_int, ctypes.c_int])),
+            "lstm_gates": lib("bsk_lstm_gates_select",
+                              (ctypes.c_int, [ctypes.POINTER(LstmGatesCall), ctypes.c_int, ctypes.c_int])),
+        }
+
+    def select(self, call, backward, arch):
+        """Index of the spec serving ``call`` (a :class:`LayerNormCall` or :class:`LstmGatesCall`)
+        on ``sm_{arch}``, or -1."""
+        which = "layer_norm" if isinstance(call, LayerNormCall) else "lstm_gates"
+        return self._select[which](ctypes.byref(call), int(backward), arch)
