@@ -17,11 +17,19 @@ using tensorflow::OpKernelContext;
 using tensorflow::Tensor;
 using tensorflow::TensorShape;
 
+// "(64,)", "(8, 32)": shapes written as the frontends and the shape functions write them.
+std::string Tuple(const TensorShape& shape) {
+  std::string out = "(";
+  for (int i = 0; i < shape.dims(); ++i) absl::StrAppend(&out, i ? ", " : "", shape.dim_size(i));
+  return absl::StrCat(out, shape.dims() == 1 ? ",)" : ")");
+}
+
+// `t` must have shape `want`: `what` names it ("(C,)" or "the shape of x").
 absl::Status CheckShape(const Tensor& t, const char* name, const TensorShape& want, const std::string& what) {
-  if (t.shape() != want)
-    return tensorflow::errors::InvalidArgument(name, " must have shape ", what, " = ", want.DebugString(),
-                                               "; got shape ", t.shape().DebugString());
-  return absl::OkStatus();
+  if (t.shape() == want) return absl::OkStatus();
+  const std::string expected = what.rfind("the shape", 0) == 0 ? absl::StrCat(what, " ", Tuple(want))
+                                                               : absl::StrCat("shape ", what, " = ", Tuple(want));
+  return tensorflow::errors::InvalidArgument(name, " must have ", expected, "; got shape ", Tuple(t.shape()));
 }
 
 absl::Status Allocate(OpKernelContext* ctx, int index, const TensorShape& shape, Tensor** out) {

@@ -109,8 +109,9 @@ absl::Status Cell(InferenceContext* c, const LstmAttrs& a, int first, ShapeHandl
   TF_RETURN_IF_ERROR(Rank(c, first + 1 + a.num_gates, 1, "bias", a.has_bias ? "(4K,)" : "(0,)", &bias));
   int64_t want = a.has_bias ? (k >= 0 ? 4 * k : -1) : 0, got = Known(c, c->Dim(bias, 0));
   if (want >= 0 && got >= 0 && got != want)
-    return tensorflow::errors::InvalidArgument("bias must have shape (", want, ",) (", a.has_bias ? "4K" : "no bias",
-                                               "); got shape ", c->DebugString(bias));
+    return tensorflow::errors::InvalidArgument("bias must have shape ", a.has_bias ? "(4K,) = (" : "(0,) (no bias",
+                                               a.has_bias ? absl::StrCat(want, ",)") : ")", "; got shape ",
+                                               c->DebugString(bias));
   return absl::OkStatus();
 }
 

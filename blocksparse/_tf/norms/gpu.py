@@ -3,14 +3,16 @@
 The ops take 2-D activations -- ``(N, C)`` / ``(C, N)`` for layer norm, ``(N, K)`` cells with one
 merged ``(N, 4K)`` gate tensor or four ``(N, K)`` ones -- and float32 ``g``, ``b`` and ``bias``;
 the functions here reshape (free in TensorFlow) and cast the parameters (their gradients come back
-in the parameters' dtypes through the casts).  The ops' gradients are registered once per process.
+in the parameters' dtypes through the casts).  Each forward op is wrapped with its gradient op in a
+``tf.custom_gradient``, so that ``tf.GradientTape`` and ``tf.gradients`` alike reach it (the
+gradient ops have no gradient: no second order).
 """
 from __future__ import annotations
 
 from .. import tf
 from .backend import Implementation
 
-__all__ = ["DTYPES", "served", "layer_norm_implementation", "lstm_gates_implementation", "register_gradients"]
+__all__ = ["DTYPES", "served", "layer_norm_implementation", "lstm_gates_implementation"]
 
 DTYPES = {tf.float16: "fp16", tf.bfloat16: "bf16", tf.float32: "fp32"}
 
@@ -36,15 +38,22 @@ def layer_norm_implementation(library, arch, dtype, axis, relu):
     if not served(library, arch, "norms", dtype=DTYPES[dtype], axis=kernel_axis, relu=relu):
         return None
     module = library.module
-    register_gradients(module)
 
     def layer_norm(x, g, b, axis, segments, epsilon, relu):
-        shape = tf.shape(x)
+        attrs = _ln_attrs(kernel_axis, segments, epsilon, relu)
+
+        @tf.custom_gradient
+        def blocksparse_layer_norm(x2, g32, b32):
+            y, mean, rstd = module.blocksparse_layer_norm(x2, g32, b32, **attrs)
+
+            def grad(dy):
+                return list(module.blocksparse_layer_norm_grad(dy, x2, g32, b32, mean, rstd, **attrs))
+
+            return y, grad
+
         size = x.shape[axis]
         x2 = tf.reshape(x, [-1, size] if kernel_axis == 1 else [size, -1])
-        y, _, _ = module.blocksparse_layer_norm(x2, tf.cast(g, tf.float32), tf.cast(b, tf.float32),
-                                                **_ln_attrs(kernel_axis, segments, epsilon, relu))
-        y = tf.reshape(y, shape)
+        y = tf.reshape(blocksparse_layer_norm(x2, tf.cast(g, tf.float32), tf.cast(b, tf.float32)), tf.shape(x))
         y.set_shape(x.shape)
         return y
 
@@ -57,52 +66,33 @@ def lstm_gates_implementation(library, arch, dtype, has_bias):
     if not served(library, arch, "lstm", dtype=DTYPES[dtype], has_bias=has_bias):
         return None
     module = library.module
-    register_gradients(module)
 
     def lstm_gates(c, gates, bias, forget_bias, merged=None):
+        attrs = dict(forget_bias=float(forget_bias), has_bias=bias is not None)
         k = c.shape[-1]
         c2 = tf.reshape(c, [-1, k])
         gates2 = [tf.reshape(merged, [-1, 4 * k])] if merged is not None else [tf.reshape(t, [-1, k]) for t in gates]
         bias32 = tf.zeros([0], tf.float32) if bias is None else tf.cast(bias, tf.float32)
-        c_next, h_next = module.blocksparse_lstm_gates(c2, gates2, bias32, forget_bias=float(forget_bias),
-                                                       has_bias=bias is not None)
+
+        @tf.custom_gradient
+        def blocksparse_lstm_gates(c2, bias32, *gates2):
+            c_next, h_next = module.blocksparse_lstm_gates(c2, list(gates2), bias32, **attrs)
+
+            def grad(dc_next, dh_next):
+                # an unused output's gradient may be absent
+                dc_next = tf.zeros_like(c_next) if dc_next is None else dc_next
+                dh_next = tf.zeros_like(h_next) if dh_next is None else dh_next
+                dc, dgates, dbias = module.blocksparse_lstm_gates_grad(c2, list(gates2), bias32, dc_next, dh_next,
+                                                                       **attrs)
+                return [dc, dbias if bias is not None else None, *dgates]
+
+            return (c_next, h_next), grad
+
         outputs = []
-        for t in (c_next, h_next):
+        for t in blocksparse_lstm_gates(c2, bias32, *gates2):
             t = tf.reshape(t, tf.shape(c))
             t.set_shape(c.shape)
             outputs.append(t)
         return tuple(outputs)
 
     return Implementation(f"tf-gpu-sm{arch}", None, lstm_gates)
-
-
-_registered = []
-
-
-def register_gradients(module):
-    """Register the gradients of ``BlocksparseLayerNorm`` and ``BlocksparseLstmGates`` (once per
-    process); their gradient ops have none (no second order)."""
-    if _registered:
-        return
-    _registered.append(module)
-
-    @tf.RegisterGradient("BlocksparseLayerNorm")
-    def _layer_norm_grad(op, dy, dmean, drstd):
-        # mean and rstd feed only the gradient op: nothing flows back through them
-        x, g, b = op.inputs
-        _, mean, rstd = op.outputs
-        attrs = {name: op.get_attr(name) for name in ("axis", "segments", "epsilon", "relu")}
-        dx, dg, db = module.blocksparse_layer_norm_grad(dy, x, g, b, mean, rstd, **attrs)
-        return [dx, dg, db]
-
-    @tf.RegisterGradient("BlocksparseLstmGates")
-    def _lstm_gates_grad(op, dc_next, dh_next):
-        num_gates = op.get_attr("num_gates")
-        c, gates, bias = op.inputs[0], list(op.inputs[1:1 + num_gates]), op.inputs[1 + num_gates]
-        c_next, h_next = op.outputs
-        dc_next = tf.zeros_like(c_next) if dc_next is None else dc_next
-        dh_next = tf.zeros_like(h_next) if dh_next is None else dh_next
-        attrs = {name: op.get_attr(name) for name in ("forget_bias", "has_bias")}
-        outputs = module.blocksparse_lstm_gates_grad(c, gates, bias, dc_next, dh_next, **attrs)
-        dc, dgates, dbias = outputs[0], list(outputs[1:1 + num_gates]), outputs[1 + num_gates]
-        return [dc, *dgates, dbias if attrs["has_bias"] else None]
