@@ -37,15 +37,34 @@ class NormsRuntime:
         self.library = library if isinstance(library, KernelLibrary) else KernelLibrary(library)
         self.specs = self.library.specs
         lib = self.library.library
-        self._select = {
-            "layer_norm": lib("bsk_layer_norm_select",
-                              (ctypes.c_int, [ctypes.POINTER(LayerNormCall), ctypes.c_int, ctypes.c_int])),
-            "lstm_gates": lib("bsk_lstm_gates_select",
-                              (ctypes.c_int, [ctypes.POINTER(LstmGatesCall), ctypes.c_int, ctypes.c_int])),
-        }
+        self._select, self._workspace, self._run = {}, {}, {}
+        for which, call in (("layer_norm", LayerNormCall), ("lstm_gates", LstmGatesCall)):
+            pointer = ctypes.POINTER(call)
+            self._select[which] = lib(f"bsk_{which}_select", (ctypes.c_int, [pointer, ctypes.c_int, ctypes.c_int]))
+            self._workspace[which] = lib(f"bsk_{which}_workspace", (ctypes.c_int, [
+                pointer, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.c_char_p, ctypes.c_size_t]))
+            self._run[which] = lib(f"bsk_{which}_run", (ctypes.c_int, [
+                pointer, ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]))
+
+    @staticmethod
+    def _which(call):
+        return "layer_norm" if isinstance(call, LayerNormCall) else "lstm_gates"
 
     def select(self, call, backward, arch):
         """Index of the spec serving ``call`` (a :class:`LayerNormCall` or :class:`LstmGatesCall`)
         on ``sm_{arch}``, or -1."""
-        which = "layer_norm" if isinstance(call, LayerNormCall) else "lstm_gates"
-        return self._select[which](ctypes.byref(call), int(backward), arch)
+        return self._select[self._which(call)](ctypes.byref(call), int(backward), arch)
+
+    def workspace(self, call, stream=0):
+        """Bytes the backward of ``call`` needs in ``call.workspace`` on ``stream``'s GPU."""
+        size, message = ctypes.c_size_t(), ctypes.create_string_buffer(1024)
+        self.library.check(self._workspace[self._which(call)](ctypes.byref(call), stream, ctypes.byref(size),
+                                                              message, 1024), message)
+        return size.value
+
+    def run(self, call, backward, stream=0):
+        """Run the forward or backward of ``call`` on ``stream`` (an int CUstream handle); raise
+        ``KernelError``."""
+        message = ctypes.create_string_buffer(1024)
+        self.library.check(self._run[self._which(call)](ctypes.byref(call), int(backward), stream, message, 1024),
+                           message)
