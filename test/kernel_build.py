@@ -24,3 +24,12 @@ def build(out, *args):
                           capture_output=True, text=True, timeout=1200, cwd=ROOT)
     assert done.returncode == 0, f"blocksparse.aot failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
     return Path(out) / "_kernels.so"
+
+
+def build_subset(out, family, names):
+    """Build a kernel library of the specs called ``names`` of ``family`` into ``out``
+    (``subset_build.py``); its path."""
+    done = subprocess.run([sys.executable, str(ROOT / "test" / "subset_build.py"), str(out),
+                           *(f"{family}:{n}" for n in names)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return Path(out) / "_kernels.so"

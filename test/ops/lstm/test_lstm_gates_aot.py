@@ -1,10 +1,6 @@
 """The LSTM-gate kernels compiled ahead of time (the TensorFlow GPU path), without a GPU: the spec
 list, its compile arguments, a few specs compiled for sm_90, and the C selection
 (``src/ops/lstm.c``) over a small built library."""
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from blocksparse.ops.common.aot import SumRowsSpec
@@ -13,7 +9,6 @@ from blocksparse.ops.lstm.configs import lstm_gates_config
 
 ALL = aot.specializations((80, 90))
 GATES = [s for s in ALL if not isinstance(s, SumRowsSpec)]
-BUILD = Path(__file__).resolve().parents[2] / "subset_build.py"
 BUILT = ("lstm_fwd_bf16_k16_sm90", "lstm_fwd_bf16_k128_sm90", "lstm_bwd_fp32_bias_k64_sm90", "sum_rows_a_sm90")
 
 
@@ -49,17 +44,13 @@ def test_compile_args_name_every_kernel_parameter(spec):
 
 @pytest.fixture(scope="module")
 def runtime(tmp_path_factory):
-    from kernel_build import can_build
+    from kernel_build import build_subset, can_build
 
     if not can_build():
         pytest.skip("needs the source tree, Triton and a C compiler")
     from blocksparse.ops.norms.capi import NormsRuntime
 
-    out = tmp_path_factory.mktemp("lstm")
-    done = subprocess.run([sys.executable, str(BUILD), str(out), *(f"lstm:{n}" for n in BUILT)],
-                          capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    return NormsRuntime(out / "_kernels.so")
+    return NormsRuntime(build_subset(tmp_path_factory.mktemp("lstm"), "lstm", BUILT))
 
 
 def test_the_library_holds_the_compiled_specs(runtime):

@@ -1,10 +1,6 @@
 """The layer-norm kernels compiled ahead of time (the TensorFlow GPU path), without a GPU: the spec
 list, its compile arguments, a few specs compiled for sm_90 / sm_80, and the C selection
 (``src/ops/norms.c``) over a small built library."""
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from blocksparse.ops.common.aot import SumRowsSpec
@@ -13,7 +9,6 @@ from blocksparse.ops.norms.configs import MAX_ROW, layer_norm_config
 
 ALL = aot.specializations((80, 90))
 NORMS = [s for s in ALL if not isinstance(s, SumRowsSpec)]
-BUILD = Path(__file__).resolve().parents[2] / "subset_build.py"
 #: The specs the small library holds: (N, C) tiles 256 / 1024 and the chunked one, a (C, N) pair.
 BUILT = ("ln_fwd_bf16_a1_c256_sm90", "ln_fwd_bf16_a1_c1024_sm90", "ln_fwd_bf16_a1_k16384_sm90",
          "ln_bwd_bf16_a1_relu_c1024_sm90", "ln_fwd_bf16_a0_c64_sm90", "ln_fwd_bf16_a0u_c256_sm90",
@@ -70,17 +65,13 @@ def test_fields_select_without_the_config():
 
 @pytest.fixture(scope="module")
 def runtime(tmp_path_factory):
-    from kernel_build import can_build
+    from kernel_build import build_subset, can_build
 
     if not can_build():
         pytest.skip("needs the source tree, Triton and a C compiler")
     from blocksparse.ops.norms.capi import NormsRuntime
 
-    out = tmp_path_factory.mktemp("norms")
-    done = subprocess.run([sys.executable, str(BUILD), str(out), *(f"norms:{n}" for n in BUILT)],
-                          capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    return NormsRuntime(out / "_kernels.so")
+    return NormsRuntime(build_subset(tmp_path_factory.mktemp("norms"), "norms", BUILT))
 
 
 def test_the_library_holds_the_compiled_specs(runtime):
