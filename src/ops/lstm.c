@@ -70,13 +70,14 @@ static const gates_spec *choose(const bsk_lstm_gates_call *call, int backward, i
     return NULL;
   pthread_once(&table_once, read_table);
   const gates_spec *best = NULL;
-  int bk = tile_for(call->features);
+  int bk = tile_for(call->features), best_rank = 0;
   for (int i = 0; i < table_count; ++i) {
     const gates_spec *s = &table[i];
+    int rank = bsk_ops_rank(s->args.index, arch);
     if (s->args.problem || s->backward != !!backward || s->dtype != call->dtype || s->has_bias != !!call->bias ||
-        s->bk != bk || !bsk_arch_serves(s->args.arch, arch))
+        s->bk != bk || !rank)
       continue;
-    if (!best || s->args.arch > best->args.arch) best = s;
+    if (rank > best_rank) best = s, best_rank = rank;
   }
   return best;
 }

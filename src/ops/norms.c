@@ -58,11 +58,12 @@ static void read_table(void) {
 
 static int64_t segment_features(const bsk_layer_norm_call *call) { return call->features / call->segments; }
 
-/* Whether spec `s` is better for the call than `best` (both serve it): the newest arch, then
- * vector loads, then the narrowest tile holding a segment whole, else the chunked tile. */
-static int better(const ln_spec *s, const ln_spec *best) {
+/* Whether spec `s` (of rank `rank` on the GPU) is better for the call than `best` (both serve it):
+ * the runtime's rank, then vector loads, then the narrowest tile holding a segment whole, else the
+ * chunked tile. */
+static int better(const ln_spec *s, int rank, const ln_spec *best, int best_rank) {
   if (!best) return 1;
-  if (s->args.arch != best->args.arch) return s->args.arch > best->args.arch;
+  if (rank != best_rank) return rank > best_rank;
   if (s->aligned != best->aligned) return s->aligned;
   if (s->one_chunk != best->one_chunk) return s->one_chunk;
   return s->bc < best->bc;
@@ -78,14 +79,16 @@ static const ln_spec *choose(const bsk_layer_norm_call *call, int backward, int 
   int rows_aligned = call->n_tokens % 16 == 0;
   pthread_once(&table_once, read_table);
   const ln_spec *best = NULL;
+  int best_rank = 0;
   for (int i = 0; i < table_count; ++i) {
     const ln_spec *s = &table[i];
+    int rank = bsk_ops_rank(s->args.index, arch);
     if (s->args.problem || s->backward != !!backward || s->dtype != call->dtype || s->axis != call->axis ||
-        s->relu != !!call->relu || !bsk_arch_serves(s->args.arch, arch))
+        s->relu != !!call->relu || !rank)
       continue;
     if ((call->axis == 0 && s->aligned && !rows_aligned) || (s->one_chunk && s->bc < segment_features(call)))
       continue;
-    if (better(s, best)) best = s;
+    if (better(s, rank, best, best_rank)) best = s, best_rank = rank;
   }
   return best;
 }

@@ -59,6 +59,12 @@ static inline int bsk_ops_launch(const bsk_ops_args *a, const unsigned grid[3], 
   return bsk_launch(a->index, grid, args, a->nargs, stream, message, size);
 }
 
+/* How well spec `spec` serves a GPU of `arch`: 0 not at all, else larger is better (the newest
+ * compiled arch).  The one place the families' selections ask the runtime's rule. */
+static inline int bsk_ops_rank(int spec, int arch) {
+  return bsk_arch_serves(bsk_spec_arch(spec), arch) ? bsk_spec_arch(spec) : 0;
+}
+
 static inline int64_t bsk_ops_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 static inline void bsk_ops_ptr(bsk_arg *v, uint64_t address) { v->kind = BSK_ARG_PTR, v->value.ptr = address; }
 static inline void bsk_ops_i32(bsk_arg *v, int64_t value) { v->kind = BSK_ARG_I32, v->value.i32 = (int32_t)value; }

@@ -7,18 +7,18 @@
 enum { V_PART_A, V_PART_B, V_OUT_A, V_OUT_B, V_P, V_M, V_COUNT };
 static const char *const VALUE_NAMES[V_COUNT] = {"PART_A", "PART_B", "OUT_A", "OUT_B", "P", "M"};
 
-/* The newest sum_rows spec of `family` with (has_b) that serves `arch`, or -1. */
+/* The best-ranked sum_rows spec of `family` with (has_b) that serves `arch`, or -1. */
 static int select_spec(const char *family, int has_b, int arch) {
-  int best = -1, count = bsk_spec_count();
+  int best = -1, best_rank = 0, count = bsk_spec_count();
   for (int i = 0; i < count; ++i) {
     const char *product = NULL;
-    int spec_has_b = -1;
+    int spec_has_b = -1, rank = bsk_ops_rank(i, arch);
     if (strcmp(bsk_spec_family(i), family)) continue;
     bsk_spec_key(i, "product", NULL, &product);
     if (!product || strcmp(product, "sum_rows") || !bsk_ops_int(i, "has_b", &spec_has_b) ||
-        spec_has_b != has_b || !bsk_arch_serves(bsk_spec_arch(i), arch))
+        spec_has_b != has_b || !rank)
       continue;
-    if (best < 0 || bsk_spec_arch(i) > bsk_spec_arch(best)) best = i;
+    if (rank > best_rank) best = i, best_rank = rank;
   }
   return best;
 }

@@ -7,7 +7,13 @@
 // they serve the checks (tested on CPU-only machines) and a clear error for a misplaced op.
 #include "matmul.h"
 #include "problem.h"
-#include "runtime_glue.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+#if __has_include("xla/stream_executor/stream.h")
+#include "xla/stream_executor/stream.h"
+#else
+#include "tensorflow/compiler/xla/stream_executor/stream.h"
+#endif
 
 #ifndef BLOCKSPARSE_TF_VERSION
 #error "BLOCKSPARSE_TF_VERSION (the TensorFlow version built against) must be defined"
@@ -56,6 +62,22 @@ absl::Status CheckTable(const Tensor& t, const char* name, int64_t width) {
   return CheckTableWidth(name, t.dim_size(0), t.dim_size(1), width);
 }
 
+int DtypeOf(DataType t) {
+  return t == tensorflow::DT_HALF ? BSK_FP16 : t == tensorflow::DT_BFLOAT16 ? BSK_BF16 : BSK_FP32;
+}
+
+uint64_t Address(const Tensor& t) { return reinterpret_cast<uint64_t>(t.data()); }
+
+absl::Status FromRuntime(int status, const char* message) {
+  switch (status) {
+    case BSK_OK: return absl::OkStatus();
+    case BSK_ERR_INVALID: return tensorflow::errors::InvalidArgument(message);
+    case BSK_ERR_UNSUPPORTED: return tensorflow::errors::Unimplemented(message);
+    case BSK_ERR_DRIVER: return tensorflow::errors::FailedPrecondition(message);
+    default: return tensorflow::errors::Internal(message);
+  }
+}
+
 // Shared by the three kernels: the attrs, and running a call on the op's device.
 template <bool kGpu>
 class BlocksparseOp : public OpKernel {
@@ -84,10 +106,12 @@ class BlocksparseOp : public OpKernel {
   // Checks done: on the CPU, say where the op runs; on a GPU, launch on TensorFlow's stream.
   void Run(OpKernelContext* ctx, const bsk_matmul_call& call) {
     if (!kGpu) {
-      ctx->SetStatus(GpuOnly(type_string()));
+      ctx->SetStatus(tensorflow::errors::Unimplemented(
+          type_string(), " runs on GPUs only; on the CPU blocksparse computes the product with "
+                         "its reference path (TensorFlow ops)"));
       return;
     }
-    void* stream = Stream(ctx);
+    void* stream = ctx->op_device_context()->stream()->platform_specific_handle().stream;
     char message[1024] = {0};
     OP_REQUIRES_OK(ctx, FromRuntime(bsk_matmul_run(&call, stream, message, sizeof(message)), message));
   }
