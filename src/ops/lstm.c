@@ -34,19 +34,13 @@ static gates_spec *table;
 static int table_count;
 static pthread_once_t table_once = PTHREAD_ONCE_INIT;
 
-static int is_gates(int index) {
-  const char *product = NULL;
-  bsk_spec_key(index, "product", NULL, &product);
-  return !strcmp(bsk_spec_family(index), "lstm") && product && strcmp(product, "sum_rows");
-}
-
 static void read_table(void) {
   int count = bsk_spec_count(), n = 0;
-  for (int i = 0; i < count; ++i) n += is_gates(i);
+  for (int i = 0; i < count; ++i) n += bsk_ops_is_kernel(i, "lstm");
   table = calloc((size_t)n + 1, sizeof(gates_spec));
   if (!table) return;
   for (int i = 0; i < count; ++i) {
-    if (!is_gates(i)) continue;
+    if (!bsk_ops_is_kernel(i, "lstm")) continue;
     gates_spec *s = &table[table_count++];
     bsk_ops_read_args(i, VALUE_NAMES, V_COUNT, &s->args);
     s->backward = bsk_ops_text(i, "product", PRODUCTS, 2);

@@ -41,19 +41,13 @@ static void read_spec(int index, ln_spec *s) {
     s->args.problem = "its keys are not those of blocksparse/ops/norms/aot.py fields()";
 }
 
-static int is_layer_norm(int index) {
-  const char *product = NULL;
-  bsk_spec_key(index, "product", NULL, &product);
-  return !strcmp(bsk_spec_family(index), "norms") && product && strcmp(product, "sum_rows");
-}
-
 static void read_table(void) {
   int count = bsk_spec_count(), n = 0;
-  for (int i = 0; i < count; ++i) n += is_layer_norm(i);
+  for (int i = 0; i < count; ++i) n += bsk_ops_is_kernel(i, "norms");
   table = calloc((size_t)n + 1, sizeof(ln_spec));
   if (!table) return;
   for (int i = 0; i < count; ++i)
-    if (is_layer_norm(i)) read_spec(i, &table[table_count++]);
+    if (bsk_ops_is_kernel(i, "norms")) read_spec(i, &table[table_count++]);
 }
 
 static int64_t segment_features(const bsk_layer_norm_call *call) { return call->features / call->segments; }

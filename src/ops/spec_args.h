@@ -38,6 +38,13 @@ static inline int bsk_ops_text(int spec, const char *key, const char *const *nam
   return bsk_ops_find(names, count, text);
 }
 
+/* Whether spec `index` is one of `family`'s own kernels (not its partial-row sums). */
+static inline int bsk_ops_is_kernel(int index, const char *family) {
+  const char *product = NULL;
+  bsk_spec_key(index, "product", NULL, &product);
+  return !strcmp(bsk_spec_family(index), family) && product && strcmp(product, "sum_rows");
+}
+
 static inline void bsk_ops_read_args(int index, const char *const *values, int count, bsk_ops_args *a) {
   memset(a, 0, sizeof(*a));
   a->index = index, a->arch = bsk_spec_arch(index), a->name = bsk_spec_name(index);
