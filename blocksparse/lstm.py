@@ -17,6 +17,7 @@ from ._tf import tf
 from ._tf.checks import float_tensor, same_dtype
 from ._tf.ew import args as ewargs
 from ._tf.norms import backend
+from ._tf.norms import gpu as gpu_ops
 
 __all__ = ["fused_lstm_gates", "split4", "concat4"]
 
@@ -83,8 +84,14 @@ def fused_lstm_gates(c, *args, bias=None, forget_bias=1.0, name=None):
                                  f"got shape {c.shape}")
             k = c.shape[-1]
             bias = ewargs.channel_vector(bias, 4 * k, "bias", f"4K = 4 * {k}: the biases of i, j, f, o")
-        impl = backend.select(backend.lstm_gates_eligible(c.dtype), "LSTM gates")
-        return impl.lstm_gates(c, tuple(gates), bias, forget_bias)
+        k = c.shape[-1] if c.shape.rank else None
+
+        def gpu(library, arch):
+            return gpu_ops.lstm_gates_implementation(library, arch, c.dtype, bias is not None)
+
+        impl = backend.select(backend.lstm_gates_eligible(c.dtype, k), f"LSTM gates of {c.dtype.name}", gpu)
+        merged = args[0] if len(args) == 1 else None
+        return impl.lstm_gates(c, tuple(gates), bias, forget_bias, merged=merged)
 
 
 def split4(x, name=None):

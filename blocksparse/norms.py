@@ -16,6 +16,7 @@ from ._tf import tf
 from ._tf.checks import float_tensor, positive_float
 from ._tf.ew import args as ewargs
 from ._tf.norms import backend, channels
+from ._tf.norms import gpu as gpu_ops
 
 __all__ = ["layer_norm", "batch_norm", "batch_norm_inference"]
 
@@ -74,7 +75,13 @@ def layer_norm(x, g, b, axis=1, epsilon=1e-6, relu=False, *, segments=1, name=No
         what = f"C = {size}, the size of x on axis {axis}"
         g = ewargs.channel_vector(g, size, "g", what)
         b = ewargs.channel_vector(b, size, "b", what)
-        impl = backend.select(backend.layer_norm_eligible(x.dtype, axis, rank), "layer_norm")
+        features = "last" if axis == rank - 1 else "first"
+
+        def gpu(library, arch):
+            return gpu_ops.layer_norm_implementation(library, arch, x.dtype, features, relu)
+
+        eligible = backend.layer_norm_eligible(x.dtype, axis, rank, size)
+        impl = backend.select(eligible, f"layer_norm of {x.dtype.name} features {features}", gpu)
         return impl.layer_norm(x, g, b, axis, segments, epsilon, relu)
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Both archs, TMA and pointer kernels, the pointer kernels' PTX (the same compiles as sm_80's), one
-#: dtype and block size: the subset the tests build.
-KERNEL_BUILD = ("--archs", "sm_80,sm_90,compute_80", "--dtypes", "bf16", "--block-sizes", "32")
+#: dtype and block size of the matmul: the subset the tests build (the norms and LSTM families'
+#: tests compile their own few kernels).
+KERNEL_BUILD = ("--archs", "sm_80,sm_90,compute_80", "--dtypes", "bf16", "--block-sizes", "32", "--families", "matmul")
 
 
 def can_build():
@@ -23,4 +24,13 @@ def build(out, *args):
     done = subprocess.run([sys.executable, "-m", "blocksparse.aot", "--out", str(out), "--library", *args],
                           capture_output=True, text=True, timeout=1200, cwd=ROOT)
     assert done.returncode == 0, f"blocksparse.aot failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    return Path(out) / "_kernels.so"
+
+
+def build_subset(out, family, names):
+    """Build a kernel library of the specs called ``names`` of ``family`` into ``out``
+    (``subset_build.py``); its path."""
+    done = subprocess.run([sys.executable, str(ROOT / "test" / "subset_build.py"), str(out),
+                           *(f"{family}:{n}" for n in names)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return Path(out) / "_kernels.so"

@@ -11,7 +11,8 @@ transformer  block-sparse attention ops: attention lookup tables (``lut``), ``nt
              products, the masked softmax, the frontends' shared API (``frontend``)
 attention    the fused flash-style block-sparse attention: block lists, forward / backward, tiles
 conv         block-sparse convolution: channel blocks, geometry, edge bias, grouped-conv plans
-common       what several families share (the interpreter fix, deterministic partial-row sums)
+common       what several families share (the interpreter fix, deterministic partial-row sums and their
+             ahead-of-time specs)
 ===========  ===============================================================================
 
 A family's frontends live beside the public modules: ``blocksparse/torch/_<family>/`` (PyTorch
@@ -26,7 +27,7 @@ import importlib
 __all__ = ["AOT_FAMILIES", "family"]
 
 #: Families whose kernels are compiled ahead of time (each has an ``aot`` module).
-AOT_FAMILIES = ("matmul",)
+AOT_FAMILIES = ("matmul", "norms", "lstm")
 
 
 def family(name):

@@ -18,13 +18,13 @@
 #define BLOCKSPARSE_OPS_MATMUL_H_
 
 #include "bsk.h"
+#include "dtypes.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 enum { BSK_FPROP = 0, BSK_BPROP = 1, BSK_UPDAT = 2 };
-enum { BSK_FP16 = 0, BSK_BF16 = 1, BSK_FP32 = 2 };
 
 typedef struct {
   int32_t product;      /* BSK_FPROP, BSK_BPROP or BSK_UPDAT */

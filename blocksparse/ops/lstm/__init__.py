@@ -2,4 +2,5 @@
 
 :mod:`.gates`    forward and backward kernels
 :mod:`.configs`  tile table
+:mod:`.aot`      the specs compiled ahead of time for the TensorFlow op library
 """

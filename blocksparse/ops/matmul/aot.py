@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from ...aot.family import CompileArgs
+from ..common.aot import signature
 from .configs import AotSpec, aot_specializations
 
 __all__ = ["specializations", "kernel", "compile_args", "fields", "kernel_function", "PRECISION"]
@@ -123,12 +124,5 @@ def _updat(spec):
 def compile_args(spec: AotSpec) -> CompileArgs:
     """The :class:`CompileArgs` of ``spec``, in the parameter order of its kernel."""
     types, consts, divisible = (_updat if spec.product == "updat" else _xprop)(spec)
-    fn = kernel_function(spec.kernel)
-    names = list(fn.arg_names)
-    unknown = (set(types) | set(consts)) - set(names)
-    missing = set(names) - set(types) - set(consts)
-    if unknown or missing:
-        raise ValueError(f"{spec.kernel}: parameters changed; aot.py names {sorted(unknown)} "
-                         f"that the kernel lacks and lacks {sorted(missing)}")
-    signature = {n: "constexpr" if n in consts else types[n] for n in names}
-    return CompileArgs(signature, consts, frozenset(divisible), spec.config.num_warps, spec.config.num_stages)
+    return CompileArgs(signature(kernel_function(spec.kernel), types, consts), consts, frozenset(divisible),
+                       spec.config.num_warps, spec.config.num_stages)

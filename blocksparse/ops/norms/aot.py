@@ -1,0 +1,126 @@
+"""The norms family's ahead-of-time registration (see :mod:`blocksparse.aot.family`): the layer-norm
+forward and backward kernels for the TensorFlow op library, and the reduction of the backward's
+partial ``dg`` / ``db`` rows.
+
+A spec fixes dtype, feature axis, relu and the tile (:func:`.configs.layer_norm_config` of the
+segment length the tile was made for).  One tile serves every segment it covers: the kernels mask
+features beyond the segment, so ``src/ops/norms.c`` takes the smallest one-chunk tile holding the
+whole segment (``bc >= CS``), else the chunked tile.  What holds for every TensorFlow call is
+compiled in: ``g`` and ``b`` are given and float32 (the frontend casts them), activations are dense
+(feature stride 1 for ``axis=1``, token stride 1 for ``axis=0``), buffers are 16-byte aligned, and
+``(N, C)`` rows hold a multiple of 16 features (the frontend sends others to the reference path).
+``(C, N)`` rows are compiled for ``N`` a multiple of 16 (``aligned``: vector loads), and for any
+``N`` with the widest one-chunk tile and the chunked one only.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ..common.aot import SumRowsSpec, signature, sum_rows_compile_args, sum_rows_fields
+from ...aot.family import CompileArgs
+from .configs import MAX_ROW, TILE, TOKEN_BYTES, NormConfig, layer_norm_config
+
+__all__ = ["NormSpec", "specializations", "kernel", "compile_args", "fields", "DTYPES", "MIN_ROW"]
+
+#: Triton dtype name -> element size.
+DTYPES = {"fp16": 2, "bf16": 2, "fp32": 4}
+#: The narrowest tile compiled per axis (shorter segments take it, masked).
+MIN_ROW = {1: 64, 0: 16}
+
+
+@dataclass(frozen=True)
+class NormSpec:
+    """One layer-norm kernel: ``product`` ``"fwd"`` or ``"bwd"``."""
+
+    arch: int
+    product: str
+    dtype: str
+    axis: int
+    relu: bool
+    config: NormConfig
+    one_chunk: bool
+    aligned: bool = True   # axis 0: the token count (row stride) is a multiple of 16
+
+    @property
+    def name(self):
+        tile = f"{'c' if self.one_chunk else 'k'}{self.config.BC}"
+        return (f"ln_{self.product}_{self.dtype}_a{self.axis}{'' if self.aligned else 'u'}"
+                f"{'_relu' if self.relu else ''}_{tile}_sm{self.arch}")
+
+
+def _rows(axis, element_size, aligned):
+    """Segment lengths whose tiles are compiled: powers of two up to the longest one-chunk tile
+    (unaligned: that one only), then one longer (the chunked tile)."""
+    longest = MAX_ROW if axis == 1 else TILE // (TOKEN_BYTES // element_size)
+    rows, row = [], MIN_ROW[axis] if aligned else longest
+    while row <= longest:
+        rows.append(row)
+        row *= 2
+    return rows + [2 * longest]
+
+
+def specializations(archs):
+    """Every spec for ``archs``: per arch, dtype, axis (and alignment), relu and direction, one
+    tile per power-of-two segment length; and the reduction of ``dg`` and ``db``."""
+    specs = []
+    for arch in archs:
+        for dtype, size in DTYPES.items():
+            for axis, aligned in ((1, True), (0, True), (0, False)):
+                for relu in (False, True):
+                    for product in ("fwd", "bwd"):
+                        for row in _rows(axis, size, aligned):
+                            cfg = layer_norm_config(axis, row, size, backward=product == "bwd")
+                            specs.append(NormSpec(arch, product, dtype, axis, relu, cfg, cfg.one_chunk(row),
+                                                  aligned))
+        specs.append(SumRowsSpec(arch, has_b=True))
+    return specs
+
+
+def kernel(spec):
+    from ..common.reduce import sum_rows_kernel
+    from .layer_norm import layer_norm_bwd_kernel, layer_norm_fwd_kernel
+
+    if isinstance(spec, SumRowsSpec):
+        return sum_rows_kernel
+    return layer_norm_fwd_kernel if spec.product == "fwd" else layer_norm_bwd_kernel
+
+
+def fields(spec):
+    """What selects ``spec`` at run time (scalars are C keys): product, dtype, axis, aligned, relu,
+    one_chunk, the tile (``bn``, ``bc``), ``programs_per_sm``, and the whole ``config``."""
+    if isinstance(spec, SumRowsSpec):
+        return sum_rows_fields(spec)
+    cfg = spec.config
+    return {"product": spec.product, "dtype": spec.dtype, "axis": spec.axis, "aligned": spec.aligned,
+            "relu": spec.relu, "one_chunk": spec.one_chunk, "bn": cfg.BN, "bc": cfg.BC,
+            "programs_per_sm": cfg.programs_per_sm, "config": asdict(cfg)}
+
+
+def _stride_names(axis, tensors):
+    """(unit, wide) stride parameters of ``tensors``: unit strides are 1, wide ones a multiple of 16."""
+    unit = [f"stride_{t}{'f' if axis == 1 else 'n'}" for t in tensors]
+    wide = [f"stride_{t}{'n' if axis == 1 else 'f'}" for t in tensors]
+    return unit, wide
+
+
+def compile_args(spec) -> CompileArgs:
+    """The :class:`CompileArgs` of ``spec``, in the parameter order of its kernel."""
+    if isinstance(spec, SumRowsSpec):
+        return sum_rows_compile_args(spec)
+    t = spec.dtype
+    if spec.product == "fwd":
+        types = {"X": f"*{t}", "G": "*fp32", "B": "*fp32", "Y": f"*{t}", "MEAN": "*fp32", "RSTD": "*fp32",
+                 "N": "i32", "CS": "i32", "epsilon": "fp32"}
+        pointers, tensors = ("X", "G", "B", "Y", "MEAN", "RSTD"), ("x", "y")
+    else:
+        types = {"X": f"*{t}", "G": "*fp32", "B": "*fp32", "DY": f"*{t}", "DX": f"*{t}", "MEAN": "*fp32",
+                 "RSTD": "*fp32", "DG_PART": "*fp32", "DB_PART": "*fp32", "N": "i32", "CS": "i32"}
+        pointers, tensors = ("X", "G", "B", "DY", "DX", "MEAN", "RSTD", "DG_PART", "DB_PART"), ("x", "dy", "dx")
+    unit, wide = _stride_names(spec.axis, tensors)
+    types |= {name: "i32" for name in wide}
+    cfg = spec.config
+    consts = {"BN": cfg.BN, "BC": cfg.BC, "ONE_CHUNK": spec.one_chunk, "HAS_G": True, "HAS_B": True,
+              "RELU": spec.relu} | {name: 1 for name in unit}
+    divisible = set(pointers) | (set(wide) if spec.aligned else set())
+    fn = kernel(spec)
+    return CompileArgs(signature(fn, types, consts), consts, frozenset(divisible), cfg.num_warps, num_stages=1)

@@ -1,0 +1,191 @@
+/* The norms family on the generic runtime: layer norm's spec selection, grids and arguments, as
+ * blocksparse/torch/_norms/launch.py computes them for the same tile.  Specs are read once from
+ * the runtime's table (their keys are the fields of blocksparse/ops/norms/aot.py). */
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "bsk_message.h"
+#include "norms.h"
+#include "spec_args.h"
+#include "sum_rows.h"
+
+static const char *const PRODUCTS[] = {"fwd", "bwd"};
+static const char *const DTYPES[] = {"fp16", "bf16", "fp32"};
+
+enum {
+  V_X, V_G, V_B, V_Y, V_MEAN, V_RSTD, V_DY, V_DX, V_DG_PART, V_DB_PART, V_N, V_CS, V_EPSILON,
+  V_STRIDE_XN, V_STRIDE_XF, V_STRIDE_YN, V_STRIDE_YF, V_STRIDE_DYN, V_STRIDE_DYF, V_STRIDE_DXN, V_STRIDE_DXF,
+  V_COUNT
+};
+static const char *const VALUE_NAMES[V_COUNT] = {
+    "X", "G", "B", "Y", "MEAN", "RSTD", "DY", "DX", "DG_PART", "DB_PART", "N", "CS", "epsilon",
+    "stride_xn", "stride_xf", "stride_yn", "stride_yf", "stride_dyn", "stride_dyf", "stride_dxn", "stride_dxf"};
+
+typedef struct {
+  bsk_ops_args args;
+  int backward, dtype, axis, aligned, relu, one_chunk, bn, bc, programs_per_sm;
+} ln_spec;
+
+static ln_spec *table;
+static int table_count;
+static pthread_once_t table_once = PTHREAD_ONCE_INIT;
+
+static void read_spec(int index, ln_spec *s) {
+  bsk_ops_read_args(index, VALUE_NAMES, V_COUNT, &s->args);
+  s->backward = bsk_ops_text(index, "product", PRODUCTS, 2);
+  s->dtype = bsk_ops_text(index, "dtype", DTYPES, 3);
+  if (s->backward < 0 || s->dtype < 0 || !bsk_ops_int(index, "axis", &s->axis) ||
+      !bsk_ops_int(index, "aligned", &s->aligned) || !bsk_ops_int(index, "relu", &s->relu) ||
+      !bsk_ops_int(index, "one_chunk", &s->one_chunk) || !bsk_ops_int(index, "bn", &s->bn) ||
+      !bsk_ops_int(index, "bc", &s->bc) || !bsk_ops_int(index, "programs_per_sm", &s->programs_per_sm))
+    s->args.problem = "its keys are not those of blocksparse/ops/norms/aot.py fields()";
+}
+
+static void read_table(void) {
+  int count = bsk_spec_count(), n = 0;
+  for (int i = 0; i < count; ++i) n += bsk_ops_is_kernel(i, "norms");
+  table = calloc((size_t)n + 1, sizeof(ln_spec));
+  if (!table) return;
+  for (int i = 0; i < count; ++i)
+    if (bsk_ops_is_kernel(i, "norms")) read_spec(i, &table[table_count++]);
+}
+
+static int64_t segment_features(const bsk_layer_norm_call *call) { return call->features / call->segments; }
+
+/* Whether spec `s` (of rank `rank` on the GPU) is better for the call than `best` (both serve it):
+ * the runtime's rank, then vector loads, then the narrowest tile holding a segment whole, else the
+ * chunked tile. */
+static int better(const ln_spec *s, int rank, const ln_spec *best, int best_rank) {
+  if (!best) return 1;
+  if (rank != best_rank) return rank > best_rank;
+  if (s->aligned != best->aligned) return s->aligned;
+  if (s->one_chunk != best->one_chunk) return s->one_chunk;
+  return s->bc < best->bc;
+}
+
+static const ln_spec *choose(const bsk_layer_norm_call *call, int backward, int arch) {
+  if (!call || call->dtype < BSK_FP16 || call->dtype > BSK_FP32 || call->segments < 1 || call->features < 1 ||
+      call->features % call->segments)
+    return NULL;
+  /* (N, C) specs assume rows of a multiple of 16 features; (C, N) "aligned" ones rows of a
+   * multiple of 16 tokens */
+  if (call->axis == 1 && call->features % 16) return NULL;
+  int rows_aligned = call->n_tokens % 16 == 0;
+  pthread_once(&table_once, read_table);
+  const ln_spec *best = NULL;
+  int best_rank = 0;
+  for (int i = 0; i < table_count; ++i) {
+    const ln_spec *s = &table[i];
+    int rank = bsk_ops_rank(s->args.index, arch);
+    if (s->args.problem || s->backward != !!backward || s->dtype != call->dtype || s->axis != call->axis ||
+        s->relu != !!call->relu || !rank)
+      continue;
+    if ((call->axis == 0 && s->aligned && !rows_aligned) || (s->one_chunk && s->bc < segment_features(call)))
+      continue;
+    if (better(s, rank, best, best_rank)) best = s, best_rank = rank;
+  }
+  return best;
+}
+
+int bsk_layer_norm_select(const bsk_layer_norm_call *call, int backward, int arch) {
+  const ln_spec *s = choose(call, backward, arch);
+  return s ? s->args.index : -1;
+}
+
+/* ---- values and grids, as blocksparse/torch/_norms/launch.py computes them ----------------- */
+
+static void strides(bsk_arg *stride_n, bsk_arg *stride_f, const bsk_layer_norm_call *call) {
+  bsk_ops_i32(stride_n, call->axis == 1 ? call->features : 1);
+  bsk_ops_i32(stride_f, call->axis == 1 ? 1 : call->n_tokens);
+}
+
+static int64_t bwd_programs(const ln_spec *s, const bsk_layer_norm_call *call, int sms) {
+  int64_t tiles = bsk_ops_cdiv(call->n_tokens, s->bn);
+  int64_t by_sms = (int64_t)s->programs_per_sm * sms / call->segments;
+  int64_t programs = tiles < by_sms ? tiles : by_sms;
+  return programs < 1 ? 1 : programs;
+}
+
+/* One partial buffer (programs, C) of float32, rounded up to keep the second one aligned. */
+static size_t part_bytes(int64_t programs, const bsk_layer_norm_call *call) {
+  return ((size_t)programs * (size_t)call->features * 4 + 15) / 16 * 16;
+}
+
+static int device_spec(const bsk_layer_norm_call *call, int backward, void *stream, const ln_spec **s, int *arch,
+                       int *sms, char *message, size_t size) {
+  int status = bsk_device(stream, arch, sms, message, size);
+  if (status) return status;
+  if (!(*s = choose(call, backward, *arch)))
+    return bsk_fail(message, size, BSK_ERR_UNSUPPORTED,
+                    "no compiled layer_norm %s kernel for dtype %d axis=%d relu=%d C=%lld segments=%d N=%lld on "
+                    "sm_%d", PRODUCTS[!!backward], call ? call->dtype : -1, call ? call->axis : -1,
+                    call ? call->relu : -1, call ? (long long)call->features : -1LL, call ? call->segments : -1,
+                    call ? (long long)call->n_tokens : -1LL, *arch);
+  if ((*s)->args.problem)
+    return bsk_fail(message, size, BSK_ERR_INVALID, "spec %s cannot run: %s", (*s)->args.name, (*s)->args.problem);
+  if (call->n_tokens < 0 || call->n_tokens > INT32_MAX || call->features > INT32_MAX)
+    return bsk_fail(message, size, BSK_ERR_INVALID, "N and C must be in [0, 2^31); got %lld and %lld",
+                    (long long)call->n_tokens, (long long)call->features);
+  return BSK_OK;
+}
+
+int bsk_layer_norm_workspace(const bsk_layer_norm_call *call, void *stream, size_t *bytes, char *message,
+                             size_t size) {
+  const ln_spec *s;
+  int arch, sms, status = device_spec(call, 1, stream, &s, &arch, &sms, message, size);
+  if (status) return status;
+  *bytes = 2 * part_bytes(bwd_programs(s, call, sms), call);
+  return BSK_OK;
+}
+
+static int run_forward(const ln_spec *s, const bsk_layer_norm_call *call, void *stream, char *message,
+                       size_t size) {
+  bsk_arg v[V_COUNT];
+  memset(v, 0, sizeof(v));
+  bsk_ops_ptr(&v[V_X], call->x), bsk_ops_ptr(&v[V_G], call->g), bsk_ops_ptr(&v[V_B], call->b);
+  bsk_ops_ptr(&v[V_Y], call->y), bsk_ops_ptr(&v[V_MEAN], call->mean), bsk_ops_ptr(&v[V_RSTD], call->rstd);
+  bsk_ops_i32(&v[V_N], call->n_tokens), bsk_ops_i32(&v[V_CS], segment_features(call));
+  bsk_ops_f32(&v[V_EPSILON], call->epsilon);
+  strides(&v[V_STRIDE_XN], &v[V_STRIDE_XF], call), strides(&v[V_STRIDE_YN], &v[V_STRIDE_YF], call);
+  unsigned grid[3] = {(unsigned)bsk_ops_cdiv(call->n_tokens, s->bn), (unsigned)call->segments, 1};
+  return bsk_ops_launch(&s->args, grid, v, stream, message, size);
+}
+
+static int run_backward(const ln_spec *s, const bsk_layer_norm_call *call, int arch, int sms, void *stream,
+                        char *message, size_t size) {
+  int status;
+  if (call->n_tokens == 0) { /* no tokens: dg and db are zero */
+    if ((status = bsk_memset32(call->dg, 0, (size_t)call->features, stream, message, size))) return status;
+    return bsk_memset32(call->db, 0, (size_t)call->features, stream, message, size);
+  }
+  if (call->workspace % 16)
+    return bsk_fail(message, size, BSK_ERR_INVALID, "workspace must be aligned to 16 bytes");
+  int64_t programs = bwd_programs(s, call, sms);
+  size_t part = part_bytes(programs, call);
+  uint64_t dg_part = call->workspace, db_part = call->workspace + part;
+  /* chunked tiles add into their partial rows: they start zeroed */
+  if (!s->one_chunk && (status = bsk_memset32(call->workspace, 0, 2 * part / 4, stream, message, size)))
+    return status;
+  bsk_arg v[V_COUNT];
+  memset(v, 0, sizeof(v));
+  bsk_ops_ptr(&v[V_X], call->x), bsk_ops_ptr(&v[V_G], call->g), bsk_ops_ptr(&v[V_B], call->b);
+  bsk_ops_ptr(&v[V_DY], call->dy), bsk_ops_ptr(&v[V_DX], call->dx);
+  bsk_ops_ptr(&v[V_MEAN], call->mean), bsk_ops_ptr(&v[V_RSTD], call->rstd);
+  bsk_ops_ptr(&v[V_DG_PART], dg_part), bsk_ops_ptr(&v[V_DB_PART], db_part);
+  bsk_ops_i32(&v[V_N], call->n_tokens), bsk_ops_i32(&v[V_CS], segment_features(call));
+  strides(&v[V_STRIDE_XN], &v[V_STRIDE_XF], call), strides(&v[V_STRIDE_DYN], &v[V_STRIDE_DYF], call);
+  strides(&v[V_STRIDE_DXN], &v[V_STRIDE_DXF], call);
+  unsigned grid[3] = {(unsigned)programs, (unsigned)call->segments, 1};
+  if ((status = bsk_ops_launch(&s->args, grid, v, stream, message, size))) return status;
+  return bsk_sum_rows_run("norms", arch, dg_part, db_part, call->dg, call->db, programs, call->features, stream,
+                          message, size);
+}
+
+int bsk_layer_norm_run(const bsk_layer_norm_call *call, int backward, void *stream, char *message, size_t size) {
+  if (!call) return bsk_fail(message, size, BSK_ERR_INVALID, "call must not be NULL");
+  const ln_spec *s;
+  int arch, sms, status = device_spec(call, backward, stream, &s, &arch, &sms, message, size);
+  if (status) return status;
+  if (!backward) return call->n_tokens ? run_forward(s, call, stream, message, size) : BSK_OK;
+  return run_backward(s, call, arch, sms, stream, message, size);
+}

@@ -1,0 +1,48 @@
+/* Column sums of partial rows for any family that registers a sum_rows spec. */
+#include "sum_rows.h"
+
+#include "bsk_message.h"
+#include "spec_args.h"
+
+enum { V_PART_A, V_PART_B, V_OUT_A, V_OUT_B, V_P, V_M, V_COUNT };
+static const char *const VALUE_NAMES[V_COUNT] = {"PART_A", "PART_B", "OUT_A", "OUT_B", "P", "M"};
+
+/* The best-ranked sum_rows spec of `family` with (has_b) that serves `arch`, or -1. */
+static int select_spec(const char *family, int has_b, int arch) {
+  int best = -1, best_rank = 0, count = bsk_spec_count();
+  for (int i = 0; i < count; ++i) {
+    const char *product = NULL;
+    int spec_has_b = -1, rank = bsk_ops_rank(i, arch);
+    if (strcmp(bsk_spec_family(i), family)) continue;
+    bsk_spec_key(i, "product", NULL, &product);
+    if (!product || strcmp(product, "sum_rows") || !bsk_ops_int(i, "has_b", &spec_has_b) ||
+        spec_has_b != has_b || !rank)
+      continue;
+    if (rank > best_rank) best = i, best_rank = rank;
+  }
+  return best;
+}
+
+int bsk_sum_rows_run(const char *family, int arch, uint64_t part_a, uint64_t part_b, uint64_t out_a,
+                     uint64_t out_b, int64_t rows, int64_t columns, void *stream, char *message, size_t size) {
+  int has_b = part_b != 0, bm = 0;
+  int index = select_spec(family, has_b, arch);
+  if (index < 0)
+    return bsk_fail(message, size, BSK_ERR_UNSUPPORTED, "no compiled sum_rows kernel (%s) of family %s for sm_%d",
+                    has_b ? "two buffers" : "one buffer", family, arch);
+  bsk_ops_args a;
+  bsk_ops_read_args(index, VALUE_NAMES, V_COUNT, &a);
+  if (!a.problem && !bsk_ops_int(index, "bm", &bm)) a.problem = "it has no key bm";
+  if (a.problem) return bsk_fail(message, size, BSK_ERR_INVALID, "spec %s cannot run: %s", a.name, a.problem);
+  if (rows < 1 || columns < 1 || rows > INT32_MAX || columns > INT32_MAX)
+    return bsk_fail(message, size, BSK_ERR_INVALID, "sum_rows needs 1 to 2^31 - 1 rows and columns; got %lld x %lld",
+                    (long long)rows, (long long)columns);
+  bsk_arg v[V_COUNT];
+  memset(v, 0, sizeof(v));
+  /* without a second buffer the kernel never touches PART_B / OUT_B: any aligned address will do */
+  bsk_ops_ptr(&v[V_PART_A], part_a), bsk_ops_ptr(&v[V_PART_B], has_b ? part_b : part_a);
+  bsk_ops_ptr(&v[V_OUT_A], out_a), bsk_ops_ptr(&v[V_OUT_B], has_b ? out_b : out_a);
+  bsk_ops_i32(&v[V_P], rows), bsk_ops_i32(&v[V_M], columns);
+  unsigned grid[3] = {(unsigned)bsk_ops_cdiv(columns, bm), 1, 1};
+  return bsk_ops_launch(&a, grid, v, stream, message, size);
+}

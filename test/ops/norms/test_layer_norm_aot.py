@@ -1,0 +1,114 @@
+"""The layer-norm kernels compiled ahead of time (the TensorFlow GPU path), without a GPU: the spec
+list, its compile arguments, a few specs compiled for sm_90 / sm_80, and the C selection
+(``src/ops/norms.c``) over a small built library."""
+import pytest
+
+from blocksparse.ops.common.aot import SumRowsSpec
+from blocksparse.ops.norms import aot
+from blocksparse.ops.norms.configs import MAX_ROW, layer_norm_config
+
+ALL = aot.specializations((80, 90))
+NORMS = [s for s in ALL if not isinstance(s, SumRowsSpec)]
+#: The specs the small library holds: (N, C) tiles 256 / 1024 and the chunked one, a (C, N) pair.
+BUILT = ("ln_fwd_bf16_a1_c256_sm90", "ln_fwd_bf16_a1_c1024_sm90", "ln_fwd_bf16_a1_k16384_sm90",
+         "ln_bwd_bf16_a1_relu_c1024_sm90", "ln_fwd_bf16_a0_c64_sm90", "ln_fwd_bf16_a0u_c256_sm90",
+         "ln_fwd_bf16_a1_c1024_sm80", "sum_rows_ab_sm90")
+
+
+def test_names_are_unique_c_identifiers():
+    names = [s.name for s in ALL]
+    assert len(set(names)) == len(names) and all(n.isidentifier() for n in names)
+
+
+@pytest.mark.parametrize("arch", [80, 90])
+def test_every_call_kind_has_a_tile_for_every_segment_length(arch):
+    """Each (direction, dtype, axis, alignment, relu) has a one-chunk tile per power of two up to
+    the longest and a chunked one, so every segment length is served; one reduction per arch."""
+    for product in ("fwd", "bwd"):
+        for dtype, size in aot.DTYPES.items():
+            for axis, aligned in ((1, True), (0, True), (0, False)):
+                for relu in (False, True):
+                    mine = [s for s in NORMS if (s.arch, s.product, s.dtype, s.axis, s.aligned, s.relu)
+                            == (arch, product, dtype, axis, aligned, relu)]
+                    assert [s for s in mine if not s.one_chunk], (product, dtype, axis, relu)
+                    tiles = sorted(s.config.BC for s in mine if s.one_chunk)
+                    assert tiles and all(b == 2 * a for a, b in zip(tiles, tiles[1:]))
+    assert sum(isinstance(s, SumRowsSpec) and s.arch == arch for s in ALL) == 1
+
+
+def test_tiles_are_those_the_pytorch_launcher_uses():
+    """A segment of a tile's width gets the same tile from the table the JIT launches use."""
+    for s in NORMS:
+        row = s.config.BC if s.one_chunk else 2 * s.config.BC
+        if s.axis == 1 and not s.one_chunk:
+            row = 2 * MAX_ROW
+        assert layer_norm_config(s.axis, row, aot.DTYPES[s.dtype], backward=s.product == "bwd") == s.config, s.name
+
+
+@pytest.mark.parametrize("spec", NORMS[:: max(1, len(NORMS) // 40)], ids=lambda s: s.name)
+def test_compile_args_name_every_kernel_parameter(spec):
+    args = aot.compile_args(spec)
+    assert list(args.signature) == list(aot.kernel(spec).arg_names)
+    assert args.constexprs["HAS_G"] and args.constexprs["HAS_B"] and args.constexprs["RELU"] == spec.relu
+    unit = "stride_xf" if spec.axis == 1 else "stride_xn"
+    assert args.constexprs[unit] == 1                       # dense activations
+    assert ("stride_xn" in args.divisible) == (spec.axis == 1)
+    assert ("stride_xf" in args.divisible) == (spec.axis == 0 and spec.aligned)
+
+
+def test_fields_select_without_the_config():
+    s = next(s for s in NORMS if s.axis == 0 and s.relu and s.product == "bwd")
+    f = aot.fields(s)
+    assert (f["product"], f["axis"], f["relu"], f["bc"], f["bn"]) == ("bwd", 0, True, s.config.BC, s.config.BN)
+    assert "dtype" not in aot.fields(SumRowsSpec(90, True))  # a dtype filter of a build keeps it
+
+
+@pytest.fixture(scope="module")
+def runtime(tmp_path_factory):
+    from kernel_build import build_subset, can_build
+
+    if not can_build():
+        pytest.skip("needs the source tree, Triton and a C compiler")
+    from blocksparse.ops.norms.capi import NormsRuntime
+
+    return NormsRuntime(build_subset(tmp_path_factory.mktemp("norms"), "norms", BUILT))
+
+
+def test_the_library_holds_the_compiled_specs(runtime):
+    assert sorted(s["name"] for s in runtime.specs) == sorted(BUILT)
+    assert {s["family"] for s in runtime.specs} == {"norms"}
+
+
+def _call(axis=1, features=1024, segments=1, n=4096, relu=False, dtype="bf16"):
+    from blocksparse.ops.norms.capi import DTYPES, LayerNormCall
+
+    return LayerNormCall(dtype=DTYPES[dtype], axis=axis, relu=relu, segments=segments, n_tokens=n,
+                         features=features, epsilon=1e-6)
+
+
+SELECT = {
+    "segment-fits-1024": (dict(features=1024), 90, "ln_fwd_bf16_a1_c1024_sm90"),
+    "narrow-segment-takes-256": (dict(features=512, segments=4), 90, "ln_fwd_bf16_a1_c256_sm90"),
+    "wide-segment-chunked": (dict(features=2048 * 16), 90, "ln_fwd_bf16_a1_k16384_sm90"),
+    "sm80-kernel-on-sm86": (dict(features=1024), 86, "ln_fwd_bf16_a1_c1024_sm80"),
+    "cn-aligned-tokens": (dict(axis=0, features=64, n=4096), 90, "ln_fwd_bf16_a0_c64_sm90"),
+    "cn-odd-tokens": (dict(axis=0, features=64, n=4097), 90, "ln_fwd_bf16_a0u_c256_sm90"),
+    "nc-rows-not-16": (dict(features=1000), 90, None),
+    "no-relu-kernel": (dict(relu=True), 90, None),
+    "no-fp16-kernel": (dict(dtype="fp16"), 90, None),
+    "segments-do-not-divide": (dict(features=1024, segments=3), 90, None),
+    "sm100-has-none": (dict(features=1024), 100, None),
+}
+
+
+@pytest.mark.parametrize("case", SELECT, ids=list(SELECT))
+def test_c_selection(runtime, case):
+    changes, arch, want = SELECT[case]
+    index = runtime.select(_call(**changes), False, arch)
+    assert (runtime.specs[index]["name"] if index >= 0 else None) == want
+
+
+def test_c_selection_of_the_backward(runtime):
+    index = runtime.select(_call(relu=True), True, 90)
+    assert runtime.specs[index]["name"] == "ln_bwd_bf16_a1_relu_c1024_sm90"
+    assert runtime.select(_call(relu=False), True, 90) == -1
