@@ -43,6 +43,7 @@ matrix: install  ## build + test every selected cell (CELLS=regex EXECUTOR=local
 	$(PY) -m harness matrix --executor=$(call shquote,$(EXECUTOR)) \
 	    --docker-base=$(call shquote,$(DOCKER_BASE)) \
 	    --cells=$(call shquote,$(CELLS)) --pytest-args=$(call shquote,$(PYTEST_ARGS)) \
+	    $(if $(call given,ARCHS),--archs=$(call shquote,$(ARCHS))) \
 	    $(if $(call given,DRY_RUN),--dry-run) $(if $(call given,FRESH),--fresh); $(harness_status)
 
 docker-engine:  ## install (docker.io, debootstrap) and start a Docker Engine when none answers (root)

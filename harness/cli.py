@@ -5,6 +5,7 @@ place that catches `FatalError`: it prints the message and exits with the error'
 table in `harness.errors`; 1 means "a cell failed").
 """
 import argparse
+import re
 import shlex
 import signal
 import sys
@@ -14,7 +15,7 @@ from .environment import read_pins
 from .errors import INTERRUPTED, ConfigError, FatalError, StaleFilesError
 from .executors import EXECUTORS
 from .executors.docker import BASES
-from .matrix import load_matrix
+from .matrix import ARCH_PATTERN, load_matrix
 from .render import ROOT, generated_files, stale_generated, write_generated
 from .run import Paths, RunOptions, rebuild_report, run_matrix
 
@@ -51,12 +52,21 @@ def _pytest_args(text):
                           f"in a shell, e.g. PYTEST_ARGS='-k \"not slow\"'") from None
 
 
+def _archs(text):
+    """``"sm_90,compute_80"`` -> ``("sm_90", "compute_80")``, each checked as matrix.yaml checks archs."""
+    archs = tuple(a.strip() for a in text.split(",") if a.strip())
+    bad = [a for a in archs if not re.fullmatch(ARCH_PATTERN, a)]
+    if not archs or bad:
+        raise argparse.ArgumentTypeError(f"ARCHS must be a comma-separated list like sm_90,compute_80; got {text!r}")
+    return archs
+
+
 def _matrix(args):
     options = RunOptions(cells=args.cells or None, executor=args.executor,
                          docker_base=args.docker_base,
                          pytest_args=_pytest_args(args.pytest_args),
                          dry_run=args.dry_run, fresh=args.fresh,
-                         test_timeout=args.test_timeout, run_timeout=args.run_timeout)
+                         test_timeout=args.test_timeout, run_timeout=args.run_timeout, archs=args.archs)
     return run_matrix(args.root, options)
 
 
@@ -87,6 +97,9 @@ def _parser():
                         "local (the Debian base, no GPU), auto (cuda where the engine has the "
                         "nvidia runtime)")
     p.add_argument("--pytest-args", default="", help="pytest arguments for every cell, one string")
+    p.add_argument("--archs", type=_archs, default=None,
+                   help="GPU targets of every cell's kernel build, e.g. sm_90 (default: matrix.yaml's; a smoke "
+                        "run's smaller build)")
     p.add_argument("--dry-run", action="store_true", help="check and show the plan, run nothing")
     p.add_argument("--fresh", action="store_true", help="recreate local cell environments")
     p.add_argument("--test-timeout", type=int, default=900, help="per-test timeout, seconds")

@@ -34,7 +34,7 @@ _DEFAULTS = {"archs": ("sm_80", "sm_90"), "status": "supported",
 _BUILD_KEYS = ("tensorflow", "cuda", "cudnn", "python", "image", "archs", "status", "runs_on")
 _IMAGE = r"[a-z0-9]+(?:[._/-][a-z0-9]+)*:[A-Za-z0-9][A-Za-z0-9._-]*"
 #: cubin targets (sm_XY) and PTX targets (compute_XY: 8.x only, see blocksparse.aot.targets)
-_ARCH = r"sm_\d{2,3}a?|compute_8\d"
+ARCH_PATTERN = r"sm_\d{2,3}a?|compute_8\d"  # one GPU target of a build
 _RUNNER_LABEL = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 
 
@@ -158,7 +158,7 @@ def parse_matrix(data, source="matrix.yaml"):
 def _read_common(f):
     """The keys a build shares with ``defaults`` (None where absent)."""
     return {
-        "archs": f.string_list("archs", pattern=_ARCH, example="sm_90", required=False),
+        "archs": f.string_list("archs", pattern=ARCH_PATTERN, example="sm_90", required=False),
         "status": f.choice("status", STATUSES, required=False) if f.has("status") else None,
         "runs_on": f.string_list("runs_on", pattern=_RUNNER_LABEL, example="gpu",
                                  required=False, scalar_ok=True),

@@ -263,3 +263,17 @@ def test_bad_input_is_a_clear_error_and_deletes_nothing(project, capsys):
     assert main(["--root", str(project), "matrix", "--dry-run", "--pytest-args", "-k 'a"]) == 2
     assert ("error: PYTEST_ARGS=\"-k 'a\" is not valid shell syntax (No closing quotation)"
             in capsys.readouterr().err)
+
+
+def test_archs_override_every_cells_kernel_build(project):
+    """``make matrix ARCHS=sm_90``: every selected cell builds for those targets (a smoke run),
+    matrix.yaml's archs otherwise; a malformed list is refused before any work."""
+    from harness.run import Paths, plan
+
+    default = plan(Paths(project), RunOptions())
+    assert all(cell.archs == ("sm_80", "sm_90") for cell in default.cells)
+    smoke = plan(Paths(project), RunOptions(archs=("sm_90", "compute_80")))
+    assert [c.name for c in smoke.cells] == [c.name for c in default.cells]
+    assert all(cell.archs == ("sm_90", "compute_80") for cell in smoke.cells)
+    with pytest.raises(SystemExit):
+        main(["--root", str(project), "matrix", "--archs", "sm90", "--dry-run"])
