@@ -18,7 +18,7 @@ from harness.environment import cell_requirements, read_pins
 from harness.matrix import load_matrix
 from harness.progress import Progress
 from harness.run import RunOptions, run_matrix
-from harness_support import CELL, EXPECTED, planted_project
+from harness_support import CELL, EXPECTED, SMOKE_ARCHS, planted_project
 
 
 @pytest.mark.slow
@@ -38,7 +38,7 @@ def test_one_cell_end_to_end(tmp_path):
 
     out = io.StringIO()
     extra = str(project / "checks" / "test_extra.py")  # absolute, outside test/
-    options = RunOptions(cells=f"^{CELL}$", test_timeout=60,
+    options = RunOptions(cells=f"^{CELL}$", test_timeout=60, archs=SMOKE_ARCHS,
                          pytest_args=("test/test_planted.py", extra))
     code = run_matrix(project, options, progress=Progress(out, live=False), out=out)
 

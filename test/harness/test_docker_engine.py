@@ -22,7 +22,7 @@ from harness.progress import Progress
 from harness.render import ROOT
 from harness.run import RunOptions, run_matrix
 from harness.source import stage_tree
-from harness_support import CELL, EXPECTED, planted_project
+from harness_support import CELL, EXPECTED, SMOKE_ARCHS, planted_project
 
 # Minutes each (a wheel build, an image build when its recipe is new): far over the default.
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -50,7 +50,7 @@ def cell_step(project, step):
 
 
 def docker_options(cells=f"^{CELL}$", **kw):
-    return RunOptions(executor="docker", docker_base="local", cells=cells, **kw)
+    return RunOptions(executor="docker", docker_base="local", cells=cells, archs=SMOKE_ARCHS, **kw)
 
 
 def test_planted_failures_in_a_container(engine, tmp_path):
