@@ -141,7 +141,8 @@ def test_a_valid_call_on_the_cpu_says_the_op_runs_on_gpus(op_library, build):
 # ------------------------------------------------------------------------ dispatch
 
 def _spec(family, product, **fields):
-    return {"family": family, "product": product, "arch": 90, "name": f"{family}_{product}", **fields}
+    return {"family": family, "product": product, "arch": 90, "image": "cubin", "target": "sm_90a", "shared": 0,
+            "name": f"{family}_{product}", **fields}
 
 
 LN_SPECS = tuple(_spec("norms", p, dtype="bf16", axis=a, relu=False, aligned=True) for p in ("fwd", "bwd")
