@@ -11,13 +11,7 @@
 #include "device_tables.h"
 #include "matmul.h"
 #include "problem.h"
-#include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/framework/tensor.h"
-#if __has_include("xla/stream_executor/stream.h")
-#include "xla/stream_executor/stream.h"
-#else
-#include "tensorflow/compiler/xla/stream_executor/stream.h"
-#endif
+#include "runtime_glue.h"
 
 #ifndef BLOCKSPARSE_TF_VERSION
 #error "BLOCKSPARSE_TF_VERSION (the TensorFlow version built against) must be defined"
@@ -66,22 +60,6 @@ absl::Status CheckTable(const Tensor& t, const char* name, int64_t width) {
   return CheckTableWidth(name, t.dim_size(0), t.dim_size(1), width);
 }
 
-int DtypeOf(DataType t) {
-  return t == tensorflow::DT_HALF ? BSK_FP16 : t == tensorflow::DT_BFLOAT16 ? BSK_BF16 : BSK_FP32;
-}
-
-uint64_t Address(const Tensor& t) { return reinterpret_cast<uint64_t>(t.data()); }
-
-absl::Status FromRuntime(int status, const char* message) {
-  switch (status) {
-    case BSK_OK: return absl::OkStatus();
-    case BSK_ERR_INVALID: return tensorflow::errors::InvalidArgument(message);
-    case BSK_ERR_UNSUPPORTED: return tensorflow::errors::Unimplemented(message);
-    case BSK_ERR_DRIVER: return tensorflow::errors::FailedPrecondition(message);
-    default: return tensorflow::errors::Internal(message);
-  }
-}
-
 // Shared by the three kernels: the attrs, and running a call on the op's device.
 template <bool kGpu>
 class BlocksparseOp : public OpKernel {
@@ -107,10 +85,6 @@ class BlocksparseOp : public OpKernel {
     return call;
   }
 
-  static void* Stream(OpKernelContext* ctx) {
-    return ctx->op_device_context()->stream()->platform_specific_handle().stream;
-  }
-
   // The device address of `host`'s copy on this kernel's GPU (uploaded on first use); `keep`
   // holds the copy for the call.
   absl::Status DeviceTable(OpKernelContext* ctx, const Tensor& host, Tensor* keep, uint64_t* address) {
@@ -122,9 +96,7 @@ class BlocksparseOp : public OpKernel {
   // Checks done: on the CPU, say where the op runs; on a GPU, launch on TensorFlow's stream.
   void Run(OpKernelContext* ctx, const bsk_matmul_call& call) {
     if (!kGpu) {
-      ctx->SetStatus(tensorflow::errors::Unimplemented(
-          type_string(), " runs on GPUs only; on the CPU blocksparse computes the product with "
-                         "its reference path (TensorFlow ops)"));
+      ctx->SetStatus(GpuOnly(type_string()));
       return;
     }
     char message[1024] = {0};
