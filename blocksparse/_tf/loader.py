@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .. import _env
 from .._version import minor_text as _minor
-from ..aot.targets import spec_rank
+from ..aot.targets import BuiltImages, spec_rank
 from . import tf
 
 __all__ = ["LIBRARY_NAME", "OpLibrary", "OpLibraryWarning", "built_for", "library",
@@ -53,7 +53,7 @@ warn_once = WarnOnce()
 
 
 @dataclass(frozen=True)
-class OpLibrary:
+class OpLibrary(BuiltImages):
     """A loaded op library: its ``path``, the op wrappers (``module``) and the kernels of its kernel
     library (``specs``: the build manifest's records, each with its ``family`` and that family's
     fields, see :mod:`blocksparse.aot.family`)."""
@@ -61,16 +61,6 @@ class OpLibrary:
     path: str
     module: object
     specs: tuple
-
-    @property
-    def archs(self):
-        """Architectures with cubins, e.g. ``(80, 90)``."""
-        return tuple(sorted({s["arch"] for s in self.specs if s["image"] == "cubin"}))
-
-    @property
-    def ptx(self):
-        """Architectures of the forward-compatible PTX, e.g. ``(80,)`` (empty without)."""
-        return tuple(sorted({s["arch"] for s in self.specs if s["image"] == "ptx"}))
 
     def group(self, arch, product, dtype, block_size, axis):
         """``G`` of the tables the matmul kernels for this product read on a GPU of compute capability

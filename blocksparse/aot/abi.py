@@ -6,6 +6,8 @@ from __future__ import annotations
 import ctypes
 import json
 
+from .targets import BuiltImages
+
 __all__ = ["ABI_VERSION", "ARG_KINDS", "MAX_RANK", "BskArg", "KernelLibrary", "KernelError", "STATUS"]
 
 #: Must equal BSK_ABI_VERSION of the library loaded.
@@ -62,7 +64,7 @@ _SIGNATURES = (
 )
 
 
-class KernelLibrary:
+class KernelLibrary(BuiltImages):
     """A loaded kernel library (``_kernels.so``, or a library linked against it).
 
     ``specs``: the manifest's record of every spec, in the runtime's order (the index is what
@@ -94,16 +96,6 @@ class KernelLibrary:
         self.raw_launch.restype = ctypes.c_int
         self.raw_memset32 = python_dll.bsk_memset32  # the launch layer's fills (typed: rare enough)
         self.raw_memset32.restype, self.raw_memset32.argtypes = lib.bsk_memset32.restype, lib.bsk_memset32.argtypes
-
-    @property
-    def archs(self):
-        """Architectures with cubins, e.g. ``(80, 90)``."""
-        return tuple(sorted({s["arch"] for s in self.specs if s["image"] == "cubin"}))
-
-    @property
-    def ptx(self):
-        """Architectures of the forward-compatible PTX, e.g. ``(80,)`` (empty without)."""
-        return tuple(sorted({s["arch"] for s in self.specs if s["image"] == "ptx"}))
 
     def library(self, name, signatures):
         """This library's function ``name`` with ``signatures`` ``(restype, argtypes)`` set (a

@@ -20,7 +20,8 @@ import re
 from typing import NamedTuple
 
 __all__ = ["CUBIN", "CUBIN_EXACT", "PTX", "IMAGE_NAMES", "PTX_ARCHS", "Targets", "parse_targets", "image_of",
-           "rank", "SHARED_LIMITS", "shared_limit", "spec_rank", "parse_gpu", "target_of", "serving"]
+           "rank", "SHARED_LIMITS", "shared_limit", "spec_rank", "parse_gpu", "target_of", "serving",
+           "BuiltImages"]
 
 #: How a spec's image reaches GPUs, as the runtime numbers them (BSK_IMAGE_*): a cubin for
 #: ``sm_XY`` (runs on X.Y and later minors of X), an arch-specific cubin for ``sm_XYa`` (X.Y only),
@@ -138,3 +139,22 @@ def serving(specs, arch, fallback):
     if best is None or not spec_rank(best, gpu):
         return {"arch": f"sm_{gpu}", "image": None, "target": None, "fallback": fallback}
     return {"arch": f"sm_{gpu}", "image": IMAGE_NAMES[image_of(target_of(best))[1]], "target": target_of(best)}
+
+
+class BuiltImages:
+    """What a loaded build holds, from its manifest's ``specs`` (a mixin: the class sets ``specs``)."""
+
+    specs: tuple
+
+    def _archs(self, image):
+        return tuple(sorted({s["arch"] for s in self.specs if s["image"] == image}))
+
+    @property
+    def archs(self):
+        """Architectures with cubins, e.g. ``(80, 90)``."""
+        return self._archs("cubin")
+
+    @property
+    def ptx(self):
+        """Architectures of the forward-compatible PTX, e.g. ``(80,)`` (empty without)."""
+        return self._archs("ptx")
