@@ -40,7 +40,7 @@ import numbers
 
 import numpy as np
 
-__all__ = ["butterfly_layout", "default_butterfly_size", "flat_butterfly", "random_row_layout"]
+__all__ = ["butterfly_layout", "check_butterfly", "default_butterfly_size", "flat_butterfly", "random_row_layout"]
 
 
 def _positive_int(value, name):
@@ -51,8 +51,9 @@ def _positive_int(value, name):
     return int(value)
 
 
-def _check_butterfly(butterfly_size, n_factors):
-    """(butterfly_size, n_factors) checked; ``n_factors=None`` means all ``log2(butterfly_size)``."""
+def check_butterfly(butterfly_size, n_factors=None):
+    """``(butterfly_size, n_factors)`` checked (``ValueError`` / ``TypeError`` naming the argument);
+    ``n_factors=None`` means all ``log2(butterfly_size)``."""
     n = _positive_int(butterfly_size, "butterfly_size")
     if n < 2 or n & (n - 1):
         raise ValueError(f"butterfly_size must be a power of two >= 2; got {n}")
@@ -80,7 +81,7 @@ def flat_butterfly(butterfly_size, n_factors=None):
     np.ndarray of bool, shape (n, n)
         Symmetric, ``n_factors + 1`` entries in every row and column.
     """
-    n, f = _check_butterfly(butterfly_size, n_factors)
+    n, f = check_butterfly(butterfly_size, n_factors)
     i = np.arange(n)
     xor = i[:, None] ^ i[None, :]
     return (xor == 0) | np.isin(xor, [1 << b for b in range(f)])
