@@ -306,3 +306,63 @@ def test_linear_refuses_a_replaced_weight_of_the_wrong_shape(rng, impl, blocks):
     layer.weight = torch.nn.Parameter(draw(rng, (blocks, 8, 8), torch.float32))
     with pytest.raises(ValueError, match=r"weight must have shape \(3, 8, 8\)"):
         layer(draw(rng, (3, 16), torch.float32))
+
+
+# ------------------------------------------------------------------ the launch path (kernels, Triton's interpreter)
+@pytest.mark.interpreter
+@pytest.mark.parametrize("axis", [1, 0], ids=["NC", "CN"])
+def test_kernels_compiled_fullgraph(rng, monkeypatch, axis):
+    """Under ``torch.compile`` the kernels run as custom ops with fake functions: same values, both gradients."""
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "triton")
+    mask = np.array(LAYOUTS["empty-row-and-col"])
+    bsmm = BlocksparseMatMul(mask, block_size=16, feature_axis=axis)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, w: bsmm(x, w), fullgraph=True, backend="aot_eager")
+    _check_bsmm(bsmm, mask, rng, n=4, call=compiled)
+
+
+@pytest.mark.interpreter
+def test_kernels_linear_compiled_with_bias(rng, monkeypatch):
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "triton")
+    mask = np.array(LAYOUTS["empty-row-and-col"])
+    layer = BlocksparseLinear(mask, block_size=16)
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    x = draw(rng, (3, layer.in_features), torch.float32, requires_grad=True)
+    y = compiled(x)
+    dy = draw(rng, tuple(y.shape), torch.float32)
+    y.backward(dy)
+    ref_y, ref_dx, ref_dw, ref_db = _expect(mask, f64(layer.weight), f64(x), f64(dy), 16, f64(layer.bias))
+    for got, ref in ((y, ref_y), (x.grad, ref_dx), (layer.weight.grad, ref_dw), (layer.bias.grad, ref_db)):
+        close(got, ref, torch.float32)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_kernels_without_gradient(rng, monkeypatch, mode):
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "triton")
+    mask = np.array(LAYOUTS["one-block"])
+    layer = BlocksparseLinear(mask, block_size=16)
+    x = draw(rng, (3, layer.in_features), torch.float32, requires_grad=True)
+    with getattr(torch, mode)():
+        y = layer(x)
+    assert not y.requires_grad
+    close(y, f64(x) @ dense_weight(mask, f64(layer.weight), 16) + f64(layer.bias), torch.float32)
+
+
+@pytest.mark.interpreter
+def test_kernels_under_cpu_autocast(rng, monkeypatch):
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "triton")
+    mask = np.array(LAYOUTS["empty-row-and-col"])
+    layer = BlocksparseLinear(mask, block_size=16)
+    x = draw(rng, (3, layer.in_features), torch.float32, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x)
+    assert y.dtype == torch.bfloat16
+    wb, xb, bb = (f64(t.to(torch.bfloat16)) for t in (layer.weight, x, layer.bias))
+    close(y, xb @ dense_weight(mask, wb, 16) + bb, torch.bfloat16)
+    dy = draw(rng, tuple(y.shape), torch.float32)
+    y.float().backward(dy)
+    assert x.grad.dtype == layer.weight.grad.dtype == layer.bias.grad.dtype == torch.float32
+    close(x.grad, f64(dy) @ dense_weight(mask, wb, 16).T, torch.bfloat16)
+    close(layer.weight.grad, block_grads(np.argwhere(mask), xb, f64(dy), 16), torch.bfloat16)
