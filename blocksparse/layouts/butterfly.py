@@ -17,9 +17,10 @@ The base is laid over the whole weight: along an axis of ``F`` features, butterf
 features ``[u * F / n, (u + 1) * F / n)``, and block ``(c, k)`` exists when some unit its rows touch
 and some unit its columns touch are joined in the base (``stretch=True``: pixelfly's
 ``FlatBlockButterflySparsityConfig``).  With ``stretch=False`` (the default, as in the pure-PyTorch
-pixelfly) the longer axis is then de-interleaved with ratio ``r = long // short`` -- line ``i`` moves
-to position ``(i % r) * ceil(long / r) + i // r`` -- so the square pattern of the shorter side
-repeats ``r`` times instead of each of its lines being stretched over ``r`` adjacent ones.  Both
+pixelfly) the longer axis is then de-interleaved with ratio ``r = long // short`` -- its lines
+are reordered by ``(i % r, i // r)``, so that where ``r`` divides ``long`` line ``i`` moves to
+``(i % r) * (long // r) + i // r`` -- and the square pattern of the shorter side repeats ``r``
+times instead of each of its lines being stretched over ``r`` adjacent ones.  Both
 are exactly pixelfly's layouts wherever pixelfly defines them (feature counts multiples of
 ``butterfly_size``, the longer side a multiple of the shorter); here any multiple of
 ``block_size`` works.  Every row and every column of the result holds the same number of blocks
