@@ -3,11 +3,8 @@ with an empty row and column, fully dense and one-block layouts (every impl, bot
 kernels through Triton's interpreter), ``no_grad`` / ``inference_mode``, double backward, ``.to(dtype)``,
 the documented positional constructor, ``torch.compile(dynamic=True)``, the meta device and a
 ``cost_model`` given by the caller."""
-import copy
 import gc
-import io
 import json
-import pickle
 
 import numpy as np
 import pytest
@@ -16,8 +13,8 @@ torch = pytest.importorskip("torch")
 from torch_setup import poison_empty  # noqa: E402,F401
 
 from blocksparse.dispatch import CostModel, Plan, Table  # noqa: E402
-from blocksparse.torch import BlocksparseLinear, BlocksparseMatMul  # noqa: E402
-from torch_acceptance import DTYPES, block_grads, close, dense_weight, draw, f64  # noqa: E402
+from blocksparse.torch import BlocksparseLinear, BlocksparseMatMul, PixelflyLinear  # noqa: E402
+from torch_acceptance import DTYPES, block_grads, clone, close, dense_weight, draw, f64  # noqa: E402
 
 IMPLS = ["auto", "portable", "dense", "reference"]
 LAYOUTS = {  # layouts the first audit's random ``cover=True`` layouts never produce
@@ -276,25 +273,17 @@ _COPY = ("a copy keeps its original's dispatcher handle (LinearDispatch has no _
 
 @pytest.mark.xfail(strict=True, reason=_COPY)
 @pytest.mark.parametrize("how", ["deepcopy", "pickle", "torch.save"])
-def test_linear_copy_compiles_after_the_original_is_gone(rng, how):
-    mask = np.array(LAYOUTS["empty-row-and-col"])
-    layer = BlocksparseLinear(mask, block_size=8)
-    layer(draw(rng, (3, 24), torch.float32))
-    if how == "deepcopy":
-        clone = copy.deepcopy(layer)
-    elif how == "pickle":
-        clone = pickle.loads(pickle.dumps(layer))
-    else:
-        buf = io.BytesIO()
-        torch.save(layer, buf)
-        buf.seek(0)
-        clone = torch.load(buf, weights_only=False)
+@pytest.mark.parametrize("make", [lambda: BlocksparseLinear(np.array(LAYOUTS["empty-row-and-col"]), block_size=8),
+                                  lambda: PixelflyLinear(12, 24, 3, lowrank_size=2)], ids=["linear", "pixelfly"])
+def test_copy_compiles_after_the_original_is_gone(rng, make, how):
+    layer = make()
+    layer(draw(rng, (3, layer.in_features), torch.float32))
+    twin = clone(layer, how)
     del layer
     gc.collect()
     torch._dynamo.reset()
-    x = draw(rng, (4, 24), torch.float32)
-    y = torch.compile(clone, fullgraph=True, backend="aot_eager")(x)
-    close(y, f64(x) @ dense_weight(mask, f64(clone.weight), 8) + f64(clone.bias), torch.float32)
+    x = draw(rng, (4, twin.in_features), torch.float32)
+    torch.testing.assert_close(torch.compile(twin, fullgraph=True, backend="aot_eager")(x), twin(x))
 
 
 @pytest.mark.xfail(strict=True, reason="the portable and dense paths do not check the weight's shape: a "

