@@ -60,17 +60,18 @@ CASES = {  # id: (units, in, block size, butterfly size, n_factors, lowrank)
 }
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("impl", ["auto", "portable", "dense", "reference"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_any_block_size_against_float64(rng, name, impl):
+def test_any_block_size_against_float64(rng, name, impl, dtype):
     units, fin, bs, n, f, r = CASES[name]
-    layer = PixelflyDense(units, bs, n, f, r, True, impl=impl)   # the documented positional form
-    x = rng.standard_normal((2, 3, fin)).astype(np.float32)
-    dy = rng.standard_normal((2, 3, units)).astype(np.float32)
+    layer = PixelflyDense(units, bs, n, f, r, True, impl=impl, dtype=dtype)   # the documented positional form
+    x = rng.standard_normal((2, 3, fin)).astype(dtype)
+    dy = rng.standard_normal((2, 3, units)).astype(dtype)
     y, dx, dkernel = _eager(layer, x, dy)
     mask = butterfly_layout(fin, units, bs, n, f)
     np.testing.assert_array_equal(layer.layout.mask, mask)
-    _check(_values(layer), mask, bs, x, dy, y, dx, dkernel)
+    _check(_values(layer), mask, bs, x, dy, y, dx, dkernel, dtype)
 
 
 @pytest.mark.parametrize("impl", ["auto", "portable", "dense"])
@@ -194,3 +195,22 @@ def test_matmul_dense_and_one_block_layouts(rng, name, axis, impl):
     ref_y, ref_dx, ref_dw = dense_products(bsmm.layout, x.numpy(), w.numpy(), dy, axis)
     for got, ref in ((y, ref_y), (dx, ref_dx), (dw, ref_dw)):
         assert rel_error(got.numpy(), ref) < tolerance(tf.float32)
+
+
+@pytest.mark.parametrize("impl", ["auto", "portable", "dense", "reference"])
+@pytest.mark.parametrize("policy", ["float16", "bfloat16", "mixed_float16", "float64"])
+def test_dtype_policies(rng, policy, impl):
+    """Keras dtype policies: outputs in the compute dtype within its tolerance of float64; weights in the
+    variable dtype, and so are their gradients."""
+    layer = PixelflyDense(24, 3, butterfly_size=4, lowrank_size=2, impl=impl, dtype=policy)
+    x = rng.standard_normal((4, 12)).astype(np.float32)
+    with tf.GradientTape() as tape:
+        y = layer(x)
+        loss = tf.reduce_sum(tf.cast(y, tf.float32))
+    grads = tape.gradient(loss, layer.trainable_weights)
+    compute = keras.DTypePolicy(policy).compute_dtype
+    assert y.dtype == compute and all(g.dtype == w.dtype for g, w in zip(grads, layer.trainable_weights))
+    values = _values(layer)
+    xc = tf.cast(tf.cast(x, compute), tf.float64).numpy()    # the input as the layer sees it
+    ref = xc @ _dense(values, butterfly_layout(12, 24, 3, 4), 3) + values["bias"]
+    assert rel_error(tf.cast(y, tf.float64).numpy(), ref) < tolerance(compute)

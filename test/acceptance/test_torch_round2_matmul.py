@@ -355,3 +355,21 @@ def test_kernels_under_cpu_autocast(rng, monkeypatch):
     assert x.grad.dtype == layer.weight.grad.dtype == layer.bias.grad.dtype == torch.float32
     close(x.grad, f64(dy) @ dense_weight(mask, wb, 16).T, torch.bfloat16)
     close(layer.weight.grad, block_grads(np.argwhere(mask), xb, f64(dy), 16), torch.bfloat16)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_linear_checkpointed_and_backward_twice(rng, impl):
+    """Activation checkpointing recomputes the same product; a retained graph gives the same gradients twice."""
+    mask = np.array(LAYOUTS["empty-row-and-col"])
+    layer = BlocksparseLinear(mask, block_size=8, impl=impl, dtype=torch.float64)
+    x = draw(rng, (3, 24), torch.float64, requires_grad=True)
+    y = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False)
+    dy = draw(rng, tuple(y.shape), torch.float64)
+    y.backward(dy, retain_graph=True)
+    ref_y, ref_dx, ref_dw, _ = _expect(mask, f64(layer.weight), f64(x), f64(dy), 8, f64(layer.bias))
+    close(y, ref_y, torch.float64)
+    close(x.grad, ref_dx, torch.float64)
+    close(layer.weight.grad, ref_dw, torch.float64)
+    y.backward(dy)
+    close(x.grad, 2 * ref_dx, torch.float64)
+    close(layer.weight.grad, 2 * ref_dw, torch.float64)
