@@ -373,3 +373,10 @@ def test_linear_checkpointed_and_backward_twice(rng, impl):
     y.backward(dy)
     close(x.grad, 2 * ref_dx, torch.float64)
     close(layer.weight.grad, 2 * ref_dw, torch.float64)
+
+
+@pytest.mark.xfail(strict=True, reason="plan(device=...) passes the string to torch.device, whose RuntimeError "
+                                       "does not name the argument")
+def test_linear_plan_refuses_an_unknown_device():
+    with pytest.raises(ValueError, match="device"):
+        BlocksparseLinear(np.ones((1, 1)), block_size=8).plan(device="gpu0")

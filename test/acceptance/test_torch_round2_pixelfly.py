@@ -44,6 +44,7 @@ LAYOUT_CASES = [  # in, out, block size, butterfly size, n_factors, stretch
     (40, 120, 8, 4, None, False), (40, 120, 8, 4, None, True), (96, 24, 3, 8, 2, True),  # rectangles, both ways
     (96, 24, 3, 8, 2, False), (56, 24, 8, 4, 2, False), (56, 24, 8, 4, 2, True),         # the long side not a multiple
     (7, 7, 1, 8, 3, False),                                                               # block size 1, units over blocks
+    (24, 48, 8, 8, 2, False), (24, 48, 8, 8, 2, True),                                    # more units than blocks, rectangle
 ]
 
 
