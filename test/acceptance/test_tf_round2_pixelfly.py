@@ -22,7 +22,8 @@ def _values(layer):
 
 
 def _dense(values, mask, bs):
-    """float64 ``(in, units)`` matrix: the packed ``kernel`` blocks where ``mask`` (row-major) plus the low-rank term."""
+    """float64 ``(in, units)`` matrix: the packed ``kernel`` blocks where ``mask`` (row-major), plus the
+    low-rank term."""
     dense = np.zeros((mask.shape[0] * bs, mask.shape[1] * bs))
     for b, (c, k) in enumerate(np.argwhere(mask)):
         dense[c * bs:(c + 1) * bs, k * bs:(k + 1) * bs] = values["kernel"][b]

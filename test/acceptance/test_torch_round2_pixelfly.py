@@ -40,11 +40,12 @@ def _rule(fin, fout, bs, n, n_factors, stretch):
 
 
 LAYOUT_CASES = [  # in, out, block size, butterfly size, n_factors, stretch
-    (64, 64, 8, 4, 2, False), (64, 64, 8, 8, 1, False), (48, 48, 4, 16, 3, False),       # units wider / narrower than blocks
-    (40, 120, 8, 4, None, False), (40, 120, 8, 4, None, True), (96, 24, 3, 8, 2, True),  # rectangles, both ways
-    (96, 24, 3, 8, 2, False), (56, 24, 8, 4, 2, False), (56, 24, 8, 4, 2, True),         # the long side not a multiple
-    (7, 7, 1, 8, 3, False),                                                               # block size 1, units over blocks
-    (24, 48, 8, 8, 2, False), (24, 48, 8, 8, 2, True),                                    # more units than blocks, rectangle
+    (64, 64, 8, 4, 2, False), (64, 64, 8, 8, 1, False), (48, 48, 4, 16, 3, False),  # units wider / narrower
+    (40, 120, 8, 4, None, False), (40, 120, 8, 4, None, True),                      # rectangles, both ways
+    (96, 24, 3, 8, 2, True), (96, 24, 3, 8, 2, False),
+    (56, 24, 8, 4, 2, False), (56, 24, 8, 4, 2, True),                              # long side not a multiple
+    (7, 7, 1, 8, 3, False),                                                          # block size 1
+    (24, 48, 8, 8, 2, False), (24, 48, 8, 8, 2, True),                              # more units than blocks
 ]
 
 
