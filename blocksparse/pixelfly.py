@@ -13,18 +13,21 @@ TensorShape([3, 64])
 import keras
 import numpy as np
 
+from ._checks import check_int
 from ._initializers import fan_in_bounds
 from ._tf import tf
 from ._tf.matmul import autodiff, backend
 from .dispatch import check_impl
 from .layout import Layout
-from .layouts.butterfly import butterfly_layout, default_butterfly_size
+from .layouts.butterfly import butterfly_layout, check_butterfly, default_butterfly_size
 
 __all__ = ["PixelflyDense"]
 
 
 def _count(value, name, low):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int >= {low}; got {value!r} of type {type(value).__name__}")
+    if value < low:
         raise ValueError(f"{name} must be an int >= {low}; got {value!r}")
     return int(value)
 
@@ -81,6 +84,8 @@ class PixelflyDense(keras.layers.Layer):
             raise ValueError(f"units must be a multiple of block_size={self.block_size}; got {self.units}")
         self.butterfly_size = None if butterfly_size is None else _count(butterfly_size, "butterfly_size", 2)
         self.n_factors = None if n_factors is None else _count(n_factors, "n_factors", 1)
+        if self.butterfly_size is not None:  # refused now, not when the layer is first called
+            check_butterfly(self.butterfly_size, self.n_factors)
         self.lowrank_size = _count(lowrank_size, "lowrank_size", 0)
         self.use_bias = bool(use_bias)
         self.stretch = bool(stretch)
@@ -116,6 +121,7 @@ class PixelflyDense(keras.layers.Layer):
         :class:`blocksparse.dispatch.Plan`.  The layer must be built."""
         if self.layout is None:
             raise ValueError("PixelflyDense.plan() needs a built layer: call it (or build()) first")
+        tokens = check_int(tokens, "tokens", allow_none=True)
         dtype = tf.as_dtype(dtype or self.compute_dtype)
         return backend.plan(self.layout, 1, dtype, tokens, self.impl)[0]
 

@@ -22,7 +22,7 @@ from .problem import PRECISIONS, Problem
 from .table import IMPLS, Table, shipped_table
 
 __all__ = ["CostModel", "IMPLS", "MARGIN", "PRECISIONS", "PREFERENCE", "Plan", "Problem", "Table",
-           "check_impl", "model_for", "override_plan"]
+           "check_cost_model", "check_impl", "model_for", "override_plan"]
 
 _AUTO = ("auto", *IMPLS)
 
@@ -38,6 +38,15 @@ def check_impl(impl, name="impl"):
     if not isinstance(impl, str) or impl not in _AUTO:
         raise ValueError(f"{name} must be one of {_AUTO}; got {impl!r}")
     return impl
+
+
+def check_cost_model(cost_model, name="cost_model"):
+    """``cost_model`` checked: None (the shipped tables) or a :class:`CostModel`."""
+    if cost_model is not None and not isinstance(cost_model, CostModel):
+        hint = " (wrap it: CostModel(table))" if isinstance(cost_model, Table) else ""
+        raise TypeError(f"{name} must be a blocksparse.dispatch.CostModel or None; got "
+                        f"{type(cost_model).__name__}{hint}")
+    return cost_model
 
 
 def override_plan(impl, why):

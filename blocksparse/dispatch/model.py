@@ -18,10 +18,11 @@ the measurements, so the choice there is never more than ``margin`` slower than 
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from .table import IMPLS
+from .table import IMPLS, Table
 
 __all__ = ["CostModel", "K_NEAREST", "MARGIN", "PREFERENCE", "Plan", "leave_one_out"]
 
@@ -68,6 +69,11 @@ class CostModel:
     """
 
     def __init__(self, table, margin=MARGIN):
+        if table is not None and not isinstance(table, Table):
+            raise TypeError(f"table must be a blocksparse.dispatch.Table (e.g. Table.load(path)) or None; "
+                            f"got {type(table).__name__}")
+        if isinstance(margin, bool) or not isinstance(margin, numbers.Real):
+            raise TypeError(f"margin must be a number in [0, 1); got {margin!r} of type {type(margin).__name__}")
         if not 0 <= margin < 1:
             raise ValueError(f"margin must be in [0, 1); got {margin}")
         self.table = table

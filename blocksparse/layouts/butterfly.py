@@ -17,9 +17,10 @@ The base is laid over the whole weight: along an axis of ``F`` features, butterf
 features ``[u * F / n, (u + 1) * F / n)``, and block ``(c, k)`` exists when some unit its rows touch
 and some unit its columns touch are joined in the base (``stretch=True``: pixelfly's
 ``FlatBlockButterflySparsityConfig``).  With ``stretch=False`` (the default, as in the pure-PyTorch
-pixelfly) the longer axis is then de-interleaved with ratio ``r = long // short`` -- line ``i`` moves
-to position ``(i % r) * ceil(long / r) + i // r`` -- so the square pattern of the shorter side
-repeats ``r`` times instead of each of its lines being stretched over ``r`` adjacent ones.  Both
+pixelfly) the longer axis is then de-interleaved with ratio ``r = long // short`` -- its lines
+are reordered by ``(i % r, i // r)``, so that where ``r`` divides ``long`` line ``i`` moves to
+``(i % r) * (long // r) + i // r`` -- and the square pattern of the shorter side repeats ``r``
+times instead of each of its lines being stretched over ``r`` adjacent ones.  Both
 are exactly pixelfly's layouts wherever pixelfly defines them (feature counts multiples of
 ``butterfly_size``, the longer side a multiple of the shorter); here any multiple of
 ``block_size`` works.  Every row and every column of the result holds the same number of blocks
@@ -40,7 +41,7 @@ import numbers
 
 import numpy as np
 
-__all__ = ["butterfly_layout", "default_butterfly_size", "flat_butterfly", "random_row_layout"]
+__all__ = ["butterfly_layout", "check_butterfly", "default_butterfly_size", "flat_butterfly", "random_row_layout"]
 
 
 def _positive_int(value, name):
@@ -51,8 +52,9 @@ def _positive_int(value, name):
     return int(value)
 
 
-def _check_butterfly(butterfly_size, n_factors):
-    """(butterfly_size, n_factors) checked; ``n_factors=None`` means all ``log2(butterfly_size)``."""
+def check_butterfly(butterfly_size, n_factors=None):
+    """``(butterfly_size, n_factors)`` checked (``ValueError`` / ``TypeError`` naming the argument);
+    ``n_factors=None`` means all ``log2(butterfly_size)``."""
     n = _positive_int(butterfly_size, "butterfly_size")
     if n < 2 or n & (n - 1):
         raise ValueError(f"butterfly_size must be a power of two >= 2; got {n}")
@@ -80,7 +82,7 @@ def flat_butterfly(butterfly_size, n_factors=None):
     np.ndarray of bool, shape (n, n)
         Symmetric, ``n_factors + 1`` entries in every row and column.
     """
-    n, f = _check_butterfly(butterfly_size, n_factors)
+    n, f = check_butterfly(butterfly_size, n_factors)
     i = np.arange(n)
     xor = i[:, None] ^ i[None, :]
     return (xor == 0) | np.isin(xor, [1 << b for b in range(f)])

@@ -1,9 +1,7 @@
 """Acceptance tests of ``blocksparse.torch.BlocksparseLinear`` as README documents it: every
 ``impl``, ``plan()``, bias, ``in/out_features``, inputs of any rank, dtypes, module mechanics
 (``state_dict``, copies, pickling, ``torch.compile``, autocast) and bad input."""
-import copy
 import io
-import pickle
 
 import numpy as np
 import pytest
@@ -14,7 +12,7 @@ from torch_setup import poison_empty  # noqa: E402,F401
 from blocksparse.dispatch import Plan  # noqa: E402
 from blocksparse.torch import BlocksparseLinear  # noqa: E402
 from blocksparse.testing.matmul import random_layout  # noqa: E402
-from torch_acceptance import DTYPES, block_grads, close, dense_from_coords, dense_weight, draw, f64  # noqa: E402
+from torch_acceptance import DTYPES, block_grads, clone, close, dense_from_coords, dense_weight, draw, f64  # noqa: E402
 
 IMPLS = ["auto", "portable", "dense", "reference"]
 
@@ -140,15 +138,7 @@ def test_copies_are_independent_and_equal(rng, how):
     mask, layer = _layer(rng, "portable")
     x = draw(rng, (4, layer.in_features), torch.float32)
     layer(x)
-    if how == "deepcopy":
-        twin = copy.deepcopy(layer)
-    elif how == "pickle":
-        twin = pickle.loads(pickle.dumps(layer))
-    else:
-        buf = io.BytesIO()
-        torch.save(layer, buf)
-        buf.seek(0)
-        twin = torch.load(buf, weights_only=False)
+    twin = clone(layer, how)
     torch.testing.assert_close(twin(x), layer(x), rtol=0, atol=0)
     with torch.no_grad():
         twin.weight.mul_(2)

@@ -1,5 +1,9 @@
 """Helpers of the PyTorch acceptance tests: float64 numpy references written from the documented
 formulas, and the comparison every test makes (relative error against the dtype's tolerance)."""
+import copy
+import io
+import pickle
+
 import numpy as np
 import torch
 
@@ -56,3 +60,15 @@ def block_grads(coords, x, dy, block_size):
     bs = block_size
     return np.stack([x[:, c * bs:(c + 1) * bs].T @ dy[:, k * bs:(k + 1) * bs] for c, k in coords]) \
         if len(coords) else np.zeros((0, bs, bs))
+
+
+def clone(module, how):
+    """A copy of ``module`` made as a user would: ``"deepcopy"``, ``"pickle"`` or ``"torch.save"`` (and load)."""
+    if how == "deepcopy":
+        return copy.deepcopy(module)
+    if how == "pickle":
+        return pickle.loads(pickle.dumps(module))
+    buf = io.BytesIO()
+    torch.save(module, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=False)

@@ -4,8 +4,8 @@ It runs wherever TensorFlow runs (CPU, any GPU, TPU / XLA) and is the oracle the
 tested against.  Each product gathers one block row of activations per weight block, multiplies
 block by block (a batched matmul over the ``blocks`` axis) and, for fprop / bprop, adds the
 products of each output block with ``unsorted_segment_sum``.  The largest intermediate is
-``(blocks, N, bs)``; the weight is never densified.  Everything is computed in float32 and cast to
-the caller's dtype at the end.
+``(blocks, N, bs)``; the weight is never densified.  Everything is computed in float32 (float64
+for float64 inputs, which the Keras layers take) and cast to the caller's dtype at the end.
 
 Shapes (``bs`` = block size, ``N`` = minibatch; ``axis`` is the feature axis):
 
@@ -25,13 +25,18 @@ from .. import tf
 __all__ = ["fprop", "bprop", "updat"]
 
 
+def _accumulator(dtype):
+    """The dtype products of ``dtype`` inputs are computed in: float32, or float64 for float64."""
+    return tf.float64 if dtype == tf.float64 else tf.float32
+
+
 def _to_blocks(t, nblocks, bs, axis):
-    """Split the feature axis into blocks, block index first, in float32.
+    """Split the feature axis into blocks, block index first, in :func:`_accumulator`'s dtype.
 
     ``(N, nblocks*bs) -> (nblocks, N, bs)`` for ``axis == 1``;
     ``(nblocks*bs, N) -> (nblocks, bs, N)`` for ``axis == 0``.
     """
-    t = tf.cast(t, tf.float32)
+    t = tf.cast(t, _accumulator(t.dtype))
     n = tf.shape(t)[1 - axis]
     if axis == 1:
         return tf.transpose(tf.reshape(t, [n, nblocks, bs]), [1, 0, 2])
@@ -62,13 +67,13 @@ def _xprop(t, w, layout, axis, transpose_w):
     c, k = layout.updat[:, 0], layout.updat[:, 1]
     src, dst, nsrc, ndst = (k, c, layout.KB, layout.CB) if transpose_w else (c, k, layout.CB, layout.KB)
     blocks = tf.gather(_to_blocks(t, nsrc, bs, axis), src)
-    w32 = tf.cast(w, tf.float32)
+    wa = tf.cast(w, blocks.dtype)
     if axis == 1:
         # [blocks, N, bs] @ [blocks, bs, bs] -> [blocks, N, bs]
-        prod = tf.linalg.matmul(blocks, w32, transpose_b=transpose_w)
+        prod = tf.linalg.matmul(blocks, wa, transpose_b=transpose_w)
     else:
         # [blocks, bs, bs] @ [blocks, bs, N] -> [blocks, bs, N]
-        prod = tf.linalg.matmul(w32, blocks, transpose_a=not transpose_w)
+        prod = tf.linalg.matmul(wa, blocks, transpose_a=not transpose_w)
     out = tf.math.unsorted_segment_sum(prod, dst, ndst)
     out = _from_blocks(out, ndst, bs, axis, t.dtype)
     n = _static_n(t, axis)
