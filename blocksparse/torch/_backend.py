@@ -54,3 +54,12 @@ def sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return INTERPRETER_SMS
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def autocast_dtype_of(device_type):
+    """The dtype autocast gives float activations on ``device_type`` (``"cuda"``, ``"cpu"``, ...),
+    or None where it is off or does not exist (the meta device: asking torch about it raises)."""
+    has = device_type in ("cuda", "cpu") or torch.amp.is_autocast_available(device_type)
+    if has and torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return None

@@ -6,6 +6,7 @@ from torch import nn
 
 from .._frontend import LayoutShapes, check_feature_axis
 from ..layout import Layout
+from ._backend import autocast_dtype_of
 from ._matmul import ops as _ops
 from ._matmul import plan as _plan
 from ._portable.dispatch import Dispatched, LinearDispatch, check_input, uniform_fan_in_
@@ -96,9 +97,8 @@ class BlocksparseMatMul(LayoutShapes):
             good = False
         if not good:
             self._refuse(x, w)
-        device = "cuda" if x.is_cuda else x.device.type
-        if torch.is_autocast_enabled(device):  # as torch's autocast: float64 tensors stay float64
-            dtype = torch.get_autocast_dtype(device)
+        dtype = autocast_dtype_of("cuda" if x.is_cuda else x.device.type)
+        if dtype is not None:  # as torch's autocast: float64 tensors stay float64
             x, w = (t if t.dtype is torch.float64 else t.to(dtype) for t in (x, w))
         if x.dtype != w.dtype:
             raise TypeError(f"x and w must have the same dtype; got {x.dtype} and {w.dtype}")

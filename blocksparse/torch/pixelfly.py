@@ -8,7 +8,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import check_int
-from ..dispatch import check_cost_model
 from ..layout import Layout
 from ..layouts.butterfly import butterfly_layout, default_butterfly_size
 from ._portable.dispatch import Dispatched, check_input, for_layout, uniform_fan_in_
@@ -81,7 +80,6 @@ class PixelflyLinear(Dispatched, nn.Module):
         self.in_features = in_features = check_int(in_features, "in_features")
         self.out_features = out_features = check_int(out_features, "out_features")
         lowrank_size = check_int(lowrank_size, "lowrank_size", 0)
-        check_cost_model(cost_model)
         mask = butterfly_layout(in_features, out_features, block_size, butterfly_size, n_factors,
                                 stretch=bool(stretch))
         if butterfly_size is None:

@@ -197,8 +197,6 @@ def test_compiled_with_dynamic_shapes(rng, impl):
         close(x.grad, np.ones((n, 24)) @ _reference(layer, x)[1].T, torch.float32)
 
 
-@pytest.mark.xfail(strict=True, reason="autocast is asked about the meta device, which torch refuses "
-                                       "(RuntimeError: unknown device type)")
 @pytest.mark.parametrize("impl", ["auto", "portable", "dense"])
 def test_on_the_meta_device(impl):
     layer = PixelflyLinear(12, 24, 3, lowrank_size=2, impl=impl, device="meta")
@@ -229,7 +227,6 @@ def test_cost_model_argument_is_checked(tmp_path, bad, words):
         PixelflyLinear(12, 24, 3, cost_model=bad)
 
 
-@pytest.mark.xfail(strict=True, reason="the portable and dense paths do not check the weight's shape")
 @pytest.mark.parametrize("impl", ["portable", "dense"])
 def test_refuses_a_replaced_weight_of_the_wrong_shape(rng, impl):
     layer = PixelflyLinear(12, 24, 3, impl=impl)

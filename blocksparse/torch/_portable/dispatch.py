@@ -22,13 +22,13 @@ from torch import nn
 from ... import _env
 from ..._checks import check_int
 from ..._initializers import fan_in_bounds
-from ...dispatch import Problem, check_impl, model_for, override_plan
+from ...dispatch import Problem, check_cost_model, check_impl, model_for, override_plan
 from ...layout import Layout
 from ...ops.matmul.grouping import groups_well
 from ...ops.matmul.portable import row_tables
 from ...ops.matmul.refine import refine, refined_block_size
 from ...ops.matmul.configs import KERNEL_BLOCK_SIZES
-from .._backend import KERNEL_DTYPES
+from .._backend import KERNEL_DTYPES, autocast_dtype_of
 from .._matmul.products import use_triton
 from .matmul import PortableTables, dense_matmul, portable_matmul
 
@@ -104,7 +104,7 @@ class LinearDispatch(nn.Module):
         self.bsmm = bsmm
         self.refinement = refinement
         self.impl = self.check_impl(impl)
-        self.cost_model = cost_model
+        self.cost_model = check_cost_model(cost_model)
         self.tables = PortableTables(row_tables(layout), layout.coords, device)
         if refinement is not None:
             self.register_buffer("perm", torch.tensor(refinement.perm, device=device), persistent=False)
@@ -126,6 +126,13 @@ class LinearDispatch(nn.Module):
     def __getstate__(self):
         # the decisions are a per-process memo (and hold read-only mappings that do not pickle)
         return {**self.__dict__, "_plans": {}}
+
+    def __setstate__(self, state):
+        # a copy (deepcopy, pickle, torch.load) plans on its own: a traced graph reaches it by a
+        # handle of its own, valid after the original is gone
+        super().__setstate__(state)
+        self.handle = next(_handles)
+        _dispatchers[self.handle] = self
 
     def extra_repr(self):
         return f"impl={self.impl!r}, refined={self.refinement is not None}"
@@ -196,10 +203,10 @@ class LinearDispatch(nn.Module):
         first call of a kind: the plan is made once); the environment is read on every call, so
         a change of ``BLOCKSPARSE_BACKEND`` takes effect at once.
         """
-        device_type = x.device.type
+        device_type = "cuda" if x.is_cuda else x.device.type
         dtype = x.dtype
-        if torch.is_autocast_enabled(device_type) and dtype is not torch.float64:  # autocast leaves float64
-            dtype = torch.get_autocast_dtype(device_type)
+        if dtype is not torch.float64:  # autocast leaves float64
+            dtype = autocast_dtype_of(device_type) or dtype
         backward = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
         if torch.compiler.is_compiling():
             forced = self._forced()
@@ -225,6 +232,9 @@ class LinearDispatch(nn.Module):
 
     def run(self, impl, x, w, bias=None):
         """``x @ W (+ bias)`` by ``impl``; ``x`` ``(N, C)``, ``w`` the layer's ``(blocks, bs, bs)``."""
+        if w.shape != self.layout.w_shape:  # a replaced weight: the index tables would misread it
+            raise ValueError(f"weight must have shape {self.layout.w_shape} (blocks, block_size, block_size); "
+                             f"got {tuple(w.shape)}")
         if impl in ("kernels", "reference"):
             if self.bsmm is None:
                 raise ValueError(f"impl={impl!r} cannot run block size {self.layout.block_size}; use "
@@ -239,14 +249,13 @@ class LinearDispatch(nn.Module):
             return portable_matmul(x, w, self.tables, bias)
         return dense_matmul(x, w, self.tables, bias)
 
-    @staticmethod
-    def _check(x, w):
+    def _check(self, x, w):
         if not x.is_floating_point():
             raise TypeError(f"input must be floating point (float16, bfloat16, float32, float64); got {x.dtype}")
         if x.device != w.device:
             raise ValueError(f"input and weight must be on one device; got {x.device} and {w.device}")
         if x.dtype != w.dtype and (torch.float64 in (x.dtype, w.dtype)
-                                   or not torch.is_autocast_enabled(x.device.type)):  # autocast leaves float64
+                                   or autocast_dtype_of(x.device.type) is None):  # autocast leaves float64
             raise TypeError(f"input and weight must have the same dtype (or float16 / bfloat16 / float32 under "
                             f"autocast); got {x.dtype} and {w.dtype}")
 
@@ -296,6 +305,15 @@ class Dispatched:
         dtype and device; ``backward``: whether the call is trained through (both gradients too).
         """
         tokens = check_int(tokens, "tokens", allow_none=True)
-        device = torch.device(device) if device is not None else self.weight.device
+        if not isinstance(backward, bool):
+            raise TypeError(f"backward must be a bool; got {backward!r}")
+        if device is None:
+            device = self.weight.device
+        else:
+            try:
+                device = torch.device(device)
+            except (RuntimeError, TypeError) as exc:
+                raise ValueError(f"device must name a torch device (e.g. 'cuda', 'cpu', 'cuda:1'); got {device!r}") \
+                    from exc
         return self._dispatch.plan(tokens or self._dispatch.last_tokens or DEFAULT_TOKENS,
-                                   dtype or self.weight.dtype, device.type, bool(backward))
+                                   dtype or self.weight.dtype, device.type, backward)
