@@ -189,7 +189,7 @@ class LinearDispatch(nn.Module):
         candidates = tuple(self.candidates(device_type, dtype))
         key = (tokens, precision, device_type, backward, candidates)
         if key not in self._plans:
-            model = self.cost_model or model_for("torch", "cuda" if device_type == "cuda" else "cpu")
+            model = self.cost_model or model_for("torch", device_type)  # no table: the default rule
             lay = self.layout
             problem = Problem(tokens, lay.C, lay.K, lay.block_size, lay.density, precision,
                               self.structured, backward)
