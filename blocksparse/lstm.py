@@ -28,12 +28,9 @@ def _gates(c, gate_args):
         h = float_tensor(gate_args[0], "h")
         same_dtype(c, h, "c", "h")
         rank = ewargs.known_rank(h, "h")
-        if h.shape[-1] is not None and h.shape[-1] % 4:
-            raise ValueError(f"h (the merged gates) must have a last dimension divisible by 4 "
-                             f"(i, j, f, o); got shape {tuple(h.shape.as_list())}")
         if c.shape.rank is not None and c.shape.rank != rank:
             raise ValueError(f"c must have the rank of h ({rank}); got shape {tuple(c.shape.as_list())}")
-        gates = tf.split(h, 4, axis=-1)
+        gates = ewargs.split4(h, "h (the merged gates i, j, f, o)")
     elif len(gate_args) == 4:
         gates = [float_tensor(t, name) for t, name in zip(gate_args, "ijfo")]
         for gate, name in zip(gates, "ijfo"):
@@ -99,10 +96,7 @@ def split4(x, name=None):
     with tf.name_scope(ewargs.op_name(name, "Split4")):
         x = float_tensor(x, "x")
         ewargs.known_rank(x, "x")
-        if x.shape[-1] is not None and x.shape[-1] % 4:
-            raise ValueError(f"x must have a last dimension divisible by 4; got shape "
-                             f"{tuple(x.shape.as_list())}")
-        return tuple(tf.split(x, 4, axis=-1))
+        return tuple(ewargs.split4(x, "x"))
 
 
 def concat4(x0, x1, x2, x3, name=None):

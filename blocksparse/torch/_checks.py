@@ -98,16 +98,17 @@ def real(name, value):
 
 
 def flag(name, value):
-    if not isinstance(value, bool):
+    if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be a bool; got {value!r}")
-    return value
+    return bool(value)
 
 
 def autocast(*activations):
     """The activations in the autocast dtype under ``torch.autocast`` (parameters, which may have
     any float dtype, stay as they are); as given outside it."""
     device = activations[0].device.type
-    if not torch.is_autocast_enabled(device):
+    # the meta device (shape-only runs) has no autocast: asking about it raises
+    if not torch.amp.is_autocast_available(device) or not torch.is_autocast_enabled(device):
         return activations
     dtype = torch.get_autocast_dtype(device)
     return tuple(t.to(dtype) if t.dtype in _AUTOCAST_FROM else t for t in activations)

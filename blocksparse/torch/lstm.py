@@ -47,6 +47,8 @@ def fused_lstm_gates(c, *gates, bias=None, forget_bias=1.0):
     names = ("h",) if len(gates) == 1 else ("i", "j", "f", "o")
     gates = [_checks.activations(name, t) for name, t in zip(names, gates)]
     n, k = c.shape
+    if k == 0:
+        raise ValueError(f"c must have at least one feature (K > 0); got shape {tuple(c.shape)}")
     width = 4 * k if len(gates) == 1 else k
     for name, t in zip(names, gates):
         if tuple(t.shape) != (n, width):
