@@ -53,11 +53,13 @@ def fused_lstm_gates(c, *gates, bias=None, forget_bias=1.0):
     for name, t in zip(names, gates):
         if tuple(t.shape) != (n, width):
             raise ValueError(f"{name} must have shape ({n}, {width}) for c of shape {(n, k)}; got {tuple(t.shape)}")
-        if t.dtype != c.dtype:
-            raise TypeError(f"{name} must have c's dtype {c.dtype}; got {t.dtype}")
         _checks.same_device(name, t, c)
     forget_bias = _checks.real("forget_bias", forget_bias)
+    # autocast first: under it a float32 state with bfloat16 gates (e.g. from layer_norm) is fine
     c, *gates = _checks.autocast(c, *gates)
+    for name, t in zip(names, gates):
+        if t.dtype != c.dtype:
+            raise TypeError(f"{name} must have c's dtype {c.dtype}; got {t.dtype}")
     bias = _checks.param("bias", bias, 4 * k, c)
     if len(gates) == 1:
         return _ops.lstm_gates(c, gates[0], bias, forget_bias)
