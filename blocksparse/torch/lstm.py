@@ -31,7 +31,7 @@ def fused_lstm_gates(c, *gates, bias=None, forget_bias=1.0):
     Returns
     -------
     (c_next, h_next) : tuple of Tensor, each (N, K)
-        In ``c``'s dtype.  Differentiable in ``c``, the gates and ``bias``; traceable by
+        In ``c``'s dtype.  Differentiable (twice too) in ``c``, the gates and ``bias``; traceable by
         ``torch.compile(fullgraph=True)``.  Under ``torch.autocast`` the state and the gates are
         cast to the autocast dtype.
 

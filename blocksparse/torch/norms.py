@@ -37,7 +37,8 @@ def layer_norm(x, g, b, axis=1, epsilon=1e-6, relu=False, *, segments=1):
     Tensor
         ``y``, shape and layout of ``x`` (contiguous), dtype of ``x``.  Differentiable in ``x``,
         ``g`` and ``b``; traceable by ``torch.compile(fullgraph=True)``.  Under ``torch.autocast``
-        ``x`` is cast to the autocast dtype (statistics are float32 either way).
+        ``x`` is cast to the autocast dtype (statistics are float32 either way).  Twice
+        differentiable (a ``create_graph=True`` backward runs the reference formulas).
 
     Examples
     --------

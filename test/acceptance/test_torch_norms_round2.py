@@ -1,7 +1,7 @@
 """Acceptance, second round: ``blocksparse.torch.layer_norm`` and ``fused_lstm_gates`` as a demanding
-user calls them -- the meta device, ``no_grad`` / ``inference_mode``, double backward (a clear
-error), ``gradcheck`` in float64, expanded / sliced / transposed inputs, parameter shapes and
-dtypes, numpy scalars for the options, ``torch.compile`` with dynamic shapes and under autocast,
+user calls them -- the meta device, ``no_grad`` / ``inference_mode``, double backward, ``gradcheck``
+in float64, expanded / sliced / transposed inputs, parameter shapes and dtypes, numpy scalars for
+the options, ``torch.compile`` with dynamic shapes and under autocast,
 ``opcheck`` of the custom ops, the Triton kernels on strided inputs (interpreter, tiny), and bad
 arguments.  Values and gradients against float64 formulas."""
 import numpy as np
@@ -74,16 +74,33 @@ def test_no_grad_and_inference_mode(rng, mode):
         close(got, f64(want), torch.float32)
 
 
-def test_double_backward_is_a_clear_error_not_a_wrong_answer(rng):
-    """Second derivatives are not implemented: asking for them fails, naming the op."""
-    x = draw(rng, (3, 8), torch.float64, True)
-    (dx,) = torch.autograd.grad(layer_norm(x, None, None).pow(2).sum(), x, create_graph=True)
-    with pytest.raises(RuntimeError, match="layer_norm_bwd"):
-        dx.sum().backward()
-    c, h = draw(rng, (3, 2), torch.float64, True), draw(rng, (3, 8), torch.float64, True)
-    (dh,) = torch.autograd.grad(fused_lstm_gates(c, h)[1].sum(), h, create_graph=True)
-    with pytest.raises(RuntimeError, match="lstm_gates_bwd"):
-        dh.sum().backward()
+@pytest.mark.parametrize("axis, relu, segments", [(1, False, 1), (0, True, 2)], ids=["NC", "CN-relu-seg2"])
+def test_layer_norm_double_backward(rng, axis, relu, segments):
+    """Second derivatives (a gradient penalty): ``gradgradcheck`` in float64, and a Hessian-vector
+    product in float32 against the float64 formula."""
+    shape = (3, 8) if axis == 1 else (8, 3)
+    x = draw(rng, shape, torch.float64, True)
+    g, b = draw(rng, (8,), torch.float64, True), draw(rng, (8,), torch.float64, True)
+    assert torch.autograd.gradgradcheck(lambda x, g, b: layer_norm(x, g, b, axis, 1e-3, relu, segments=segments),
+                                        (x, g, b))
+    x32, g32 = x.detach().float().requires_grad_(), g.detach().float().requires_grad_()
+    (dx,) = torch.autograd.grad(layer_norm(x32, g32, None, axis, 1e-3, relu, segments=segments).pow(3).sum(), x32,
+                                create_graph=True)
+    hvp = torch.autograd.grad(dx.square().sum(), [x32, g32])
+    x64, g64 = x.detach().requires_grad_(), g.detach().requires_grad_()
+    (dx64,) = torch.autograd.grad(_ln64(x64, g64, None, axis, 1e-3, relu, segments).pow(3).sum(), x64,
+                                  create_graph=True)
+    for got, want in zip(hvp, torch.autograd.grad(dx64.square().sum(), [x64, g64])):
+        close(got, f64(want), torch.float32)
+
+
+@pytest.mark.parametrize("four", [False, True], ids=["merged", "four"])
+def test_lstm_gates_double_backward(rng, four):
+    c, h = draw(rng, (3, 2), torch.float64, True), draw(rng, (3, 8), torch.float64)
+    gates = [t.detach().requires_grad_() for t in (h.split(2, 1) if four else [h])]
+    bias = draw(rng, (8,), torch.float64, True)
+    assert torch.autograd.gradgradcheck(lambda c, b, *gs: fused_lstm_gates(c, *gs, bias=b, forget_bias=0.5),
+                                        (c, bias, *gates))
 
 
 # ---------------------------------------------------------------------------------------- gradients
