@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from . import _checks
 from ._lstm import ops as _ops
+from ._lstm import reference as _reference
 
 __all__ = ["fused_lstm_gates"]
 
@@ -31,7 +32,8 @@ def fused_lstm_gates(c, *gates, bias=None, forget_bias=1.0):
     Returns
     -------
     (c_next, h_next) : tuple of Tensor, each (N, K)
-        In ``c``'s dtype.  Differentiable (twice too) in ``c``, the gates and ``bias``; traceable by
+        In ``c``'s dtype.  Differentiable (twice too) in ``c``, the gates and ``bias``; inside
+        ``torch.func`` transforms and with forward-mode tangents the reference path runs; traceable by
         ``torch.compile(fullgraph=True)``.  Under ``torch.autocast`` the state and the gates are
         cast to the autocast dtype.
 
@@ -61,6 +63,9 @@ def fused_lstm_gates(c, *gates, bias=None, forget_bias=1.0):
         if t.dtype != c.dtype:
             raise TypeError(f"{name} must have c's dtype {c.dtype}; got {t.dtype}")
     bias = _checks.param("bias", bias, 4 * k, c)
+    if _checks.plain_ops_needed(c, *gates, bias):
+        parts = gates[0].split(k, dim=1) if len(gates) == 1 else gates
+        return _reference.lstm_gates_fwd(c, parts, bias, forget_bias=forget_bias)
     if len(gates) == 1:
         return _ops.lstm_gates(c, gates[0], bias, forget_bias)
     return _ops.lstm_gates4(c, *gates, bias, forget_bias)

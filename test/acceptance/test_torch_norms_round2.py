@@ -1,6 +1,6 @@
 """Acceptance, second round: ``blocksparse.torch.layer_norm`` and ``fused_lstm_gates`` as a demanding
-user calls them -- the meta device, ``no_grad`` / ``inference_mode``, double backward, ``gradcheck``
-in float64, expanded / sliced / transposed inputs, parameter shapes and dtypes, numpy scalars for
+user calls them -- the meta device, ``no_grad`` / ``inference_mode``, double backward, forward-mode
+AD and ``torch.func`` transforms, ``gradcheck`` in float64, expanded / sliced / transposed inputs, parameter shapes and dtypes, numpy scalars for
 the options, ``torch.compile`` with dynamic shapes and under autocast,
 ``opcheck`` of the custom ops, the Triton kernels on strided inputs (interpreter, tiny), and bad
 arguments.  Values and gradients against float64 formulas."""
@@ -101,6 +101,35 @@ def test_lstm_gates_double_backward(rng, four):
     bias = draw(rng, (8,), torch.float64, True)
     assert torch.autograd.gradgradcheck(lambda c, b, *gs: fused_lstm_gates(c, *gs, bias=b, forget_bias=0.5),
                                         (c, bias, *gates))
+
+
+def test_forward_mode_and_func_transforms(rng):
+    """Forward-mode AD (``jvp``, ``jacfwd``, dual tensors), ``grad``, ``hessian`` and ``vmap`` give
+    the formula's derivatives -- a dropped tangent would read as a zero derivative."""
+    x, g = draw(rng, (3, 8), torch.float64), draw(rng, (8,), torch.float64)
+    c, h = draw(rng, (3, 2), torch.float64), draw(rng, (3, 8), torch.float64)
+
+    def ln_loss(fn):
+        return lambda t: fn(t, g, None, 1, 1e-6, True, segments=2).pow(3).sum()
+
+    ours, ref = ln_loss(layer_norm), ln_loss(lambda *a, segments: _ln64(*a, segments))
+    for transform in (torch.func.grad, torch.func.jacfwd, torch.func.hessian):
+        close(transform(ours)(x), f64(transform(ref)(x)), torch.float64)
+    tangent = draw(rng, (3, 8), torch.float64)
+    _, got = torch.func.jvp(lambda t: layer_norm(t, g, None, axis=0), (x.t(),), (tangent.t(),))
+    _, want = torch.func.jvp(lambda t: _ln64(t, g, None, 0), (x.t(),), (tangent.t(),))
+    close(got, f64(want), torch.float64)
+    with torch.autograd.forward_ad.dual_level():
+        dual = torch.autograd.forward_ad.make_dual(h, tangent)
+        got = [torch.autograd.forward_ad.unpack_dual(t).tangent for t in fused_lstm_gates(c, dual, forget_bias=0.5)]
+        want = [torch.autograd.forward_ad.unpack_dual(t).tangent for t in _lstm64(c, [dual], forget_bias=0.5)]
+    for a, e in zip(got, want):
+        close(a, f64(e), torch.float64)
+    four = torch.func.jacrev(lambda t: fused_lstm_gates(c, *t.split(2, 1))[1])(h)
+    close(four, f64(torch.func.jacrev(lambda t: _lstm64(c, list(t.split(2, 1)))[1])(h)), torch.float64)
+    batch = draw(rng, (4, 3, 8), torch.float64)
+    close(torch.func.vmap(lambda t: layer_norm(t, g, None, segments=4))(batch),
+          f64(torch.stack([_ln64(t, g, None, segments=4) for t in batch])), torch.float64)
 
 
 # ---------------------------------------------------------------------------------------- gradients
