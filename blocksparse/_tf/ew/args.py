@@ -11,8 +11,8 @@ import numpy as np
 from .. import tf
 from ..checks import checked, float_tensor, op_name, parameter_tensor, same_dtype
 
-__all__ = ["channel_vector", "channels_first", "feature_axis", "feature_size", "known_rank", "op_name",
-           "operand_pair", "real", "same_shape", "split4", "to_compute"]
+__all__ = ["channel_vector", "channels_first", "divisible_by_4", "feature_axis", "feature_size", "known_rank",
+           "op_name", "operand_pair", "real", "same_shape", "to_compute"]
 
 
 def to_compute(t):
@@ -97,10 +97,9 @@ def feature_size(t, axis, name):
     return size
 
 
-def split4(x, name):
-    """The last axis of the checked tensor ``x`` (known rank) split into four equal parts; its size
-    must be divisible by 4 (checked when the graph runs where it is unknown now, so that the error
-    names ``name``)."""
+def divisible_by_4(x, name):
+    """``x`` (checked, known rank) after checking its last dimension is divisible by 4 (at run time
+    where it is unknown now, so that the error names ``name``), e.g. to split it in four."""
     width = x.shape[-1]
     if width is not None and width % 4:
         raise ValueError(f"{name} must have a last dimension divisible by 4; got shape "
@@ -108,7 +107,7 @@ def split4(x, name):
     if width is None and not tf.executing_eagerly():
         x = checked(x, [tf.debugging.assert_equal(
             tf.shape(x)[-1] % 4, 0, message=f"{name} must have a last dimension divisible by 4")])
-    return tf.split(x, 4, axis=-1)
+    return x
 
 
 def channels_first(x):
