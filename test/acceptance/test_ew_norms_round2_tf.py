@@ -71,6 +71,30 @@ def test_binary_broadcast_unknown_batch(rng, op, mode):
     assert np.abs(res.grads[1] - want_dy).max() <= 4 * tol * np.abs(dz * dfdy(xin, yin)).sum(0).max()
 
 
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("op", ["gelu", "swish", "fast_gelu"])
+def test_readme_activations_defaults(rng, op, dtype):
+    """The README's extra activations with their documented defaults: gelu's tanh form with
+    alpha=0.044715, swish with alpha=1, fast_gelu = swish(x, alpha=1.702)."""
+    x, dy = 3.0 * rng.standard_normal((4, 9)), rng.standard_normal((4, 9))
+    res = run("graph", getattr(ew, op), [x], [dtype], [dy], unknown={0: (0,)})
+    name, alpha = {"gelu": ("gelu", 0.044715), "swish": ("swish", 1.0), "fast_gelu": ("swish", 1.702)}[op]
+    f, df = ref.UNARY[name]
+    xin = res.inputs[0]
+    assert res.out_dtypes == [dtype.name]
+    _check(res, [f(xin, alpha)], [res.grad_ys[0] * df(xin, alpha)], dtype)
+
+
+@pytest.mark.parametrize("shapes", [((3, 4), (3, 4)), ((3, 4), (4,))], ids=["same", "broadcast"])
+def test_maximum_minimum_ties_send_the_gradient_to_x(rng, shapes):
+    y = rng.standard_normal(shapes[1])
+    x = np.broadcast_to(y, shapes[0]).copy()
+    dz = rng.standard_normal(shapes[0])
+    for op in ("maximum", "minimum"):
+        res = run("eager", getattr(ew, op), [x, y], [tf.float16, tf.float16], [dz])
+        assert np.array_equal(res.grads[0], res.grad_ys[0]) and not np.any(res.grads[1])
+
+
 def test_rank0_and_number_operands():
     x = tf.constant(1.5, tf.bfloat16)
     assert ew.add(x, x).shape == () and ew.add(x, x).dtype == tf.bfloat16
