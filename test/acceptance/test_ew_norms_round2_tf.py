@@ -14,7 +14,7 @@ from blocksparse.norms import batch_norm, batch_norm_inference, layer_norm
 from blocksparse.testing import ew as ref
 from blocksparse.testing import norms as nref
 from blocksparse.testing import rel_error, tolerance
-from tf_modes import assert_raises, run
+from tf_modes import assert_raises, check_run, run
 
 DTYPES = {"fp32": tf.float32, "fp16": tf.float16, "bf16": tf.bfloat16}
 UNARY = ["negative", "reciprocal", "square", "sqrt", "exp", "log", "sigmoid", "tanh", "relu", "elu"]
@@ -26,14 +26,6 @@ def _unary_input(rng, op, shape):
         return rng.uniform(0.5, 2.0, shape)
     x = 2.0 * rng.standard_normal(shape)
     return np.where(np.abs(x) < 0.05, 0.5, x)   # no relu kink at float16 rounding
-
-
-def _check(res, values, grads, dtype, scale=1.0):
-    tol = scale * tolerance(dtype)
-    for got, want in zip(res.outputs, values):
-        assert rel_error(got, want) < tol
-    for got, want in zip(res.grads, grads):
-        assert rel_error(got, want) < tol
 
 
 # -- elementwise ops in graphs and functions with unknown sizes ---------------------------------
@@ -49,7 +41,7 @@ def test_unary_unknown_shape_modes(rng, op, mode):
     params = (0.4,) if op == "elu" else ()
     xin = res.inputs[0]
     assert res.out_dtypes == ["bfloat16"] and res.grad_dtypes == ["bfloat16"]
-    _check(res, [f(xin, *params)], [res.grad_ys[0] * df(xin, *params)], tf.bfloat16)
+    check_run(res, [f(xin, *params)], [res.grad_ys[0] * df(xin, *params)], tf.bfloat16)
 
 
 @pytest.mark.parametrize("mode", ["function", "graph"])
@@ -82,7 +74,7 @@ def test_readme_activations_defaults(rng, op, dtype):
     f, df = ref.UNARY[name]
     xin = res.inputs[0]
     assert res.out_dtypes == [dtype.name]
-    _check(res, [f(xin, alpha)], [res.grad_ys[0] * df(xin, alpha)], dtype)
+    check_run(res, [f(xin, alpha)], [res.grad_ys[0] * df(xin, alpha)], dtype)
 
 
 @pytest.mark.parametrize("shapes", [((3, 4), (3, 4)), ((3, 4), (4,))], ids=["same", "broadcast"])
@@ -236,7 +228,8 @@ def test_dropout_mask_reuse_in_function_unknown_batch(rng):
 def test_add_n8_graph_unknown_batch(rng, count):
     xs = [rng.standard_normal((4, 3)) for _ in range(count)]
     dz = rng.standard_normal((4, 3))
-    res = run("graph", lambda *t: ew.add_n8(t), xs, [tf.bfloat16] * count, [dz], unknown={i: (0,) for i in range(count)})
+    res = run("graph", lambda *t: ew.add_n8(t), xs, [tf.bfloat16] * count, [dz],
+              unknown={i: (0,) for i in range(count)})
     assert rel_error(res.outputs[0], np.sum(res.inputs, axis=0)) < tolerance(tf.bfloat16)
     for grad in res.grads:
         assert np.array_equal(grad, res.grad_ys[0])
@@ -253,7 +246,7 @@ def test_lstm_rank3_merged_with_bias_unknown_batch_and_time(rng, mode):
               [tf.float16, tf.float16, tf.float32], [dc, dh], unknown={0: (0, 1), 1: (0, 1)})
     cin, hin, bin_ = res.inputs
     kw = {"bias": bin_, "forget_bias": 2.0}
-    _check(res, nref.lstm_gates(cin, hin, **kw), nref.lstm_gates_grad(*res.grad_ys, cin, hin, **kw), tf.float16)
+    check_run(res, nref.lstm_gates(cin, hin, **kw), nref.lstm_gates_grad(*res.grad_ys, cin, hin, **kw), tf.float16)
     assert res.grad_dtypes == ["float16", "float16", "float32"]
 
 
@@ -308,7 +301,7 @@ def test_layer_norm_rank3(rng, layout):
     dmoved = np.moveaxis(dy, axis, -1).reshape(-1, 16)
     dx, dg, db = nref.layer_norm_grad(dmoved, moved, gin, bin_, segments=2)
     dx = np.moveaxis(dx.reshape(np.moveaxis(xin, axis, -1).shape), -1, axis)
-    _check(res, [want], [dx, dg, db], tf.float32)
+    check_run(res, [want], [dx, dg, db], tf.float32)
 
 
 def test_layer_norm_float64_parameters_and_numpy_flags(rng):
@@ -352,7 +345,7 @@ def test_batch_norm_ncdhw_unknown_spatial_with_statistics_gradients(rng, mode):
               tf.float32], [dy, dmean, dvar], unknown={0: (0, 2, 3, 4)})
     assert res.out_dtypes == ["bfloat16", "float32", "float32"]
     xin, gin, bin_ = res.inputs
-    _check(res, nref.batch_norm(xin, gin, bin_, 1e-5), nref.batch_norm_grad(*res.grad_ys, xin, gin, bin_, 1e-5),
+    check_run(res, nref.batch_norm(xin, gin, bin_, 1e-5), nref.batch_norm_grad(*res.grad_ys, xin, gin, bin_, 1e-5),
            tf.bfloat16, scale=2.0)
 
 
@@ -386,7 +379,7 @@ def test_cwise_linear(rng, shape, mode, params):
     bin_ = res.inputs[-1] if use_b else None
     assert res.out_dtypes == ["float16"]
     grads = [g for g in nref.cwise_linear_grad(res.grad_ys[0], xin, ain, bin_) if g is not None]
-    _check(res, [nref.cwise_linear(xin, ain, bin_)], grads, tf.float16, scale=2.0)
+    check_run(res, [nref.cwise_linear(xin, ain, bin_)], grads, tf.float16, scale=2.0)
 
 
 def test_cwise_linear_original_parameter_shape_keeps_its_gradient_shape(rng):

@@ -119,7 +119,8 @@ def test_config_round_trip_rebuilds_the_same_function(rng):
     clone.set_weights(layer.get_weights())
     assert clone.get_config() == config
     assert clone.trainable is False and clone.bias is None and len(clone.losses) == len(layer.losses)
-    assert type(clone.kernel_regularizer) is keras.regularizers.L1 and abs(float(clone.kernel_regularizer.l1) - 0.01) < 1e-9
+    assert type(clone.kernel_regularizer) is keras.regularizers.L1
+    assert abs(float(clone.kernel_regularizer.l1) - 0.01) < 1e-9
     np.testing.assert_array_equal(clone(x).numpy(), layer(x).numpy())
     want = np.maximum(x.astype(np.float64) @ _dense_w(layer), 0)
     assert rel_error(layer(x).numpy(), want) < tolerance(tf.float32)

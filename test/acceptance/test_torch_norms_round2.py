@@ -1,9 +1,9 @@
 """Acceptance, second round: ``blocksparse.torch.layer_norm`` and ``fused_lstm_gates`` as a demanding
 user calls them -- the meta device, ``no_grad`` / ``inference_mode``, double backward, forward-mode
-AD and ``torch.func`` transforms, ``gradcheck`` in float64, expanded / sliced / transposed inputs, parameter shapes and dtypes, numpy scalars for
-the options, ``torch.compile`` with dynamic shapes and under autocast,
-``opcheck`` of the custom ops, the Triton kernels on strided inputs (interpreter, tiny), and bad
-arguments.  Values and gradients against float64 formulas."""
+AD and ``torch.func`` transforms, ``gradcheck`` in float64, expanded / sliced / transposed inputs,
+parameter shapes and dtypes, numpy scalars for the options, ``torch.compile`` with dynamic shapes
+and under autocast, ``opcheck`` of the custom ops, the Triton kernels on strided inputs
+(interpreter, tiny), and bad arguments.  Values and gradients against float64 formulas."""
 import numpy as np
 import pytest
 
@@ -94,15 +94,6 @@ def test_layer_norm_double_backward(rng, axis, relu, segments):
         close(got, f64(want), torch.float32)
 
 
-@pytest.mark.parametrize("four", [False, True], ids=["merged", "four"])
-def test_lstm_gates_double_backward(rng, four):
-    c, h = draw(rng, (3, 2), torch.float64, True), draw(rng, (3, 8), torch.float64)
-    gates = [t.detach().requires_grad_() for t in (h.split(2, 1) if four else [h])]
-    bias = draw(rng, (8,), torch.float64, True)
-    assert torch.autograd.gradgradcheck(lambda c, b, *gs: fused_lstm_gates(c, *gs, bias=b, forget_bias=0.5),
-                                        (c, bias, *gates))
-
-
 def test_forward_mode_and_func_transforms(rng):
     """Forward-mode AD (``jvp``, ``jacfwd``, dual tensors), ``grad``, ``hessian`` and ``vmap`` give
     the formula's derivatives -- a dropped tangent would read as a zero derivative."""
@@ -145,12 +136,16 @@ def test_layer_norm_gradcheck_float64(rng, axis, relu, segments):
 
 
 @pytest.mark.parametrize("four", [False, True], ids=["merged", "four"])
-def test_lstm_gates_gradcheck_float64(rng, four):
+def test_lstm_gates_gradcheck_and_gradgradcheck_float64(rng, four):
     c, h = draw(rng, (3, 2), torch.float64, True), draw(rng, (3, 8), torch.float64)
     gates = [t.detach().requires_grad_() for t in (h.split(2, 1) if four else [h])]
     bias = draw(rng, (8,), torch.float64, True)
-    assert torch.autograd.gradcheck(lambda c, b, *gs: fused_lstm_gates(c, *gs, bias=b, forget_bias=0.5),
-                                    (c, bias, *gates))
+
+    def step(c, b, *gs):
+        return fused_lstm_gates(c, *gs, bias=b, forget_bias=0.5)
+
+    assert torch.autograd.gradcheck(step, (c, bias, *gates))
+    assert torch.autograd.gradgradcheck(step, (c, bias, *gates))
 
 
 # ---------------------------------------------------------------------------------------- input forms
