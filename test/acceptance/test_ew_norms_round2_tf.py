@@ -322,6 +322,27 @@ def test_layer_norm_float64_parameters_and_numpy_flags(rng):
     assert rel_error(dg.numpy(), wg) < tolerance(tf.float16) and rel_error(db.numpy(), wb) < 1e-6
 
 
+def test_batch_norm_inference_and_cwise_linear_float64_parameters(rng):
+    x = tf.constant(rng.standard_normal((2, 3, 4)), tf.bfloat16)
+    g, b, m = (tf.constant(rng.standard_normal(3), tf.float64) for _ in range(3))
+    v = tf.constant(rng.uniform(0.5, 2.0, 3), tf.float64)
+    with tf.GradientTape() as tape:
+        tape.watch([g, v])
+        y = batch_norm_inference(x, g, b, m, v)
+        z = cwise_linear(x, a=g)
+        loss = tf.reduce_sum(tf.cast(y, tf.float32)) + tf.reduce_sum(tf.cast(z, tf.float32))
+    dg, dv = tape.gradient(loss, [g, v])
+    x64 = x.numpy().astype(np.float64)
+    args = [t.numpy() for t in (g, b, m, v)]
+    assert y.dtype == tf.bfloat16 and rel_error(y.numpy(), nref.batch_norm_inference(x64, *args)) < 2e-2
+    assert rel_error(z.numpy(), nref.cwise_linear(x64, args[0])) < 2e-2
+    ones = np.ones_like(x64)
+    want = nref.batch_norm_inference_grad(ones, x64, *args)
+    assert dg.dtype == dv.dtype == tf.float64
+    assert rel_error(dg.numpy(), want[1] + nref.cwise_linear_grad(ones, x64, args[0])[1]) < 2e-2
+    assert rel_error(dv.numpy(), want[4]) < 2e-2
+
+
 def test_layer_norm_one_feature_per_segment_and_constant_rows(rng):
     """Segments of one feature (variance 0) and constant rows give ``y = b`` exactly as the formula
     says (x - mean = 0), with finite gradients."""
