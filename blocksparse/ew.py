@@ -15,6 +15,10 @@ bfloat16 tensors and works in eager mode, inside ``tf.function`` (unknown sizes 
 The fused LSTM gates (``fused_lstm_gates``, ``split4``, ``concat4``) live in
 :mod:`blocksparse.lstm` and are re-exported here, as the original's README lists them.
 """
+import numbers
+
+import numpy as np
+
 from ._tf import tf
 from ._tf.checks import float_dtype, float_tensor, same_dtype
 from ._tf.ew import args, math
@@ -203,6 +207,8 @@ def dropout(x, keep_prob=0.8, mask=None, *, seed=None, name=None):
     y : tensor, shape and dtype of ``x``
     mask : bool tensor, shape of ``x``
     """
+    if seed is not None and (isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral)):
+        raise TypeError(f"seed must be an int or None; got {seed!r} of type {type(seed).__name__}")
     with tf.name_scope(args.op_name(name, "Dropout")):
         x = float_tensor(x, "x")
         keep_prob = _keep_prob(keep_prob)

@@ -125,6 +125,11 @@ class BlocksparseDense(keras.layers.Layer, LayoutShapes):
             return self._bsmm(x.reshape(-1, self.C), w).reshape(*x.shape[:-1], self.K)
         from ._tf import tf
 
+        if x.shape[-1] is None and not tf.executing_eagerly():   # keras's input_spec checks known sizes only
+            check = tf.debugging.assert_equal(tf.shape(x)[-1], self.C,
+                                              message=f"inputs must have C = {self.C} features on the last axis")
+            with tf.control_dependencies([check]):
+                x = tf.identity(x)
         y = self._bsmm(tf.reshape(x, [-1, self.C]), w, dw_dtype=w.dtype)
         y = tf.reshape(y, tf.concat([tf.shape(x)[:-1], [self.K]], axis=0))
         y.set_shape(x.shape[:-1].concatenate([self.K]))

@@ -14,7 +14,7 @@ one after the other along its last axis, each ``K`` wide, as ``tf.nn.rnn_cell.Ba
 and the original's final kernels lay them out; the four-tensor form takes them in that order.
 """
 from ._tf import tf
-from ._tf.checks import float_tensor, same_dtype
+from ._tf.checks import checked, float_tensor, same_dtype
 from ._tf.ew import args as ewargs
 from ._tf.norms import backend
 from ._tf.norms import gpu as gpu_ops
@@ -22,27 +22,43 @@ from ._tf.norms import gpu as gpu_ops
 __all__ = ["fused_lstm_gates", "split4", "concat4"]
 
 
+_H = "h (the merged gates i, j, f, o)"
+_SHAPE = "the shape of c with a last dimension 4K (each of the 4 gates of h has the shape of c)"
+
+
+def _merged_shape(h, c):
+    """``h`` after checking it has the shape of ``c`` with a last dimension ``4K`` (at run time for
+    sizes unknown now: the GPU kernels read ``h`` whole, not its checked split)."""
+    if h.shape.rank is not None and c.shape.rank is not None:
+        k = c.shape[-1]
+        want = c.shape[:-1].concatenate([None if k is None else 4 * k])
+        if not h.shape.is_compatible_with(want):
+            raise ValueError(f"h must have {_SHAPE}: expected {tuple(want.as_list())}; got {tuple(h.shape.as_list())}")
+    if tf.executing_eagerly() or (h.shape.is_fully_defined() and c.shape.is_fully_defined()):
+        return h
+    want = tf.concat([tf.shape(c)[:-1], 4 * tf.shape(c)[-1:]], axis=0)
+    return checked(h, [tf.debugging.assert_equal(
+        tf.shape(h), want, message=f"h must have {_SHAPE}")])
+
+
 def _gates(c, gate_args):
-    """The gates ``(i, j, f, o)`` (checked) and ``K``, from one merged tensor or four."""
+    """The gates ``(i, j, f, o)`` (checked) and the merged tensor they were split from (None for
+    four tensors)."""
     if len(gate_args) == 1:
         h = float_tensor(gate_args[0], "h")
         same_dtype(c, h, "c", "h")
         rank = ewargs.known_rank(h, "h")
-        if h.shape[-1] is not None and h.shape[-1] % 4:
-            raise ValueError(f"h (the merged gates) must have a last dimension divisible by 4 "
-                             f"(i, j, f, o); got shape {tuple(h.shape.as_list())}")
         if c.shape.rank is not None and c.shape.rank != rank:
             raise ValueError(f"c must have the rank of h ({rank}); got shape {tuple(c.shape.as_list())}")
-        gates = tf.split(h, 4, axis=-1)
-    elif len(gate_args) == 4:
-        gates = [float_tensor(t, name) for t, name in zip(gate_args, "ijfo")]
-        for gate, name in zip(gates, "ijfo"):
-            same_dtype(c, gate, "c", name)
-    else:
+        h = _merged_shape(ewargs.divisible_by_4(h, _H), c)
+        return tf.split(h, 4, axis=-1), h
+    if len(gate_args) != 4:
         raise TypeError(f"fused_lstm_gates takes the gates as one merged tensor h (..., 4K) or four "
                         f"tensors i, j, f, o (..., K) after c; got {len(gate_args)} gate arguments")
-    names = "ijfo" if len(gate_args) == 4 else ["each of the 4 gates of h (..., 4K)"] * 4
-    return [ewargs.same_shape(g, c, name, "c") for g, name in zip(gates, names)]
+    gates = [float_tensor(t, name) for t, name in zip(gate_args, "ijfo")]
+    for gate, name in zip(gates, "ijfo"):
+        same_dtype(c, gate, "c", name)
+    return [ewargs.same_shape(g, c, name, "c") for g, name in zip(gates, "ijfo")], None
 
 
 def fused_lstm_gates(c, *args, bias=None, forget_bias=1.0, name=None):
@@ -77,7 +93,7 @@ def fused_lstm_gates(c, *args, bias=None, forget_bias=1.0, name=None):
     forget_bias = ewargs.real(forget_bias, "forget_bias")
     with tf.name_scope(ewargs.op_name(name, "LSTMGates")):
         c = float_tensor(c, "c")
-        gates = _gates(c, args)
+        gates, merged = _gates(c, args)
         if bias is not None:
             if c.shape.rank is None or c.shape[-1] is None:
                 raise ValueError("c must have a known last dimension K when a bias (4K,) is given; "
@@ -90,7 +106,6 @@ def fused_lstm_gates(c, *args, bias=None, forget_bias=1.0, name=None):
             return gpu_ops.lstm_gates_implementation(library, arch, c.dtype, bias is not None)
 
         impl = backend.select(backend.lstm_gates_eligible(c.dtype, k), f"LSTM gates of {c.dtype.name}", gpu)
-        merged = args[0] if len(args) == 1 else None
         return impl.lstm_gates(c, tuple(gates), bias, forget_bias, merged=merged)
 
 
@@ -99,10 +114,7 @@ def split4(x, name=None):
     with tf.name_scope(ewargs.op_name(name, "Split4")):
         x = float_tensor(x, "x")
         ewargs.known_rank(x, "x")
-        if x.shape[-1] is not None and x.shape[-1] % 4:
-            raise ValueError(f"x must have a last dimension divisible by 4; got shape "
-                             f"{tuple(x.shape.as_list())}")
-        return tuple(tf.split(x, 4, axis=-1))
+        return tuple(tf.split(ewargs.divisible_by_4(x, "x"), 4, axis=-1))
 
 
 def concat4(x0, x1, x2, x3, name=None):

@@ -11,9 +11,11 @@ Statistics and gradients are computed in float32 for float16 / bfloat16 inputs, 
 the input's dtype.  Works in eager mode, inside ``tf.function`` (unknown minibatch) and in
 ``tf.compat.v1`` graphs, on any device and under XLA.
 """
+import numpy as np
+
 from ._checks import check_int
 from ._tf import tf
-from ._tf.checks import float_tensor, positive_float
+from ._tf.checks import float_tensor
 from ._tf.ew import args as ewargs
 from ._tf.norms import backend, channels
 from ._tf.norms import gpu as gpu_ops
@@ -22,9 +24,14 @@ __all__ = ["layer_norm", "batch_norm", "batch_norm_inference"]
 
 
 def _bool(value, name):
-    if not isinstance(value, bool):
+    if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be a bool; got {value!r}")
-    return value
+    return bool(value)
+
+
+def _epsilon(value):
+    """``epsilon`` as a finite float > 0 (an infinite one would silently give ``y = b``)."""
+    return ewargs.real(value, "epsilon", low=0.0, low_open=True)
 
 
 def layer_norm(x, g, b, axis=1, epsilon=1e-6, relu=False, *, segments=1, name=None):
@@ -61,7 +68,7 @@ def layer_norm(x, g, b, axis=1, epsilon=1e-6, relu=False, *, segments=1, name=No
     tensor, shape and dtype of ``x``
         Differentiable in ``x``, ``g`` and ``b`` (gradients in their dtypes).
     """
-    epsilon = positive_float(epsilon, "epsilon")
+    epsilon = _epsilon(epsilon)
     relu = _bool(relu, "relu")
     segments = check_int(segments, "segments")
     with tf.name_scope(ewargs.op_name(name, "LayerNorm")):
@@ -110,7 +117,7 @@ def batch_norm(x, g, b, epsilon=1e-6, name=None):
 
     All three are differentiable in ``x``, ``g`` and ``b``.
     """
-    epsilon = positive_float(epsilon, "epsilon")
+    epsilon = _epsilon(epsilon)
     with tf.name_scope(ewargs.op_name(name, "BatchNorm")):
         x, size = ewargs.channels_first(x)
         what = f"C = {size}, the channels of x"
@@ -139,7 +146,7 @@ def batch_norm_inference(x, g, b, m, v, epsilon=1e-6, name=None):
         ``g * (x - m) / sqrt(v + epsilon) + b``, computed in float32; differentiable in every
         input.
     """
-    epsilon = positive_float(epsilon, "epsilon")
+    epsilon = _epsilon(epsilon)
     with tf.name_scope(ewargs.op_name(name, "BatchNormInference")):
         x, size = ewargs.channels_first(x)
         what = f"C = {size}, the channels of x"

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from blocksparse.testing import rel_error, tolerance
+
 MODES = ("eager", "function", "graph")
 
 
@@ -135,6 +137,16 @@ def run(mode, fn, xs, dtypes, grad_ys, *, unknown=None):
     it = iter(gyt)
     full_gys = [None if g is None else next(it) for g in gys]
     return Run(_f64(outs), _f64(grads), _f64(xt), _f64(full_gys), out_dtypes, grad_dtypes)
+
+
+def check_run(res, values, grads, dtype, scale=1.0):
+    """Every output and gradient of the :class:`Run` ``res`` within ``scale`` times ``dtype``'s
+    tolerance of the float64 ``values`` / ``grads`` (in order; extra references are ignored)."""
+    tol = scale * tolerance(dtype)
+    for got, want in zip(res.outputs, values):
+        assert rel_error(got, want) < tol
+    for got, want in zip(res.grads, grads):
+        assert rel_error(got, want) < tol
 
 
 def assert_raises(case):

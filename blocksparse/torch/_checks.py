@@ -4,6 +4,8 @@ import numbers
 
 import numpy as np
 import torch
+import torch.autograd.forward_ad as _forward_ad
+from torch._C._functorch import peek_interpreter_stack as _functorch_transform
 
 #: Activation dtypes accepted (float64 runs the reference path).
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -98,16 +100,30 @@ def real(name, value):
 
 
 def flag(name, value):
-    if not isinstance(value, bool):
+    if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be a bool; got {value!r}")
-    return value
+    return bool(value)
 
 
 def autocast(*activations):
     """The activations in the autocast dtype under ``torch.autocast`` (parameters, which may have
     any float dtype, stay as they are); as given outside it."""
     device = activations[0].device.type
-    if not torch.is_autocast_enabled(device):
+    # the meta device (shape-only runs) has no autocast: asking about it raises
+    if not torch.amp.is_autocast_available(device) or not torch.is_autocast_enabled(device):
         return activations
     dtype = torch.get_autocast_dtype(device)
     return tuple(t.to(dtype) if t.dtype in _AUTOCAST_FROM else t for t in activations)
+
+
+def plain_ops_needed(*tensors):
+    """Whether a call must run as plain PyTorch ops (the reference path) instead of the custom ops:
+    inside a ``torch.func`` transform (``vmap``, ``grad``, ``jvp``, ``jacfwd``, ``hessian``) or with
+    forward-mode tangents attached, which the custom ops (reverse-mode autograd only) would refuse
+    or -- forward mode -- silently drop.  Never while ``torch.compile`` traces."""
+    if torch.compiler.is_compiling():
+        return False
+    if _functorch_transform() is not None:
+        return True
+    return _forward_ad._current_level >= 0 and any(
+        t is not None and _forward_ad.unpack_dual(t).tangent is not None for t in tensors)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from . import _checks
 from ._lstm import ops as _ops
+from ._lstm import reference as _reference
 
 __all__ = ["fused_lstm_gates"]
 
@@ -31,7 +32,8 @@ def fused_lstm_gates(c, *gates, bias=None, forget_bias=1.0):
     Returns
     -------
     (c_next, h_next) : tuple of Tensor, each (N, K)
-        In ``c``'s dtype.  Differentiable in ``c``, the gates and ``bias``; traceable by
+        In ``c``'s dtype.  Differentiable (twice too) in ``c``, the gates and ``bias``; inside
+        ``torch.func`` transforms and with forward-mode tangents the reference path runs; traceable by
         ``torch.compile(fullgraph=True)``.  Under ``torch.autocast`` the state and the gates are
         cast to the autocast dtype.
 
@@ -47,16 +49,23 @@ def fused_lstm_gates(c, *gates, bias=None, forget_bias=1.0):
     names = ("h",) if len(gates) == 1 else ("i", "j", "f", "o")
     gates = [_checks.activations(name, t) for name, t in zip(names, gates)]
     n, k = c.shape
+    if k == 0:
+        raise ValueError(f"c must have at least one feature (K > 0); got shape {tuple(c.shape)}")
     width = 4 * k if len(gates) == 1 else k
     for name, t in zip(names, gates):
         if tuple(t.shape) != (n, width):
             raise ValueError(f"{name} must have shape ({n}, {width}) for c of shape {(n, k)}; got {tuple(t.shape)}")
-        if t.dtype != c.dtype:
-            raise TypeError(f"{name} must have c's dtype {c.dtype}; got {t.dtype}")
         _checks.same_device(name, t, c)
     forget_bias = _checks.real("forget_bias", forget_bias)
+    # autocast first: under it a float32 state with bfloat16 gates (e.g. from layer_norm) is fine
     c, *gates = _checks.autocast(c, *gates)
+    for name, t in zip(names, gates):
+        if t.dtype != c.dtype:
+            raise TypeError(f"{name} must have c's dtype {c.dtype}; got {t.dtype}")
     bias = _checks.param("bias", bias, 4 * k, c)
+    if _checks.plain_ops_needed(c, *gates, bias):
+        parts = gates[0].split(k, dim=1) if len(gates) == 1 else gates
+        return _reference.lstm_gates_fwd(c, parts, bias, forget_bias=forget_bias)
     if len(gates) == 1:
         return _ops.lstm_gates(c, gates[0], bias, forget_bias)
     return _ops.lstm_gates4(c, *gates, bias, forget_bias)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from . import _checks
 from ._norms import ops as _ops
+from ._norms import reference as _reference
 
 __all__ = ["layer_norm"]
 
@@ -37,7 +38,9 @@ def layer_norm(x, g, b, axis=1, epsilon=1e-6, relu=False, *, segments=1):
     Tensor
         ``y``, shape and layout of ``x`` (contiguous), dtype of ``x``.  Differentiable in ``x``,
         ``g`` and ``b``; traceable by ``torch.compile(fullgraph=True)``.  Under ``torch.autocast``
-        ``x`` is cast to the autocast dtype (statistics are float32 either way).
+        ``x`` is cast to the autocast dtype (statistics are float32 either way).  Twice
+        differentiable (a ``create_graph=True`` backward runs the reference formulas); inside
+        ``torch.func`` transforms and with forward-mode tangents the reference path runs.
 
     Examples
     --------
@@ -62,5 +65,8 @@ def layer_norm(x, g, b, axis=1, epsilon=1e-6, relu=False, *, segments=1):
     relu = _checks.flag("relu", relu)
     (x,) = _checks.autocast(x)
     g, b = _checks.param("g", g, features, x), _checks.param("b", b, features, x)
+    if _checks.plain_ops_needed(x, g, b):
+        y, _, _ = _reference.layer_norm_fwd(x, g, b, axis=axis, epsilon=epsilon, relu=relu, segments=segments)
+        return y
     y, _, _ = _ops.layer_norm(x, g, b, axis, epsilon, relu, segments)
     return y

@@ -8,18 +8,10 @@ import tensorflow as tf
 
 from blocksparse.norms import batch_norm, batch_norm_inference, layer_norm
 from blocksparse.testing import norms as nref
-from blocksparse.testing import rel_error, tolerance
-from tf_modes import assert_raises, run
+from blocksparse.testing import rel_error
+from tf_modes import assert_raises, check_run, run
 
 DTYPES = {"fp32": tf.float32, "fp16": tf.float16, "bf16": tf.bfloat16}
-
-
-def check(res, values, grads, dtype, scale=1.0):
-    tol = scale * tolerance(dtype)
-    for got, want in zip(res.outputs, values):
-        assert rel_error(got, want) < tol
-    for got, want in zip(res.grads, grads):
-        assert rel_error(got, want) < tol
 
 
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
@@ -44,7 +36,7 @@ def test_layer_norm(rng, axis, relu, segments, dtype):
         res = run("eager", fn, [x, g, b], [dtype, tf.float32, tf.float32], [dyin])
         dyin = res.grad_ys[0]
     grads = nref.layer_norm_grad(dyin, xin, gin, bin_, axis=axis, segments=segments, relu=relu)
-    check(res, [y], grads, dtype, scale=2.0)
+    check_run(res, [y], grads, dtype, scale=2.0)
 
 
 @pytest.mark.parametrize("mode", ["function", "graph"])
@@ -54,7 +46,7 @@ def test_layer_norm_unknown_minibatch(rng, mode, axis):
     res = run(mode, lambda x, g, b: layer_norm(x, g, b, axis=axis), [x, g, b], [tf.float32] * 3, [dy],
               unknown={0: (1 - axis,)})
     xin, gin, bin_ = res.inputs
-    check(res, [nref.layer_norm(xin, gin, bin_, axis=axis)], nref.layer_norm_grad(dy, xin, gin, bin_, axis=axis),
+    check_run(res, [nref.layer_norm(xin, gin, bin_, axis=axis)], nref.layer_norm_grad(dy, xin, gin, bin_, axis=axis),
           tf.float32)
 
 
@@ -87,7 +79,7 @@ def test_batch_norm(rng, shape, dtype):
               [dy, dmean, dvar])
     assert res.out_dtypes == [dtype.name, "float32", "float32"]
     xin, gin, bin_ = res.inputs
-    check(res, nref.batch_norm(xin, gin, bin_), nref.batch_norm_grad(*res.grad_ys, xin, gin, bin_), dtype,
+    check_run(res, nref.batch_norm(xin, gin, bin_), nref.batch_norm_grad(*res.grad_ys, xin, gin, bin_), dtype,
           scale=2.0)
 
 
@@ -99,7 +91,7 @@ def test_batch_norm_unknown_minibatch(rng, mode):
     res = run(mode, lambda x, g, b: batch_norm(x, g, b, 1e-5)[0], [x, g, b], [tf.float32] * 3, [dy],
               unknown={0: (0, 2, 3)})
     xin, gin, bin_ = res.inputs
-    check(res, [nref.batch_norm(xin, gin, bin_, 1e-5)[0]],
+    check_run(res, [nref.batch_norm(xin, gin, bin_, 1e-5)[0]],
           nref.batch_norm_grad(dy, None, None, xin, gin, bin_, 1e-5), tf.float32)
 
 
@@ -115,7 +107,7 @@ def test_batch_norm_inference(rng, mode, dtype):
               [dtype] + [tf.float32] * 4, [dy], unknown={0: (0,)})
     assert res.out_dtypes == [dtype.name]
     ins = res.inputs
-    check(res, [nref.batch_norm_inference(*ins, epsilon=1e-4)],
+    check_run(res, [nref.batch_norm_inference(*ins, epsilon=1e-4)],
           nref.batch_norm_inference_grad(res.grad_ys[0], *ins, epsilon=1e-4), dtype, scale=2.0)
 
 

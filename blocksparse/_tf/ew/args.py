@@ -11,8 +11,8 @@ import numpy as np
 from .. import tf
 from ..checks import checked, float_tensor, op_name, parameter_tensor, same_dtype
 
-__all__ = ["channel_vector", "channels_first", "feature_axis", "feature_size", "known_rank", "op_name",
-           "operand_pair", "real", "same_shape", "to_compute"]
+__all__ = ["channel_vector", "channels_first", "divisible_by_4", "feature_axis", "feature_size", "known_rank",
+           "op_name", "operand_pair", "real", "same_shape", "to_compute"]
 
 
 def to_compute(t):
@@ -97,6 +97,19 @@ def feature_size(t, axis, name):
     return size
 
 
+def divisible_by_4(x, name):
+    """``x`` (checked, known rank) after checking its last dimension is divisible by 4 (at run time
+    where it is unknown now, so that the error names ``name``), e.g. to split it in four."""
+    width = x.shape[-1]
+    if width is not None and width % 4:
+        raise ValueError(f"{name} must have a last dimension divisible by 4; got shape "
+                         f"{_text(x.shape)}")
+    if width is None and not tf.executing_eagerly():
+        x = checked(x, [tf.debugging.assert_equal(
+            tf.shape(x)[-1] % 4, 0, message=f"{name} must have a last dimension divisible by 4")])
+    return x
+
+
 def channels_first(x):
     """``x`` as a float tensor ``(N, C, *spatial)`` with a known ``C``, and ``C``."""
     x = float_tensor(x, "x")
@@ -124,8 +137,11 @@ def channel_vector(value, size, name, what):
     ``(size,)`` is the documented shape; any shape holding ``size`` elements along one axis and
     ones elsewhere (``(1, C, 1, 1)``, ``(C, 1)``, as the original package accepted) is flattened.
     ``what`` says which axis of which input ``size`` comes from, for error messages.  Numpy arrays
-    and Python lists are parameters computed in float32 anyway: they are converted to float32.
+    and Python lists are parameters computed in float32 anyway: they are converted to float32, as
+    are float64 tensors (their gradients come back in float64).
     """
+    if isinstance(value, (tf.Tensor, tf.Variable)) and value.dtype.base_dtype == tf.float64:
+        value = tf.cast(value, tf.float32)   # "any float dtype": computed in float32 anyway
     v = parameter_tensor(value, name)
     shape = v.shape
     if shape.rank is not None and shape.is_fully_defined():

@@ -7,7 +7,9 @@
 
 ``dbias`` is an empty ``(0,)`` placeholder without a bias.  Each op chooses at run time between
 the Triton kernels and the reference path (:func:`blocksparse.torch._backend.kernels_serve`);
-fake (shape) functions let ``torch.compile`` trace them.
+fake (shape) functions let ``torch.compile`` trace them.  A backward pass that builds a graph
+(``create_graph=True``, double backward) runs the reference formulas, which autograd differentiates
+again.
 """
 from __future__ import annotations
 
@@ -110,15 +112,28 @@ def _grads(ctx, dgates, dbias):
     return tuple(gr if need else None for gr, need in zip(grads, ctx.needs_input_grad[1:]))
 
 
+def _differentiable_bwd(c, gates, bias, dc_next, dh_next, forget_bias, merged):
+    """The reference backward, which autograd differentiates again: used when the backward pass
+    builds a graph (``create_graph=True``, double backward)."""
+    return _reference.lstm_gates_bwd(c, gates, bias, dc_next, dh_next, forget_bias=forget_bias, merged=merged)
+
+
 def _backward(ctx, dc_next, dh_next):
     c, h, bias = ctx.saved_tensors
-    dc, dh, dbias = lstm_gates_bwd(c, h, bias, dc_next, dh_next, ctx.forget_bias)
+    if torch.is_grad_enabled():
+        dc, dh, dbias = _differentiable_bwd(c, _split(h), bias, dc_next, dh_next, ctx.forget_bias, True)
+    else:
+        dc, dh, dbias = lstm_gates_bwd(c, h, bias, dc_next, dh_next, ctx.forget_bias)
     return (dc if ctx.needs_input_grad[0] else None, *_grads(ctx, (dh,), dbias))
 
 
 def _backward4(ctx, dc_next, dh_next):
     c, i, j, f, o, bias = ctx.saved_tensors
-    dc, di, dj, df, do, dbias = lstm_gates4_bwd(c, i, j, f, o, bias, dc_next, dh_next, ctx.forget_bias)
+    if torch.is_grad_enabled():
+        dc, (di, dj, df, do), dbias = _differentiable_bwd(c, (i, j, f, o), bias, dc_next, dh_next,
+                                                          ctx.forget_bias, False)
+    else:
+        dc, di, dj, df, do, dbias = lstm_gates4_bwd(c, i, j, f, o, bias, dc_next, dh_next, ctx.forget_bias)
     return (dc if ctx.needs_input_grad[0] else None, *_grads(ctx, (di, dj, df, do), dbias))
 
 

@@ -6,7 +6,8 @@
 Both choose at run time between the Triton kernels and the reference path
 (:func:`blocksparse.torch._backend.kernels_serve`); fake (shape) functions let ``torch.compile``
 trace them without graph breaks.  ``mean`` / ``rstd`` are ``(segments, N)``, float32 (float64 for
-float64 activations).
+float64 activations).  A backward pass that builds a graph (``create_graph=True``, for double
+backward) runs the reference formulas, which autograd differentiates again.
 """
 from __future__ import annotations
 
@@ -71,11 +72,20 @@ def _setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(mean, rstd)
     ctx.save_for_backward(x, g, b, mean, rstd)
     ctx.meta = (axis, relu, segments)
+    ctx.epsilon = epsilon
 
 
 def _backward(ctx, dy, _dmean, _drstd):
     x, g, b, mean, rstd = ctx.saved_tensors
-    dx, dg, db = layer_norm_bwd(dy, x, g, b, mean, rstd, *ctx.meta)
+    axis, relu, segments = ctx.meta
+    if torch.is_grad_enabled():
+        # create_graph=True (double backward): the reference formulas, differentiable in every
+        # input, with the statistics recomputed from x (they depend on it)
+        _, mean, rstd = _reference.layer_norm_fwd(x, g, b, axis=axis, epsilon=ctx.epsilon, relu=relu,
+                                                  segments=segments)
+        dx, dg, db = _reference.layer_norm_bwd(dy, x, g, b, mean, rstd, axis=axis, relu=relu, segments=segments)
+    else:
+        dx, dg, db = layer_norm_bwd(dy, x, g, b, mean, rstd, axis, relu, segments)
     need = ctx.needs_input_grad
     return (dx if need[0] else None, dg if g is not None and need[1] else None,
             db if b is not None and need[2] else None, None, None, None, None)

@@ -165,3 +165,22 @@ def test_unknown_gate_shape_checked_when_the_graph_runs():
             assert sess.run(c_next, {c: np.ones((2, 4)), h: np.ones((2, 16))}).shape == (2, 4)
             with pytest.raises(tf.errors.InvalidArgumentError, match="shape of c"):
                 sess.run(c_next, {c: np.ones((2, 4)), h: np.ones((3, 16))})
+
+
+def test_merged_gates_reach_an_implementation_checked(monkeypatch):
+    """The GPU kernels read the merged gates whole (not their checked split): a minibatch that
+    differs from c's, unknown until the graph runs, must fail there, naming h."""
+    from blocksparse import lstm
+    from blocksparse._tf.norms.backend import Implementation
+
+    def whole(c, gates, bias, forget_bias, merged=None):
+        return tf.reduce_sum(merged), tf.reduce_sum(merged)
+
+    monkeypatch.setattr(lstm.backend, "select", lambda *a: Implementation("whole", None, whole))
+    with tf.Graph().as_default():
+        c, h = (tf.compat.v1.placeholder(tf.float32, [None, k]) for k in (4, 16))
+        y, _ = fused_lstm_gates(c, h)
+        with tf.compat.v1.Session() as sess:
+            assert sess.run(y, {c: np.ones((2, 4)), h: np.ones((2, 16))}) == 32
+            with pytest.raises(tf.errors.InvalidArgumentError, match="h must have the shape of c"):
+                sess.run(y, {c: np.ones((2, 4)), h: np.ones((3, 16))})
