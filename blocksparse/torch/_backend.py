@@ -18,12 +18,14 @@ def kernels_serve(t: torch.Tensor) -> bool:
 
     ``auto``: CUDA tensors of a kernel dtype, where Triton imports.  ``triton``: always for a
     kernel dtype, and a ``RuntimeError`` where they cannot run (a CPU tensor without
-    ``TRITON_INTERPRET=1``).  ``reference``: never.
+    ``TRITON_INTERPRET=1``; meta tensors take the reference path).  ``reference``: never.
     """
     backend = _env.backend()
     if backend == "reference" or t.dtype not in KERNEL_DTYPES:
         return False
     if backend == "triton":
+        if t.is_meta:  # shapes only: the reference path's ops give them
+            return False
         if not (t.is_cuda or _env.triton_interpret()):
             raise RuntimeError("BLOCKSPARSE_BACKEND=triton needs CUDA tensors, or TRITON_INTERPRET=1 "
                                f"to run the kernels on the CPU; got a tensor on {t.device}")

@@ -197,10 +197,17 @@ def test_linear_on_the_meta_device(impl):
     assert y.is_meta and y.shape == (2, 5, 24)
 
 
-def test_matmul_on_the_meta_device():
-    bsmm = BlocksparseMatMul(np.array(LAYOUTS["empty-row-and-col"]), block_size=8)
-    y = bsmm(torch.empty(4, 24, device="meta"), torch.empty(bsmm.w_shape, device="meta"))
-    assert y.is_meta and y.shape == (4, 24)
+@pytest.mark.parametrize("backend", ["auto", "triton"])
+def test_matmul_on_the_meta_device(monkeypatch, backend):
+    """Shapes only, also where the kernels are forced (they never see a meta tensor)."""
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", backend)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    bsmm = BlocksparseMatMul(np.array(LAYOUTS["empty-row-and-col"]), block_size=16)
+    w = torch.empty(bsmm.w_shape, device="meta", requires_grad=True)
+    y = bsmm(torch.empty(4, 48, device="meta"), w)
+    assert y.is_meta and y.shape == (4, 48)
+    y.sum().backward()
+    assert w.grad.is_meta and w.grad.shape == bsmm.w_shape
 
 
 # ------------------------------------------------------------------ a cost model the caller gives
