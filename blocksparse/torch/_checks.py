@@ -1,5 +1,6 @@
 """Argument checks of the PyTorch frontend: user mistakes become ``TypeError`` / ``ValueError``
 naming the argument, with what was expected and what was given."""
+import contextlib
 import numbers
 
 import numpy as np
@@ -111,3 +112,18 @@ def autocast(*activations):
         return activations
     dtype = torch.get_autocast_dtype(device)
     return tuple(t.to(dtype) if t.dtype in _AUTOCAST_FROM else t for t in activations)
+
+
+def autocast_dtype(device):
+    """The autocast dtype of tensors on ``device`` (a ``torch.device``), or None where autocast is
+    off or does not exist (the meta device: asking torch about it there raises)."""
+    if not torch.amp.is_autocast_available(device.type) or not torch.is_autocast_enabled(device.type):
+        return None
+    return torch.get_autocast_dtype(device.type)
+
+
+def autocast_off(device):
+    """A context with autocast off on ``device`` (nothing to turn off where it does not exist)."""
+    if not torch.amp.is_autocast_available(device.type):
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, enabled=False)

@@ -13,6 +13,7 @@ import torch
 from ..layouts.attention import BlockMasks, check_attention_layout
 from ..ops.attention.configs import HEAD_DIMS, KERNEL_BLOCK_SIZES
 from ._attention import ops as _ops
+from ._checks import autocast_dtype
 from ._attention import state as _state
 
 __all__ = ["AttentionLayout", "attention"]
@@ -165,8 +166,8 @@ def _check_qkv(q, k, v):
             raise TypeError(f"{name} must be one of {[str(d) for d in DTYPES]}; got {t.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k and v must be on one device; got {q.device}, {k.device}, {v.device}")
-    if torch.is_autocast_enabled(q.device.type):
-        dtype = torch.get_autocast_dtype(q.device.type)
+    dtype = autocast_dtype(q.device)
+    if dtype is not None:
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k and v must have one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
