@@ -86,7 +86,7 @@ class BlocksparseConv(ConvShapes):
 
     def _check_input(self, I):
         I = floating_tensor("I", I)
-        want = self.i_shape("N")
+        want = ["N", *self.i_shape(None)[1:]]
         if I.dim() != len(want) or tuple(I.shape[1:]) != tuple(want[1:]):
             raise ValueError(f"I must have shape i_shape(N) = [N, C] + DHW = {want}; got {list(I.shape)}")
         return I

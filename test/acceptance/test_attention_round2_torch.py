@@ -1,0 +1,238 @@
+"""Acceptance, second round: ``blocksparse.torch.BlocksparseTransformer`` and ``attention`` as a
+demanding user calls them -- the documented block sizes, layouts with empty rows / columns, one
+block, fully dense, strided inputs, ``no_grad`` / ``inference_mode``, the meta device, copies,
+second derivatives and bad shape-helper arguments -- against float64 references (CPU: the
+reference path)."""
+import copy
+import pickle
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from attention_reference import Ref  # noqa: E402
+from test_attention_torch_fused import _layout_keep, _qkv, reference_and_grads  # noqa: E402
+
+from blocksparse.layouts import attention as layouts  # noqa: E402
+from blocksparse.testing import rel_error, tolerance  # noqa: E402
+from blocksparse.torch import AttentionLayout, BlocksparseTransformer, attention  # noqa: E402
+
+EMPTY_ROW_AND_COLUMN = np.array([[1, 0, 1], [0, 0, 0], [1, 0, 1]])   # query block 1, key block 1: nothing
+
+
+def _tril(blk_shape, head, q_blk, k_blk, blk_id):
+    return np.tril(np.ones(blk_shape, bool)) if q_blk == k_blk else np.ones(blk_shape, bool)
+
+
+def _chain_reference(R, q, k, v, dy, scale, autoregress_at_key):
+    """float64 ``(y, dq, dk, dv)`` of ``nn(masked_softmax(nt(q, k)), v)`` from the packed references."""
+    s = R.nt(q, k)
+    p = R.softmax(s, scale, autoregress_at_key)
+    y = R.nn(p, v)
+    ds = R.softmax_grad(R.nt(dy, v), p, scale)
+    return y, R.nn(ds, k), R.tn(ds, q), R.tn(p, dy)
+
+
+def _run_chain(bst, q, k, v, dy, scale, autoregress_at_key):
+    y = bst.weight_value_op(bst.masked_softmax(bst.query_key_op(q, k), scale, autoregress_at_key), v)
+    y.backward(dy)
+    return y
+
+
+CHAIN_CASES = {
+    "bs16-empty-row-and-column-2heads": (EMPTY_ROW_AND_COLUMN, 16, 2, None, None),
+    "bs32-one-block": (np.ones((1, 1)), 32, 1, None, 0),
+    "bs16-dense-tril-callback-causal": (np.ones((2, 2)), 16, 2, _tril, 0),
+    "bs16-per-head-empty-rows-prefix": (np.array([[[1, 1], [0, 0]], [[0, 0], [1, 1]]]), 16, 2, None, 3),
+}
+
+
+@pytest.mark.parametrize("name", list(CHAIN_CASES))
+def test_attention_chain_values_and_gradients(name, rng):
+    layout, bs, heads, callback, autoregress_at_key = CHAIN_CASES[name]
+    bst = BlocksparseTransformer(layout, bs, heads, callback)
+    lay = np.asarray(layout, bool)
+    lay = np.broadcast_to(lay if lay.ndim == 3 else lay[None], (heads,) + lay.shape[-2:])
+    masks = None
+    if callback is not None:
+        masks = [[[callback((bs, bs), 0, qb, kb, 0) for kb in range(lay.shape[2])] for qb in range(lay.shape[1])]
+                 for _ in range(heads)]
+    R = Ref(lay, bs, masks)
+    D = 3
+    q, k, v = (torch.tensor(rng.standard_normal(shape), requires_grad=True)
+               for shape in (bst.q_shape(2, heads * D), bst.k_shape(2, heads * D), bst.k_shape(2, heads * D)))
+    dy = torch.tensor(rng.standard_normal(bst.q_shape(2, heads * D)))
+    y = _run_chain(bst, q, k, v, dy, 0.7, autoregress_at_key)
+    want = _chain_reference(R, *(t.detach().numpy() for t in (q, k, v, dy)), 0.7, autoregress_at_key)
+    for got, ref in zip((y, q.grad, k.grad, v.grad), want):
+        assert not torch.isnan(got).any()
+        assert rel_error(got, ref) < 1e-10
+
+
+@pytest.mark.parametrize("block_size", [16, 32, 64, 128])
+def test_documented_block_sizes(block_size, rng):
+    bst = BlocksparseTransformer(np.tril(np.ones((2, 2))), block_size=block_size, heads=1)
+    R = Ref(np.tril(np.ones((1, 2, 2), bool)), block_size)
+    q, k = (torch.tensor(rng.standard_normal(bst.q_shape(1, 2)), dtype=torch.float32) for _ in range(2))
+    w = bst.query_key_op(q, k)
+    assert tuple(w.shape) == bst.w_shape(1) == (1, 1, 3, block_size, block_size)
+    assert rel_error(w, R.nt(q.double().numpy(), k.double().numpy())) < tolerance(torch.float32)
+
+
+def test_strided_inputs(rng):
+    bst = BlocksparseTransformer(EMPTY_ROW_AND_COLUMN, block_size=16, heads=2)
+    R = Ref(np.broadcast_to(EMPTY_ROW_AND_COLUMN.astype(bool), (2, 3, 3)), 16)
+    q = torch.tensor(rng.standard_normal((1, 8, 48))).transpose(1, 2)          # (1, 48, 8), not contiguous
+    k = torch.tensor(rng.standard_normal((1, 48, 16)))[..., ::2]               # every other feature
+    assert not q.is_contiguous() and not k.is_contiguous()
+    w = bst.query_key_op(q, k)
+    assert rel_error(w, R.nt(q.numpy(), k.numpy())) < 1e-12
+    w_t = torch.tensor(rng.standard_normal(bst.w_shape(1))).transpose(3, 4)    # a transposed view
+    assert rel_error(bst.weight_value_op(w_t, k), R.nn(w_t.numpy(), k.numpy())) < 1e-12
+    assert rel_error(bst.tn_op(w_t, q), R.tn(w_t.numpy(), q.numpy())) < 1e-12
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_without_autograd(mode, rng):
+    bst = BlocksparseTransformer(np.tril(np.ones((2, 2))), block_size=16, heads=2)
+    R = Ref(np.tril(np.ones((2, 2, 2), bool)), 16)
+    q = torch.tensor(rng.standard_normal(bst.q_shape(2, 8)), requires_grad=True)
+    with getattr(torch, mode)():
+        p = bst.masked_softmax(bst.query_key_op(q, q), scale=0.5, autoregress_at_key=0)
+        y = bst.weight_value_op(p, q)
+    assert not y.requires_grad
+    qn = q.detach().numpy()
+    assert rel_error(y, R.nn(R.softmax(R.nt(qn, qn), 0.5, 0), qn)) < 1e-10
+
+
+def test_meta_device():
+    bst = BlocksparseTransformer(np.tril(np.ones((2, 2))), block_size=16, heads=2)
+    q = torch.empty(3, 32, 8, device="meta", dtype=torch.bfloat16)
+    w = bst.query_key_op(q, q)
+    p = bst.masked_softmax(w, autoregress_at_key=0, dtype=torch.float32)
+    y = bst.weight_value_op(p.to(torch.bfloat16), q)
+    assert w.device.type == p.device.type == y.device.type == "meta"
+    assert (tuple(w.shape), w.dtype, p.dtype) == (bst.w_shape(3), torch.bfloat16, torch.float32)
+    assert (tuple(y.shape), y.dtype) == ((3, 32, 8), torch.bfloat16)
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_copies_compute_the_same(how, rng):
+    bst = BlocksparseTransformer(np.tril(np.ones((2, 2))), block_size=16, heads=2, mask_callback=_tril)
+    other = copy.deepcopy(bst) if how == "deepcopy" else pickle.loads(pickle.dumps(bst))
+    x = torch.tensor(rng.standard_normal(bst.w_shape(2)))
+    assert torch.equal(other.masked_softmax(x, scale=0.3), bst.masked_softmax(x, scale=0.3))
+    assert (other.blocks, other.heads, other.nt_list) == (bst.blocks, bst.heads, bst.nt_list)
+
+
+def test_products_second_derivatives(rng):
+    bst = BlocksparseTransformer(EMPTY_ROW_AND_COLUMN, block_size=16, heads=1)
+    a = torch.tensor(rng.standard_normal(bst.q_shape(1, 2)), requires_grad=True)
+    b = torch.tensor(rng.standard_normal(bst.k_shape(1, 2)), requires_grad=True)
+    w = torch.tensor(rng.standard_normal(bst.w_shape(1)), requires_grad=True)
+    assert torch.autograd.gradgradcheck(bst.nt_op, (a, b))
+    assert torch.autograd.gradgradcheck(bst.nn_op, (w, b))
+    assert torch.autograd.gradgradcheck(bst.tn_op, (w, a))
+
+
+@pytest.mark.parametrize("N, error", [(-1, ValueError), (1.5, TypeError), ("2", TypeError), (True, TypeError)],
+                         ids=["negative", "float", "str", "bool"])
+def test_shape_helpers_reject_bad_minibatch(N, error):
+    bst = BlocksparseTransformer(np.tril(np.ones((2, 2))), block_size=16, heads=2)
+    for call in (lambda: bst.w_shape(N), lambda: bst.q_shape(N, 8), lambda: bst.k_shape(N, 8)):
+        with pytest.raises(error, match="N"):
+            call()
+    assert bst.w_shape(None)[0] is None and bst.q_shape(0, 8) == (0, 32, 8)
+
+
+def test_mask_callback_must_give_a_block_mask():
+    for bad in (lambda *a: np.ones((8, 8)), lambda *a: None, lambda *a: np.ones((16, 16, 1))):
+        with pytest.raises(ValueError, match="mask_callback"):
+            BlocksparseTransformer(np.ones((2, 2)), block_size=16, heads=1, mask_callback=bad)
+
+
+# --------------------------------------------------------------------------- fused attention
+FUSED = {
+    # name: (layout, causal, seqlens); B = 3, HQ = 4, HK = 2, S = 64, bs = 16
+    "gqa-causal-zero-and-over-long-lengths": (layouts.causal(4), True, [0, 64, 200]),
+    "gqa-per-head-negative-length": (layouts.sliding_window(4, 1, heads=4), False, [-5, 17, 64]),
+    "one-block-row-dense": (np.ones((4, 4)), False, None),
+}
+
+
+@pytest.mark.parametrize("name", list(FUSED))
+def test_fused_values_and_gradients(name, rng):
+    layout, causal, seqlens = FUSED[name]
+    B, HQ, HK, S, D, bs = 3, 4, 2, 64, 16, 16
+    q, k, v = _qkv(rng, B, HQ, HK, S, D, torch.float64)
+    do = torch.tensor(rng.standard_normal((B, HQ, S, D)))
+    lens = None if seqlens is None else torch.tensor(seqlens)
+    o = attention(q, k, v, layout, causal=causal, seqlens=lens)
+    o.backward(do)
+    want = reference_and_grads(q, k, v, _layout_keep(layout, bs, causal), D ** -0.5, do, seqlens)
+    for got, ref in zip((o, q.grad, k.grad, v.grad), want):
+        assert not torch.isnan(got).any()
+        assert rel_error(got, ref.numpy()) < 1e-10
+    if seqlens is not None and seqlens[0] <= 0:
+        assert not o[0].any() and not q.grad[0].any() and not k.grad[0].any()
+
+
+def test_fused_single_block_and_batch_of_one(rng):
+    q, k, v = _qkv(rng, 1, 2, 2, 16, 32, torch.float32)
+    o = attention(q, k, v, np.ones((1, 1)))
+    want = reference_and_grads(q, k, v, np.ones((1, 16, 16), bool), 32 ** -0.5, torch.zeros(1, 2, 16, 32))
+    assert rel_error(o, want[0].numpy()) < tolerance(torch.float32)
+
+
+def test_fused_empty_batch(rng):
+    q, k, v = _qkv(rng, 0, 2, 1, 32, 16, torch.float32)
+    o = attention(q, k, v, layouts.causal(2), causal=True)
+    assert tuple(o.shape) == (0, 2, 32, 16)
+    o.sum().backward()
+    assert tuple(q.grad.shape) == (0, 2, 32, 16) and tuple(k.grad.shape) == (0, 1, 32, 16)
+
+
+def test_fused_strided_inputs(rng):
+    B, H, S, D = 2, 2, 32, 16
+    q = torch.tensor(rng.standard_normal((B, H, D, S))).transpose(2, 3)
+    k = torch.tensor(rng.standard_normal((B, S, H, D))).transpose(1, 2)
+    v = torch.tensor(rng.standard_normal((B, H, S, 2 * D)))[..., ::2]
+    o = attention(q, k, v, layouts.causal(2), causal=True)
+    want = reference_and_grads(q, k, v, _layout_keep(layouts.causal(2), 16, True), D ** -0.5, torch.zeros(B, H, S, D))
+    assert rel_error(o, want[0].numpy()) < 1e-12
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_fused_without_autograd(mode, rng):
+    q, k, v = _qkv(rng, 1, 2, 1, 32, 16, torch.float64)
+    with getattr(torch, mode)():
+        o = attention(q, k, v, layouts.causal(2), causal=True)
+    assert not o.requires_grad
+    want = reference_and_grads(q, k, v, _layout_keep(layouts.causal(2), 16, True), 16 ** -0.5,
+                               torch.zeros(1, 2, 32, 16))
+    assert rel_error(o, want[0].numpy()) < 1e-12
+
+
+def test_fused_meta_device():
+    q = torch.empty(2, 4, 64, 32, device="meta", dtype=torch.float16)
+    k = torch.empty(2, 2, 64, 32, device="meta", dtype=torch.float16)
+    o = attention(q, k, k, AttentionLayout(layouts.causal(4), 16), causal=True)
+    assert (o.device.type, tuple(o.shape), o.dtype) == ("meta", (2, 4, 64, 32), torch.float16)
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_attention_layout_copies(how, rng):
+    lay = AttentionLayout(layouts.fixed(4, stride=2), block_size=16)
+    other = copy.deepcopy(lay) if how == "deepcopy" else pickle.loads(pickle.dumps(lay))
+    assert other == lay and hash(other) == hash(lay)
+    q, k, v = _qkv(rng, 1, 2, 2, 64, 16, torch.float64)
+    assert torch.equal(attention(q, k, v, other), attention(q, k, v, lay))
+
+
+def test_fused_numpy_bool_causal_and_layout_of_key_heads(rng):
+    q, k, v = _qkv(rng, 1, 4, 2, 32, 16, torch.float64)
+    assert torch.equal(attention(q, k, v, layouts.causal(2), causal=np.bool_(True)),
+                       attention(q, k, v, layouts.causal(2), causal=True))
+    with pytest.raises(ValueError, match="heads"):     # per-head layouts follow the query heads
+        attention(q, k, v, layouts.causal(2, heads=2))
