@@ -127,13 +127,24 @@ def test_copies_compute_the_same(how, rng):
 
 
 def test_products_second_derivatives(rng):
-    bst = BlocksparseTransformer(EMPTY_ROW_AND_COLUMN, block_size=16, heads=1)
-    a = torch.tensor(rng.standard_normal(bst.q_shape(1, 2)), requires_grad=True)
-    b = torch.tensor(rng.standard_normal(bst.k_shape(1, 2)), requires_grad=True)
-    w = torch.tensor(rng.standard_normal(bst.w_shape(1)), requires_grad=True)
-    assert torch.autograd.gradgradcheck(bst.nt_op, (a, b))
-    assert torch.autograd.gradgradcheck(bst.nn_op, (w, b))
-    assert torch.autograd.gradgradcheck(bst.tn_op, (w, a))
+    """Differentiating a gradient: ``<nt(a, b), c>`` gives ``da = nn(c, b)``, and ``<da, e>`` gives
+    ``db = tn(c, e)``, ``dc = nt(e, b)``; ``<nn(w, b), c>`` gives ``dw = nt(c, b)``, and ``<dw, e>``
+    gives ``db = tn(e, c)``, ``dc = nn(e, b)``."""
+    bst = BlocksparseTransformer(EMPTY_ROW_AND_COLUMN, block_size=16, heads=2)
+    R = Ref(np.broadcast_to(EMPTY_ROW_AND_COLUMN.astype(bool), (2, 3, 3)), 16)
+    dense = lambda: torch.tensor(rng.standard_normal(bst.q_shape(1, 4)), requires_grad=True)  # noqa: E731
+    packed = lambda: torch.tensor(rng.standard_normal(bst.w_shape(1)), requires_grad=True)  # noqa: E731
+    n = lambda t: t.detach().numpy()  # noqa: E731
+    a, b, c, e = dense(), dense(), packed(), dense()
+    (da,) = torch.autograd.grad((bst.nt_op(a, b) * c).sum(), a, create_graph=True)
+    db, dc = torch.autograd.grad((da * e).sum(), (b, c))
+    assert rel_error(da, R.nn(n(c), n(b))) < 1e-12
+    assert rel_error(db, R.tn(n(c), n(e))) < 1e-12 and rel_error(dc, R.nt(n(e), n(b))) < 1e-12
+    w, b, c, e = packed(), dense(), dense(), packed()
+    (dw,) = torch.autograd.grad((bst.nn_op(w, b) * c).sum(), w, create_graph=True)
+    db, dc = torch.autograd.grad((dw * e).sum(), (b, c))
+    assert rel_error(dw, R.nt(n(c), n(b))) < 1e-12
+    assert rel_error(db, R.tn(n(e), n(c))) < 1e-12 and rel_error(dc, R.nn(n(e), n(b))) < 1e-12
 
 
 @pytest.mark.parametrize("N, error", [(-1, ValueError), (1.5, TypeError), ("2", TypeError), (True, TypeError)],
