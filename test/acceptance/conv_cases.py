@@ -49,6 +49,19 @@ CASES = [
 ]
 IDS = [c.id for c in CASES]
 
+#: Second-round cases: channels no block lists (an unused input, an output left at zero), a 1x1
+#: filter, a stride longer than the filter, an output of one position, an edge-biased deconvolution
+#: with explicit (before, after) padding.
+MORE_CASES = [
+    Case("2d-unused-channels-edge-bias", [([0, 3], [0, 2]), ([3], [3])], (3, 3), (4, 5), {"edge_bias": True}),
+    Case("2d-1x1-stride2", [([0, 1], [0]), ([2], [1]), ([1], [1])], (1, 1), (5, 4), {"strides": 2}),
+    Case("1d-stride-beyond-filter-valid-to-one", [([1, 0], [1, 0])], (3,), (5,),
+         {"strides": (4,), "padding": "VALID"}),
+    Case("deconv-1d-explicit-pairs-edge-bias", [([0, 2], [1]), ([1], [0, 1])], (3,), (4,),
+         {"strides": (2,), "padding": ((2, 1),), "edge_bias": True}, transposed=True, N=1),
+]
+MORE_IDS = [c.id for c in MORE_CASES]
+
 
 def reference(case, conv, x, blocks, eb, gy):
     """float64 ``(y, dx, [dF_b], deb)`` of ``conv`` (built from ``case``) on ``x`` and per-block filters."""
