@@ -203,8 +203,9 @@ def test_layer_to_dtype(dtype, rng):
     x = torch.tensor(rng.standard_normal(layer.conv.i_shape(2)), dtype=getattr(torch, dtype))
     y = layer(x)
     assert y.dtype == getattr(torch, dtype)
-    sizes = [int(np.prod(layer.conv.f_shape(b))) for b in range(layer.conv.blocks)]
-    blocks = [f.reshape(layer.conv.f_shape(b)) for b, f in enumerate(np.split(_f64(layer.weight), np.cumsum(sizes)[:-1]))]
+    shapes = [layer.conv.f_shape(b) for b in range(layer.conv.blocks)]
+    flat = np.split(_f64(layer.weight), np.cumsum([np.prod(shape) for shape in shapes])[:-1])
+    blocks = [f.reshape(shape) for f, shape in zip(flat, shapes)]
     want, *_ = reference(LAYER, layer.conv, _f64(x), blocks, _f64(layer.edge_bias), np.zeros(layer.conv.o_shape(2)))
     assert rel_error(y, want) < tolerance(dtype)
 
