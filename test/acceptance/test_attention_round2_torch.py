@@ -11,6 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from attention_cases import CHAIN_CASES, EMPTY_ROW_AND_COLUMN, chain_reference, tril_callback  # noqa: E402
 from attention_reference import Ref  # noqa: E402
 from test_attention_torch_fused import _layout_keep, _qkv, reference_and_grads  # noqa: E402
 
@@ -18,53 +19,16 @@ from blocksparse.layouts import attention as layouts  # noqa: E402
 from blocksparse.testing import rel_error, tolerance  # noqa: E402
 from blocksparse.torch import AttentionLayout, BlocksparseTransformer, attention  # noqa: E402
 
-EMPTY_ROW_AND_COLUMN = np.array([[1, 0, 1], [0, 0, 0], [1, 0, 1]])   # query block 1, key block 1: nothing
-
-
-def _tril(blk_shape, head, q_blk, k_blk, blk_id):
-    return np.tril(np.ones(blk_shape, bool)) if q_blk == k_blk else np.ones(blk_shape, bool)
-
-
-def _chain_reference(R, q, k, v, dy, scale, autoregress_at_key):
-    """float64 ``(y, dq, dk, dv)`` of ``nn(masked_softmax(nt(q, k)), v)`` from the packed references."""
-    s = R.nt(q, k)
-    p = R.softmax(s, scale, autoregress_at_key)
-    y = R.nn(p, v)
-    ds = R.softmax_grad(R.nt(dy, v), p, scale)
-    return y, R.nn(ds, k), R.tn(ds, q), R.tn(p, dy)
-
-
-def _run_chain(bst, q, k, v, dy, scale, autoregress_at_key):
-    y = bst.weight_value_op(bst.masked_softmax(bst.query_key_op(q, k), scale, autoregress_at_key), v)
-    y.backward(dy)
-    return y
-
-
-CHAIN_CASES = {
-    "bs16-empty-row-and-column-2heads": (EMPTY_ROW_AND_COLUMN, 16, 2, None, None),
-    "bs32-one-block": (np.ones((1, 1)), 32, 1, None, 0),
-    "bs16-dense-tril-callback-causal": (np.ones((2, 2)), 16, 2, _tril, 0),
-    "bs16-per-head-empty-rows-prefix": (np.array([[[1, 1], [0, 0]], [[0, 0], [1, 1]]]), 16, 2, None, 3),
-}
-
-
 @pytest.mark.parametrize("name", list(CHAIN_CASES))
 def test_attention_chain_values_and_gradients(name, rng):
-    layout, bs, heads, callback, autoregress_at_key = CHAIN_CASES[name]
-    bst = BlocksparseTransformer(layout, bs, heads, callback)
-    lay = np.asarray(layout, bool)
-    lay = np.broadcast_to(lay if lay.ndim == 3 else lay[None], (heads,) + lay.shape[-2:])
-    masks = None
-    if callback is not None:
-        masks = [[[callback((bs, bs), 0, qb, kb, 0) for kb in range(lay.shape[2])] for qb in range(lay.shape[1])]
-                 for _ in range(heads)]
-    R = Ref(lay, bs, masks)
-    D = 3
+    case, autoregress_at_key = CHAIN_CASES[name]
+    bst, R, heads, D = case.make(BlocksparseTransformer), case.ref(), case.heads, 3
     q, k, v = (torch.tensor(rng.standard_normal(shape), requires_grad=True)
                for shape in (bst.q_shape(2, heads * D), bst.k_shape(2, heads * D), bst.k_shape(2, heads * D)))
     dy = torch.tensor(rng.standard_normal(bst.q_shape(2, heads * D)))
-    y = _run_chain(bst, q, k, v, dy, 0.7, autoregress_at_key)
-    want = _chain_reference(R, *(t.detach().numpy() for t in (q, k, v, dy)), 0.7, autoregress_at_key)
+    y = bst.weight_value_op(bst.masked_softmax(bst.query_key_op(q, k), 0.7, autoregress_at_key), v)
+    y.backward(dy)
+    want = chain_reference(R, *(t.detach().numpy() for t in (q, k, v, dy)), 0.7, autoregress_at_key)
     for got, ref in zip((y, q.grad, k.grad, v.grad), want):
         assert not torch.isnan(got).any()
         assert rel_error(got, ref) < 1e-10
@@ -119,7 +83,7 @@ def test_meta_device():
 
 @pytest.mark.parametrize("how", ["deepcopy", "pickle"])
 def test_copies_compute_the_same(how, rng):
-    bst = BlocksparseTransformer(np.tril(np.ones((2, 2))), block_size=16, heads=2, mask_callback=_tril)
+    bst = BlocksparseTransformer(np.tril(np.ones((2, 2))), block_size=16, heads=2, mask_callback=tril_callback)
     other = copy.deepcopy(bst) if how == "deepcopy" else pickle.loads(pickle.dumps(bst))
     x = torch.tensor(rng.standard_normal(bst.w_shape(2)))
     assert torch.equal(other.masked_softmax(x, scale=0.3), bst.masked_softmax(x, scale=0.3))
