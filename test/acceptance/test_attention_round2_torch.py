@@ -211,3 +211,21 @@ def test_fused_numpy_bool_causal_and_layout_of_key_heads(rng):
                        attention(q, k, v, layouts.causal(2), causal=True))
     with pytest.raises(ValueError, match="heads"):     # per-head layouts follow the query heads
         attention(q, k, v, layouts.causal(2, heads=2))
+
+
+def test_softmax_second_derivatives(rng):
+    """The masked softmax is differentiable twice (its gradient op has a gradient), across blocks
+    of a row, with in-block masks and ``autoregress_at_key``."""
+    def callback(blk_shape, head, q_blk, k_blk, blk_id):
+        return np.random.default_rng([q_blk, k_blk]).random(blk_shape) < 0.6
+
+    bst = BlocksparseTransformer(np.ones((1, 2)), block_size=8, heads=1, mask_callback=callback)
+    x = torch.tensor(rng.standard_normal(bst.w_shape(1)), requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda t: bst.masked_softmax(t, scale=0.7, autoregress_at_key=3), (x,))
+
+
+def test_fused_double_backward_is_a_clear_error(rng):
+    q, k, v = _qkv(rng, 1, 2, 1, 32, 16, torch.float64)
+    (dq,) = torch.autograd.grad(attention(q, k, v, layouts.causal(2)).sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward"):
+        dq.sum().backward()

@@ -2,7 +2,8 @@
 
 ``blocksparse::attention_fwd``  (q, k, v, seqlens?, layout, causal, scale) -> (o, lse); differentiable
                                 in q, k, v (registered autograd)
-``blocksparse::attention_bwd``  (do, q, k, v, o, lse, seqlens?, layout, causal, scale) -> (dq, dk, dv)
+``blocksparse::attention_bwd``  (do, q, k, v, o, lse, seqlens?, layout, causal, scale) -> (dq, dk, dv);
+                                differentiating it again raises a ``RuntimeError`` that says so
 
 ``layout`` is an integer handle from :mod:`.state`.  Each op chooses at run time between the Triton
 kernels and the reference path (:func:`use_triton`); both give the same answer.  Fake (shape)
@@ -81,4 +82,10 @@ def _backward(ctx, do, _dlse):
     return dq, dk, dv, None, None, None, None
 
 
+def _no_double_backward(ctx, *grads):
+    raise RuntimeError("blocksparse.torch.attention is differentiable once: the gradient of its gradient "
+                       "(double backward) is not implemented")
+
+
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+attention_bwd.register_autograd(_no_double_backward, setup_context=lambda ctx, inputs, output: None)

@@ -8,7 +8,9 @@
 
 The three products are closed under differentiation (``d(nt) = nn, tn``; ``d(nn) = nt, tn``;
 ``d(tn) = nt, nn``), so their registered backward passes call these ops again and second order
-works.  The softmax gradient op has no gradient of its own.  Each op takes a layout handle
+works.  So does the softmax gradient's: with ``dx = scale * y * (dy - rowsum(dy * y))`` it is
+``softmax_grad`` again in ``dy`` and elementwise products with row sums (``nn`` with ones, spread
+back by ``nt`` with ones) in ``y``.  Each op takes a layout handle
 (:func:`.state.handle`) and chooses at run time between the Triton kernels and the reference path
 (:func:`blocksparse.torch._matmul.products.use_triton`, the same rule as the matmul); a fake function
 per op lets ``torch.compile`` trace them without graph breaks.
@@ -159,7 +161,34 @@ def _softmax_backward(ctx, dy):
     return bst_softmax_grad(dy, y, layout, scale, x_dtype), None, None, None, None, None
 
 
+def _row_sums(w, layout):
+    """Packed ``w``'s sum over each query row (the row's blocks), at every element of that row."""
+    lay = _state.state(layout).layout
+    ones = w.new_ones(w.shape[0], lay.ctx_k, lay.heads)   # head_dim 1: nn sums the row, nt spreads it
+    return bst_nt(bst_nn(w, ones, layout), ones, layout)
+
+
+def _softmax_grad_setup(ctx, inputs, output):
+    dy, y, layout, scale = inputs[:4]
+    ctx.save_for_backward(dy, y)
+    ctx.meta = (layout, scale)
+
+
+def _softmax_grad_backward(ctx, g):
+    """Gradients of ``dx = scale * y * (dy - r)``, ``r = rowsum(dy * y)``, for ``g = d/d(dx)``:
+    ``d dy = scale * y * (g - rowsum(g * y))`` and ``d y = scale * (g * (dy - r) - dy * rowsum(g * y))``."""
+    dy, y = ctx.saved_tensors
+    layout, scale = ctx.meta
+    g_dy = bst_softmax_grad(g.to(y.dtype), y, layout, scale, dy.dtype) if ctx.needs_input_grad[0] else None
+    g_y = None
+    if ctx.needs_input_grad[1]:
+        g, dy_ = g.to(y.dtype), dy.to(y.dtype)
+        g_y = scale * (g * (dy_ - _row_sums(dy_ * y, layout)) - dy_ * _row_sums(g * y, layout))
+    return g_dy, g_y, None, None, None
+
+
 bst_nt.register_autograd(_nt_backward, setup_context=_save_operands)
 bst_nn.register_autograd(_nn_backward, setup_context=_save_operands)
 bst_tn.register_autograd(_tn_backward, setup_context=_save_operands)
 bst_softmax.register_autograd(_softmax_backward, setup_context=_softmax_setup)
+bst_softmax_grad.register_autograd(_softmax_grad_backward, setup_context=_softmax_grad_setup)
