@@ -229,3 +229,17 @@ def test_fused_double_backward_is_a_clear_error(rng):
     (dq,) = torch.autograd.grad(attention(q, k, v, layouts.causal(2)).sum(), q, create_graph=True)
     with pytest.raises(RuntimeError, match="double backward"):
         dq.sum().backward()
+
+
+def test_fused_compile_with_a_raw_layout(rng):
+    """``layout`` may be a plain 0/1 array under ``torch.compile(fullgraph=True)`` too."""
+    q, k, v = _qkv(rng, 1, 2, 1, 32, 16, torch.float64)
+    layout = np.array([[1, 0], [1, 1]])
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v: attention(q, k, v, layout, causal=True), fullgraph=True,
+                             backend="aot_eager")
+    o = compiled(q, k, v)
+    o.backward(torch.ones_like(o))
+    want = reference_and_grads(q, k, v, _layout_keep(layout, 16, True), 16 ** -0.5, torch.ones(1, 2, 32, 16))
+    for got, ref in zip((o, q.grad, k.grad, v.grad), want):
+        assert rel_error(got, ref.numpy()) < 1e-10
