@@ -243,3 +243,15 @@ def test_fused_compile_with_a_raw_layout(rng):
     want = reference_and_grads(q, k, v, _layout_keep(layout, 16, True), 16 ** -0.5, torch.ones(1, 2, 32, 16))
     for got, ref in zip((o, q.grad, k.grad, v.grad), want):
         assert rel_error(got, ref.numpy()) < 1e-10
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: layouts.fixed(8, 4, causal="yes"), "causal"),
+    (lambda: layouts.fixed(8, 4, vary_heads="x", heads=2), "vary_heads"),
+    (lambda: layouts.sliding_window(4, 1, causal="no"), "causal"),
+    (lambda: layouts.bigbird(4, 1, 1, 1, seed=0, causal=None), "causal"),
+    (lambda: layouts.from_mask(np.ones((16, 16)), 8, return_block_masks="x"), "return_block_masks"),
+], ids=["fixed-causal", "fixed-vary-heads", "window-causal", "bigbird-causal", "from-mask-flag"])
+def test_layout_builder_flags_must_be_bools(call, name):
+    with pytest.raises(TypeError, match=name):
+        call()
