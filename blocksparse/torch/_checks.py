@@ -106,12 +106,12 @@ def flag(name, value):
 
 def autocast(*activations):
     """The activations in the autocast dtype under ``torch.autocast`` (parameters, which may have
-    any float dtype, stay as they are); as given outside it."""
-    device = activations[0].device.type
-    if not torch.is_autocast_enabled(device):
+    any float dtype, stay as they are); as given outside it.  As torch's own ops, float64 tensors
+    stay float64; None entries stay None."""
+    dtype = autocast_dtype(activations[0].device)
+    if dtype is None:
         return activations
-    dtype = torch.get_autocast_dtype(device)
-    return tuple(t.to(dtype) if t.dtype in _AUTOCAST_FROM else t for t in activations)
+    return tuple(t.to(dtype) if t is not None and t.dtype in _AUTOCAST_FROM else t for t in activations)
 
 
 def autocast_dtype(device):

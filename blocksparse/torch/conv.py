@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from ..ops.conv import ConvShapes
-from ._checks import autocast_dtype, float_dtype, floating_tensor
+from ._checks import autocast, float_dtype, floating_tensor
 from ._conv import compute as _compute
 from ._conv import tables as _tables
 
@@ -122,10 +122,7 @@ class BlocksparseConv(ConvShapes):
         for name, t in (("F", flat), ("edge_bias", edge_bias)):
             if t is not None and t.device != I.device:
                 raise ValueError(f"{name} and I must be on one device; got {t.device} and {I.device}")
-        dtype = autocast_dtype(I.device)
-        if dtype is not None:
-            I, flat = I.to(dtype), flat.to(dtype)
-            edge_bias = None if edge_bias is None else edge_bias.to(dtype)
+        I, flat, edge_bias = autocast(I, flat, edge_bias)
         for name, t in (("F", flat), ("edge_bias", edge_bias)):
             if t is not None and t.dtype != I.dtype:
                 raise TypeError(f"{name} and I must have the same dtype; got {t.dtype} and {I.dtype}")

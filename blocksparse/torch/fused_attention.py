@@ -13,8 +13,8 @@ import torch
 from ..layouts.attention import BlockMasks, check_attention_layout
 from ..ops.attention.configs import HEAD_DIMS, KERNEL_BLOCK_SIZES
 from ._attention import ops as _ops
-from ._checks import autocast_dtype
 from ._attention import state as _state
+from ._checks import autocast
 
 __all__ = ["AttentionLayout", "attention"]
 
@@ -166,9 +166,7 @@ def _check_qkv(q, k, v):
             raise TypeError(f"{name} must be one of {[str(d) for d in DTYPES]}; got {t.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k and v must be on one device; got {q.device}, {k.device}, {v.device}")
-    dtype = autocast_dtype(q.device)
-    if dtype is not None:
-        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    q, k, v = autocast(q, k, v)
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k and v must have one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
     B, HQ, S, D = q.shape

@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 
 from ..ops.transformer.frontend import TransformerBase, check_autoregress_at_key, check_bench, check_scale
-from ._checks import autocast_dtype, float_dtype, floating_tensor
+from ._checks import autocast as _autocast
+from ._checks import float_dtype, floating_tensor
 from ._transformer import ops as _ops
 from ._transformer import state as _state
 
@@ -73,9 +74,8 @@ class BlocksparseTransformer(TransformerBase):
             if t.shape[0] != first.shape[0]:
                 raise ValueError(f"{specs[0][0]} and {name} must have the same batch size; got {first.shape[0]} "
                                  f"and {t.shape[0]}")
-        dtype = autocast_dtype(first.device) if autocast else None
-        if dtype is not None:
-            tensors = [t.to(dtype) for t in tensors]
+        if autocast:
+            tensors = _autocast(*tensors)
         for (name, *_), t in zip(specs[1:], tensors[1:]):
             if t.dtype != tensors[0].dtype:
                 raise TypeError(f"{specs[0][0]} and {name} must have the same dtype; got {tensors[0].dtype} "

@@ -255,3 +255,15 @@ def test_fused_compile_with_a_raw_layout(rng):
 def test_layout_builder_flags_must_be_bools(call, name):
     with pytest.raises(TypeError, match=name):
         call()
+
+
+def test_autocast_leaves_float64_alone(rng):
+    """As torch's own ops (``F.linear``, ``F.scaled_dot_product_attention``): autocast casts
+    float32 inputs, never float64 ones."""
+    bst = BlocksparseTransformer(np.tril(np.ones((2, 2))), block_size=16, heads=2)
+    x = torch.tensor(rng.standard_normal(bst.q_shape(1, 8)))
+    q, k, v = _qkv(rng, 1, 2, 2, 32, 16, torch.float64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert bst.query_key_op(x, x).dtype == torch.float64
+        assert attention(q, k, v, layouts.causal(2)).dtype == torch.float64
+        assert bst.query_key_op(x.float(), x.float()).dtype == torch.bfloat16

@@ -230,3 +230,14 @@ def test_shape_helpers_reject_bad_minibatch(N, error):
             helper(N)
     assert conv.i_shape(None) == [None, 2, 5] and conv.o_shape(0) == [0, 1, 10]
     assert conv.i_shape(np.int64(3))[0] == 3 and conv.i_shape(torch.tensor(3))[0] == 3
+
+
+def test_autocast_leaves_float64_alone(rng):
+    case = CASES[0]
+    conv = make(case, bst)
+    x, blocks, eb, gy = _inputs(case, conv, rng)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = conv(blocks, x, eb)
+    assert y.dtype == torch.float64
+    want, *_ = reference(case, conv, _f64(x), [_f64(b) for b in blocks], _f64(eb), _f64(gy))
+    assert rel_error(y, want) < 1e-12
