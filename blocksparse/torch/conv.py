@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from ..ops.conv import ConvShapes
-from ._checks import autocast, float_dtype, floating_tensor
+from ._checks import autocast, float_dtype, floating_tensor, real
 from ._conv import compute as _compute
 from ._conv import tables as _tables
 
@@ -138,14 +138,15 @@ class BlocksparseConv(ConvShapes):
         ``gain[k]``; computed in float32 (float64 stays float64), differentiable in ``F`` and ``gain``.
         """
         flat, form = self._flat_filter(F)
-        if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
-            raise ValueError(f"epsilon must be a number > 0; got {epsilon!r}")
+        epsilon = real("epsilon", epsilon)
+        if not epsilon > 0:
+            raise ValueError(f"epsilon must be > 0; got {epsilon}")
         dtype = float_dtype("dtype", dtype)
         if gain is not None:
             gain = floating_tensor("gain", gain)
             if tuple(gain.shape) != (self.K,):
                 raise ValueError(f"gain must have shape (K,) = ({self.K},); got {tuple(gain.shape)}")
-        out = _compute.l2_normalize(flat, gain, self.spec, self._tables, float(epsilon), dtype)
+        out = _compute.l2_normalize(flat, gain, self.spec, self._tables, epsilon, dtype)
         if form == "stacked":
             return out.view(self.f_shape())
         if form == "blocks":

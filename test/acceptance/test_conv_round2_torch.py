@@ -241,3 +241,17 @@ def test_autocast_leaves_float64_alone(rng):
     assert y.dtype == torch.float64
     want, *_ = reference(case, conv, _f64(x), [_f64(b) for b in blocks], _f64(eb), _f64(gy))
     assert rel_error(y, want) < 1e-12
+
+
+def test_l2_normalize_epsilon_forms(rng):
+    """``epsilon`` may be any real number > 0 (a numpy scalar too); it bounds the squared norm."""
+    conv = bst.BlocksparseConv([([0, 1], [0]), ([2], [1])], (3,), (6,))
+    F = torch.tensor(rng.standard_normal(conv.f_shape()), dtype=torch.float64)
+    big = 1e3   # above every block row's squared norm: the filter is divided by sqrt(big)
+    assert float(F.square().sum()) < big
+    out = conv.l2_normalize(F, epsilon=np.float32(big), dtype=torch.float64)
+    assert rel_error(out, F.numpy() / np.sqrt(big)) < 1e-12
+    for bad, error in ((float("inf"), ValueError), (float("nan"), ValueError), (-1e-6, ValueError),
+                       ("1e-6", TypeError), (None, TypeError)):
+        with pytest.raises(error, match="epsilon"):
+            conv.l2_normalize(F, epsilon=bad)
