@@ -140,7 +140,7 @@ class BlocksparseConv(ConvShapes):
         flat, form = self._flat_filter(F)
         epsilon = real("epsilon", epsilon)
         if not epsilon > 0:
-            raise ValueError(f"epsilon must be > 0; got {epsilon}")
+            raise ValueError(f"epsilon must be a number > 0; got {epsilon}")
         dtype = float_dtype("dtype", dtype)
         if gain is not None:
             gain = floating_tensor("gain", gain)
