@@ -128,3 +128,17 @@ def chain_reference(R, q, k, v, dy, scale, autoregress_at_key):
     p = R.softmax(s, scale, autoregress_at_key)
     ds = R.softmax_grad(R.nt(dy, v), p, scale)
     return R.nn(p, v), R.nn(ds, k), R.tn(ds, q), R.tn(p, dy)
+
+
+#: ``(N, error)`` pairs the shape helpers reject, with readable ids.
+BAD_MINIBATCH = pytest.mark.parametrize("N, error", [(-1, ValueError), (1.5, TypeError), ("2", TypeError),
+                                                     (True, TypeError)], ids=["negative", "float", "str", "bool"])
+
+
+def check_bad_minibatch(cls, N, error):
+    """``w_shape`` / ``q_shape`` / ``k_shape`` of ``cls`` (either framework's transformer) raise
+    ``error`` naming ``N``."""
+    bst = cls(np.tril(np.ones((2, 2))), block_size=16, heads=2)
+    for call in (lambda: bst.w_shape(N), lambda: bst.q_shape(N, 8), lambda: bst.k_shape(N, 8)):
+        with pytest.raises(error, match="N"):
+            call()

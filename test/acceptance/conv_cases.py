@@ -3,6 +3,7 @@ spatial rank, padding mode, strides, dilations, unequal blocks with arbitrary ch
 from dataclasses import dataclass, field
 
 import numpy as np
+import pytest
 
 import conv_reference as ref
 
@@ -89,3 +90,34 @@ def make(case, module):
     """The op of ``case`` from ``module`` (blocksparse.conv or blocksparse.torch)."""
     cls = module.BlocksparseDeconv if case.transposed else module.BlocksparseConv
     return cls([(list(c), list(k)) for c, k in case.BCK], case.TRS, case.DHW, **case.kwargs)
+
+
+#: ``(N, error)`` pairs the shape helpers reject, with readable ids.
+BAD_MINIBATCH = pytest.mark.parametrize("N, error", [(-1, ValueError), (2.0, TypeError), ("N", TypeError),
+                                                     (True, TypeError)], ids=["negative", "float", "str", "bool"])
+
+
+def assert_results(case, conv, got, want, tol, rel_error):
+    """``got`` ``(y, dx, [dF_b] or flat dF, d edge bias)`` against ``want`` from :func:`reference`
+    (the edge bias gradient only where the case has edge patterns)."""
+    (y, dx, dF, deb), (y_ref, dx_ref, dF_ref, deb_ref) = got, want
+    assert tuple(y.shape) == tuple(conv.o_shape(y.shape[0]))
+    assert rel_error(y, y_ref) < tol   # NaN (an unwritten output) fails too
+    assert rel_error(dx, dx_ref) < tol
+    if isinstance(dF, (list, tuple)):
+        for d, d_ref in zip(dF, dF_ref):
+            assert rel_error(d, d_ref) < tol
+    else:
+        assert rel_error(dF, np.concatenate([d.ravel() for d in dF_ref])) < tol
+    if case.kwargs.get("edge_bias", False) and conv.edge_bias_shape()[1]:
+        assert rel_error(deb, deb_ref) < tol
+
+
+def check_bad_minibatch(module, N, error):
+    """``i_shape(N)`` / ``o_shape(N)`` of a convolution and a transposed one from ``module``
+    (blocksparse.conv or blocksparse.torch) raise ``error`` naming ``N``."""
+    for cls in (module.BlocksparseConv, module.BlocksparseDeconv):
+        conv = cls([([0, 1], [0])], (3,), (5,), strides=2)
+        for helper in (conv.i_shape, conv.o_shape):
+            with pytest.raises(error, match="N"):
+                helper(N)

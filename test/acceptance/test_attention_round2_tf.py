@@ -11,7 +11,8 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from attention_cases import CHAIN_CASES, EMPTY_ROW_AND_COLUMN, chain_reference, tril_callback  # noqa: E402
+from attention_cases import (BAD_MINIBATCH, CHAIN_CASES, EMPTY_ROW_AND_COLUMN, chain_reference,  # noqa: E402
+                             check_bad_minibatch, tril_callback)
 from attention_reference import Ref  # noqa: E402
 from tf_modes import MODES, run  # noqa: E402
 
@@ -113,13 +114,9 @@ def test_bad_scale(scale, rng):
         bst.masked_softmax(tf.constant(rng.standard_normal(bst.w_shape(1)), tf.float32), scale=scale)
 
 
-@pytest.mark.parametrize("N, error", [(-1, ValueError), (1.5, TypeError), ("2", TypeError), (True, TypeError)],
-                         ids=["negative", "float", "str", "bool"])
+@BAD_MINIBATCH
 def test_shape_helpers_reject_bad_minibatch(N, error):
-    bst = BlocksparseTransformer(np.tril(np.ones((2, 2))), block_size=16, heads=2)
-    for call in (lambda: bst.w_shape(N), lambda: bst.q_shape(N, 8), lambda: bst.k_shape(N, 8)):
-        with pytest.raises(error, match="N"):
-            call()
+    check_bad_minibatch(BlocksparseTransformer, N, error)
 
 
 def test_shape_helpers_take_a_runtime_batch(rng):

@@ -10,7 +10,8 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from conv_cases import MORE_CASES, MORE_IDS, make, reference  # noqa: E402
+from conv_cases import (BAD_MINIBATCH, MORE_CASES, MORE_IDS, assert_results, check_bad_minibatch, make,  # noqa: E402
+                        reference)
 from tf_modes import MODES, run  # noqa: E402
 
 from blocksparse import conv as bsconv  # noqa: E402
@@ -41,14 +42,8 @@ def test_more_shapes_values_and_gradients(case, mode, rng):
 
     got = run(mode, fn, [x, flat, eb], [tf.float32] * 3, [gy], unknown={0: (0,)})
     x64, flat64, eb64, gy64 = *got.inputs, got.grad_ys[0]
-    y, dx, dF, deb = reference(case, conv, x64, _split(conv, flat64), eb64 if with_eb else None, gy64)
-    tol = tolerance("float32")
-    assert got.outputs[0].shape == tuple(conv.o_shape(case.N))
-    assert rel_error(got.outputs[0], y) < tol
-    assert rel_error(got.grads[0], dx) < tol
-    assert rel_error(got.grads[1], np.concatenate([d.ravel() for d in dF])) < tol
-    if with_eb and conv.edge_bias_shape()[1]:
-        assert rel_error(got.grads[2], deb) < tol
+    want = reference(case, conv, x64, _split(conv, flat64), eb64 if with_eb else None, gy64)
+    assert_results(case, conv, (got.outputs[0], *got.grads), want, tolerance("float32"), rel_error)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -106,14 +101,10 @@ def test_second_derivatives(case, rng):
     assert rel_error(dF, np.concatenate([d.ravel() for d in dF_e])) < tolerance("float32")
 
 
-@pytest.mark.parametrize("N, error", [(-1, ValueError), (2.0, TypeError), ("N", TypeError), (True, TypeError)],
-                         ids=["negative", "float", "str", "bool"])
+@BAD_MINIBATCH
 def test_shape_helpers_reject_bad_minibatch(N, error):
-    conv = bsconv.BlocksparseConv([([0, 1], [0])], (3,), (5,), strides=2)
-    for helper in (conv.i_shape, conv.o_shape):
-        with pytest.raises(error, match="N"):
-            helper(N)
-    assert conv.i_shape(None) == [None, 2, 5] and conv.o_shape(0) == [0, 1, 3]
+    check_bad_minibatch(bsconv, N, error)
+    assert bsconv.BlocksparseConv([([0, 1], [0])], (3,), (5,), strides=2).o_shape(0) == [0, 1, 3]
 
 
 def test_shape_helpers_take_a_runtime_batch(rng):

@@ -12,7 +12,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conv_cases import CASES, MORE_CASES, MORE_IDS, Case, make, reference  # noqa: E402
+from conv_cases import (BAD_MINIBATCH, CASES, MORE_CASES, MORE_IDS, Case, assert_results,  # noqa: E402
+                        check_bad_minibatch, make, reference)
 
 import blocksparse.torch as bst  # noqa: E402
 from blocksparse.testing import rel_error, tolerance  # noqa: E402
@@ -34,15 +35,9 @@ def _inputs(case, conv, rng, dtype=torch.float64, N=None):
 
 def _check(case, conv, x, blocks, eb, gy, y, tol):
     with_eb = case.kwargs.get("edge_bias", False)
-    want, dx, dF, deb = reference(case, conv, _f64(x), [_f64(b) for b in blocks], _f64(eb) if with_eb else None,
-                                  _f64(gy))
-    assert list(y.shape) == conv.o_shape(x.shape[0]) and not torch.isnan(y).any()
-    assert rel_error(y, want) < tol
-    assert rel_error(x.grad, dx) < tol
-    for b, d in zip(blocks, dF):
-        assert rel_error(b.grad, d) < tol
-    if with_eb and conv.edge_bias_shape()[1]:
-        assert rel_error(eb.grad, deb) < tol
+    want = reference(case, conv, _f64(x), [_f64(b) for b in blocks], _f64(eb) if with_eb else None, _f64(gy))
+    got = (y.detach(), x.grad, [b.grad for b in blocks], eb.grad)
+    assert_results(case, conv, got, want, tol, rel_error)
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
@@ -221,13 +216,10 @@ def test_second_derivatives(transposed, rng):
     assert torch.autograd.gradgradcheck(conv, (F, x, eb))
 
 
-@pytest.mark.parametrize("N, error", [(-1, ValueError), (2.0, TypeError), ("N", TypeError), (False, TypeError)],
-                         ids=["negative", "float", "str", "bool"])
+@BAD_MINIBATCH
 def test_shape_helpers_reject_bad_minibatch(N, error):
+    check_bad_minibatch(bst, N, error)
     conv = bst.BlocksparseDeconv([([0, 1], [0])], (3,), (5,), strides=2)
-    for helper in (conv.i_shape, conv.o_shape):
-        with pytest.raises(error, match="N"):
-            helper(N)
     assert conv.i_shape(None) == [None, 2, 5] and conv.o_shape(0) == [0, 1, 10]
     assert conv.i_shape(np.int64(3))[0] == 3 and conv.i_shape(torch.tensor(3))[0] == 3
 
