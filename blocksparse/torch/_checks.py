@@ -5,6 +5,8 @@ import numbers
 
 import numpy as np
 import torch
+import torch.autograd.forward_ad as _forward_ad
+from torch._C._functorch import peek_interpreter_stack as _functorch_transform
 
 #: Activation dtypes accepted (float64 runs the reference path).
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -127,3 +129,16 @@ def autocast_off(device):
     if not torch.amp.is_autocast_available(device.type):
         return contextlib.nullcontext()
     return torch.autocast(device.type, enabled=False)
+
+
+def plain_ops_needed(*tensors):
+    """Whether a call must run as plain PyTorch ops (the reference path) instead of the custom ops:
+    inside a ``torch.func`` transform (``vmap``, ``grad``, ``jvp``, ``jacfwd``, ``hessian``) or with
+    forward-mode tangents attached, which the custom ops (reverse-mode autograd only) would refuse
+    or -- forward mode -- silently drop.  Never while ``torch.compile`` traces."""
+    if torch.compiler.is_compiling():
+        return False
+    if _functorch_transform() is not None:
+        return True
+    return _forward_ad._current_level >= 0 and any(
+        t is not None and _forward_ad.unpack_dual(t).tangent is not None for t in tensors)

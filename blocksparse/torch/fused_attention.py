@@ -14,7 +14,7 @@ from ..layouts.attention import BlockMasks, check_attention_layout
 from ..ops.attention.configs import HEAD_DIMS, KERNEL_BLOCK_SIZES
 from ._attention import ops as _ops
 from ._attention import state as _state
-from ._checks import autocast
+from ._checks import autocast, plain_ops_needed
 
 __all__ = ["AttentionLayout", "attention"]
 
@@ -151,7 +151,8 @@ def attention(q, k, v, layout, *, block_size=None, causal=False, scale=None, seq
                          f"{bs} = {blocks * bs}, but q has S = {S}")
     scale = _check_scale(scale, D)
     seqlens = _check_seqlens(seqlens, B, q.device)
-    o, _ = _ops.attention_fwd(q, k, v, seqlens, handle, bool(causal), scale)
+    forward = _ops.plain_forward if plain_ops_needed(q, k, v) else _ops.attention_fwd
+    o, _ = forward(q, k, v, seqlens, handle, bool(causal), scale)
     return o
 
 

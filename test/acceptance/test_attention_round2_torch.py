@@ -267,26 +267,34 @@ def test_autocast_leaves_float64_alone(rng):
         assert bst.query_key_op(x.float(), x.float()).dtype == torch.bfloat16
 
 
-FORWARD_MODE = pytest.mark.xfail(strict=True, reason=(
-    "forward-mode AD (torch.func.jvp / forward_ad) through the custom ops silently gives zero tangents: "
-    "they register reverse-mode autograd only; to be routed to the reference path (PyTorch ops) when "
-    "tangents are attached, as the other families do"))
-
-
-@FORWARD_MODE
 def test_transformer_forward_mode_tangents(rng):
-    bst = BlocksparseTransformer(np.ones((2, 2)), block_size=16, heads=2)
+    """``torch.func.jvp`` and ``forward_ad`` duals get true tangents (the custom ops have reverse
+    mode only: such calls take the reference path as plain PyTorch ops)."""
+    import torch.autograd.forward_ad as fwAD
+
+    bst = BlocksparseTransformer(EMPTY_ROW_AND_COLUMN, block_size=16, heads=2)
+    R = Ref(np.broadcast_to(EMPTY_ROW_AND_COLUMN.astype(bool), (2, 3, 3)), 16)
     q, t = (torch.tensor(rng.standard_normal(bst.q_shape(1, 8))) for _ in range(2))
     _, tangent = torch.func.jvp(lambda x: bst.query_key_op(x, q), (q,), (t,))
-    assert rel_error(tangent, bst.nt_test(t.numpy(), q.numpy())) < 1e-12
+    assert rel_error(tangent, R.nt(t.numpy(), q.numpy())) < 1e-12
+    w, tw = (torch.tensor(rng.standard_normal(bst.w_shape(1))) for _ in range(2))
+    with fwAD.dual_level():
+        y = bst.weight_value_op(fwAD.make_dual(w, tw), q)
+        assert rel_error(fwAD.unpack_dual(y).tangent, R.nn(tw.numpy(), q.numpy())) < 1e-12
+        p = fwAD.unpack_dual(bst.masked_softmax(fwAD.make_dual(w, tw), scale=0.5, autoregress_at_key=0))
+    probs = R.softmax(w.numpy(), 0.5, 0)
+    assert rel_error(p.tangent, R.softmax_grad(tw.numpy(), probs, 0.5)) < 1e-12   # the Jacobian is symmetric
 
 
-@FORWARD_MODE
-def test_fused_forward_mode_tangents(rng):
+def test_fused_forward_mode_tangents_and_vmap(rng):
     q, k, v = (t.detach() for t in _qkv(rng, 1, 2, 2, 32, 16, torch.float64))
     t = torch.tensor(rng.standard_normal(v.shape))
     _, tangent = torch.func.jvp(lambda x: attention(q, k, x, layouts.causal(2)), (v,), (t,))
     assert rel_error(tangent, attention(q, k, t, layouts.causal(2)).numpy()) < 1e-12   # linear in v
+    batched = torch.stack([q, q.flip(2)])
+    got = torch.func.vmap(lambda x: attention(x, k, v, layouts.causal(2), causal=True))(batched)
+    for g, x in zip(got, batched):
+        assert torch.allclose(g, attention(x, k, v, layouts.causal(2), causal=True), rtol=0, atol=1e-12)
 
 
 def test_fused_per_head_dense_mask_exact(rng):

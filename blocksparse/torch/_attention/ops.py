@@ -35,6 +35,14 @@ def use_triton(q: Tensor, block_size: int) -> bool:
     return kernels_serve(q)
 
 
+def plain_forward(q, k, v, seqlens, layout, causal, scale):
+    """``(o, lse)`` on the reference path as plain PyTorch ops: the custom op's CPU path, and what
+    :func:`blocksparse.torch.attention` calls directly where the custom ops cannot serve
+    (``torch.func`` transforms, forward-mode tangents)."""
+    st = _state.state(layout)
+    return _reference.forward(q, k, v, st.dense_mask(causal, q.device), seqlens, scale)
+
+
 @torch.library.custom_op("blocksparse::attention_fwd", mutates_args=())
 def attention_fwd(q: Tensor, k: Tensor, v: Tensor, seqlens: Optional[Tensor], layout: int, causal: bool,
                   scale: float) -> tuple[Tensor, Tensor]:
@@ -43,7 +51,7 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, seqlens: Optional[Tensor], la
         from . import launch
         return launch.fwd(q, k, v, seqlens, st.tables(causal, q.device), block_size=st.block_size,
                           causal=causal, scale=scale, cfg=configs.fwd_config(q.shape[-1], st.block_size))
-    return _reference.forward(q, k, v, st.dense_mask(causal, q.device), seqlens, scale)
+    return plain_forward(q, k, v, seqlens, layout, causal, scale)
 
 
 @attention_fwd.register_fake

@@ -39,6 +39,28 @@ def _kernels():
     return launch
 
 
+# The reference path as plain PyTorch ops: the custom ops' CPU path, and what the frontend calls
+# directly where the custom ops cannot serve (torch.func transforms, forward-mode tangents).
+def plain_nt(a, b, layout):
+    st = _state.state(layout)
+    q_ids, k_ids = st.flat_ids(a.device)
+    return _reference.nt(a, b, q_ids, k_ids, st.layout.heads, st.layout.block_size)
+
+
+def plain_xn(w, x, layout, trans):
+    st = _state.state(layout)
+    lay = st.layout
+    q_ids, k_ids = st.flat_ids(x.device)
+    gather, scatter, out_blocks = (q_ids, k_ids, lay.KB) if trans else (k_ids, q_ids, lay.QB)
+    return _reference.xn(w, x, gather, scatter, out_blocks, lay.heads, lay.block_size, trans)
+
+
+def plain_softmax(x, layout, scale, autoregress_at_key, masked, dtype):
+    st = _state.state(layout)
+    keep = st.keep(x.device, masked and st.masks is not None, autoregress_at_key)
+    return _reference.softmax(x, st.flat_ids(x.device)[0], keep, scale, st.layout.heads * st.layout.QB, dtype)
+
+
 @torch.library.custom_op("blocksparse::bst_nt", mutates_args=())
 def bst_nt(a: Tensor, b: Tensor, layout: int) -> Tensor:
     st = _state.state(layout)
@@ -46,8 +68,7 @@ def bst_nt(a: Tensor, b: Tensor, layout: int) -> Tensor:
     if use_triton(a, lay.block_size):
         return _kernels().nt(_dense(a), _dense(b), st.tables(a.device), heads=lay.heads, lut_heads=lay.lut_heads,
                              blocks=lay.blocks, bs=lay.block_size, precision=PRECISION)
-    q_ids, k_ids = st.flat_ids(a.device)
-    return _reference.nt(a, b, q_ids, k_ids, lay.heads, lay.block_size)
+    return plain_nt(a, b, layout)
 
 
 @bst_nt.register_fake
@@ -63,9 +84,7 @@ def _xn(w, x, layout, trans):
     if use_triton(x, lay.block_size):
         return _kernels().xn(w.contiguous(), _dense(x), st.tables(x.device), trans=trans, out_ctx=out_ctx,
                              heads=lay.heads, lut_heads=lay.lut_heads, bs=lay.block_size, precision=PRECISION)
-    q_ids, k_ids = st.flat_ids(x.device)
-    gather, scatter, out_blocks = (q_ids, k_ids, lay.KB) if trans else (k_ids, q_ids, lay.QB)
-    return _reference.xn(w, x, gather, scatter, out_blocks, lay.heads, lay.block_size, trans)
+    return plain_xn(w, x, layout, trans)
 
 
 def _xn_fake(w, x, layout, trans):
@@ -97,8 +116,7 @@ def bst_softmax(x: Tensor, layout: int, scale: float, autoregress_at_key: Option
         return _kernels().softmax(x.contiguous(), st.tables(x.device), scale=scale,
                                   autoregress_at_key=autoregress_at_key, masked=masked, lut_heads=lay.lut_heads,
                                   q_blocks=lay.QB, dtype=dtype)
-    keep = st.keep(x.device, masked, autoregress_at_key)
-    return _reference.softmax(x, st.flat_ids(x.device)[0], keep, scale, lay.heads * lay.QB, dtype)
+    return plain_softmax(x, layout, scale, autoregress_at_key, masked, dtype)
 
 
 @bst_softmax.register_fake
