@@ -2,7 +2,7 @@
 ``TypeError`` / ``ValueError`` naming the argument, with what was expected and what was given."""
 import numbers
 
-__all__ = ["check_int"]
+__all__ = ["check_int", "check_minibatch"]
 
 
 def check_int(value, name, minimum=1, maximum=None, *, allow_none=False):
@@ -25,3 +25,18 @@ def check_int(value, name, minimum=1, maximum=None, *, allow_none=False):
         upper = "" if maximum is None else f" and <= {maximum}"
         raise ValueError(f"{name} must be >= {minimum}{upper}; got {int(value)}")
     return int(value)
+
+
+def check_minibatch(N):
+    """``N`` of a shape helper: None (unknown), an int >= 0, or a framework's scalar tensor (e.g.
+    TensorFlow's ``tf.shape(x)[0]``, passed through as it is).
+
+    >>> check_minibatch(1.5)
+    Traceback (most recent call last):
+    ...
+    TypeError: N must be an int or None; got 1.5 of type float
+    """
+    if not isinstance(N, numbers.Number) and "int" in str(getattr(N, "dtype", "")) \
+            and len(getattr(N, "shape", (None,))) == 0:
+        return N
+    return check_int(N, "N", 0, allow_none=True)

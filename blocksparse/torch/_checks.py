@@ -1,11 +1,14 @@
 """Argument checks of the PyTorch frontend: user mistakes become ``TypeError`` / ``ValueError``
 naming the argument, with what was expected and what was given."""
+import contextlib
 import numbers
 
 import numpy as np
 import torch
 import torch.autograd.forward_ad as _forward_ad
 from torch._C._functorch import peek_interpreter_stack as _functorch_transform
+
+from ._backend import autocast_dtype_of
 
 #: Activation dtypes accepted (float64 runs the reference path).
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -107,13 +110,25 @@ def flag(name, value):
 
 def autocast(*activations):
     """The activations in the autocast dtype under ``torch.autocast`` (parameters, which may have
-    any float dtype, stay as they are); as given outside it."""
-    device = activations[0].device.type
-    # the meta device (shape-only runs) has no autocast: asking about it raises
-    if not torch.amp.is_autocast_available(device) or not torch.is_autocast_enabled(device):
+    any float dtype, stay as they are); as given outside it.  As torch's own ops, float64 tensors
+    stay float64; None entries stay None."""
+    dtype = autocast_dtype(activations[0].device)
+    if dtype is None:
         return activations
-    dtype = torch.get_autocast_dtype(device)
-    return tuple(t.to(dtype) if t.dtype in _AUTOCAST_FROM else t for t in activations)
+    return tuple(t.to(dtype) if t is not None and t.dtype in _AUTOCAST_FROM else t for t in activations)
+
+
+def autocast_dtype(device):
+    """The autocast dtype of tensors on ``device`` (a ``torch.device``), or None where autocast is
+    off or does not exist (the meta device: asking torch about it there raises)."""
+    return autocast_dtype_of(device.type)
+
+
+def autocast_off(device):
+    """A context with autocast off on ``device`` (nothing to turn off where it does not exist)."""
+    if not torch.amp.is_autocast_available(device.type):
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, enabled=False)
 
 
 def plain_ops_needed(*tensors):

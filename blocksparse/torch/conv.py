@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from ..ops.conv import ConvShapes
-from ._checks import float_dtype, floating_tensor
+from ._checks import autocast, float_dtype, floating_tensor, real
 from ._conv import compute as _compute
 from ._conv import tables as _tables
 
@@ -86,7 +86,7 @@ class BlocksparseConv(ConvShapes):
 
     def _check_input(self, I):
         I = floating_tensor("I", I)
-        want = self.i_shape("N")
+        want = ["N", *self.i_shape(None)[1:]]
         if I.dim() != len(want) or tuple(I.shape[1:]) != tuple(want[1:]):
             raise ValueError(f"I must have shape i_shape(N) = [N, C] + DHW = {want}; got {list(I.shape)}")
         return I
@@ -122,10 +122,7 @@ class BlocksparseConv(ConvShapes):
         for name, t in (("F", flat), ("edge_bias", edge_bias)):
             if t is not None and t.device != I.device:
                 raise ValueError(f"{name} and I must be on one device; got {t.device} and {I.device}")
-        if torch.is_autocast_enabled(I.device.type):
-            dtype = torch.get_autocast_dtype(I.device.type)
-            I, flat = I.to(dtype), flat.to(dtype)
-            edge_bias = None if edge_bias is None else edge_bias.to(dtype)
+        I, flat, edge_bias = autocast(I, flat, edge_bias)
         for name, t in (("F", flat), ("edge_bias", edge_bias)):
             if t is not None and t.dtype != I.dtype:
                 raise TypeError(f"{name} and I must have the same dtype; got {t.dtype} and {I.dtype}")
@@ -141,14 +138,15 @@ class BlocksparseConv(ConvShapes):
         ``gain[k]``; computed in float32 (float64 stays float64), differentiable in ``F`` and ``gain``.
         """
         flat, form = self._flat_filter(F)
-        if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
-            raise ValueError(f"epsilon must be a number > 0; got {epsilon!r}")
+        epsilon = real("epsilon", epsilon)
+        if not epsilon > 0:
+            raise ValueError(f"epsilon must be a number > 0; got {epsilon}")
         dtype = float_dtype("dtype", dtype)
         if gain is not None:
             gain = floating_tensor("gain", gain)
             if tuple(gain.shape) != (self.K,):
                 raise ValueError(f"gain must have shape (K,) = ({self.K},); got {tuple(gain.shape)}")
-        out = _compute.l2_normalize(flat, gain, self.spec, self._tables, float(epsilon), dtype)
+        out = _compute.l2_normalize(flat, gain, self.spec, self._tables, epsilon, dtype)
         if form == "stacked":
             return out.view(self.f_shape())
         if form == "blocks":

@@ -14,6 +14,7 @@ from ..layouts.attention import BlockMasks, check_attention_layout
 from ..ops.attention.configs import HEAD_DIMS, KERNEL_BLOCK_SIZES
 from ._attention import ops as _ops
 from ._attention import state as _state
+from ._checks import autocast, plain_ops_needed
 
 __all__ = ["AttentionLayout", "attention"]
 
@@ -142,15 +143,16 @@ def attention(q, k, v, layout, *, block_size=None, causal=False, scale=None, seq
     B, HQ, S, D = q.shape
     if not isinstance(causal, (bool, np.bool_)):
         raise TypeError(f"causal must be a bool; got {causal!r}")
-    prepared = _prepare(layout, block_size, block_masks, S)
-    if prepared.heads not in (1, HQ):
-        raise ValueError(f"layout must have 1 or {HQ} (the query heads) heads; got {prepared.heads}")
-    if prepared.seq_len != S:
-        raise ValueError(f"layout must cover the sequence: blocks * block_size = {prepared.blocks} * "
-                         f"{prepared.block_size} = {prepared.seq_len}, but q has S = {S}")
+    handle, heads, blocks, bs = _prepared(layout, block_size, block_masks, S)
+    if heads not in (1, HQ):
+        raise ValueError(f"layout must have 1 or {HQ} (the query heads) heads; got {heads}")
+    if blocks * bs != S:
+        raise ValueError(f"layout must cover the sequence: blocks * block_size = {blocks} * "
+                         f"{bs} = {blocks * bs}, but q has S = {S}")
     scale = _check_scale(scale, D)
     seqlens = _check_seqlens(seqlens, B, q.device)
-    o, _ = _ops.attention_fwd(q, k, v, seqlens, prepared._handle, bool(causal), scale)
+    forward = _ops.plain_forward if plain_ops_needed(q, k, v) else _ops.attention_fwd
+    o, _ = forward(q, k, v, seqlens, handle, bool(causal), scale)
     return o
 
 
@@ -165,9 +167,7 @@ def _check_qkv(q, k, v):
             raise TypeError(f"{name} must be one of {[str(d) for d in DTYPES]}; got {t.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k and v must be on one device; got {q.device}, {k.device}, {v.device}")
-    if torch.is_autocast_enabled(q.device.type):
-        dtype = torch.get_autocast_dtype(q.device.type)
-        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    q, k, v = autocast(q, k, v)
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k and v must have one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
     B, HQ, S, D = q.shape
@@ -235,6 +235,14 @@ def _check_seqlens(seqlens, batch, device):
 _CACHE_SIZE = 32
 _cache: OrderedDict = OrderedDict()
 _cache_lock = threading.Lock()
+
+
+@torch.compiler.assume_constant_result
+def _prepared(layout, block_size, block_masks, seq_len):
+    """``(handle, heads, blocks, block_size)`` of ``layout`` prepared: plain ints, a constant to
+    ``torch.compile``, which cannot trace the checks and hashing of a raw array."""
+    prepared = _prepare(layout, block_size, block_masks, seq_len)
+    return prepared._handle, prepared.heads, prepared.blocks, prepared.block_size
 
 
 def _prepare(layout, block_size, block_masks, seq_len):

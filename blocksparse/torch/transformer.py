@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 
 from ..ops.transformer.frontend import TransformerBase, check_autoregress_at_key, check_bench, check_scale
-from ._checks import float_dtype, floating_tensor
+from ._checks import autocast as _autocast
+from ._checks import float_dtype, floating_tensor, plain_ops_needed
 from ._transformer import ops as _ops
 from ._transformer import state as _state
 
@@ -39,11 +40,14 @@ class BlocksparseTransformer(TransformerBase):
         if a_t.shape[2] != b_t.shape[2]:
             raise ValueError(f"{a[0]} and {b[0]} must have the same features (heads * head_dim); got "
                              f"{a_t.shape[2]} and {b_t.shape[2]}")
-        return _ops.bst_nt(a_t, b_t, self._handle)
+        nt = _ops.plain_nt if plain_ops_needed(a_t, b_t) else _ops.bst_nt
+        return nt(a_t, b_t, self._handle)
 
     def _xn(self, w, x, trans, name, bench):
         check_bench(bench)
         w_t, x_t = self._operands((*w, "scores"), (*x, "ctx_q" if trans else "ctx_k"))
+        if plain_ops_needed(w_t, x_t):
+            return _ops.plain_xn(w_t, x_t, self._handle, trans)
         return (_ops.bst_tn if trans else _ops.bst_nn)(w_t, x_t, self._handle)
 
     def _softmax(self, x, scale, autoregress_at_key, dtype, masked):
@@ -51,7 +55,8 @@ class BlocksparseTransformer(TransformerBase):
         autoregress_at_key = check_autoregress_at_key(autoregress_at_key)
         (x,) = self._operands(("x", x, "scores"), autocast=False)
         dtype = x.dtype if dtype is None else float_dtype("dtype", dtype)
-        return _ops.bst_softmax(x, self._handle, scale, autoregress_at_key, masked, dtype)
+        softmax = _ops.plain_softmax if plain_ops_needed(x) else _ops.bst_softmax
+        return softmax(x, self._handle, scale, autoregress_at_key, masked, dtype)
 
     def _operands(self, *specs, autocast=True):
         """Check ``(name, tensor, kind)`` operands (kind: ``"scores"`` or the context, ``"ctx_q"`` /
@@ -73,9 +78,8 @@ class BlocksparseTransformer(TransformerBase):
             if t.shape[0] != first.shape[0]:
                 raise ValueError(f"{specs[0][0]} and {name} must have the same batch size; got {first.shape[0]} "
                                  f"and {t.shape[0]}")
-        if autocast and torch.is_autocast_enabled(first.device.type):
-            dtype = torch.get_autocast_dtype(first.device.type)
-            tensors = [t.to(dtype) for t in tensors]
+        if autocast:
+            tensors = _autocast(*tensors)
         for (name, *_), t in zip(specs[1:], tensors[1:]):
             if t.dtype != tensors[0].dtype:
                 raise TypeError(f"{specs[0][0]} and {name} must have the same dtype; got {tensors[0].dtype} "

@@ -27,9 +27,10 @@ class Case:
     layout: np.ndarray
     heads: int
     callback: object = None
+    bs: int = BS
 
     def make(self, cls):
-        return cls(self.layout, block_size=BS, heads=self.heads, mask_callback=self.callback)
+        return cls(self.layout, block_size=self.bs, heads=self.heads, mask_callback=self.callback)
 
     def ref(self):
         lay = np.asarray(self.layout, bool)
@@ -40,8 +41,8 @@ class Case:
             shared = np.asarray(self.layout).ndim == 2 or np.asarray(self.layout).shape[0] == 1
             for h in range(self.heads):
                 for b, (q, k) in enumerate(np.argwhere(lay[h])):
-                    masks[h][q][k] = self.callback((BS, BS), 0 if shared else h, q, k, b)
-        return Ref(lay, BS, masks)
+                    masks[h][q][k] = self.callback((self.bs, self.bs), 0 if shared else h, q, k, b)
+        return Ref(lay, self.bs, masks)
 
 
 CAUSAL = np.tril(np.ones((3, 3), int))
@@ -106,4 +107,38 @@ def bad_calls(bst, q, w):
 def assert_all_raise(cases):
     for call, error, pattern in cases:
         with pytest.raises(error, match=pattern):
+            call()
+
+
+EMPTY_ROW_AND_COLUMN = np.array([[1, 0, 1], [0, 0, 0], [1, 0, 1]])   # query block 1, key block 1: nothing
+
+#: Second-round cases of the whole chain (scores, masked softmax, weighted values) at the kernels'
+#: block sizes: ``(case, autoregress_at_key)``.
+CHAIN_CASES = {
+    "bs16-empty-row-and-column-2heads": (Case("", EMPTY_ROW_AND_COLUMN, 2, None, 16), None),
+    "bs32-one-block": (Case("", np.ones((1, 1), int), 1, None, 32), 0),
+    "bs16-dense-tril-callback-causal": (Case("", np.ones((2, 2), int), 2, tril_callback, 16), 0),
+    "bs16-per-head-empty-rows-prefix": (Case("", np.array([[[1, 1], [0, 0]], [[0, 0], [1, 1]]]), 2, None, 16), 3),
+}
+
+
+def chain_reference(R, q, k, v, dy, scale, autoregress_at_key):
+    """float64 ``(y, dq, dk, dv)`` of ``nn(masked_softmax(nt(q, k)), v)`` for output gradient ``dy``."""
+    s = R.nt(q, k)
+    p = R.softmax(s, scale, autoregress_at_key)
+    ds = R.softmax_grad(R.nt(dy, v), p, scale)
+    return R.nn(p, v), R.nn(ds, k), R.tn(ds, q), R.tn(p, dy)
+
+
+#: ``(N, error)`` pairs the shape helpers reject, with readable ids.
+BAD_MINIBATCH = pytest.mark.parametrize("N, error", [(-1, ValueError), (1.5, TypeError), ("2", TypeError),
+                                                     (True, TypeError)], ids=["negative", "float", "str", "bool"])
+
+
+def check_bad_minibatch(cls, N, error):
+    """``w_shape`` / ``q_shape`` / ``k_shape`` of ``cls`` (either framework's transformer) raise
+    ``error`` naming ``N``."""
+    bst = cls(np.tril(np.ones((2, 2))), block_size=16, heads=2)
+    for call in (lambda: bst.w_shape(N), lambda: bst.q_shape(N, 8), lambda: bst.k_shape(N, 8)):
+        with pytest.raises(error, match="N"):
             call()

@@ -3,6 +3,7 @@ spatial rank, padding mode, strides, dilations, unequal blocks with arbitrary ch
 from dataclasses import dataclass, field
 
 import numpy as np
+import pytest
 
 import conv_reference as ref
 
@@ -49,6 +50,19 @@ CASES = [
 ]
 IDS = [c.id for c in CASES]
 
+#: Second-round cases: channels no block lists (an unused input, an output left at zero), a 1x1
+#: filter, a stride longer than the filter, an output of one position, an edge-biased deconvolution
+#: with explicit (before, after) padding.
+MORE_CASES = [
+    Case("2d-unused-channels-edge-bias", [([0, 3], [0, 2]), ([3], [3])], (3, 3), (4, 5), {"edge_bias": True}),
+    Case("2d-1x1-stride2", [([0, 1], [0]), ([2], [1]), ([1], [1])], (1, 1), (5, 4), {"strides": 2}),
+    Case("1d-stride-beyond-filter-valid-to-one", [([1, 0], [1, 0])], (3,), (5,),
+         {"strides": (4,), "padding": "VALID"}),
+    Case("deconv-1d-explicit-pairs-edge-bias", [([0, 2], [1]), ([1], [0, 1])], (3,), (4,),
+         {"strides": (2,), "padding": ((2, 1),), "edge_bias": True}, transposed=True, N=1),
+]
+MORE_IDS = [c.id for c in MORE_CASES]
+
 
 def reference(case, conv, x, blocks, eb, gy):
     """float64 ``(y, dx, [dF_b], deb)`` of ``conv`` (built from ``case``) on ``x`` and per-block filters."""
@@ -76,3 +90,34 @@ def make(case, module):
     """The op of ``case`` from ``module`` (blocksparse.conv or blocksparse.torch)."""
     cls = module.BlocksparseDeconv if case.transposed else module.BlocksparseConv
     return cls([(list(c), list(k)) for c, k in case.BCK], case.TRS, case.DHW, **case.kwargs)
+
+
+#: ``(N, error)`` pairs the shape helpers reject, with readable ids.
+BAD_MINIBATCH = pytest.mark.parametrize("N, error", [(-1, ValueError), (2.0, TypeError), ("N", TypeError),
+                                                     (True, TypeError)], ids=["negative", "float", "str", "bool"])
+
+
+def assert_results(case, conv, got, want, tol, rel_error):
+    """``got`` ``(y, dx, [dF_b] or flat dF, d edge bias)`` against ``want`` from :func:`reference`
+    (the edge bias gradient only where the case has edge patterns)."""
+    (y, dx, dF, deb), (y_ref, dx_ref, dF_ref, deb_ref) = got, want
+    assert tuple(y.shape) == tuple(conv.o_shape(y.shape[0]))
+    assert rel_error(y, y_ref) < tol   # NaN (an unwritten output) fails too
+    assert rel_error(dx, dx_ref) < tol
+    if isinstance(dF, (list, tuple)):
+        for d, d_ref in zip(dF, dF_ref):
+            assert rel_error(d, d_ref) < tol
+    else:
+        assert rel_error(dF, np.concatenate([d.ravel() for d in dF_ref])) < tol
+    if case.kwargs.get("edge_bias", False) and conv.edge_bias_shape()[1]:
+        assert rel_error(deb, deb_ref) < tol
+
+
+def check_bad_minibatch(module, N, error):
+    """``i_shape(N)`` / ``o_shape(N)`` of a convolution and a transposed one from ``module``
+    (blocksparse.conv or blocksparse.torch) raise ``error`` naming ``N``."""
+    for cls in (module.BlocksparseConv, module.BlocksparseDeconv):
+        conv = cls([([0, 1], [0])], (3,), (5,), strides=2)
+        for helper in (conv.i_shape, conv.o_shape):
+            with pytest.raises(error, match="N"):
+                helper(N)

@@ -75,6 +75,9 @@ def autoregress_at_key(value):
         if value.shape.rank not in (0, None) or not value.dtype.is_integer:
             raise TypeError(f"autoregress_at_key must be an int or a scalar integer tensor; got a "
                             f"{value.dtype.name} tensor of shape {value.shape}")
-        return tf.cast(value, tf.int32)
+        value = tf.cast(value, tf.int32)
+        check = tf.debugging.assert_non_negative(value, message="autoregress_at_key must be >= 0")
+        with tf.control_dependencies([check]):
+            return tf.identity(value)
     value = check_autoregress_at_key(value)
     return None if value is None else tf.constant(value, tf.int32)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..._checks import check_minibatch
 from .blocks import ConvBlocks, parse_bck
 from .edges import edge_map
 from .geometry import make_geometry
@@ -142,9 +143,10 @@ class ConvShapes:
         return self.spec.filter_shape(block)
 
     def i_shape(self, N):
-        """``[N, C] + DHW``: the input activations for minibatch ``N`` (``None`` allowed)."""
-        return [N, self.C, *self.DHW]
+        """``[N, C] + DHW``: the input activations for minibatch ``N`` (an int >= 0, ``None`` or an
+        integer scalar tensor)."""
+        return [check_minibatch(N), self.C, *self.DHW]
 
     def o_shape(self, N):
-        """``[N, K] + MPQ``: the output activations for minibatch ``N`` (``None`` allowed)."""
-        return [N, self.K, *self.MPQ]
+        """``[N, K] + MPQ``: the output activations for minibatch ``N`` (as :meth:`i_shape`)."""
+        return [check_minibatch(N), self.K, *self.MPQ]

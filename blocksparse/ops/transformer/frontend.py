@@ -7,7 +7,7 @@ import numbers
 
 import numpy as np
 
-from ..._checks import check_int
+from ..._checks import check_int, check_minibatch
 from .lut import AttentionLayout
 
 __all__ = ["TransformerBase", "check_autoregress_at_key", "check_bench", "check_scale"]
@@ -189,15 +189,15 @@ class TransformerBase:
     # ------------------------------------------------------------------ shape helpers
     def w_shape(self, N):
         """Shape of the packed scores / probabilities for batch ``N``: ``(N, heads, blocks, bs, bs)``."""
-        return (N, self.heads, self.blocks, self.block_size, self.block_size)
+        return (check_minibatch(N), self.heads, self.blocks, self.block_size, self.block_size)
 
     def q_shape(self, N, features):
         """Shape of queries (and of ``weight_value_op``'s output): ``(N, ctx_q, features)``."""
-        return (N, self.ctx_q, self._features(features))
+        return (check_minibatch(N), self.ctx_q, self._features(features))
 
     def k_shape(self, N, features):
         """Shape of keys and values: ``(N, ctx_k, features)``."""
-        return (N, self.ctx_k, self._features(features))
+        return (check_minibatch(N), self.ctx_k, self._features(features))
 
     def _features(self, features):
         if isinstance(features, bool) or not isinstance(features, numbers.Integral) or features < 1:
@@ -223,7 +223,7 @@ class TransformerBase:
 
     def scores_shape_error(self, name, shape):
         """The message for packed scores of ``shape`` that are not ``w_shape(batch)``, or None."""
-        want = self.w_shape("batch")
+        want = ("batch", *self.w_shape(None)[1:])
         if len(shape) != 5 or any(got is not None and got != size for got, size in zip(shape[1:], want[1:])):
             return f"{name} must have shape (batch, heads, blocks, bs, bs) = {want}; got {tuple(shape)}"
         return None

@@ -2,7 +2,8 @@
 
 ``blocksparse::attention_fwd``  (q, k, v, seqlens?, layout, causal, scale) -> (o, lse); differentiable
                                 in q, k, v (registered autograd)
-``blocksparse::attention_bwd``  (do, q, k, v, o, lse, seqlens?, layout, causal, scale) -> (dq, dk, dv)
+``blocksparse::attention_bwd``  (do, q, k, v, o, lse, seqlens?, layout, causal, scale) -> (dq, dk, dv);
+                                differentiating it again raises a ``RuntimeError`` that says so
 
 ``layout`` is an integer handle from :mod:`.state`.  Each op chooses at run time between the Triton
 kernels and the reference path (:func:`use_triton`); both give the same answer.  Fake (shape)
@@ -34,6 +35,14 @@ def use_triton(q: Tensor, block_size: int) -> bool:
     return kernels_serve(q)
 
 
+def plain_forward(q, k, v, seqlens, layout, causal, scale):
+    """``(o, lse)`` on the reference path as plain PyTorch ops: the custom op's CPU path, and what
+    :func:`blocksparse.torch.attention` calls directly where the custom ops cannot serve
+    (``torch.func`` transforms, forward-mode tangents)."""
+    st = _state.state(layout)
+    return _reference.forward(q, k, v, st.dense_mask(causal, q.device), seqlens, scale)
+
+
 @torch.library.custom_op("blocksparse::attention_fwd", mutates_args=())
 def attention_fwd(q: Tensor, k: Tensor, v: Tensor, seqlens: Optional[Tensor], layout: int, causal: bool,
                   scale: float) -> tuple[Tensor, Tensor]:
@@ -42,7 +51,7 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, seqlens: Optional[Tensor], la
         from . import launch
         return launch.fwd(q, k, v, seqlens, st.tables(causal, q.device), block_size=st.block_size,
                           causal=causal, scale=scale, cfg=configs.fwd_config(q.shape[-1], st.block_size))
-    return _reference.forward(q, k, v, st.dense_mask(causal, q.device), seqlens, scale)
+    return plain_forward(q, k, v, seqlens, layout, causal, scale)
 
 
 @attention_fwd.register_fake
@@ -81,4 +90,10 @@ def _backward(ctx, do, _dlse):
     return dq, dk, dv, None, None, None, None
 
 
+def _no_double_backward(ctx, *grads):
+    raise RuntimeError("blocksparse.torch.attention is differentiable once: the gradient of its gradient "
+                       "(double backward) is not implemented")
+
+
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+attention_bwd.register_autograd(_no_double_backward, setup_context=lambda ctx, inputs, output: None)

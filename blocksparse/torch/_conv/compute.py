@@ -23,6 +23,7 @@ import torch
 
 from ... import _env
 from ...ops.conv.implicit import worth_implicit
+from .._checks import autocast_off
 from .._matmul import ops as _matmul_ops
 from . import implicit as _implicit
 from .dense import convolution, dense, transposed
@@ -106,7 +107,7 @@ def convolve(x, flat, edge_bias, spec, tables, path=None):
     work = torch.float32 if x.device.type == "cpu" and dtype in (torch.float16, torch.bfloat16) else dtype
     x, flat = x.to(work), flat.to(work)
     tables = tables.on(x.device)
-    with torch.autocast(x.device.type, enabled=False):  # the dtype was chosen above
+    with autocast_off(x.device):  # the dtype was chosen above
         training = torch.is_grad_enabled() and (x.requires_grad or flat.requires_grad
                                                  or (edge_bias is not None and edge_bias.requires_grad))
         if path in (None, "auto"):

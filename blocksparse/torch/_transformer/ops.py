@@ -8,7 +8,9 @@
 
 The three products are closed under differentiation (``d(nt) = nn, tn``; ``d(nn) = nt, tn``;
 ``d(tn) = nt, nn``), so their registered backward passes call these ops again and second order
-works.  The softmax gradient op has no gradient of its own.  Each op takes a layout handle
+works.  So does the softmax gradient's: with ``dx = scale * y * (dy - rowsum(dy * y))`` it is
+``softmax_grad`` again in ``dy`` and elementwise products with row sums (``nn`` with ones, spread
+back by ``nt`` with ones) in ``y``.  Each op takes a layout handle
 (:func:`.state.handle`) and chooses at run time between the Triton kernels and the reference path
 (:func:`blocksparse.torch._matmul.products.use_triton`, the same rule as the matmul); a fake function
 per op lets ``torch.compile`` trace them without graph breaks.
@@ -37,6 +39,28 @@ def _kernels():
     return launch
 
 
+# The reference path as plain PyTorch ops: the custom ops' CPU path, and what the frontend calls
+# directly where the custom ops cannot serve (torch.func transforms, forward-mode tangents).
+def plain_nt(a, b, layout):
+    st = _state.state(layout)
+    q_ids, k_ids = st.flat_ids(a.device)
+    return _reference.nt(a, b, q_ids, k_ids, st.layout.heads, st.layout.block_size)
+
+
+def plain_xn(w, x, layout, trans):
+    st = _state.state(layout)
+    lay = st.layout
+    q_ids, k_ids = st.flat_ids(x.device)
+    gather, scatter, out_blocks = (q_ids, k_ids, lay.KB) if trans else (k_ids, q_ids, lay.QB)
+    return _reference.xn(w, x, gather, scatter, out_blocks, lay.heads, lay.block_size, trans)
+
+
+def plain_softmax(x, layout, scale, autoregress_at_key, masked, dtype):
+    st = _state.state(layout)
+    keep = st.keep(x.device, masked and st.masks is not None, autoregress_at_key)
+    return _reference.softmax(x, st.flat_ids(x.device)[0], keep, scale, st.layout.heads * st.layout.QB, dtype)
+
+
 @torch.library.custom_op("blocksparse::bst_nt", mutates_args=())
 def bst_nt(a: Tensor, b: Tensor, layout: int) -> Tensor:
     st = _state.state(layout)
@@ -44,8 +68,7 @@ def bst_nt(a: Tensor, b: Tensor, layout: int) -> Tensor:
     if use_triton(a, lay.block_size):
         return _kernels().nt(_dense(a), _dense(b), st.tables(a.device), heads=lay.heads, lut_heads=lay.lut_heads,
                              blocks=lay.blocks, bs=lay.block_size, precision=PRECISION)
-    q_ids, k_ids = st.flat_ids(a.device)
-    return _reference.nt(a, b, q_ids, k_ids, lay.heads, lay.block_size)
+    return plain_nt(a, b, layout)
 
 
 @bst_nt.register_fake
@@ -61,9 +84,7 @@ def _xn(w, x, layout, trans):
     if use_triton(x, lay.block_size):
         return _kernels().xn(w.contiguous(), _dense(x), st.tables(x.device), trans=trans, out_ctx=out_ctx,
                              heads=lay.heads, lut_heads=lay.lut_heads, bs=lay.block_size, precision=PRECISION)
-    q_ids, k_ids = st.flat_ids(x.device)
-    gather, scatter, out_blocks = (q_ids, k_ids, lay.KB) if trans else (k_ids, q_ids, lay.QB)
-    return _reference.xn(w, x, gather, scatter, out_blocks, lay.heads, lay.block_size, trans)
+    return plain_xn(w, x, layout, trans)
 
 
 def _xn_fake(w, x, layout, trans):
@@ -95,8 +116,7 @@ def bst_softmax(x: Tensor, layout: int, scale: float, autoregress_at_key: Option
         return _kernels().softmax(x.contiguous(), st.tables(x.device), scale=scale,
                                   autoregress_at_key=autoregress_at_key, masked=masked, lut_heads=lay.lut_heads,
                                   q_blocks=lay.QB, dtype=dtype)
-    keep = st.keep(x.device, masked, autoregress_at_key)
-    return _reference.softmax(x, st.flat_ids(x.device)[0], keep, scale, lay.heads * lay.QB, dtype)
+    return plain_softmax(x, layout, scale, autoregress_at_key, masked, dtype)
 
 
 @bst_softmax.register_fake
@@ -159,7 +179,34 @@ def _softmax_backward(ctx, dy):
     return bst_softmax_grad(dy, y, layout, scale, x_dtype), None, None, None, None, None
 
 
+def _row_sums(w, layout):
+    """Packed ``w``'s sum over each query row (the row's blocks), at every element of that row."""
+    lay = _state.state(layout).layout
+    ones = w.new_ones(w.shape[0], lay.ctx_k, lay.heads)   # head_dim 1: nn sums the row, nt spreads it
+    return bst_nt(bst_nn(w, ones, layout), ones, layout)
+
+
+def _softmax_grad_setup(ctx, inputs, output):
+    dy, y, layout, scale = inputs[:4]
+    ctx.save_for_backward(dy, y)
+    ctx.meta = (layout, scale)
+
+
+def _softmax_grad_backward(ctx, g):
+    """Gradients of ``dx = scale * y * (dy - r)``, ``r = rowsum(dy * y)``, for ``g = d/d(dx)``:
+    ``d dy = scale * y * (g - rowsum(g * y))`` and ``d y = scale * (g * (dy - r) - dy * rowsum(g * y))``."""
+    dy, y = ctx.saved_tensors
+    layout, scale = ctx.meta
+    g_dy = bst_softmax_grad(g.to(y.dtype), y, layout, scale, dy.dtype) if ctx.needs_input_grad[0] else None
+    g_y = None
+    if ctx.needs_input_grad[1]:
+        g, dy_ = g.to(y.dtype), dy.to(y.dtype)
+        g_y = scale * (g * (dy_ - _row_sums(dy_ * y, layout)) - dy_ * _row_sums(g * y, layout))
+    return g_dy, g_y, None, None, None
+
+
 bst_nt.register_autograd(_nt_backward, setup_context=_save_operands)
 bst_nn.register_autograd(_nn_backward, setup_context=_save_operands)
 bst_tn.register_autograd(_tn_backward, setup_context=_save_operands)
 bst_softmax.register_autograd(_softmax_backward, setup_context=_softmax_setup)
+bst_softmax_grad.register_autograd(_softmax_grad_backward, setup_context=_softmax_grad_setup)
