@@ -66,8 +66,8 @@ def op_name(name, default):
 def positive_float(value, name):
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a positive number; got {type(value).__name__}")
-    if not value > 0:
-        raise ValueError(f"{name} must be > 0; got {value}")
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{name} must be > 0 and finite; got {value}")
     return float(value)
 
 

@@ -259,8 +259,9 @@ def test_bad_call_args(rng):
         conv([F], x)
     with pytest.raises(ValueError, match="gain"):
         conv.l2_normalize(F, gain=tf.ones([3]))
-    with pytest.raises(ValueError, match="epsilon"):
-        conv.l2_normalize(F, epsilon=-1.0)
+    for epsilon in (-1.0, 0.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="epsilon must be > 0 and finite"):
+            conv.l2_normalize(F, epsilon=epsilon)
     with pytest.raises((TypeError, ValueError), match="dtype"):
         conv.l2_normalize(F, dtype=np.int32)
     with pytest.raises(ValueError, match="a, b"):
