@@ -210,9 +210,11 @@ def check_spec(torch, lib, index, spec, rng):
             if first:  # loads the module: for PTX, the driver's JIT compile (or its disk cache)
                 torch.cuda.synchronize()
                 record["first_call_ms"] = 1e3 * (time.perf_counter() - start)
-            launch = prob.launch(spec, tables, split)
-            torch_aot, torch_jit = AotLaunch(launch, lib, index, torch.cuda.current_device()), JitLaunch(launch)
-            via_torch = prob.run(torch_aot, spec, split)
+            via_torch = out  # zero tokens: a PyTorch plan launches nothing (its runner is None)
+            if n:
+                launch = prob.launch(spec, tables, split)
+                torch_aot, torch_jit = AotLaunch(launch, lib, index, torch.cuda.current_device()), JitLaunch(launch)
+                via_torch = prob.run(torch_aot, spec, split)
             torch.cuda.synchronize()
             ref = prob.refs[spec["product"]]
             case["rel_err_ref"] = _rel(out.double().cpu().numpy(), ref)
@@ -340,7 +342,8 @@ def _markdown(result):
     lines += ["Each runnable kernel ran through its generated C launcher at N = 1 (8), 77 (88), 1000 "
               "and 0 tokens on NaN-filled outputs, from the matmul C (`bsk_matmul_run_spec`, the "
               "TensorFlow ops' path) and from the PyTorch launch layer (`bsk_launch` with the "
-              "arguments a plan packs); error = ||out - ref|| / ||ref|| against float64 and against "
+              "arguments a plan packs; at 0 tokens a plan launches nothing, so the C alone); "
+              "error = ||out - ref|| / ||ref|| against float64 and against "
               "the JIT kernel with the same launch (N = 77/88 and 1000); times at N = 1000, median of "
               "20, events around each call (host time included); first call: the first launch, "
               "with the module's load (for PTX: the driver's JIT compile, or its disk cache).", "",

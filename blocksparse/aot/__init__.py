@@ -117,7 +117,9 @@ def build_sources(archs, out_dir, *, jobs=None, families=None, **fields):
     Returns ``(path of bsk_specs.c, manifest)``; the manifest (also embedded in the C file) lists
     the ABI, the cubin archs, the PTX targets, the Triton and CUDA-header versions and every spec;
     ``dropped`` names the cubins left out because they need more shared memory than their GPU
-    offers (:func:`.targets.shared_limit`).
+    offers (:func:`.targets.shared_limit`).  PTX kernels are refitted to what a GPU this build does not
+    know may offer (:func:`_fit_ptx`); ``ptx_oversized`` names those still over it (they serve only the
+    known GPUs with more shared memory).
     """
     import triton
 
@@ -129,7 +131,7 @@ def build_sources(archs, out_dir, *, jobs=None, families=None, **fields):
         work += [(f, s, True) for f, s in collect(targets.ptx, families, **fields)]
     if not work:
         raise AotError(f"no registered kernel matches archs {targets}, families {families} and {fields}")
-    compiled = compile_specs(work, jobs=jobs)
+    compiled = _fit_ptx(compile_specs(work, jobs=jobs), {f.name: f for f, _, _ in work}, jobs)
     # a cubin needing more shared memory than its own GPU offers could never launch
     fits = [k.image == PTX or k.shared <= shared_limit(k.spec.arch) for k in compiled]
     kernels = [k for k, fit in zip(compiled, fits) if fit]
@@ -140,5 +142,22 @@ def build_sources(archs, out_dir, *, jobs=None, families=None, **fields):
                 "cuda": cuda_version(), "families": sorted({k.family for k in kernels}),
                 "specializations": [manifest_entry(k) for k in kernels],
                 "dropped": [f"{k.family}/{k.spec.name}: {k.shared} bytes of shared memory"
-                            for k, fit in zip(compiled, fits) if not fit]}
+                            for k, fit in zip(compiled, fits) if not fit],
+                "ptx_oversized": [f"{k.family}/{k.spec.name}: {k.shared} bytes of shared memory"
+                                  for k in kernels if k.image == PTX and k.shared > shared_limit(None)]}
     return write_sources(kernels, out_dir, manifest), manifest
+
+
+def _fit_ptx(compiled, families, jobs):
+    """``compiled`` with each PTX kernel over the shared memory of an unknown GPU
+    (``shared_limit(None)``: PTX is what later GPUs run) recompiled with its family's ``leaner``
+    tiles until it fits or the family offers none leaner."""
+    compiled = list(compiled)
+    while True:
+        retry = [(i, families[k.family], families[k.family].leaner(k.spec)) for i, k in enumerate(compiled)
+                 if k.image == PTX and k.shared > shared_limit(None)]
+        retry = [(i, family, spec) for i, family, spec in retry if spec is not None]
+        if not retry:
+            return compiled
+        for (i, _, _), kernel in zip(retry, compile_specs([(f, s, True) for _, f, s in retry], jobs=jobs)):
+            compiled[i] = kernel

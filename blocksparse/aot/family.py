@@ -13,6 +13,11 @@ A *spec* is any object with ``name`` (a C identifier, unique within the family) 
 where they are ``str`` / ``int`` / ``bool``, into the C runtime's spec table as keys a family's C
 code can read (``bsk_spec_key``); nested values stay in the manifest only.  The compiler, code
 generator and C runtime need nothing else: see the README's "Adding an op family".
+
+Optionally, ``leaner(spec) -> spec or None``: the same kernel with a tile needing less shared memory
+(fewer pipeline stages, a smaller tile).  PTX must also run on GPUs the build does not know, which
+may offer only :func:`blocksparse.aot.targets.shared_limit` of an unknown arch; a PTX kernel over
+that is recompiled with ``leaner`` tiles until it fits (see :func:`blocksparse.aot.build_sources`).
 """
 from __future__ import annotations
 
@@ -68,6 +73,11 @@ class Family:
 
     def fields(self, spec) -> dict:
         return dict(self.module.fields(spec))
+
+    def leaner(self, spec):
+        """``spec`` with a tile needing less shared memory, or None (also for families without the hook)."""
+        hook = getattr(self.module, "leaner", None)
+        return hook(spec) if callable(hook) else None
 
 
 def registered(names=None):

@@ -143,7 +143,10 @@ def attention(q, k, v, layout, *, block_size=None, causal=False, scale=None, seq
     B, HQ, S, D = q.shape
     if not isinstance(causal, (bool, np.bool_)):
         raise TypeError(f"causal must be a bool; got {causal!r}")
-    handle, heads, blocks, bs = _prepared(layout, block_size, block_masks, S)
+    # an AttentionLayout is read as it is (dynamo traces its attributes); a raw array's preparation
+    # is a constant to dynamo, which cannot trace its checks and hashing
+    prepare = _prepared_fields if isinstance(layout, AttentionLayout) else _prepared
+    handle, heads, blocks, bs = prepare(layout, block_size, block_masks, S)
     if heads not in (1, HQ):
         raise ValueError(f"layout must have 1 or {HQ} (the query heads) heads; got {heads}")
     if blocks * bs != S:
@@ -237,12 +240,16 @@ _cache: OrderedDict = OrderedDict()
 _cache_lock = threading.Lock()
 
 
-@torch.compiler.assume_constant_result
-def _prepared(layout, block_size, block_masks, seq_len):
-    """``(handle, heads, blocks, block_size)`` of ``layout`` prepared: plain ints, a constant to
-    ``torch.compile``, which cannot trace the checks and hashing of a raw array."""
+def _prepared_fields(layout, block_size, block_masks, seq_len):
+    """``(handle, heads, blocks, block_size)`` of ``layout`` prepared (:func:`_prepare`): plain ints."""
     prepared = _prepare(layout, block_size, block_masks, seq_len)
     return prepared._handle, prepared.heads, prepared.blocks, prepared.block_size
+
+
+@torch.compiler.assume_constant_result
+def _prepared(layout, block_size, block_masks, seq_len):
+    """:func:`_prepared_fields` as a constant to ``torch.compile`` (for raw arrays)."""
+    return _prepared_fields(layout, block_size, block_masks, seq_len)
 
 
 def _prepare(layout, block_size, block_masks, seq_len):

@@ -231,13 +231,63 @@ def test_the_build_leaves_out_cubins_their_own_gpu_cannot_launch(monkeypatch, tm
 
     compiled = [kernel("fits", 120, 99 * 1024), kernel("big", 120, 99 * 1024 + 1), kernel("big", 90, 200_000),
                 kernel("big", 80, 200_000, ptx=True)]
+    toy = SimpleNamespace(name="toy", leaner=lambda spec: None)  # no leaner tile: the PTX stays as it is
     monkeypatch.setattr(aot, "compile_specs", lambda work, jobs=None: compiled)
-    monkeypatch.setattr(aot, "collect", lambda archs, families=None, **fields: [(None, None)])
+    monkeypatch.setattr(aot, "collect", lambda archs, families=None, **fields: [(toy, None)])
     source, manifest = aot.build_sources(parse_targets("sm_90,sm_120,compute_80"), tmp_path)
     assert [(s["name"], s["target"]) for s in manifest["specializations"]] == [
         ("fits", "sm_120a"), ("big", "sm_90a"), ("big", "compute_80")]
     assert manifest["dropped"] == [f"toy/big: {99 * 1024 + 1} bytes of shared memory"]
+    assert manifest["ptx_oversized"] == ["toy/big: 200000 bytes of shared memory"]
     text = source.read_text()
     assert "bsk_cubin_toy_big_ptx" in text and "launch_toy_fits(" in text and text.count("launch_toy_big(") == 1
     assert sorted(p.name for p in (tmp_path / "cubins").iterdir()) == ["toy_big.cubin", "toy_big_ptx.ptx",
                                                                        "toy_fits.cubin"]
+
+
+@pytest.mark.parametrize("stages, fitted", [(4, 2), (2, 2)], ids=["refitted", "already-fits"])
+def test_ptx_is_refitted_to_the_shared_memory_of_an_unknown_gpu(monkeypatch, tmp_path, stages, fitted):
+    """A PTX kernel over what an unknown GPU offers is recompiled with its family's leaner tiles until
+    it fits; cubins are left alone."""
+    import blocksparse.aot as aot
+    from blocksparse.aot.compile import CompiledKernel, Param
+
+    def compile_one(family, spec, ptx):
+        shared = spec.stages * 40 * 1024  # 40 KiB per stage: 99 KiB holds two, sm_80 four
+        target = f"compute_{spec.arch}" if ptx else f"sm_{spec.arch}"
+        return CompiledKernel("toy", spec, {"op": spec.name}, "scale_kernel", b"\0" * 8, "scale_kernel", 4,
+                              spec.stages, shared, (Param("X", "ptr", True, 0, "*fp32"),), (), {}, target, "8.7")
+
+    calls = []
+
+    def compile_specs(work, jobs=None):
+        calls.append(len(work))
+        return [compile_one(*job) for job in work]
+
+    toy = SimpleNamespace(name="toy", leaner=lambda spec: (SimpleNamespace(name=spec.name, arch=spec.arch,
+                                                                             stages=spec.stages - 1)
+                                                           if spec.stages > 1 else None))
+    spec = SimpleNamespace(name="k", arch=80, stages=stages)
+    monkeypatch.setattr(aot, "compile_specs", compile_specs)
+    monkeypatch.setattr(aot, "collect", lambda archs, families=None, **fields: [(toy, spec)])
+    _, manifest = aot.build_sources(parse_targets("sm_80,compute_80"), tmp_path)
+    images = {s["target"]: s for s in manifest["specializations"]}
+    assert images["compute_80"]["num_stages"] == fitted and images["compute_80"]["shared"] <= 99 * 1024
+    assert images["sm_80"]["num_stages"] == stages  # a cubin's GPU is known: its tile stays
+    assert manifest["ptx_oversized"] == [] and calls == [2] + [1] * (stages - fitted)
+
+
+def test_matmul_leaner_tiles_shrink_and_end():
+    """The matmul family's leaner tiles: fewer stages, then fewer tokens per step, the tables' G kept."""
+    from blocksparse.ops.matmul import aot as matmul_aot
+    from blocksparse.ops.matmul.configs import aot_specializations
+
+    for spec in aot_specializations((80,), dtypes=("fp32",), block_sizes=(128,)):
+        seen, step = [], spec
+        while step is not None:
+            seen.append(step.config)
+            step = matmul_aot.leaner(step)
+        tokens = "BK" if spec.product == "updat" else "BM"
+        sizes = [(c.num_stages, getattr(c, tokens)) for c in seen]
+        assert sizes[-1] == (1, 16) and len(set(sizes)) == len(sizes), spec.name
+        assert {c.G for c in seen} == {spec.config.G}, spec.name

@@ -13,13 +13,13 @@ alignment hints at every launch.
 """
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from ...aot.family import CompileArgs
 from ..common.aot import signature
 from .configs import AotSpec, aot_specializations
 
-__all__ = ["specializations", "kernel", "compile_args", "fields", "kernel_function", "PRECISION"]
+__all__ = ["specializations", "kernel", "compile_args", "fields", "leaner", "kernel_function", "PRECISION"]
 
 #: float32 products run in IEEE precision (no TF32), as the PyTorch frontend's default.
 PRECISION = "ieee"
@@ -50,6 +50,22 @@ def fields(spec: AotSpec):
             "kernel": spec.kernel, "atomic": spec.atomic, "group": spec.group, "trans_w": spec.trans_w,
             "tma": spec.tma, "bm": bm, "bk": bk, "bn": bn, "waves": cfg.WAVES, "max_tokens": spec.max_tokens,
             "config": asdict(cfg)}
+
+
+def leaner(spec: AotSpec):
+    """``spec`` with a tile needing less shared memory (for PTX that must fit GPUs the build does
+    not know): one pipeline stage fewer down to two, then half the tokens per step (``BM`` of
+    fprop / bprop, ``BK`` of updat) down to 16, then a single stage; None past that.  The tables'
+    ``G`` stays: the callers build the same tables for any tile."""
+    cfg = spec.config
+    tokens = "BK" if spec.product == "updat" else "BM"
+    if cfg.num_stages > 2:
+        return replace(spec, config=replace(cfg, num_stages=cfg.num_stages - 1))
+    if getattr(cfg, tokens) > 16:
+        return replace(spec, config=replace(cfg, **{tokens: getattr(cfg, tokens) // 2}))
+    if cfg.num_stages > 1:
+        return replace(spec, config=replace(cfg, num_stages=1))
+    return None
 
 
 def kernel_function(name):
