@@ -40,19 +40,23 @@ from blocksparse.testing.matmul import random_layout  # noqa: E402
 from blocksparse.torch import BlocksparseLinear, BlocksparseMatMul, _launch  # noqa: E402
 from blocksparse.torch._matmul import ops, plan, products  # noqa: E402
 
-NOOP_C = "int bsk_launch(int s, const void *g, const void *a, int n, void *st, char *m, unsigned long z) " \
-         "{ return 0; }\n"
+NOOP_C = ("int bsk_launch(int s, const void *g, const void *a, int n, void *st, char *m, unsigned long z) "
+          "{ return 0; }\n"
+          "int bsk_memset32(unsigned long long p, unsigned v, unsigned long w, void *st, char *m, unsigned long z) "
+          "{ return 0; }\n")
 N, C, BS, DENSITY = 64, 256, 32, 0.25
 
 
-def noop_launcher(work):
-    """A C ``bsk_launch`` that does nothing, compiled now (ctypes, no argument conversion)."""
+def noop_runtime(work):
+    """C ``bsk_launch`` and ``bsk_memset32`` (zero fills) that do nothing, compiled now (ctypes, no
+    argument conversion)."""
     source, library = work / "noop.c", work / "noop.so"
     source.write_text(NOOP_C)
     subprocess.run([os.environ.get("CC", "cc"), "-O2", "-shared", "-fPIC", source, "-o", library], check=True)
-    fn = ctypes.PyDLL(str(library)).bsk_launch
-    fn.restype = ctypes.c_int
-    return fn
+    dll = ctypes.PyDLL(str(library))
+    for fn in (dll.bsk_launch, dll.bsk_memset32):
+        fn.restype = ctypes.c_int
+    return dll.bsk_launch, dll.bsk_memset32
 
 
 def kernel_library(path, work):
@@ -163,7 +167,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         kernels = kernel_library(args.kernels, work)
-        kernels.raw_launch = noop_launcher(work)
+        kernels.raw_launch, kernels.raw_memset32 = noop_runtime(work)
         plan_for_a_gpu(kernels)
         rows, launches = rows_of(args.calls)
     import platform
