@@ -1,11 +1,12 @@
 """The dispatch cost model on synthetic tables: exact lookups, the 5% margin, interpolation,
 precision fallback, the default rule, table checks, leave-one-out; the shipped tables."""
 import json
+import math
 
 import pytest
 
 from blocksparse.dispatch import CostModel, Plan, Problem, Table, check_impl, model_for
-from blocksparse.dispatch.model import leave_one_out
+from blocksparse.dispatch.model import WORK_EXPONENT, leave_one_out
 from blocksparse.dispatch.table import TABLES_DIR, shipped_table
 
 
@@ -63,14 +64,26 @@ def test_only_candidates_are_considered():
 
 
 def test_interpolation_scales_with_work():
-    """Between rows, each impl's time per unit of work is interpolated and multiplied by the work:
-    with one row per impl, twice the tokens doubles every expected time; density scales sparse
-    impls only."""
+    """Between rows, each impl's time is carried by (work ratio) ** WORK_EXPONENT: with one row per
+    impl, twice the tokens multiplies every expected time by 2 ** 0.6; density scales sparse impls
+    only."""
+    assert WORK_EXPONENT == pytest.approx(0.6)
     model = CostModel(table(row(1024, 1024, 1024, 32, 0.25, {"dense": 8.0, "portable": 4.0})))
     big = model.choose(problem(tokens=2048), ALL).times_ms
-    assert big["dense"] == pytest.approx(16.0) and big["portable"] == pytest.approx(8.0)
+    assert big["dense"] == pytest.approx(8.0 * 2 ** 0.6) and big["portable"] == pytest.approx(4.0 * 2 ** 0.6)
     sparse = model.choose(problem(density=0.125), ALL)
-    assert sparse.times_ms["dense"] == pytest.approx(8.0) and sparse.times_ms["portable"] == pytest.approx(2.0)
+    assert sparse.times_ms["dense"] == pytest.approx(8.0)
+    assert sparse.times_ms["portable"] == pytest.approx(4.0 * 0.5 ** 0.6)
+
+
+def test_interpolation_weights_nearer_rows_more():
+    """Two rows at distances 1 and 2 (log2 tokens): the expected log time is their inverse-distance
+    weighted mean, each carried to the problem's work first."""
+    model = CostModel(table(row(512, 1024, 1024, 32, 0.25, {"dense": 3.0}),
+                            row(4096, 1024, 1024, 32, 0.25, {"dense": 20.0})))
+    got = model.expected_ms(problem(tokens=1024), "dense")[0]
+    near, far = math.log(3.0 * 2 ** 0.6), math.log(20.0 * 0.25 ** 0.6)
+    assert got == pytest.approx(math.exp((near / 1 + far / 2) / (1 / 1 + 1 / 2)))
 
 
 def test_nearest_rows_win():
