@@ -58,10 +58,15 @@ def sm_count(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def autocast_available(device_type):
+    """Whether autocast exists on ``device_type`` (not on the meta device).  CUDA and the CPU are
+    answered without asking torch, whose query some releases' ``torch.compile`` cannot trace."""
+    return device_type in ("cuda", "cpu") or torch.amp.is_autocast_available(device_type)
+
+
 def autocast_dtype_of(device_type):
     """The dtype autocast gives float activations on ``device_type`` (``"cuda"``, ``"cpu"``, ...),
     or None where it is off or does not exist (the meta device: asking torch about it raises)."""
-    has = device_type in ("cuda", "cpu") or torch.amp.is_autocast_available(device_type)
-    if has and torch.is_autocast_enabled(device_type):
+    if autocast_available(device_type) and torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
     return None

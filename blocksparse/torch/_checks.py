@@ -8,7 +8,7 @@ import torch
 import torch.autograd.forward_ad as _forward_ad
 from torch._C._functorch import peek_interpreter_stack as _functorch_transform
 
-from ._backend import autocast_dtype_of
+from ._backend import autocast_available, autocast_dtype_of
 
 #: Activation dtypes accepted (float64 runs the reference path).
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -126,7 +126,7 @@ def autocast_dtype(device):
 
 def autocast_off(device):
     """A context with autocast off on ``device`` (nothing to turn off where it does not exist)."""
-    if not torch.amp.is_autocast_available(device.type):
+    if not autocast_available(device.type):
         return contextlib.nullcontext()
     return torch.autocast(device.type, enabled=False)
 

@@ -64,10 +64,12 @@ def test_descriptors_pack_what_the_jit_passes(toy_library):
 
 @pytest.fixture
 def no_gpu(monkeypatch):
-    """CPU tensors stand in for device memory: the stream is the NULL stream."""
+    """CPU tensors stand in for device memory: the stream is the NULL stream, and no device is
+    current (a CUDA build of torch on a machine without a driver would raise when asked)."""
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
     monkeypatch.setattr(_launch, "_stream", lambda device: 0)
+    monkeypatch.setattr(_launch, "_current_device", None)
 
 
 def test_each_call_writes_its_pointers(toy_library, rng, no_gpu):

@@ -94,7 +94,22 @@ def test_autocast(rng, impl):
     assert rel_error(y, ref) < tolerance("bfloat16")
 
 
-def test_tf32_flag_keys_the_plan(monkeypatch):
+@pytest.fixture
+def cuda_tf32():
+    """Set PyTorch's CUDA TF32 switch (``cuda_tf32(True)``) for one test, restored after.  By
+    assignment: some torch releases keep it behind the module's ``__setattr__`` only, where
+    ``monkeypatch.setattr`` finds no attribute to patch."""
+    matmul = torch.backends.cuda.matmul
+    before = matmul.allow_tf32
+
+    def switch(on):
+        matmul.allow_tf32 = on
+
+    yield switch
+    matmul.allow_tf32 = before
+
+
+def test_tf32_flag_keys_the_plan(cuda_tf32):
     """float32 on CUDA with PyTorch's TF32 switch on is planned as TF32 (its own table rows)."""
     from blocksparse.dispatch import CostModel, Table
 
@@ -104,15 +119,15 @@ def test_tf32_flag_keys_the_plan(monkeypatch):
     model = CostModel(Table.from_dict({"format": 1, "framework": "torch", "device": "cuda", "rows": rows}))
     mask = np.eye(2, 4, dtype=bool)
     dispatch = for_layout(Layout(mask, 24, any_block_size=True), cost_model=model)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    cuda_tf32(False)
     assert dispatch.plan(64, torch.float32, "cuda").impl == "dense"
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    cuda_tf32(True)
     assert dispatch.plan(64, torch.float32, "cuda").impl == "portable"
     assert dispatch.plan(64, torch.float32, "cpu").impl == "dense"   # the CPU has no TF32
 
 
-def test_tf32_values_within_tf32_tolerance(rng, monkeypatch):
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+def test_tf32_values_within_tf32_tolerance(rng, cuda_tf32):
+    cuda_tf32(True)
     dispatch = for_layout(Layout(random_layout(rng, 3, 3, 0.7), 16), allow_tf32=True)
     check(dispatch, "portable", rng, 6, "float32", tol=tolerance("float32", tf32=True))
 
