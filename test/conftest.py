@@ -3,6 +3,7 @@
 Random inputs are fresh on every run but reproducible: the run's base seed is printed in the
 header and can be replayed with ``BLOCKSPARSE_TEST_SEED=<seed> make test``.
 """
+import importlib.util
 import os
 import secrets
 import subprocess
@@ -14,6 +15,11 @@ import numpy as np
 import pytest
 
 BASE_SEED = int(os.environ.get("BLOCKSPARSE_TEST_SEED") or secrets.randbits(32))
+
+# A PyTorch-only install (``blocksparse[torch]``) runs the suite without TensorFlow: its TF tests
+# are left out (the PyTorch ones skip themselves where torch is missing)
+if importlib.util.find_spec("tensorflow") is None:
+    collect_ignore_glob = ["tf/*", "acceptance/*_tf.py", "acceptance/test_tf_*.py", "acceptance/test_keras_*.py"]
 
 
 def pytest_report_header(config):

@@ -53,6 +53,7 @@ def test_every_readme_example_is_tested():
 
 @pytest.mark.parametrize("name", sorted(CHECKS))
 def test_readme_example_runs(name, tmp_path):
+    pytest.importorskip("tensorflow")
     code = examples()[name] + CHECKS[name] + COMMON_CHECK
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

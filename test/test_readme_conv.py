@@ -14,6 +14,7 @@ def run(name):
 
 
 def test_tensorflow_example():
+    pytest.importorskip("tensorflow")
     scope, conv, case = run("conv-tf")
     F, x, y, eb = (scope[k].numpy() for k in ("F", "x", "y", "eb"))
     Fn = l2_normalize_products(case, F, np.zeros(F.shape))[0]

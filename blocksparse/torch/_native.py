@@ -7,8 +7,10 @@ backward, which autograd runs on its CUDA worker thread (about 100 µs a step fo
 ``autograd.Function``, measured in ``bench/README.md``).
 
 The op is compiled against the installed torch on first use (about 30 s; ``$CXX``, else c++ / g++)
-into ``BLOCKSPARSE_CACHE_DIR`` and reused; ``BLOCKSPARSE_TORCH_NATIVE=off`` switches it off.  Where
-it cannot be built, one :class:`NativeBuildWarning` says why and the Python path serves.
+into ``BLOCKSPARSE_CACHE_DIR`` and reused; ``BLOCKSPARSE_TORCH_NATIVE=off`` switches it off.  It
+needs torch :data:`MIN_TORCH` or newer (older releases have no stream handle in their C++ API):
+before that the Python path serves, silently.  Where it cannot be built, one
+:class:`NativeBuildWarning` says why and the Python path serves.
 """
 from __future__ import annotations
 
@@ -28,9 +30,11 @@ import torch
 
 from .. import _env
 
-__all__ = ["NativeBuildWarning", "available", "build", "records", "linear", "SOURCE"]
+__all__ = ["NativeBuildWarning", "MIN_TORCH", "available", "supported", "build", "records", "linear", "SOURCE"]
 
 SOURCE = Path(__file__).with_name("csrc") / "linear.cpp"
+#: The oldest torch whose C++ API the op builds against (``c10::Stream::native_handle``).
+MIN_TORCH = (2, 5)
 _log = logging.getLogger("blocksparse")
 _lock = threading.Lock()
 _state = {}  # "loaded": bool, "why": str
@@ -80,10 +84,15 @@ def build(cache=None):
     return target
 
 
+def supported():
+    """Whether the installed torch is :data:`MIN_TORCH` or newer."""
+    return torch.__version__ >= MIN_TORCH
+
+
 def available():
-    """Whether the native op is loaded (built and loaded on the first call; False where switched off
-    or where it cannot be built, with one warning)."""
-    if not _env.torch_native():
+    """Whether the native op is loaded (built and loaded on the first call; False where switched off,
+    on a torch older than :data:`MIN_TORCH`, or where it cannot be built, with one warning)."""
+    if not _env.torch_native() or not supported():
         return False
     loaded = _state.get("loaded")
     if loaded is None:

@@ -9,7 +9,6 @@
 kernels and the reference path (:func:`use_triton`); both give the same answer.  Fake (shape)
 functions let ``torch.compile(fullgraph=True)`` trace them.
 """
-from __future__ import annotations
 
 from typing import Optional
 

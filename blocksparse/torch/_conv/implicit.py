@@ -15,7 +15,6 @@ receives an integer *handle* of the op's :class:`~.tables.Tables` (see :func:`re
 the compiler sees only tensors, ints and strings at its boundary; the dense filter's index is an
 input, since the backward (traced by the compiler) builds the dense filter from it.
 """
-from __future__ import annotations
 
 import itertools
 import weakref

@@ -11,7 +11,6 @@ fake (shape) functions let ``torch.compile`` trace them.  A backward pass that b
 (``create_graph=True``, double backward) runs the reference formulas, which autograd differentiates
 again.
 """
-from __future__ import annotations
 
 from typing import Optional
 

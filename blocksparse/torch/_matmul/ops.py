@@ -14,7 +14,6 @@ custom op only while compiling; eagerly with a gradient, the native op (one C++ 
 :class:`MatmulFunction`; without a gradient the product alone.  All paths run the same planned
 launches (:mod:`.products`).
 """
-from __future__ import annotations
 
 import torch
 from torch import Tensor

@@ -9,7 +9,6 @@ trace them without graph breaks.  ``mean`` / ``rstd`` are ``(segments, N)``, flo
 float64 activations).  A backward pass that builds a graph (``create_graph=True``, for double
 backward) runs the reference formulas, which autograd differentiates again.
 """
-from __future__ import annotations
 
 from typing import Optional
 

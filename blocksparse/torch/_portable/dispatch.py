@@ -40,9 +40,16 @@ DEFAULT_TOKENS = 4096
 _PRECISION = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
               torch.float64: "float64"}
 
-# handle -> dispatcher, so that a traced graph can reach its layer's planner through an int
+# handle -> dispatcher, so that a traced graph can reach its layer's planner through a constant: a
+# string (torch 2.4's compile with dynamic=True made int attributes of modules symbolic)
 _dispatchers = weakref.WeakValueDictionary()
 _handles = itertools.count()
+
+
+def _new_handle(dispatcher):
+    handle = f"linear-dispatch-{next(_handles)}"
+    _dispatchers[handle] = dispatcher
+    return handle
 
 
 def kernel_layout(layout):
@@ -112,9 +119,7 @@ class LinearDispatch(nn.Module):
         self._plans = {}
         self._choices = {}
         self._structured = None
-        self.handle = next(_handles)
-        _dispatchers[self.handle] = self
-
+        self.handle = _new_handle(self)
 
     def reset_buffers(self):
         """Refill the index buffers (after ``Module.to_empty()``, which leaves them uninitialised)."""
@@ -131,8 +136,7 @@ class LinearDispatch(nn.Module):
         # a copy (deepcopy, pickle, torch.load) plans on its own: a traced graph reaches it by a
         # handle of its own, valid after the original is gone
         super().__setstate__(state)
-        self.handle = next(_handles)
-        _dispatchers[self.handle] = self
+        self.handle = _new_handle(self)
 
     def extra_repr(self):
         return f"impl={self.impl!r}, refined={self.refinement is not None}"

@@ -15,7 +15,6 @@ back by ``nt`` with ones) in ``y``.  Each op takes a layout handle
 (:func:`blocksparse.torch._matmul.products.use_triton`, the same rule as the matmul); a fake function
 per op lets ``torch.compile`` trace them without graph breaks.
 """
-from __future__ import annotations
 
 from typing import Optional
 

@@ -49,6 +49,8 @@ def _single_process(layouts):
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
 def test_two_ranks_train_like_one_process_on_the_whole_batch(tmp_path, rng, mode):
+    if mode == "fsdp" and torch.__version__ < (2, 6):
+        pytest.skip("FSDP2 (fully_shard) runs on CPU ranks from torch 2.6 on")
     layouts = _layouts(rng)
     out = tmp_path / "rank0.npz"
     (tmp_path / "rank0.npz.layouts").write_bytes(pickle.dumps(layouts))

@@ -34,7 +34,10 @@ def main(mode, out):
     if mode == "ddp":
         model = torch.nn.parallel.DistributedDataParallel(model)
     elif mode == "fsdp":
-        from torch.distributed.fsdp import fully_shard
+        try:
+            from torch.distributed.fsdp import fully_shard
+        except ImportError:  # torch < 2.6: FSDP2 was still under _composable
+            from torch.distributed._composable.fsdp import fully_shard
 
         for layer in model:
             if isinstance(layer, BlocksparseLinear):

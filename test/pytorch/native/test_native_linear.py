@@ -10,6 +10,7 @@ launch of the toy family holds."""
 import ctypes
 import shutil
 import subprocess
+import warnings
 
 import numpy as np
 import pytest
@@ -48,6 +49,8 @@ def native(tmp_path_factory):
     """The op built into a fresh cache, loaded, and the stand-in runtime."""
     if _native._compiler() is None or shutil.which("cc") is None:
         pytest.skip("needs C and C++ compilers")
+    if not _native.supported():
+        pytest.skip(f"the native op needs torch {_native.MIN_TORCH} or newer; this is {torch.__version__}")
     cache = tmp_path_factory.mktemp("native-cache")
     torch.ops.load_library(str(_native.build(cache)))
     src = cache / "fake.c"
@@ -173,3 +176,15 @@ def test_records_need_every_product_served_ahead_of_time():
 def test_switched_off_by_the_environment(monkeypatch):
     monkeypatch.setenv("BLOCKSPARSE_TORCH_NATIVE", "off")
     assert not _native.available()
+
+
+def test_an_older_torch_serves_the_python_path(monkeypatch):
+    """Below MIN_TORCH the op is not built (its C++ API lacks the stream handle): not available,
+    no warning, nothing compiled."""
+    monkeypatch.setattr(_native, "MIN_TORCH", (99, 0))
+    monkeypatch.setattr(_native, "build", lambda cache=None: pytest.fail("built on an unsupported torch"))
+    monkeypatch.setattr(_native, "_state", {})
+    assert not _native.supported()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _native.available() is False
