@@ -3,6 +3,9 @@
 (an ``nn.Module`` owning them)."""
 from __future__ import annotations
 
+import itertools
+import weakref
+
 import torch
 from torch import nn
 
@@ -12,6 +15,13 @@ from ._conv import compute as _compute
 from ._conv import tables as _tables
 
 __all__ = ["BlocksparseConv", "BlocksparseDeconv", "BlocksparseConvLayer"]
+
+# key -> (spec, tables) of every live op.  Compiled code reads an op's spec and tables from here by
+# the op's string key, not as its attributes: integers read through ``self`` are made symbolic when
+# the same code is compiled again for another op ("automatic dynamic"), and the shapes they build
+# then fail to compile.  A plain dict (traceable); an entry goes when its op is collected.
+_LIVE = {}
+_KEYS = itertools.count()
 
 
 class BlocksparseConv(ConvShapes):
@@ -47,7 +57,27 @@ class BlocksparseConv(ConvShapes):
                  edge_bias=False, *, path="auto"):
         super().__init__(BCK, TRS, DHW, MPQ, strides, dilates, padding, edge_bias)
         self._path = self._check_path(path)
-        self._tables = _tables.Tables(self.spec)
+
+    # The spec (set by the shared constructor) and the tables live in _LIVE under this op's key.
+    @property
+    def spec(self):
+        return _LIVE[self._key][0]
+
+    @spec.setter
+    def spec(self, spec):
+        self._key = key = f"conv-{next(_KEYS)}"
+        _LIVE[key] = (spec, _tables.Tables(spec))
+        weakref.finalize(self, _LIVE.pop, key, None)
+
+    @property
+    def _tables(self):
+        return _LIVE[self._key][1]
+
+    def __getstate__(self):  # copies and unpickled ops register on their own (tables rebuilt)
+        return {"spec": self.spec, "_path": self._path}
+
+    def __setstate__(self, state):
+        self.spec, self._path = state["spec"], state["_path"]
 
     @property
     def path(self):

@@ -11,8 +11,9 @@ gradient is the dense masked convolution's (:func:`.dense.dense_grads`, one cuDN
 ``blocksparse::conv_implicit`` (with a fake function and registered autograd) and
 ``blocksparse::conv_implicit_dx`` serve ``torch.compile``; eager calls take
 :class:`ImplicitConvFunction` directly (no dispatcher).  The op
-receives an integer *handle* of the op's :class:`~.tables.Tables` (see :func:`register`), so that
-the compiler sees only tensors, ints and strings at its boundary; the dense filter's index is an
+receives a string *handle* of the op's :class:`~.tables.Tables` (see :func:`register`), so that
+the compiler sees only tensors and constants at its boundary (an integer attribute may be made
+symbolic when a second op's call recompiles the same code); the dense filter's index is an
 input, since the backward (traced by the compiler) builds the dense filter from it.
 """
 
@@ -38,7 +39,7 @@ _NEXT = itertools.count()
 
 def register(tables):
     """A new handle of ``tables`` (a :class:`~.tables.Tables` whose spec has an implicit plan)."""
-    handle = next(_NEXT)
+    handle = f"conv-implicit-{next(_NEXT)}"
     _HANDLES[handle] = tables
     return handle
 
@@ -135,7 +136,7 @@ _apply = direct_apply(ImplicitConvFunction)
 
 
 @torch.library.custom_op("blocksparse::conv_implicit", mutates_args=())
-def conv_implicit_op(x: Tensor, flat: Tensor, dense_index: Tensor, handle: int, precision: str) -> Tensor:
+def conv_implicit_op(x: Tensor, flat: Tensor, dense_index: Tensor, handle: str, precision: str) -> Tensor:
     tables = _tables(handle)
     return conv_implicit_fwd(x, flat, tables.spec, tables.on(x.device), precision)
 
@@ -147,7 +148,7 @@ def _(x, flat, dense_index, handle, precision):
 
 
 @torch.library.custom_op("blocksparse::conv_implicit_dx", mutates_args=())
-def conv_implicit_dx_op(dy: Tensor, flat: Tensor, handle: int, precision: str) -> Tensor:
+def conv_implicit_dx_op(dy: Tensor, flat: Tensor, handle: str, precision: str) -> Tensor:
     return _eager_dx(dy, flat, handle, precision)
 
 

@@ -171,6 +171,34 @@ def test_torch_compile_fullgraph(rng, monkeypatch, kind, forced):
         assert rel_error(got, ref_value) < 1e-5
 
 
+def test_one_compiled_function_over_several_ops(rng):
+    """The same code compiled again for other ops (dynamo recompiles it, with "automatic dynamic"
+    integers) stays right: an op's structure is read by its key, never made symbolic."""
+    fn = torch.compile(lambda op, F, x: op(F, x), fullgraph=True)
+    for kind, case in (("conv", "2d-same-stride-dilate"), ("conv", "2d-same-even-filter"), ("deconv", "2d-same-stride-dilate"),
+                       ("conv", "2d-same-stride-dilate")):
+        op, ref = build(rng, kind, case, edge_bias=False, layout=("random", "uniform")[int(rng.integers(2))])
+        F, x, dy, _ = random_inputs(rng, op)
+        Ft, xt = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (F, x))
+        y = fn(op, Ft, xt)
+        y.backward(torch.tensor(dy, dtype=torch.float64))
+        for got, want in zip((y, xt.grad, Ft.grad), conv_products(ref, F, x, dy)):
+            assert rel_error(got, want) < 1e-10
+
+
+def test_a_collected_op_leaves_no_entry():
+    import gc
+
+    from blocksparse.torch import conv as conv_module
+
+    op = BlocksparseConv([([0, 1], [0])], TRS=(3,), DHW=(8,))
+    key = op._key
+    assert key in conv_module._LIVE
+    del op
+    gc.collect()
+    assert key not in conv_module._LIVE
+
+
 def test_layer_module(rng):
     torch.manual_seed(int(rng.integers(2 ** 31)))
     layer = BlocksparseConvLayer(layout_bck(rng, "random"), edge_bias=True, **CASES["2d-same-stride-dilate"])

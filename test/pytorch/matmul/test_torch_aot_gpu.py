@@ -144,8 +144,8 @@ def test_launches_from_a_thread_without_a_current_context(aot, rng):
 @pytest.mark.parametrize("axis", [1, 0])
 def test_the_native_op_is_one_cpp_node_and_matches_the_python_path(aot, rng, monkeypatch, dtype, axis):
     """Eager forward + backward through the native op (one C++ autograd node): against float64, and
-    what the Python autograd.Function gives with the same launches (bit for bit but for a split
-    updat's float32 atomics)."""
+    what the Python autograd.Function gives with the same launches (to rounding: split products
+    add float32 partials by atomics, in no fixed order)."""
     from blocksparse.torch import _native
 
     if not _native.available():
@@ -163,8 +163,8 @@ def test_the_native_op_is_one_cpp_node_and_matches_the_python_path(aot, rng, mon
     y_py = bsmm(x, w)
     assert type(y_py.grad_fn).__name__ != "CppFunction"
     dx_py, dw_py = torch.autograd.grad(y_py, (x, w), dy)
-    assert torch.equal(y, y_py) and torch.equal(dx, dx_py)
-    assert rel_error(dw, dw_py.double().cpu().numpy()) < TOLERANCE[dtype] / 10  # split updat: atomics' order
+    for got, python_path in ((y, y_py), (dx, dx_py), (dw, dw_py)):
+        assert rel_error(got, python_path.double().cpu().numpy()) < TOLERANCE[dtype] / 10
     dense = torch.from_numpy(bsmm.layout.dense(w.detach().double().cpu().numpy())).cuda()
     xd = x.detach().double() if axis == 1 else x.detach().double().T
     dyd = dy.double() if axis == 1 else dy.double().T
@@ -198,5 +198,8 @@ def test_build_info_names_the_library(aot, gpu_kernels):
     import blocksparse
 
     info = blocksparse.build_info()["kernels"]
-    assert info == {"library": gpu_kernels, "source": "BLOCKSPARSE_KERNELS", "launch": "aot"}
+    assert {k: info[k] for k in ("library", "source", "launch")} == \
+        {"library": gpu_kernels, "source": "BLOCKSPARSE_KERNELS", "launch": "aot"}
+    major, minor = torch.cuda.get_device_capability()
+    assert f"sm_{major}{minor}" in info["archs"] and isinstance(info["ptx"], list)  # the GPU's cubins are in it
 
