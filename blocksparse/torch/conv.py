@@ -3,28 +3,19 @@
 (an ``nn.Module`` owning them)."""
 from __future__ import annotations
 
-import itertools
-import weakref
-
 import torch
 from torch import nn
 
 from ..ops.conv import ConvShapes
 from ._checks import autocast, float_dtype, floating_tensor, real
+from ._live import LiveState, field
 from ._conv import compute as _compute
 from ._conv import tables as _tables
 
 __all__ = ["BlocksparseConv", "BlocksparseDeconv", "BlocksparseConvLayer"]
 
-# key -> (spec, tables) of every live op.  Compiled code reads an op's spec and tables from here by
-# the op's string key, not as its attributes: integers read through ``self`` are made symbolic when
-# the same code is compiled again for another op ("automatic dynamic"), and the shapes they build
-# then fail to compile.  A plain dict (traceable); an entry goes when its op is collected.
-_LIVE = {}
-_KEYS = itertools.count()
 
-
-class BlocksparseConv(ConvShapes):
+class BlocksparseConv(LiveState, ConvShapes):
     """A convolution whose filter connects blocks of input channels to blocks of output channels.
 
     The arguments, shape helpers and attributes are those of the TensorFlow
@@ -57,27 +48,15 @@ class BlocksparseConv(ConvShapes):
                  edge_bias=False, *, path="auto"):
         super().__init__(BCK, TRS, DHW, MPQ, strides, dilates, padding, edge_bias)
         self._path = self._check_path(path)
+        self._live_rebuild()
 
-    # The spec (set by the shared constructor) and the tables live in _LIVE under this op's key.
-    @property
-    def spec(self):
-        return _LIVE[self._key][0]
+    # what the traced code reads, kept where torch.compile specialises it (see ._live)
+    _live_fields = ("spec",)
+    spec = field("spec", "The checked arguments (:class:`blocksparse.ops.conv.spec.ConvSpec`).")
+    _tables = field("tables")
 
-    @spec.setter
-    def spec(self, spec):
-        self._key = key = f"conv-{next(_KEYS)}"
-        _LIVE[key] = (spec, _tables.Tables(spec))
-        weakref.finalize(self, _LIVE.pop, key, None)
-
-    @property
-    def _tables(self):
-        return _LIVE[self._key][1]
-
-    def __getstate__(self):  # copies and unpickled ops register on their own (tables rebuilt)
-        return {"spec": self.spec, "_path": self._path}
-
-    def __setstate__(self, state):
-        self.spec, self._path = state["spec"], state["_path"]
+    def _live_rebuild(self):
+        self._tables = _tables.Tables(self.spec)
 
     @property
     def path(self):

@@ -6,13 +6,14 @@ import torch
 from ..ops.transformer.frontend import TransformerBase, check_autoregress_at_key, check_bench, check_scale
 from ._checks import autocast as _autocast
 from ._checks import float_dtype, floating_tensor, plain_ops_needed
+from ._live import LiveState, field
 from ._transformer import ops as _ops
 from ._transformer import state as _state
 
 __all__ = ["BlocksparseTransformer"]
 
 
-class BlocksparseTransformer(TransformerBase):
+class BlocksparseTransformer(LiveState, TransformerBase):
     __doc__ = TransformerBase.__doc__.split("    This class holds")[0] + """\
     PyTorch (``name`` and the ``name`` / ``bench`` arguments of the ops are accepted for the same
     API, and unused): on CUDA tensors the Triton kernels run, elsewhere (and for block size 8 and float64)
@@ -32,6 +33,15 @@ class BlocksparseTransformer(TransformerBase):
 
     def __init__(self, layout, block_size=64, heads=None, mask_callback=None, name=None):
         super().__init__(layout, block_size, heads, mask_callback, name)
+        self._live_rebuild()
+
+    # what the traced code reads, kept where torch.compile specialises it (see ._live)
+    _live_fields = ("layout", "masks")
+    layout = field("layout", "The :class:`blocksparse.ops.transformer.lut.AttentionLayout`.")
+    masks = field("masks", "The per-block masks of ``mask_callback``, or None.")
+    _handle = field("handle")
+
+    def _live_rebuild(self):
         self._handle = _state.handle(self.layout, self.masks)
 
     def _nt(self, a, b, name, bench):

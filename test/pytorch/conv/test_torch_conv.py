@@ -189,14 +189,14 @@ def test_one_compiled_function_over_several_ops(rng):
 def test_a_collected_op_leaves_no_entry():
     import gc
 
-    from blocksparse.torch import conv as conv_module
+    from blocksparse.torch._live import LIVE
 
     op = BlocksparseConv([([0, 1], [0])], TRS=(3,), DHW=(8,))
-    key = op._key
-    assert key in conv_module._LIVE
+    key = op._live_key
+    assert LIVE[key]["spec"] is op.spec
     del op
     gc.collect()
-    assert key not in conv_module._LIVE
+    assert key not in LIVE
 
 
 def test_layer_module(rng):

@@ -191,6 +191,45 @@ def test_torch_compile_fullgraph(rng):
         torch.testing.assert_close(g, t.grad)
 
 
+def test_one_compiled_function_over_several_transformers(rng):
+    """The same code compiled again for other layouts (dynamo recompiles it, with "automatic dynamic"
+    integers) stays right: a transformer's layout is read where the compiler specialises it."""
+    def attend(bst, q, k, v):
+        return bst.weight_value_op(bst.masked_softmax(bst.query_key_op(q, k), scale=0.35), v)
+
+    compiled = torch.compile(attend, fullgraph=True, backend="aot_eager")
+    for blocks, bs, kind in ((3, 16, "causal"), (5, 16, "per-head"), (2, 32, "shared"), (3, 16, "causal")):
+        layout, heads = _layout(rng, kind, 2, blocks)
+        bst = BlocksparseTransformer(layout, bs, heads=heads)
+        q, k, v, do = (torch.from_numpy(a).double() for a in ref.draw_attention(rng, bst, 2, 8))
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        o = compiled(bst, *leaves)
+        o.backward(do)
+        want = ref.attention(bst.layout, *(x.numpy() for x in (q, k, v, do)), 0.35, None, None)
+        for got, w in zip((o, *(t.grad for t in leaves)), want):
+            assert rel_error(got, w) < 1e-10
+
+
+def test_copies_register_their_own_state(rng):
+    import copy
+    import gc
+    import pickle
+
+    from blocksparse.torch._live import LIVE
+
+    bst = BlocksparseTransformer(ref.causal_layout(3), 16, heads=2, mask_callback=ref.diagonal_causal)
+    copied, unpickled = copy.deepcopy(bst), pickle.loads(pickle.dumps(bst))
+    keys = {bst._live_key, copied._live_key, unpickled._live_key}
+    assert len(keys) == 3 and copied._handle == unpickled._handle == bst._handle
+    q, k, v = (torch.randn(1, 48, 16) for _ in range(3))
+    want = bst.weight_value_op(bst.softmax(bst.query_key_op(q, k)), v)
+    del bst
+    gc.collect()
+    assert len(keys & set(LIVE)) == 2
+    for other in (copied, unpickled):
+        torch.testing.assert_close(other.weight_value_op(other.softmax(other.query_key_op(q, k)), v), want)
+
+
 def test_autocast_cpu(rng):
     bst = BlocksparseTransformer(ref.causal_layout(2), 16, heads=2)
     q, k, v = (torch.randn(2, 32, 16) for _ in range(3))
