@@ -264,13 +264,31 @@ class Layout:
         self.blocks = int(self.coords.shape[0])
         self._tables = {}
 
+    #: Numbered by :meth:`numbered` (else: row-major or Morton order, from the mask).
+    custom_order = False
+
+    @classmethod
+    def numbered(cls, layout, block_size, coords, *, any_block_size=False):
+        """A layout whose block ``b`` is ``coords[b]``: the mask's blocks, each once, in any order
+        (e.g. a refined layout numbered block by block of the coarse one)."""
+        lay = cls(layout, block_size, any_block_size=any_block_size)
+        coords = np.asarray(coords, dtype=lay.coords.dtype)
+        ordered = coords[np.lexsort((coords[:, 1], coords[:, 0]))] if coords.ndim == 2 else coords
+        if coords.shape != lay.coords.shape or not np.array_equal(ordered, lay.coords):
+            raise ValueError(f"coords must list the layout's {lay.blocks} blocks (c, k) once each; got "
+                             f"shape {coords.shape}")
+        lay.coords, lay.custom_order = _readonly(coords), True
+        return lay
+
     def __repr__(self):
         return (f"Layout(CB={self.CB}, KB={self.KB}, block_size={self.block_size}, "
                 f"blocks={self.blocks}, density={self.density:.3f}, z_order={self.z_order})")
 
     def __eq__(self, other):
         return (isinstance(other, Layout) and self.block_size == other.block_size
-                and self.z_order == other.z_order and np.array_equal(self.mask, other.mask))
+                and self.z_order == other.z_order and np.array_equal(self.mask, other.mask)
+                and (not (self.custom_order or other.custom_order)
+                     or np.array_equal(self.coords, other.coords)))
 
     def __hash__(self):
         return hash((self.block_size, self.z_order, self.mask.shape, self.mask.tobytes()))

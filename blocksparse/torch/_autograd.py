@@ -6,9 +6,10 @@ arguments while no functorch transform is active; :func:`direct_apply` skips it 
 """
 import torch
 
-__all__ = ["direct_apply"]
+__all__ = ["direct_apply", "functorch_active"]
 
-_functorch_active = torch._C._are_functorch_transforms_active
+#: Whether a functorch transform (``vmap``, ``grad``, ...) is active (a C function: cheap).
+functorch_active = _functorch_active = torch._C._are_functorch_transforms_active
 
 
 def direct_apply(function):

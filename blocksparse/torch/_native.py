@@ -139,6 +139,8 @@ def records(fprop, make_backward):
     return ids or None
 
 
-def linear(x, w, bias, ids):
-    """``x @ W (+ bias)`` through the native op (``ids`` from :func:`records`)."""
-    return torch.ops.blocksparse_native.linear(x, w, bias, *ids)
+def linear(x, w, bias, ids, factor=1):
+    """``x @ W (+ bias)`` through the native op (``ids`` from :func:`records`); a refined layer
+    passes the factor of its refinement (:mod:`blocksparse.ops.matmul.refine`) and its coarse
+    weight."""
+    return torch.ops.blocksparse_native.linear(x, w, bias, *ids, factor)

@@ -185,11 +185,13 @@ class BlocksparseLinear(Dispatched, nn.Module):
         w, bias, dispatch = self.weight, self.bias, self.__dict__["_dispatch_ref"]
         check_input(x, self.in_features, w)
         x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
-        impl = dispatch.choose(x2, w)
-        if impl in _BSMM_IMPLS:  # the matmul ops: the kernels on CUDA, else the reference path
-            y = self.bsmm._linear(x2, w, bias)
-        else:
-            y = dispatch.run(impl, x2, w, bias)
+        y = dispatch.native(x2, w, bias)  # the eager CUDA fast path, else None
+        if y is None:
+            impl = dispatch.choose(x2, w)
+            if impl in _BSMM_IMPLS:  # the matmul ops: the kernels on CUDA, else the reference path
+                y = self.bsmm._linear(x2, w, bias)
+            else:
+                y = dispatch.run(impl, x2, w, bias)
         return y if x2 is x else y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self):

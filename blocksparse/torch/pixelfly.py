@@ -90,6 +90,7 @@ class PixelflyLinear(Dispatched, nn.Module):
         self.stretch = bool(stretch)
         self._dispatch = for_layout(Layout(mask, block_size, any_block_size=True), allow_tf32=allow_tf32,
                                     impl=impl, cost_model=cost_model, device=device)
+        self.__dict__["_dispatch_ref"] = self._dispatch  # read per call without nn.Module.__getattr__
         factory = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(self.layout.w_shape, **factory))
         if lowrank_size:
@@ -129,14 +130,16 @@ class PixelflyLinear(Dispatched, nn.Module):
         return dense
 
     def forward(self, x):
-        check_input(x, self.in_features, self.weight)
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features)
-        y = self._dispatch.run(self._dispatch.choose(x2, self.weight), x2, self.weight, self.bias)
+        w, bias, dispatch = self.weight, self.bias, self.__dict__["_dispatch_ref"]
+        check_input(x, self.in_features, w)
+        x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
+        y = dispatch.native(x2, w, bias)  # the eager CUDA fast path, else None
+        if y is None:
+            y = dispatch.run(dispatch.choose(x2, w), x2, w, bias)
         if self.lowrank_first is not None:
             # [N, in] @ [in, r] @ [r, out], added to y in one addmm
             y = torch.addmm(y, F.linear(x2, self.lowrank_first), self.lowrank_second.t())
-        return y.reshape(*lead, self.out_features)
+        return y if x2 is x else y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self):
         lay = self.layout

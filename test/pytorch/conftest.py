@@ -4,3 +4,30 @@ from torch_setup import IGNORE_WITHOUT_TORCH, HAVE_TORCH
 collect_ignore_glob = IGNORE_WITHOUT_TORCH
 if HAVE_TORCH:
     from torch_setup import poison_empty  # noqa: F401
+
+    import os
+
+    import pytest
+
+    @pytest.fixture(scope="session")
+    def gpu_kernels(tmp_path_factory):
+        """Path of a kernel library with every kernel for this GPU: ``BLOCKSPARSE_KERNELS`` if it
+        names one, else one built for this GPU's architecture (about a minute, once a session)."""
+        import torch
+
+        given = os.environ.get("BLOCKSPARSE_KERNELS", "")
+        if given and given != "jit":
+            return given
+        from kernel_build import build, can_build
+
+        if not can_build():
+            pytest.skip("no BLOCKSPARSE_KERNELS library and no way to build one")
+        major, minor = torch.cuda.get_device_capability()
+        arch = 80 if major == 8 else 10 * major + minor
+        return str(build(tmp_path_factory.mktemp("gpu-kernels"), "--archs", f"sm_{arch}"))
+
+    @pytest.fixture
+    def aot(gpu_kernels, monkeypatch):
+        """The kernel library serves the calls of the test (a fresh load of its path)."""
+        monkeypatch.setenv("BLOCKSPARSE_KERNELS", gpu_kernels)
+        monkeypatch.setenv("BLOCKSPARSE_BACKEND", "auto")

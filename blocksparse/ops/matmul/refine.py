@@ -2,12 +2,13 @@
 
 A block of ``bs = r * s`` (``s`` a block size the kernels take, e.g. 48 = 3 x 16, 256 = 2 x 128) is
 ``r x r`` blocks of ``s``: the *refined* layout sets block ``(c*r + i, k*r + j)`` for every
-``i, j < r`` of every block ``(c, k)``, and describes the same dense weight.  The packed weight is
-re-blocked by a reshape, a transpose and one gather (no arithmetic)::
+``i, j < r`` of every block ``(c, k)``, and describes the same dense weight.  It is numbered block
+by block of the coarse layout -- fine block ``b*r*r + i*r + j`` is part ``(i, j)`` of coarse block
+``b`` -- so the packed weight is re-blocked by one transposing copy (no gather, no arithmetic)::
 
-    w_fine = w.reshape(blocks, r, s, r, s).transpose(0, 1, 3, 2, 4).reshape(blocks * r * r, s, s)[perm]
+    w_fine = w.reshape(blocks, r, s, r, s).transpose(0, 1, 3, 2, 4).reshape(blocks * r * r, s, s)
 
-so that ``refined.dense(w_fine) == layout.dense(w)`` exactly; gradients flow back through the same
+and ``refined.dense(w_fine) == layout.dense(w)`` exactly; gradients flow back through the same
 ops.  The parameter keeps the user's block size (one storage format whatever runs it); the
 re-blocking costs one pass over the weight per call, small next to the activations.  A refined
 structured layout also groups well: the ``r`` fine columns of one block column have the same rows,
@@ -38,15 +39,11 @@ def refined_block_size(block_size, sizes=BLOCK_SIZES):
 
 @dataclass(frozen=True)
 class Refinement:
-    """A layout of block size ``factor * layout.block_size`` described by ``layout``.
-
-    ``perm[f]``: the row of the reshaped-and-transposed coarse weight (see the module docstring)
-    that becomes fine block ``f``.
-    """
+    """A layout of block size ``factor * layout.block_size`` described by ``layout`` (numbered
+    coarse block by coarse block: see the module docstring)."""
 
     layout: Layout
     factor: int
-    perm: np.ndarray
 
 
 def refine(layout, block_size):
@@ -56,13 +53,10 @@ def refine(layout, block_size):
         raise ValueError(f"block_size must divide the layout's block size {bs}; got {block_size}")
     r = bs // block_size
     mask = np.repeat(np.repeat(layout.mask, r, axis=0), r, axis=1)
-    fine = Layout(mask, block_size, any_block_size=block_size not in BLOCK_SIZES)
     c, k = layout.coords[:, 0], layout.coords[:, 1]
     i, j = np.divmod(np.arange(r * r), r)
-    # coarse block b, sub-block (i, j) sits at fine (c*r + i, k*r + j), source row b*r*r + i*r + j
-    fine_c = (c[:, None] * r + i[None, :]).ravel()
-    fine_k = (k[:, None] * r + j[None, :]).ravel()
-    perm = np.empty(fine.blocks, dtype=np.int64)
-    perm[fine.block_ids[fine_c, fine_k]] = np.arange(fine.blocks)
-    perm.setflags(write=False)
-    return Refinement(fine, r, perm)
+    # coarse block b, part (i, j): fine block b*r*r + i*r + j at (c*r + i, k*r + j)
+    coords = np.stack([(c[:, None] * r + i[None, :]).ravel(), (k[:, None] * r + j[None, :]).ravel()], axis=1)
+    fine = Layout.numbered(mask, block_size, coords, any_block_size=block_size not in BLOCK_SIZES)
+    return Refinement(fine, r)
+

@@ -24,7 +24,7 @@ from .._autograd import direct_apply
 from . import plan as _plan
 from . import products as _products
 
-__all__ = ["matmul", "MatmulFunction", "matmul_op", "matmul_dx_op", "matmul_dw_op"]
+__all__ = ["matmul", "MatmulFunction", "matmul_op", "matmul_dx_op", "matmul_dw_op", "native_ids"]
 
 
 def _out_like(x, features, axis):
@@ -127,7 +127,7 @@ def matmul(x, w, layout, axis, precision, bias=None):
     if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
                                     or (bias is not None and bias.requires_grad)):
         if x.is_cuda and _native.available():
-            ids = _native_ids(x, w, layout, axis, precision)
+            ids = native_ids(x, w, layout, axis, precision)
             if ids is not None:
                 return _native.linear(x, w, bias, ids)
         return _apply(x, w, bias, layout, axis, precision)
@@ -135,7 +135,7 @@ def matmul(x, w, layout, axis, precision, bias=None):
     return y if bias is None else _add_bias(y, bias, axis)
 
 
-def _native_ids(x, w, layout, axis, precision):
+def native_ids(x, w, layout, axis, precision):
     """The native op's record ids for this call (:func:`blocksparse.torch._native.records`), or None
     where the kernel library does not serve all three products of dense, aligned operands."""
     if not (x.is_contiguous() and w.is_contiguous() and x.numel()):

@@ -28,7 +28,10 @@ from ...ops.matmul.grouping import groups_well
 from ...ops.matmul.portable import row_tables
 from ...ops.matmul.refine import refine, refined_block_size
 from ...ops.matmul.configs import KERNEL_BLOCK_SIZES
+from .. import _native
+from .._autograd import functorch_active as _functorch_active
 from .._backend import KERNEL_DTYPES, autocast_dtype_of
+from .._matmul import ops as _ops
 from .._matmul.products import use_triton
 from .matmul import PortableTables, dense_matmul, portable_matmul
 
@@ -100,8 +103,7 @@ class LinearDispatch(nn.Module):
     device : torch.device, optional
         Where to create the index buffers (they follow the owning layer's ``.to()``).
 
-    A module without parameters: its buffers (the portable tables, the re-blocking permutation)
-    are not saved in ``state_dict``.
+    A module without parameters: its buffers (the portable tables) are not saved in ``state_dict``.
     """
 
     def __init__(self, layout: Layout, bsmm=None, refinement=None, *, impl="auto", cost_model=None,
@@ -113,24 +115,20 @@ class LinearDispatch(nn.Module):
         self.impl = self.check_impl(impl)
         self.cost_model = check_cost_model(cost_model)
         self.tables = PortableTables(row_tables(layout), layout.coords, device)
-        if refinement is not None:
-            self.register_buffer("perm", torch.tensor(refinement.perm, device=device), persistent=False)
         self.last_tokens = None
         self._plans = {}
         self._choices = {}
         self._structured = None
+        self._native = {}
         self.handle = _new_handle(self)
 
     def reset_buffers(self):
         """Refill the index buffers (after ``Module.to_empty()``, which leaves them uninitialised)."""
         self.tables.reset()
-        if self.refinement is not None:
-            with torch.no_grad():
-                self.perm.copy_(torch.tensor(self.refinement.perm))
 
     def __getstate__(self):
         # the decisions are a per-process memo (and hold read-only mappings that do not pickle)
-        return {**self.__dict__, "_plans": {}}
+        return {**self.__dict__, "_plans": {}, "_native": {}}
 
     def __setstate__(self, state):
         # a copy (deepcopy, pickle, torch.load) plans on its own: a traced graph reaches it by a
@@ -225,14 +223,53 @@ class LinearDispatch(nn.Module):
         return impl
 
     # ------------------------------------------------------------------ running
+    def native(self, x, w, bias):
+        """``x @ W (+ bias)`` as one native autograd node (:mod:`blocksparse.torch._native`: the
+        refinement of the weight, the three products and the bias in C++) where the call's kind runs
+        the kernel library's products, else None: :meth:`choose` and :meth:`run` serve it.
+
+        ``x``: 2-D, ``w``: the layer's weight, both checked by the layer.  Eager CUDA calls look the
+        answer up by everything it depends on -- one dict lookup after the first call of a kind.
+        """
+        if not x.is_cuda or _functorch_active() or torch.compiler.is_compiling():
+            return None
+        cast = autocast_dtype_of("cuda")
+        grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
+                                            or (bias is not None and bias.requires_grad))
+        key = (x.shape[0], x.dtype, w.dtype, x.get_device(), w.get_device(), cast, grad, self.impl,
+               _env.getenv("BLOCKSPARSE_BACKEND"), _env.getenv("BLOCKSPARSE_TORCH_NATIVE"),
+               torch._C._get_cublas_allow_tf32())
+        ids = self._native.get(key)
+        if ids is None:
+            ids = self._native[key] = self._native_ids(x, w) or False
+        if not ids or w.shape != self.layout.w_shape:
+            return None
+        self.__dict__["last_tokens"] = x.shape[0]
+        if cast is not None:  # ids exist for kernel dtypes only: no float64 here
+            x, w = x.to(cast), w.to(cast)
+        return _native.linear(x, w, bias, ids, 1 if self.refinement is None else self.refinement.factor)
+
+    def _native_ids(self, x, w):
+        """The native op's record ids for calls like this one, or None."""
+        if (self.bsmm is None or not x.numel() or x.device != w.device or w.shape != self.layout.w_shape
+                or not _native.available() or self.choose(x, w) != "kernels"):
+            return None
+        cast = autocast_dtype_of("cuda")
+        if cast is not None:
+            x, w = x.to(cast), w.to(cast)
+        if x.dtype != w.dtype or not use_triton(x, self.bsmm.block_size):
+            return None
+        x, w = (_dense(t) for t in (x, self.kernel_weight(w)))  # as the op hands them to the kernels
+        bsmm = self.bsmm
+        return _ops.native_ids(x, w, bsmm._handle, bsmm.axis, bsmm._precision)
+
     def kernel_weight(self, w):
         """The layer's weight as ``bsmm``'s weight: re-blocked when the layout was refined."""
         ref = self.refinement
         if ref is None:
             return w
-        s, r = ref.layout.block_size, ref.factor
-        fine = w.reshape(w.shape[0], r, s, r, s).transpose(2, 3).reshape(-1, s, s)
-        return fine.index_select(0, self.perm)
+        s, r = ref.layout.block_size, ref.factor  # the refined layout is numbered coarse block by block
+        return w.reshape(w.shape[0], r, s, r, s).transpose(2, 3).reshape(-1, s, s)
 
     def run(self, impl, x, w, bias=None):
         """``x @ W (+ bias)`` by ``impl``; ``x`` ``(N, C)``, ``w`` the layer's ``(blocks, bs, bs)``."""
@@ -262,6 +299,12 @@ class LinearDispatch(nn.Module):
                                    or autocast_dtype_of(x.device.type) is None):  # autocast leaves float64
             raise TypeError(f"input and weight must have the same dtype (or float16 / bfloat16 / float32 under "
                             f"autocast); got {x.dtype} and {w.dtype}")
+
+
+def _dense(t):
+    """``t`` contiguous on a 16-byte boundary (as the native op makes its operands)."""
+    t = t.contiguous()
+    return t if not t.data_ptr() % 16 else t.clone()
 
 
 def check_input(x, in_features, weight):

@@ -9,6 +9,9 @@
 // cast after.  Records are registered once and named by an integer; the op takes three of them.
 // Each record carries the addresses of its kernel library's bsk_launch and bsk_memset32, so this
 // file links against nothing but torch.
+//
+// A layer whose block size the kernels do not take passes the factor of its refinement: the op
+// re-blocks the kernels' weight and the gradient itself.
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -83,14 +86,32 @@ at::Tensor aligned(const at::Tensor &t) {
   return t.clone(at::MemoryFormat::Contiguous);
 }
 
+// A layer whose blocks are larger than the kernels' runs on its layout refined by `factor` r into
+// the kernels' block size s, numbered coarse block by coarse block: fine block b*r*r + i*r + j is
+// part (i, j) of coarse block b.  The fine weight is one transposing copy of the coarse one, and
+// its gradient one back.
+at::Tensor refine(const at::Tensor &w, int64_t r) {
+  const int64_t blocks = w.size(0), s = w.size(1) / r;
+  return w.reshape({blocks, r, s, r, s}).transpose(2, 3).contiguous().view({blocks * r * r, s, s});
+}
+
+at::Tensor coarsen(const at::Tensor &dw_fine, int64_t r) {
+  const int64_t s = dw_fine.size(1), blocks = dw_fine.size(0) / (r * r);
+  return dw_fine.view({blocks, r, r, s, s}).transpose(2, 3).contiguous().view({blocks, r * s, r * s});
+}
+
 struct LinearFunction : public torch::autograd::Function<LinearFunction> {
-  static at::Tensor forward(torch::autograd::AutogradContext *ctx, const at::Tensor &x, const at::Tensor &w,
-                            const std::optional<at::Tensor> &bias, int64_t fprop, int64_t bprop, int64_t updat) {
-    ctx->save_for_backward({x, w});
+  static at::Tensor forward(torch::autograd::AutogradContext *ctx, const at::Tensor &x_in, const at::Tensor &w,
+                            const std::optional<at::Tensor> &bias, int64_t fprop, int64_t bprop, int64_t updat,
+                            int64_t factor) {
+    at::Tensor x = aligned(x_in);
+    at::Tensor wk = factor > 1 ? refine(w, factor) : aligned(w);
+    ctx->save_for_backward({x, wk});
     ctx->saved_data["bprop"] = bprop;
     ctx->saved_data["updat"] = updat;
     ctx->saved_data["bias_dtype"] = bias ? static_cast<int64_t>(bias->scalar_type()) : int64_t(-1);
-    at::Tensor y = run(record(fprop), x, w);
+    ctx->saved_data["factor"] = factor;
+    at::Tensor y = run(record(fprop), x, wk);
     if (bias) y.add_(bias->scalar_type() == y.scalar_type() ? *bias : bias->to(y.scalar_type()));
     return y;
   }
@@ -102,17 +123,25 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
     at::Tensor dy = aligned(grads[0]);
     at::Tensor dx, dw, db;
     if (ctx->needs_input_grad(0)) dx = run(record(ctx->saved_data["bprop"].toInt()), dy, w);
-    if (ctx->needs_input_grad(1)) dw = run(record(ctx->saved_data["updat"].toInt()), x, dy);
+    if (ctx->needs_input_grad(1)) {
+      dw = run(record(ctx->saved_data["updat"].toInt()), x, dy);
+      int64_t factor = ctx->saved_data["factor"].toInt();
+      if (factor > 1) dw = coarsen(dw, factor);
+    }
     int64_t bias_dtype = ctx->saved_data["bias_dtype"].toInt();
     if (bias_dtype >= 0 && ctx->needs_input_grad(2))
       db = dy.sum(0).to(static_cast<at::ScalarType>(bias_dtype));
-    return {dx, dw, db, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dx, dw, db, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 at::Tensor linear(const at::Tensor &x, const at::Tensor &w, const std::optional<at::Tensor> &bias, int64_t fprop,
-                  int64_t bprop, int64_t updat) {
-  return LinearFunction::apply(x, w, bias, fprop, bprop, updat);
+                  int64_t bprop, int64_t updat, int64_t factor) {
+  TORCH_CHECK(factor >= 1, "factor must be >= 1; got ", factor);
+  if (factor > 1)
+    TORCH_CHECK(w.dim() == 3 && w.size(1) == w.size(2) && w.size(1) % factor == 0,
+                "w must have shape (blocks, bs, bs) with bs a multiple of factor ", factor, "; got ", w.sizes());
+  return LinearFunction::apply(x, w, bias, fprop, bprop, updat, factor);
 }
 
 int64_t add_record(int64_t launch, int64_t memset32, int64_t spec, at::IntArrayRef grid, const at::Tensor &words, int64_t nargs,
@@ -149,7 +178,7 @@ int64_t add_record(int64_t launch, int64_t memset32, int64_t spec, at::IntArrayR
 }  // namespace
 
 TORCH_LIBRARY(blocksparse_native, m) {
-  m.def("linear(Tensor x, Tensor w, Tensor? bias, int fprop, int bprop, int updat) -> Tensor");
+  m.def("linear(Tensor x, Tensor w, Tensor? bias, int fprop, int bprop, int updat, int factor=1) -> Tensor");
   m.impl("linear", c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(linear));
   m.def("add_record(int launch, int memset32, int spec, int[] grid, Tensor words, int nargs, int[] slots, int[] out_shape, "
         "ScalarType out_dtype, bool zero, ScalarType? cast_to, bool pretranspose) -> int",

@@ -61,8 +61,24 @@ def test_refinement_describes_the_same_weight(rng, bs, fine, z_order):
     r = bs // fine
     assert ref.factor == r and ref.layout.block_size == fine and ref.layout.blocks == lay.blocks * r * r
     w = rng.standard_normal(lay.w_shape)
-    w_fine = w.reshape(lay.blocks, r, fine, r, fine).transpose(0, 1, 3, 2, 4).reshape(-1, fine, fine)[ref.perm]
+    w_fine = w.reshape(lay.blocks, r, fine, r, fine).transpose(0, 1, 3, 2, 4).reshape(-1, fine, fine)  # no gather
     np.testing.assert_array_equal(ref.layout.dense(w_fine), lay.dense(w))
+    assert ref.layout.custom_order and ref.layout != Layout(ref.layout.mask, fine, any_block_size=True)
+
+
+def test_a_numbered_layout_lists_each_block_once(rng):
+    mask = random_layout(rng, 4, 5, 0.5)
+    lay = Layout(mask, 16)
+    order = rng.permutation(lay.blocks)
+    numbered = Layout.numbered(mask, 16, lay.coords[order])
+    w = rng.standard_normal(lay.w_shape)
+    np.testing.assert_array_equal(numbered.dense(w[order]), lay.dense(w))
+    assert numbered == Layout.numbered(mask, 16, lay.coords[order]) and numbered != lay
+    assert Layout.numbered(mask, 16, lay.coords) == lay  # the same numbering
+    with pytest.raises(ValueError, match=f"coords must list the layout's {lay.blocks} blocks"):
+        Layout.numbered(mask, 16, lay.coords[[0] * lay.blocks])
+    with pytest.raises(ValueError, match="coords must list"):
+        Layout.numbered(mask, 16, lay.coords[:-1])
 
 
 def test_refinement_bad_size():

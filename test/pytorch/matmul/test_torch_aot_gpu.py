@@ -3,10 +3,7 @@ size, dtype and feature axis against float64 with NaN-poisoned outputs, every pl
 taking a compiled spec, the plan cache, CUDA graphs, several devices' current streams.  Skipped
 without a GPU.
 
-The library: ``BLOCKSPARSE_KERNELS`` if it names one, else one built for this GPU's architecture
-at the start of the session (about a minute: every dtype and block size)."""
-import os
-
+The library: the ``gpu_kernels`` fixture (``test/pytorch/conftest.py``)."""
 import numpy as np
 import pytest
 
@@ -20,28 +17,6 @@ from blocksparse.torch._matmul import plan as _plan  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-@pytest.fixture(scope="module")
-def gpu_kernels(tmp_path_factory):
-    """Path of a kernel library with every kernel for this GPU."""
-    given = os.environ.get("BLOCKSPARSE_KERNELS", "")
-    if given and given != "jit":
-        return given
-    from kernel_build import build, can_build
-
-    if not can_build():
-        pytest.skip("no BLOCKSPARSE_KERNELS library and no way to build one")
-    major, minor = torch.cuda.get_device_capability()
-    arch = 80 if major == 8 else 10 * major + minor
-    return str(build(tmp_path_factory.mktemp("gpu-kernels"), "--archs", f"sm_{arch}"))
-
-
-@pytest.fixture
-def aot(gpu_kernels, monkeypatch):
-    """The kernel library serves the calls of the test (a fresh load of its path)."""
-    monkeypatch.setenv("BLOCKSPARSE_KERNELS", gpu_kernels)
-    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "auto")
 
 
 def _plans(bsmm):

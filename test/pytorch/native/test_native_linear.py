@@ -24,7 +24,8 @@ FAKE_RUNTIME = r"""
 #include <stdio.h>
 #include <string.h>
 /* words: [0] elements to write, [1] input (float*), [2] second operand (float*), [3] output
- * (float*), [4] input elements, [5] 1: add to the output (it must have been zero-filled) */
+ * (float*), [4] input elements, [5] 1: add to the output (it must have been zero-filled), 2: copy
+ * the second operand */
 int launches[64], n_launches;
 uint64_t memset_counts[64]; int n_memsets;
 int fake_launch(int spec, const unsigned *grid, const uint64_t *w, int nargs, void *stream, char *msg, size_t size) {
@@ -32,7 +33,8 @@ int fake_launch(int spec, const unsigned *grid, const uint64_t *w, int nargs, vo
   launches[n_launches++ % 64] = spec;
   const float *in = (const float *)w[1], *b = (const float *)w[2];
   float *out = (float *)w[3];
-  for (uint64_t i = 0; i < w[0]; ++i) out[i] = (w[5] ? out[i] : 0.0f) + in[i % w[4]] * (float)spec + b[0];
+  for (uint64_t i = 0; i < w[0]; ++i)
+    out[i] = w[5] == 2 ? b[i] : (w[5] ? out[i] : 0.0f) + in[i % w[4]] * (float)spec + b[0];
   return 0;
 }
 int fake_memset(uint64_t address, uint32_t value, size_t count, void *stream, char *msg, size_t size) {
@@ -59,8 +61,8 @@ def native(tmp_path_factory):
     return ctypes.CDLL(str(cache / "fake.so"))
 
 
-def _record(lib, spec, out_shape, out_elems, in_elems, *, zero=False, dtype=torch.float32, cast_to=None):
-    words = torch.tensor([out_elems, 0, 0, 0, in_elems, int(zero)], dtype=torch.int64)
+def _record(lib, spec, out_shape, out_elems, in_elems, *, zero=False, dtype=torch.float32, cast_to=None, copy=False):
+    words = torch.tensor([out_elems, 0, 0, 0, in_elems, 2 if copy else int(zero)], dtype=torch.int64)
     return torch.ops.blocksparse_native.add_record(
         _native._address(lib.fake_launch), _native._address(lib.fake_memset), spec, [3, 1, 1], words, 6,
         [1, 0, 2, 1, 3, 2], list(out_shape), dtype, zero, cast_to, False)
@@ -112,6 +114,44 @@ def test_a_strided_gradient_is_made_dense_first(native, rng):
     dy = torch.from_numpy(rng.standard_normal((5, 4))).float().t()  # not contiguous
     (dx,) = torch.autograd.grad(y, (x,), dy)
     torch.testing.assert_close(dx, _expected(dy.contiguous(), w, 3, (4, 6)))
+
+
+@pytest.mark.parametrize("block_size", [48, 256])
+def test_a_refined_weight_is_reblocked_and_its_gradient_back(native, rng, block_size):
+    """With a factor, the op hands the kernels the refined weight (compared with the Python
+    re-blocking, :meth:`LinearDispatch.kernel_weight`) and returns the gradient of the coarse one."""
+    from blocksparse.layout import Layout
+    from blocksparse.torch._portable.dispatch import for_layout
+
+    mask = rng.random((3, 2)) < 0.6
+    mask[0, 0] = True
+    dispatch = for_layout(Layout(mask, block_size, any_block_size=True))
+    factor = dispatch.refinement.factor
+    s = block_size // factor
+    coarse = dispatch.layout.blocks
+    n = coarse * factor * factor
+    w = torch.from_numpy(rng.standard_normal((coarse, block_size, block_size))).float().requires_grad_()
+    x = torch.from_numpy(rng.standard_normal((4, 6))).float()
+    fine = n * s * s
+    ids = (_record(native, 2, (n, s, s), fine, 24, copy=True), _record(native, 3, (4, 6), 24, fine),
+           _record(native, 4, (n, s, s), fine, 24, copy=True))
+    y = torch.ops.blocksparse_native.linear(x, w, None, *ids, factor)
+    torch.testing.assert_close(y, dispatch.kernel_weight(w.detach()), rtol=0, atol=0)
+    dense = dispatch.bsmm.layout.dense(y.detach().numpy())  # the refined layout's reading of it: the coarse weight
+    np.testing.assert_array_equal(dense, dispatch.layout.dense(w.detach().numpy()))
+    dy = torch.from_numpy(rng.standard_normal((n, s, s))).float()
+    (dw,) = torch.autograd.grad(y, (w,), dy)
+    (expected,) = torch.autograd.grad(dispatch.kernel_weight(w), (w,), dy)  # the Python re-blocking's
+    torch.testing.assert_close(dw, expected, rtol=0, atol=0)
+
+
+def test_a_bad_refinement_factor_is_refused(native):
+    x, w = torch.ones(4, 6), torch.ones(3, 4, 4)
+    ids = (_record(native, 2, (4, 5), 20, 24),) * 3
+    with pytest.raises(RuntimeError, match="multiple of factor 3"):
+        torch.ops.blocksparse_native.linear(x, w, None, *ids, 3)
+    with pytest.raises(RuntimeError, match="factor must be >= 1"):
+        torch.ops.blocksparse_native.linear(x, w, None, *ids, 0)
 
 
 def test_the_output_is_cast_where_the_record_says(native, rng):
