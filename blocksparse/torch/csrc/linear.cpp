@@ -57,8 +57,9 @@ void *current_stream(const at::Tensor &t) {
   return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(t.device()).native_handle();
 }
 
-// One product: allocate, (zero-fill,) launch, (cast).
-at::Tensor run(const Record &r, const at::Tensor &a, at::Tensor b) {
+// One product: allocate, (zero-fill,) launch, (cast,) (add the bias per output feature: in the
+// same pass as the cast where there is one).
+at::Tensor run(const Record &r, const at::Tensor &a, at::Tensor b, const std::optional<at::Tensor> &bias = {}) {
   const c10::DeviceGuard guard(a.device());  // the default stream launches in the current device's context
   if (r.pretranspose) b = b.transpose(1, 2).contiguous();
   at::Tensor out = at::empty(r.out_shape, a.options().dtype(r.out_dtype));
@@ -77,7 +78,12 @@ at::Tensor run(const Record &r, const at::Tensor &a, at::Tensor b) {
   int status = r.launch(static_cast<int>(r.spec), r.grid, words.data(), static_cast<int>(r.nargs), stream, message,
                          sizeof message);
   TORCH_CHECK(status == 0, "blocksparse: kernel launch failed: ", message);
-  return r.cast_to ? out.to(*r.cast_to) : out;
+  if (!bias) return r.cast_to ? out.to(*r.cast_to) : out;
+  if (r.cast_to) {  // the float32 sums plus the bias, rounded once to the output dtype
+    at::Tensor y = at::empty(r.out_shape, a.options().dtype(*r.cast_to));
+    return at::add_out(y, out, *bias);
+  }
+  return out.add_(bias->scalar_type() == out.scalar_type() ? *bias : bias->to(out.scalar_type()));
 }
 
 at::Tensor aligned(const at::Tensor &t) {
@@ -111,9 +117,7 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
     ctx->saved_data["updat"] = updat;
     ctx->saved_data["bias_dtype"] = bias ? static_cast<int64_t>(bias->scalar_type()) : int64_t(-1);
     ctx->saved_data["factor"] = factor;
-    at::Tensor y = run(record(fprop), x, wk);
-    if (bias) y.add_(bias->scalar_type() == y.scalar_type() ? *bias : bias->to(y.scalar_type()));
-    return y;
+    return run(record(fprop), x, wk, bias);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,

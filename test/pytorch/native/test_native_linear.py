@@ -161,6 +161,10 @@ def test_the_output_is_cast_where_the_record_says(native, rng):
     y = torch.ops.blocksparse_native.linear(x, w, None, *ids)
     assert y.dtype == torch.float64
     torch.testing.assert_close(y, _expected(x, w, 2, (4, 5)).double())
+    bias = torch.from_numpy(rng.standard_normal(5)).float()  # added in the cast's pass
+    y = torch.ops.blocksparse_native.linear(x, w, bias, *ids)
+    assert y.dtype == torch.float64
+    torch.testing.assert_close(y, _expected(x, w, 2, (4, 5)).double() + bias.double())
 
 
 def test_errors_name_what_failed(native, rng):
