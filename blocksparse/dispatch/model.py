@@ -17,7 +17,7 @@ expected within ``margin`` (default 5%) of it is *acceptable*, and the first acc
 :data:`PREFERENCE` is chosen -- the kernels first: a table times one layer's call alone, and
 inside a model the kernels' eager call (one native autograd node in PyTorch) costs less host time
 than the dense masked product's several framework ops and nodes (the small pixelfly MLP in bf16 on
-an H200: 1.17x ``nn.Linear``'s time with the kernels, 1.86x dense masked, where the table had the
+an H200: 1.10x ``nn.Linear``'s time with the kernels, 1.85x dense masked, where the table had the
 two within 2%); dense next, whose speed varies least across shapes.  On the measured grid the expected times are
 the measurements, so the choice there is never more than ``margin`` slower than the best.
 """

@@ -63,8 +63,11 @@ def test_one_cpp_node_against_float64_and_the_general_path(native, rng, monkeypa
     y_py = layer(x)
     assert "CppFunction" not in type(y_py.grad_fn.next_functions[0][0]).__name__
     general = (y_py.reshape(-1, layer.out_features), *_grads(layer, x, y_py, dy))
+    # to rounding: split products add by atomics, and where they accumulate in float32 the native
+    # op adds the bias before rounding to the output dtype, the general path after (y: one rounding)
+    eps = torch.finfo(dt).eps
     for name, g, py in zip(("y", "dx", "dw", "db"), got, general):
-        assert rel_error(g, py) < tol / 10, name  # to rounding: split products add by atomics
+        assert rel_error(g, py) < tol / 10 + (eps / 2 if name == "y" else 0), name
 
 
 @pytest.mark.parametrize("kind", ["linear-bs32", "pixelfly-bs256"])
