@@ -164,7 +164,6 @@ class BlocksparseLinear(Dispatched, nn.Module):
                                       allow_tf32=allow_tf32)
         self._dispatch = LinearDispatch(self.bsmm.layout, self.bsmm, impl=impl, cost_model=cost_model,
                                         device=device)
-        self.__dict__["_dispatch_ref"] = self._dispatch  # read per call without nn.Module.__getattr__
         self.in_features, self.out_features = self.bsmm.C, self.bsmm.K
         factory = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(self.bsmm.w_shape, **factory))
@@ -182,7 +181,8 @@ class BlocksparseLinear(Dispatched, nn.Module):
         uniform_fan_in_(self.weight, self.bias, self.layout)
 
     def forward(self, x):
-        w, bias, dispatch = self.weight, self.bias, self.__dict__["_dispatch_ref"]
+        # the dispatch read without nn.Module.__getattr__ (a DataParallel replica's own)
+        w, bias, dispatch = self.weight, self.bias, self._modules["_dispatch"]
         check_input(x, self.in_features, w)
         x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         y = dispatch.native(x2, w, bias)  # the eager CUDA fast path, else None

@@ -90,7 +90,6 @@ class PixelflyLinear(Dispatched, nn.Module):
         self.stretch = bool(stretch)
         self._dispatch = for_layout(Layout(mask, block_size, any_block_size=True), allow_tf32=allow_tf32,
                                     impl=impl, cost_model=cost_model, device=device)
-        self.__dict__["_dispatch_ref"] = self._dispatch  # read per call without nn.Module.__getattr__
         factory = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(self.layout.w_shape, **factory))
         if lowrank_size:
@@ -130,7 +129,8 @@ class PixelflyLinear(Dispatched, nn.Module):
         return dense
 
     def forward(self, x):
-        w, bias, dispatch = self.weight, self.bias, self.__dict__["_dispatch_ref"]
+        # the dispatch read without nn.Module.__getattr__ (a DataParallel replica's own)
+        w, bias, dispatch = self.weight, self.bias, self._modules["_dispatch"]
         check_input(x, self.in_features, w)
         x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         y = dispatch.native(x2, w, bias)  # the eager CUDA fast path, else None
