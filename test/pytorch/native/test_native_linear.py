@@ -165,6 +165,12 @@ def test_the_output_is_cast_where_the_record_says(native, rng):
     y = torch.ops.blocksparse_native.linear(x, w, bias, *ids)
     assert y.dtype == torch.float64
     torch.testing.assert_close(y, _expected(x, w, 2, (4, 5)).double() + bias.double())
+    # float32 sums to bfloat16 with a bfloat16 bias: the sum rounded once
+    ids = (_record(native, 2, (4, 5), 20, 24, cast_to=torch.bfloat16), 0, 0)
+    y = torch.ops.blocksparse_native.linear(x, w, bias.bfloat16(), *ids)
+    exact = _expected(x, w, 2, (4, 5)).double() + bias.bfloat16().double()
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y, exact.bfloat16(), rtol=0, atol=0)
 
 
 def test_errors_name_what_failed(native, rng):
