@@ -1,8 +1,10 @@
 """Layer norm and fused LSTM gates on a GPU: ours vs PyTorch, as a fraction of HBM bandwidth.
 
-    python bench/norms.py --out bench/results            # the full run: about 2 minutes on an H200
+    python bench/norms.py --out bench/results            # the full run: about 8 minutes on an H200
     python bench/norms.py --out /tmp/smoke --quick       # one shape per dtype: under a minute
     python bench/norms.py --out /tmp/cpu --quick --cpu   # tiny shapes through Triton's interpreter
+
+``--dtypes``, ``--axes`` (layer-norm layouts), ``--tokens`` and ``--ops`` run parts (about 4 minutes a dtype).
 
 Of the full run's time, ~20 s compile our kernels (in ``--workers`` processes, first) and ~30 s
 the ``torch.compile`` baseline (``--no-compile`` skips it); ``--ops layer_norm`` runs one family.
@@ -234,19 +236,19 @@ def _warm(todo):
     return fails
 
 
-def warm_up(quick, workers):
+def warm_up(quick, dtypes, tokens, workers):
     from concurrent.futures import ProcessPoolExecutor
     import multiprocessing as mp
-    todo = sorted({(dtype, c) for dtype, _, c in problems(quick)})
+    todo = sorted({(dtype, c) for dtype, _, c in problems(quick, dtypes, tokens)})
     with ProcessPoolExecutor(min(workers, len(todo)), mp_context=mp.get_context("spawn")) as pool:
         return [f for part in pool.map(_warm, [todo[i::workers] for i in range(workers)]) for f in part]
 
 
-def problems(quick):
-    tokens, features = ((TOKENS[0],), (FEATURES[0],)) if quick else (TOKENS, FEATURES)
+def problems(quick, dtypes=DTYPES, tokens=TOKENS):
+    tokens, features = ((tokens[0],), (FEATURES[0],)) if quick else (tokens, FEATURES)
     if CPU:
         tokens, features = (13,), (40,)
-    for dtype in DTYPES:
+    for dtype in dtypes:
         for n in tokens:
             for c in features:
                 yield dtype, n, c
@@ -256,11 +258,11 @@ def measure(args, hbm_gbs, save):
     device = "cpu" if CPU else "cuda"
     compiled = {}
     rows = []
-    for dtype, n, c in problems(args.quick):
+    for dtype, n, c in problems(args.quick, args.dtypes, args.tokens):
         cases = []
         if "layer_norm" in args.ops:
             cases += [lambda axis=axis, relu=relu: LayerNormCase(n, c, common.DTYPES[dtype], axis, relu, device)
-                      for axis, relu in LN_VARIANTS]
+                      for axis, relu in LN_VARIANTS if axis in args.axes]
         if "lstm_gates" in args.ops:
             if not args.no_compile and dtype not in compiled:
                 compiled[dtype] = torch.compile(lstm_unfused, dynamic=True)
@@ -308,6 +310,8 @@ def markdown(meta, rows):
             out.append(f"| {n} | {c} | " + " | ".join(cells) + " |")
         out.append("")
     out += ["`!` marks a result outside the dtype's tolerance against float64 (none expected).", ""]
+    if meta.get("note"):
+        out += [meta["note"], ""]
     return "\n".join(out)
 
 
@@ -324,12 +328,15 @@ def main():
     ap.add_argument("--reps", type=int, default=None, help="graph replays per timing (default 20; CPU 1)")
     ap.add_argument("--workers", type=int, default=6, help="processes compiling the kernels before the run")
     ap.add_argument("--ops", nargs="+", choices=("layer_norm", "lstm_gates"), default=("layer_norm", "lstm_gates"))
+    ap.add_argument("--dtypes", nargs="+", choices=DTYPES, default=DTYPES)
+    ap.add_argument("--axes", nargs="+", type=int, choices=(1, 0), default=(1, 0), help="layer-norm layouts")
+    ap.add_argument("--tokens", nargs="+", type=int, default=TOKENS, help="token counts N")
     args = ap.parse_args()
     args.reps = args.reps or (1 if CPU else 20)
     args.no_compile = args.no_compile or CPU  # inductor's CPU code needs a C++ toolchain: not a GPU check
     t0 = time.time()
     import triton
-    for fail in warm_up(args.quick, args.workers):
+    for fail in warm_up(args.quick, args.dtypes, args.tokens, args.workers):
         print("  WARM-UP FAILED", *fail, flush=True)
     print(f"kernels compiled in {time.time() - t0:.0f}s", flush=True)
     hbm = None if CPU else common.hbm_bandwidth_gbs()

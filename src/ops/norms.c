@@ -99,8 +99,11 @@ static void strides(bsk_arg *stride_n, bsk_arg *stride_f, const bsk_layer_norm_c
   bsk_ops_i32(stride_f, call->axis == 1 ? 1 : call->n_tokens);
 }
 
-static int64_t bwd_programs(const ln_spec *s, const bsk_layer_norm_call *call, int sms) {
+/* Programs per segment: one per token tile, or (programs_per_sm > 0) at most that many per SM,
+ * each taking every P-th tile. */
+static int64_t programs(const ln_spec *s, const bsk_layer_norm_call *call, int sms) {
   int64_t tiles = bsk_ops_cdiv(call->n_tokens, s->bn);
+  if (s->programs_per_sm <= 0) return tiles < 1 ? 1 : tiles;
   int64_t by_sms = (int64_t)s->programs_per_sm * sms / call->segments;
   int64_t programs = tiles < by_sms ? tiles : by_sms;
   return programs < 1 ? 1 : programs;
@@ -134,11 +137,11 @@ int bsk_layer_norm_workspace(const bsk_layer_norm_call *call, void *stream, size
   const ln_spec *s;
   int arch, sms, status = device_spec(call, 1, stream, &s, &arch, &sms, message, size);
   if (status) return status;
-  *bytes = 2 * part_bytes(bwd_programs(s, call, sms), call);
+  *bytes = 2 * part_bytes(programs(s, call, sms), call);
   return BSK_OK;
 }
 
-static int run_forward(const ln_spec *s, const bsk_layer_norm_call *call, void *stream, char *message,
+static int run_forward(const ln_spec *s, const bsk_layer_norm_call *call, int sms, void *stream, char *message,
                        size_t size) {
   bsk_arg v[V_COUNT];
   memset(v, 0, sizeof(v));
@@ -147,7 +150,7 @@ static int run_forward(const ln_spec *s, const bsk_layer_norm_call *call, void *
   bsk_ops_i32(&v[V_N], call->n_tokens), bsk_ops_i32(&v[V_CS], segment_features(call));
   bsk_ops_f32(&v[V_EPSILON], call->epsilon);
   strides(&v[V_STRIDE_XN], &v[V_STRIDE_XF], call), strides(&v[V_STRIDE_YN], &v[V_STRIDE_YF], call);
-  unsigned grid[3] = {(unsigned)bsk_ops_cdiv(call->n_tokens, s->bn), (unsigned)call->segments, 1};
+  unsigned grid[3] = {(unsigned)programs(s, call, sms), (unsigned)call->segments, 1};
   return bsk_ops_launch(&s->args, grid, v, stream, message, size);
 }
 
@@ -160,8 +163,8 @@ static int run_backward(const ln_spec *s, const bsk_layer_norm_call *call, int a
   }
   if (call->workspace % 16)
     return bsk_fail(message, size, BSK_ERR_INVALID, "workspace must be aligned to 16 bytes");
-  int64_t programs = bwd_programs(s, call, sms);
-  size_t part = part_bytes(programs, call);
+  int64_t n_programs = programs(s, call, sms);
+  size_t part = part_bytes(n_programs, call);
   uint64_t dg_part = call->workspace, db_part = call->workspace + part;
   /* chunked tiles add into their partial rows: they start zeroed */
   if (!s->one_chunk && (status = bsk_memset32(call->workspace, 0, 2 * part / 4, stream, message, size)))
@@ -175,9 +178,9 @@ static int run_backward(const ln_spec *s, const bsk_layer_norm_call *call, int a
   bsk_ops_i32(&v[V_N], call->n_tokens), bsk_ops_i32(&v[V_CS], segment_features(call));
   strides(&v[V_STRIDE_XN], &v[V_STRIDE_XF], call), strides(&v[V_STRIDE_DYN], &v[V_STRIDE_DYF], call);
   strides(&v[V_STRIDE_DXN], &v[V_STRIDE_DXF], call);
-  unsigned grid[3] = {(unsigned)programs, (unsigned)call->segments, 1};
+  unsigned grid[3] = {(unsigned)n_programs, (unsigned)call->segments, 1};
   if ((status = bsk_ops_launch(&s->args, grid, v, stream, message, size))) return status;
-  return bsk_sum_rows_run("norms", arch, dg_part, db_part, call->dg, call->db, programs, call->features, stream,
+  return bsk_sum_rows_run("norms", arch, dg_part, db_part, call->dg, call->db, n_programs, call->features, stream,
                           message, size);
 }
 
@@ -186,6 +189,6 @@ int bsk_layer_norm_run(const bsk_layer_norm_call *call, int backward, void *stre
   const ln_spec *s;
   int arch, sms, status = device_spec(call, backward, stream, &s, &arch, &sms, message, size);
   if (status) return status;
-  if (!backward) return call->n_tokens ? run_forward(s, call, stream, message, size) : BSK_OK;
+  if (!backward) return call->n_tokens ? run_forward(s, call, sms, stream, message, size) : BSK_OK;
   return run_backward(s, call, arch, sms, stream, message, size);
 }

@@ -27,23 +27,42 @@ def _tanh(x):
 
 
 @triton.jit
-def _gate(P, o_n, o_k, m, stride, BIAS, offset, m_k, HAS_BIAS: tl.constexpr):
-    """Load one gate's ``[BN, BK]`` pre-activation in float32, its bias added."""
-    b = tl.load(P + o_n[:, None].to(tl.int64) * stride + o_k[None, :], mask=m, other=0.0).to(tl.float32)
+def _load(P, o_n, o_k, m, stride):
+    """A ``[BN, BK]`` tile in its own dtype (zeros outside the mask)."""
+    return tl.load(P + o_n[:, None].to(tl.int64) * stride + o_k[None, :], mask=m, other=0.0)
+
+
+@triton.jit
+def _biases(BIAS, o_k, m_k, K, HAS_BIAS: tl.constexpr):
+    """The four gates' ``[BK]`` biases in float32 (zeros without a bias: then never added)."""
     if HAS_BIAS:
-        b += tl.load(BIAS + offset + o_k, mask=m_k, other=0.0).to(tl.float32)[None, :]
+        b_bi = tl.load(BIAS + o_k, mask=m_k, other=0.0).to(tl.float32)
+        b_bj = tl.load(BIAS + K + o_k, mask=m_k, other=0.0).to(tl.float32)
+        b_bf = tl.load(BIAS + 2 * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+        b_bo = tl.load(BIAS + 3 * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+    else:
+        b_bi = tl.zeros(o_k.shape, dtype=tl.float32)
+        b_bj, b_bf, b_bo = b_bi, b_bi, b_bi
+    return b_bi, b_bj, b_bf, b_bo
+
+
+@triton.jit
+def _pre(r, b_bias, HAS_BIAS: tl.constexpr):
+    """A gate's pre-activation in float32, its bias added."""
+    b = r.to(tl.float32)
+    if HAS_BIAS:
+        b += b_bias[None, :]
     return b
 
 
 @triton.jit
-def _activations(C, I, J, F, O, BIAS, o_n, o_k, m, m_k, K, forget_bias,
-                 stride_c, stride_i, stride_j, stride_f, stride_o, HAS_BIAS: tl.constexpr):
-    """``(c, i, j, f, o, c_next)`` of a tile, gates activated, in float32."""
-    b_c = tl.load(C + o_n[:, None].to(tl.int64) * stride_c + o_k[None, :], mask=m, other=0.0).to(tl.float32)
-    b_i = tl.sigmoid(_gate(I, o_n, o_k, m, stride_i, BIAS, 0, m_k, HAS_BIAS))
-    b_j = _tanh(_gate(J, o_n, o_k, m, stride_j, BIAS, K, m_k, HAS_BIAS))
-    b_f = tl.sigmoid(_gate(F, o_n, o_k, m, stride_f, BIAS, 2 * K, m_k, HAS_BIAS) + forget_bias)
-    b_o = tl.sigmoid(_gate(O, o_n, o_k, m, stride_o, BIAS, 3 * K, m_k, HAS_BIAS))
+def _activate(r_c, r_i, r_j, r_f, r_o, b_bi, b_bj, b_bf, b_bo, forget_bias, HAS_BIAS: tl.constexpr):
+    """``(c, i, j, f, o, c_next)`` of loaded tiles, gates activated, in float32."""
+    b_c = r_c.to(tl.float32)
+    b_i = tl.sigmoid(_pre(r_i, b_bi, HAS_BIAS))
+    b_j = _tanh(_pre(r_j, b_bj, HAS_BIAS))
+    b_f = tl.sigmoid(_pre(r_f, b_bf, HAS_BIAS) + forget_bias)
+    b_o = tl.sigmoid(_pre(r_o, b_bo, HAS_BIAS))
     return b_c, b_i, b_j, b_f, b_o, b_f * b_c + b_i * b_j
 
 
@@ -64,8 +83,11 @@ def lstm_gates_fwd_kernel(
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < K
     m = (o_n < N)[:, None] & m_k[None, :]
-    b_c, b_i, b_j, b_f, b_o, b_cn = _activations(C, I, J, F, O, BIAS, o_n, o_k, m, m_k, K, forget_bias,
-                                                 stride_c, stride_i, stride_j, stride_f, stride_o, HAS_BIAS)
+    b_bi, b_bj, b_bf, b_bo = _biases(BIAS, o_k, m_k, K, HAS_BIAS)
+    b_c, b_i, b_j, b_f, b_o, b_cn = _activate(
+        _load(C, o_n, o_k, m, stride_c), _load(I, o_n, o_k, m, stride_i), _load(J, o_n, o_k, m, stride_j),
+        _load(F, o_n, o_k, m, stride_f), _load(O, o_n, o_k, m, stride_o),
+        b_bi, b_bj, b_bf, b_bo, forget_bias, HAS_BIAS)
     _store(C_NEXT, b_cn, o_n, o_k, m, stride_cn)
     _store(H_NEXT, b_o * _tanh(b_cn), o_n, o_k, m, stride_hn)
 
@@ -84,19 +106,29 @@ def lstm_gates_bwd_kernel(
     n_p = tl.num_programs(0)
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < K
+    b_bi, b_bj, b_bf, b_bo = _biases(BIAS, o_k, m_k, K, HAS_BIAS)
     b_dbi = tl.zeros((BK,), dtype=tl.float32)
     b_dbj = tl.zeros((BK,), dtype=tl.float32)
     b_dbf = tl.zeros((BK,), dtype=tl.float32)
     b_dbo = tl.zeros((BK,), dtype=tl.float32)
+    # the next tile is loaded before this one is worked on: its loads are in flight meanwhile
+    o_n = i_p * BN + tl.arange(0, BN)
+    m = (o_n < N)[:, None] & m_k[None, :]
+    r_c, r_i, r_j = _load(C, o_n, o_k, m, stride_c), _load(I, o_n, o_k, m, stride_i), _load(J, o_n, o_k, m, stride_j)
+    r_f, r_o = _load(F, o_n, o_k, m, stride_f), _load(O, o_n, o_k, m, stride_o)
+    r_dcn, r_dh = _load(DC_NEXT, o_n, o_k, m, stride_dcn), _load(DH_NEXT, o_n, o_k, m, stride_dhn)
     for i_n in range(i_p, tl.cdiv(N, BN), n_p):
         o_n = i_n * BN + tl.arange(0, BN)
         m = (o_n < N)[:, None] & m_k[None, :]
-        b_c, b_i, b_j, b_f, b_o, b_cn = _activations(C, I, J, F, O, BIAS, o_n, o_k, m, m_k, K, forget_bias,
-                                                     stride_c, stride_i, stride_j, stride_f, stride_o,
-                                                     HAS_BIAS)
-        o_row = o_n[:, None].to(tl.int64)
-        b_dcn = tl.load(DC_NEXT + o_row * stride_dcn + o_k[None, :], mask=m, other=0.0).to(tl.float32)
-        b_dh = tl.load(DH_NEXT + o_row * stride_dhn + o_k[None, :], mask=m, other=0.0).to(tl.float32)
+        b_c, b_i, b_j, b_f, b_o, b_cn = _activate(r_c, r_i, r_j, r_f, r_o, b_bi, b_bj, b_bf, b_bo, forget_bias,
+                                                  HAS_BIAS)
+        b_dcn, b_dh = r_dcn.to(tl.float32), r_dh.to(tl.float32)
+        o_nn = o_n + n_p * BN
+        m_nn = (o_nn < N)[:, None] & m_k[None, :]
+        r_c, r_i, r_j = (_load(C, o_nn, o_k, m_nn, stride_c), _load(I, o_nn, o_k, m_nn, stride_i),
+                         _load(J, o_nn, o_k, m_nn, stride_j))
+        r_f, r_o = _load(F, o_nn, o_k, m_nn, stride_f), _load(O, o_nn, o_k, m_nn, stride_o)
+        r_dcn, r_dh = _load(DC_NEXT, o_nn, o_k, m_nn, stride_dcn), _load(DH_NEXT, o_nn, o_k, m_nn, stride_dhn)
         b_t = _tanh(b_cn)
         b_dcn += b_dh * b_o * (1.0 - b_t * b_t)
         b_di = b_dcn * b_j * b_i * (1.0 - b_i)

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 
 from ..common.aot import SumRowsSpec, signature, sum_rows_compile_args, sum_rows_fields
 from ...aot.family import CompileArgs
-from .configs import MAX_ROW, TILE, TOKEN_BYTES, NormConfig, layer_norm_config
+from .configs import MAX_ROW, NormConfig, layer_norm_config
 
 __all__ = ["NormSpec", "specializations", "kernel", "compile_args", "fields", "DTYPES", "MIN_ROW"]
 
@@ -48,10 +48,10 @@ class NormSpec:
                 f"{'_relu' if self.relu else ''}_{tile}_sm{self.arch}")
 
 
-def _rows(axis, element_size, aligned):
+def _rows(axis, element_size, aligned, backward):
     """Segment lengths whose tiles are compiled: powers of two up to the longest one-chunk tile
     (unaligned: that one only), then one longer (the chunked tile)."""
-    longest = MAX_ROW if axis == 1 else TILE // (TOKEN_BYTES // element_size)
+    longest = layer_norm_config(axis, MAX_ROW * 2, element_size, backward).BC
     rows, row = [], MIN_ROW[axis] if aligned else longest
     while row <= longest:
         rows.append(row)
@@ -68,7 +68,7 @@ def specializations(archs):
             for axis, aligned in ((1, True), (0, True), (0, False)):
                 for relu in (False, True):
                     for product in ("fwd", "bwd"):
-                        for row in _rows(axis, size, aligned):
+                        for row in _rows(axis, size, aligned, product == "bwd"):
                             cfg = layer_norm_config(axis, row, size, backward=product == "bwd")
                             specs.append(NormSpec(arch, product, dtype, axis, relu, cfg, cfg.one_chunk(row),
                                                   aligned))

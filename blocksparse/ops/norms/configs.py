@@ -5,16 +5,27 @@ tile is loaded once and kept in registers (``one_chunk``); longer segments are w
 ``BC`` features, twice (statistics, then output), the second read served by L2.
 
 * ``axis=1`` -- ``(N, C)`` activations, features contiguous: a tile spans the segment (up to
-  ``MAX_ROW`` features) and enough rows to fill ``TILE`` elements.
+  ``MAX_ROW`` features) and enough rows to fill ``TILE`` elements (the forward: two rows of 4096
+  features or more, up to ``4 * TILE``), ``THREAD_ELEMENTS`` a thread.  Programs are persistent
+  and load their next tile while they work on the current one, so the loads of one tile are in
+  flight during the other's arithmetic: ``FEW_PROGRAMS`` a SM for ``TILE``-sized tiles, one for
+  larger.
 * ``axis=0`` -- ``(C, N)``, tokens contiguous: every feature row of a tile reads ``TOKEN_BYTES``
-  contiguous bytes (coalesced over tokens), so ``BN`` depends on the element size and long
-  segments are chunked.
+  contiguous bytes (coalesced over tokens), so ``BN`` depends on the element size; a tile holds
+  ``TOKEN_TILE`` elements (the backward half that: holding ``x``, ``dy`` and the next tile's, a
+  whole tile spills registers) and longer segments are chunked.  The forward runs a program per
+  tile.
 
-The backward runs persistent programs (``programs_per_sm`` per SM), each folding its tokens' ``dg``
-and ``db`` into one row of a partial buffer (deterministic; summed by
-:func:`blocksparse.ops.common.reduce.sum_rows_kernel`).  Those rows cost ``8 P / (3 N e)`` of the
-backward's traffic (``P`` programs, ``N`` tokens, ``e``-byte elements): few programs, enough to
-keep ~64 KB of loads in flight per SM.
+The backward folds each program's ``dg`` and ``db`` into one row of a partial buffer
+(deterministic; summed by :func:`blocksparse.ops.common.reduce.sum_rows_kernel`).  Those rows cost
+``8 P / (3 N e)`` of the backward's traffic (``P`` programs, ``N`` tokens, ``e``-byte elements):
+few programs.
+
+Measured by ``bench/tune_norms.py`` on an H200 (bf16, 8192 tokens; fraction of the HBM copy
+bandwidth, table vs the best variant swept): ``(N, C)`` forward 0.73 / 0.73 (1024 features) and
+0.85 / 0.85 (8192), backward 0.54 / 0.54 and 0.73 / 0.75; ``(C, N)`` forward 0.51 and 0.46,
+backward 0.27 / 0.32 and 0.34 / 0.35 (its best, a ``[32, 512]`` tile, spills when a segment fits
+it whole: a float32 ``(C, N)`` backward of 1024 features ran at 0.08 with that size of tile).
 """
 from __future__ import annotations
 
@@ -22,20 +33,26 @@ from dataclasses import dataclass
 
 import triton
 
-__all__ = ["NormConfig", "layer_norm_config", "TILE", "MAX_ROW", "TOKEN_BYTES"]
+__all__ = ["NormConfig", "layer_norm_config", "TILE", "MAX_ROW", "TOKEN_BYTES", "TOKEN_TILE"]
 
-#: Elements per program tile (per tensor held).
-TILE = 8192
+#: Elements per ``(N, C)`` program tile (at least one segment).
+TILE = 4096
 #: Longest (power-of-two) segment a ``(N, C)`` tile holds whole.
 MAX_ROW = 16384
+#: Elements per thread of a ``(N, C)`` tile.
+THREAD_ELEMENTS = 32
+#: Persistent programs per SM with ``TILE``-sized tiles (one with larger ones).
+FEW_PROGRAMS = {False: 4, True: 2}
 #: Contiguous bytes per feature row of a ``(C, N)`` tile.
 TOKEN_BYTES = 64
+#: Elements per ``(C, N)`` program tile.
+TOKEN_TILE = 16384
 
 
 @dataclass(frozen=True)
 class NormConfig:
-    """``BN`` tokens x ``BC`` features per tile (powers of two); ``num_warps``; backward only:
-    ``programs_per_sm`` persistent programs per SM."""
+    """``BN`` tokens x ``BC`` features per tile (powers of two); ``num_warps``;
+    ``programs_per_sm`` persistent programs per SM (0: one program per token tile)."""
 
     BN: int
     BC: int
@@ -46,21 +63,24 @@ class NormConfig:
         """Whether a segment of ``segment_features`` fits one tile (kept in registers)."""
         return self.BC >= segment_features
 
-
-def _warps(elements, backward):
-    # 16 (forward) or 8 (backward: more live values) elements per thread, 4..16 warps
-    per_thread = 8 if backward else 16
-    return max(4, min(16, elements // (32 * per_thread)))
+    def programs(self, tokens, segments, sms):
+        """Programs per segment for ``tokens``: one per token tile, or at most ``programs_per_sm``
+        per SM over all segments, program ``p`` taking tiles ``p, p + P, ...``."""
+        tiles = triton.cdiv(tokens, self.BN)
+        if self.programs_per_sm <= 0:
+            return max(1, tiles)
+        return max(1, min(tiles, self.programs_per_sm * sms // segments))
 
 
 def layer_norm_config(axis, segment_features, element_size, backward=False):
     """The tile for segments of ``segment_features`` features of ``element_size``-byte activations."""
     row = triton.next_power_of_2(segment_features)
-    if axis == 1:
-        bc = min(row, MAX_ROW)
-        bn = max(1, TILE // bc)
-    else:
+    if axis == 0:
         bn = TOKEN_BYTES // element_size
-        bc = min(row, TILE // bn)
-    return NormConfig(BN=bn, BC=bc, num_warps=_warps(bn * bc, backward),
-                      programs_per_sm=2 if bn * bc <= TILE else 1)
+        bc = min(row, TOKEN_TILE // (2 if backward else 1) // bn)
+        return NormConfig(BN=bn, BC=bc, num_warps=max(4, min(8, bn * bc // 1024)),
+                          programs_per_sm=2 if backward else 0)
+    bc = min(row, MAX_ROW)
+    tile = max(TILE, bc if backward else min(2 * bc, 4 * TILE))
+    return NormConfig(BN=max(1, tile // bc), BC=bc, num_warps=max(4, min(16, tile // (32 * THREAD_ELEMENTS))),
+                      programs_per_sm=FEW_PROGRAMS[backward] if tile <= TILE else 1)

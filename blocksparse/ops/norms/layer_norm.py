@@ -5,7 +5,11 @@ Activations are addressed by strides, so one kernel serves both layouts: token `
 ``stride_n == 1``).  The feature axis is cut into equal segments of ``CS`` features, each
 normalised on its own; program axis 1 is the segment.  ``MEAN`` / ``RSTD`` are float32 ``(S, N)``.
 
-Accumulation is float32 whatever the activations' dtype; outputs take the dtype of their buffer.
+Program axis 0 takes token tiles ``i_p, i_p + P, ...`` (``P`` programs: one per tile, or persistent
+ones) and loads its next tile -- or, walking a long segment in chunks in the forward, its next
+chunk -- before it works on the current one, so loads stay in flight during the arithmetic (Triton pipelines only
+loads that feed a matrix product).  Accumulation is float32 whatever the activations' dtype;
+outputs take the dtype of their buffer.
 
 Bytes moved per element of ``x`` (``e`` = element size; the tiny ``g``, ``b``, statistics and
 partial sums aside):
@@ -41,16 +45,43 @@ def _affine(b_xhat, b_g, b_b, HAS_G: tl.constexpr, HAS_B: tl.constexpr):
 
 
 @triton.jit
-def _tile(P, o_n, o_f, m, stride_n, stride_f):
-    """Load a ``[BN, BC]`` tile as float32 (zeros outside the mask)."""
-    p = P + o_n[:, None].to(tl.int64) * stride_n + o_f[None, :].to(tl.int64) * stride_f
-    return tl.load(p, mask=m, other=0.0).to(tl.float32)
+def _offsets(P, o_n, o_f, stride_n, stride_f):
+    return P + o_n[:, None].to(tl.int64) * stride_n + o_f[None, :].to(tl.int64) * stride_f
+
+
+@triton.jit
+def _raw(P, o_n, o_f, m, stride_n, stride_f):
+    """Load a ``[BN, BC]`` tile in its own dtype (zeros outside the mask)."""
+    return tl.load(_offsets(P, o_n, o_f, stride_n, stride_f), mask=m, other=0.0)
 
 
 @triton.jit
 def _store_tile(P, b, o_n, o_f, m, stride_n, stride_f):
-    p = P + o_n[:, None].to(tl.int64) * stride_n + o_f[None, :].to(tl.int64) * stride_f
-    tl.store(p, b.to(P.dtype.element_ty), mask=m)
+    tl.store(_offsets(P, o_n, o_f, stride_n, stride_f), b.to(P.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _chunk(P, o_n, m_n, f0, c0, CS, stride_n, stride_f, BC: tl.constexpr):
+    """Features ``[c0, c0 + BC)`` of a segment for a token tile, in their own dtype (masked past
+    the segment's end: none at all past its last chunk)."""
+    o_c = c0 + tl.arange(0, BC)
+    return _raw(P, o_n, f0 + o_c, m_n[:, None] & (o_c < CS)[None, :], stride_n, stride_f)
+
+
+@triton.jit
+def _rows(i_n, N, BN: tl.constexpr):
+    """Token offsets and mask of token tile ``i_n`` (all masked off past the last tile)."""
+    o_n = i_n * BN + tl.arange(0, BN)
+    return o_n, o_n < N
+
+
+@triton.jit
+def _normalise(b_x, m, CS, epsilon):
+    """``(xhat, mean, rstd)`` of a tile holding whole segments (masked entries zero)."""
+    b_mean = tl.sum(b_x, 1) / CS
+    b_xc = tl.where(m, b_x - b_mean[:, None], 0.0)
+    b_rstd = tl.math.rsqrt(tl.sum(b_xc * b_xc, 1) / CS + epsilon)
+    return b_xc * b_rstd[:, None], b_mean, b_rstd
 
 
 @triton.jit
@@ -61,62 +92,73 @@ def layer_norm_fwd_kernel(
     BN: tl.constexpr, BC: tl.constexpr, ONE_CHUNK: tl.constexpr,
     HAS_G: tl.constexpr, HAS_B: tl.constexpr, RELU: tl.constexpr,
 ):
-    i_n, i_s = tl.program_id(0), tl.program_id(1)
-    o_n = i_n * BN + tl.arange(0, BN)
-    m_n = o_n < N
+    # program i_p takes token tiles i_p, i_p + P, ... (P programs: one per tile, or persistent)
+    i_p, i_s = tl.program_id(0), tl.program_id(1)
+    n_p = tl.num_programs(0)
     f0 = i_s * CS  # the segment's first feature
     if ONE_CHUNK:
         o_c = tl.arange(0, BC)
         m_c = o_c < CS
-        m = m_n[:, None] & m_c[None, :]
-        b_x = _tile(X, o_n, f0 + o_c, m, stride_xn, stride_xf)
-        b_mean = tl.sum(b_x, 1) / CS
-        b_xc = tl.where(m, b_x - b_mean[:, None], 0.0)
-        b_rstd = tl.math.rsqrt(tl.sum(b_xc * b_xc, 1) / CS + epsilon)
-        b_g = _load_param(G, f0 + o_c, m_c, HAS_G)
-        b_b = _load_param(B, f0 + o_c, m_c, HAS_B)
-        b_y = _affine(b_xc * b_rstd[:, None], b_g, b_b, HAS_G, HAS_B)
-        if RELU:
-            b_y = tl.maximum(b_y, 0.0)
-        _store_tile(Y, b_y, o_n, f0 + o_c, m, stride_yn, stride_yf)
-    else:
-        # chunk statistics merged pairwise (Chan et al.): no E[x^2] - E[x]^2 cancellation
-        b_mean = tl.zeros((BN,), dtype=tl.float32)
-        b_m2 = tl.zeros((BN,), dtype=tl.float32)
-        for c0 in range(0, CS, BC):
-            o_c = c0 + tl.arange(0, BC)
-            m = m_n[:, None] & (o_c < CS)[None, :]
-            b_x = _tile(X, o_n, f0 + o_c, m, stride_xn, stride_xf)
-            cnt = tl.minimum(CS - c0, BC).to(tl.float32)
-            b_cmean = tl.sum(b_x, 1) / cnt
-            b_xc = tl.where(m, b_x - b_cmean[:, None], 0.0)
-            b_delta = b_cmean - b_mean
-            total = c0 + cnt
-            b_mean += b_delta * (cnt / total)
-            b_m2 += tl.sum(b_xc * b_xc, 1) + b_delta * b_delta * (c0 * cnt / total)
-        b_rstd = tl.math.rsqrt(b_m2 / CS + epsilon)
-        for c0 in range(0, CS, BC):
-            o_c = c0 + tl.arange(0, BC)
-            m_c = o_c < CS
+        r_g = _load_param(G, f0 + o_c, m_c, HAS_G)
+        r_b = _load_param(B, f0 + o_c, m_c, HAS_B)
+        # the next tile is loaded before this one is worked on: its loads are in flight meanwhile
+        o_n, m_n = _rows(i_p, N, BN)
+        r_x = _raw(X, o_n, f0 + o_c, m_n[:, None] & m_c[None, :], stride_xn, stride_xf)
+        for i_n in range(i_p, tl.cdiv(N, BN), n_p):
+            o_n, m_n = _rows(i_n, N, BN)
             m = m_n[:, None] & m_c[None, :]
-            b_x = _tile(X, o_n, f0 + o_c, m, stride_xn, stride_xf)
-            b_g = _load_param(G, f0 + o_c, m_c, HAS_G)
-            b_b = _load_param(B, f0 + o_c, m_c, HAS_B)
-            b_y = _affine((b_x - b_mean[:, None]) * b_rstd[:, None], b_g, b_b, HAS_G, HAS_B)
+            b_x = r_x.to(tl.float32)
+            o_nn, m_nn = _rows(i_n + n_p, N, BN)
+            r_x = _raw(X, o_nn, f0 + o_c, m_nn[:, None] & m_c[None, :], stride_xn, stride_xf)
+            b_xhat, b_mean, b_rstd = _normalise(b_x, m, CS, epsilon)
+            b_y = _affine(b_xhat, r_g, r_b, HAS_G, HAS_B)
             if RELU:
                 b_y = tl.maximum(b_y, 0.0)
             _store_tile(Y, b_y, o_n, f0 + o_c, m, stride_yn, stride_yf)
-    tl.store(MEAN + i_s * N + o_n, b_mean, mask=m_n)
-    tl.store(RSTD + i_s * N + o_n, b_rstd, mask=m_n)
+            tl.store(MEAN + i_s * N + o_n, b_mean, mask=m_n)
+            tl.store(RSTD + i_s * N + o_n, b_rstd, mask=m_n)
+    else:
+        for i_n in range(i_p, tl.cdiv(N, BN), n_p):
+            o_n, m_n = _rows(i_n, N, BN)
+            # chunk statistics merged pairwise (Chan et al.): no E[x^2] - E[x]^2 cancellation; each
+            # pass loads its next chunk before it works on the current one
+            b_mean = tl.zeros((BN,), dtype=tl.float32)
+            b_m2 = tl.zeros((BN,), dtype=tl.float32)
+            r_x = _chunk(X, o_n, m_n, f0, 0, CS, stride_xn, stride_xf, BC)
+            for c0 in range(0, CS, BC):
+                o_c = c0 + tl.arange(0, BC)
+                m = m_n[:, None] & (o_c < CS)[None, :]
+                b_x = r_x.to(tl.float32)
+                r_x = _chunk(X, o_n, m_n, f0, c0 + BC, CS, stride_xn, stride_xf, BC)
+                cnt = tl.minimum(CS - c0, BC).to(tl.float32)
+                b_cmean = tl.sum(b_x, 1) / cnt
+                b_xc = tl.where(m, b_x - b_cmean[:, None], 0.0)
+                b_delta = b_cmean - b_mean
+                total = c0 + cnt
+                b_mean += b_delta * (cnt / total)
+                b_m2 += tl.sum(b_xc * b_xc, 1) + b_delta * b_delta * (c0 * cnt / total)
+            b_rstd = tl.math.rsqrt(b_m2 / CS + epsilon)
+            r_x = _chunk(X, o_n, m_n, f0, 0, CS, stride_xn, stride_xf, BC)
+            for c0 in range(0, CS, BC):
+                o_c = c0 + tl.arange(0, BC)
+                m_c = o_c < CS
+                m = m_n[:, None] & m_c[None, :]
+                b_x = r_x.to(tl.float32)
+                r_x = _chunk(X, o_n, m_n, f0, c0 + BC, CS, stride_xn, stride_xf, BC)
+                b_g = _load_param(G, f0 + o_c, m_c, HAS_G)
+                b_b = _load_param(B, f0 + o_c, m_c, HAS_B)
+                b_y = _affine((b_x - b_mean[:, None]) * b_rstd[:, None], b_g, b_b, HAS_G, HAS_B)
+                if RELU:
+                    b_y = tl.maximum(b_y, 0.0)
+                _store_tile(Y, b_y, o_n, f0 + o_c, m, stride_yn, stride_yf)
+            tl.store(MEAN + i_s * N + o_n, b_mean, mask=m_n)
+            tl.store(RSTD + i_s * N + o_n, b_rstd, mask=m_n)
 
 
 @triton.jit
-def _grads_in(X, DY, b_mean, b_rstd, b_g, b_b, o_n, o_f, m, stride_xn, stride_xf, stride_dn, stride_df,
-              HAS_G: tl.constexpr, HAS_B: tl.constexpr, RELU: tl.constexpr):
-    """``(xhat, dy, dxhat)`` of a tile: ``dy`` masked by the recomputed relu, ``dxhat = dy * g``."""
-    b_x = _tile(X, o_n, o_f, m, stride_xn, stride_xf)
+def _grads(b_x, b_dy, b_mean, b_rstd, b_g, b_b, m, HAS_G: tl.constexpr, HAS_B: tl.constexpr, RELU: tl.constexpr):
+    """``(xhat, dy, dxhat)`` of a float32 tile: ``dy`` masked by the recomputed relu, ``dxhat = dy * g``."""
     b_xhat = tl.where(m, (b_x - b_mean[:, None]) * b_rstd[:, None], 0.0)
-    b_dy = _tile(DY, o_n, o_f, m, stride_dn, stride_df)
     if RELU:  # the same float32 arithmetic as the forward, so the same mask
         b_dy = tl.where(_affine(b_xhat, b_g, b_b, HAS_G, HAS_B) > 0.0, b_dy, 0.0)
     b_dxhat = b_dy
@@ -128,16 +170,23 @@ def _grads_in(X, DY, b_mean, b_rstd, b_g, b_b, o_n, o_f, m, stride_xn, stride_xf
 @triton.jit
 def _chunk_grads(X, G, B, DY, b_mean, b_rstd, o_n, m_n, f0, c0, CS, stride_xn, stride_xf, stride_dn, stride_df,
                  BC: tl.constexpr, HAS_G: tl.constexpr, HAS_B: tl.constexpr, RELU: tl.constexpr):
-    """:func:`_grads_in` of the chunk of features ``[c0, c0 + BC)`` of a segment, with its offsets
-    and masks: ``(o_c, m_c, m, xhat, dy, dxhat)``."""
+    """:func:`_grads` of the chunk of features ``[c0, c0 + BC)`` of a segment, with its offsets
+    and masks: ``(o_c, m_c, m, xhat, dy, dxhat)``.  (Loaded here, not a chunk ahead: holding the
+    next chunks of ``x`` and ``dy`` too spills registers.)"""
     o_c = c0 + tl.arange(0, BC)
     m_c = o_c < CS
     m = m_n[:, None] & m_c[None, :]
     b_g = _load_param(G, f0 + o_c, m_c, HAS_G)
     b_b = _load_param(B, f0 + o_c, m_c, HAS_B)
-    b_xhat, b_dy, b_dxhat = _grads_in(X, DY, b_mean, b_rstd, b_g, b_b, o_n, f0 + o_c, m,
-                                      stride_xn, stride_xf, stride_dn, stride_df, HAS_G, HAS_B, RELU)
+    b_x = _raw(X, o_n, f0 + o_c, m, stride_xn, stride_xf).to(tl.float32)
+    b_dy = _raw(DY, o_n, f0 + o_c, m, stride_dn, stride_df).to(tl.float32)
+    b_xhat, b_dy, b_dxhat = _grads(b_x, b_dy, b_mean, b_rstd, b_g, b_b, m, HAS_G, HAS_B, RELU)
     return o_c, m_c, m, b_xhat, b_dy, b_dxhat
+
+
+@triton.jit
+def _stats(MEAN, RSTD, o_n, m_n):
+    return tl.load(MEAN + o_n, mask=m_n, other=0.0), tl.load(RSTD + o_n, mask=m_n, other=0.0)
 
 
 @triton.jit
@@ -155,6 +204,8 @@ def layer_norm_bwd_kernel(
     f0 = i_s * CS
     C = CS * tl.num_programs(1)
     p_part = i_p.to(tl.int64) * C + f0
+    MEAN += i_s * N
+    RSTD += i_s * N
     if ONE_CHUNK:
         o_c = tl.arange(0, BC)
         m_c = o_c < CS
@@ -162,15 +213,22 @@ def layer_norm_bwd_kernel(
         b_b = _load_param(B, f0 + o_c, m_c, HAS_B)
         b_dg = tl.zeros((BC,), dtype=tl.float32)
         b_db = tl.zeros((BC,), dtype=tl.float32)
+        # the next tile is loaded before this one is worked on: its loads are in flight meanwhile
+        o_n, m_n = _rows(i_p, N, BN)
+        m = m_n[:, None] & m_c[None, :]
+        r_x = _raw(X, o_n, f0 + o_c, m, stride_xn, stride_xf)
+        r_dy = _raw(DY, o_n, f0 + o_c, m, stride_dyn, stride_dyf)
+        r_mean, r_rstd = _stats(MEAN, RSTD, o_n, m_n)
         for i_n in range(i_p, tl.cdiv(N, BN), n_p):
-            o_n = i_n * BN + tl.arange(0, BN)
-            m_n = o_n < N
+            o_n, m_n = _rows(i_n, N, BN)
             m = m_n[:, None] & m_c[None, :]
-            b_mean = tl.load(MEAN + i_s * N + o_n, mask=m_n, other=0.0)
-            b_rstd = tl.load(RSTD + i_s * N + o_n, mask=m_n, other=0.0)
-            b_xhat, b_dy, b_dxhat = _grads_in(X, DY, b_mean, b_rstd, b_g, b_b, o_n, f0 + o_c, m,
-                                              stride_xn, stride_xf, stride_dyn, stride_dyf,
-                                              HAS_G, HAS_B, RELU)
+            b_x, b_dy, b_mean, b_rstd = r_x.to(tl.float32), r_dy.to(tl.float32), r_mean, r_rstd
+            o_nn, m_nn = _rows(i_n + n_p, N, BN)
+            m_next = m_nn[:, None] & m_c[None, :]
+            r_x = _raw(X, o_nn, f0 + o_c, m_next, stride_xn, stride_xf)
+            r_dy = _raw(DY, o_nn, f0 + o_c, m_next, stride_dyn, stride_dyf)
+            r_mean, r_rstd = _stats(MEAN, RSTD, o_nn, m_nn)
+            b_xhat, b_dy, b_dxhat = _grads(b_x, b_dy, b_mean, b_rstd, b_g, b_b, m, HAS_G, HAS_B, RELU)
             b_dg += tl.sum(b_dy * b_xhat, 0)
             b_db += tl.sum(b_dy, 0)
             b_c1 = tl.sum(b_xhat * b_dxhat, 1) / CS
@@ -185,10 +243,8 @@ def layer_norm_bwd_kernel(
         # the partial rows start zeroed and are updated chunk by chunk (read-modify-write of
         # this program's own row; the barrier orders one step's stores before the next's loads)
         for i_n in range(i_p, tl.cdiv(N, BN), n_p):
-            o_n = i_n * BN + tl.arange(0, BN)
-            m_n = o_n < N
-            b_mean = tl.load(MEAN + i_s * N + o_n, mask=m_n, other=0.0)
-            b_rstd = tl.load(RSTD + i_s * N + o_n, mask=m_n, other=0.0)
+            o_n, m_n = _rows(i_n, N, BN)
+            b_mean, b_rstd = _stats(MEAN, RSTD, o_n, m_n)
             b_c1 = tl.zeros((BN,), dtype=tl.float32)
             b_c2 = tl.zeros((BN,), dtype=tl.float32)
             for c0 in range(0, CS, BC):

@@ -5,7 +5,6 @@ contiguous in the same layout.  ``mean`` / ``rstd`` are float32 ``(segments, N)`
 overrides the tile table (:func:`blocksparse.ops.norms.configs.layer_norm_config`).
 """
 import torch
-import triton
 
 from ...ops.norms.configs import layer_norm_config
 from ...ops.norms.layer_norm import layer_norm_bwd_kernel, layer_norm_fwd_kernel
@@ -32,7 +31,7 @@ def layer_norm_fwd(x, g, b, *, axis, epsilon, relu, segments, cfg=None):
     mean = x.new_empty((segments, n), dtype=torch.float32)
     rstd = x.new_empty((segments, n), dtype=torch.float32)
     if n:
-        layer_norm_fwd_kernel[(triton.cdiv(n, cfg.BN), segments)](
+        layer_norm_fwd_kernel[(cfg.programs(n, segments, sm_count(x.device)), segments)](
             x, x if g is None else g, x if b is None else b, y, mean, rstd,
             n, cs, epsilon,
             *_strides(x, axis), *_strides(y, axis),
@@ -51,7 +50,7 @@ def layer_norm_bwd(dy, x, g, b, mean, rstd, *, axis, relu, segments, cfg=None):
     if not n:
         return dx, *(None if p is None else torch.zeros_like(p) for p in (g, b))
     one_chunk = cfg.one_chunk(cs)
-    programs = max(1, min(triton.cdiv(n, cfg.BN), cfg.programs_per_sm * sm_count(x.device) // segments))
+    programs = cfg.programs(n, segments, sm_count(x.device))
     # one chunk: every program writes its whole row once; chunked: rows are accumulated into
     alloc = x.new_empty if one_chunk else x.new_zeros
     dg_part = None if g is None else alloc((programs, c), dtype=torch.float32)

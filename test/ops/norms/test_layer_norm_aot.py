@@ -11,7 +11,7 @@ ALL = aot.specializations((80, 90))
 NORMS = [s for s in ALL if not isinstance(s, SumRowsSpec)]
 #: The specs the small library holds: (N, C) tiles 256 / 1024 and the chunked one, a (C, N) pair.
 BUILT = ("ln_fwd_bf16_a1_c256_sm90", "ln_fwd_bf16_a1_c1024_sm90", "ln_fwd_bf16_a1_k16384_sm90",
-         "ln_bwd_bf16_a1_relu_c1024_sm90", "ln_fwd_bf16_a0_c64_sm90", "ln_fwd_bf16_a0u_c256_sm90",
+         "ln_bwd_bf16_a1_relu_c1024_sm90", "ln_fwd_bf16_a0_c64_sm90", "ln_fwd_bf16_a0u_c512_sm90",
          "ln_fwd_bf16_a1_c1024_sm80", "sum_rows_ab_sm90")
 
 
@@ -92,7 +92,7 @@ SELECT = {
     "wide-segment-chunked": (dict(features=2048 * 16), 90, "ln_fwd_bf16_a1_k16384_sm90"),
     "sm80-kernel-on-sm86": (dict(features=1024), 86, "ln_fwd_bf16_a1_c1024_sm80"),
     "cn-aligned-tokens": (dict(axis=0, features=64, n=4096), 90, "ln_fwd_bf16_a0_c64_sm90"),
-    "cn-odd-tokens": (dict(axis=0, features=64, n=4097), 90, "ln_fwd_bf16_a0u_c256_sm90"),
+    "cn-odd-tokens": (dict(axis=0, features=64, n=4097), 90, "ln_fwd_bf16_a0u_c512_sm90"),
     "nc-rows-not-16": (dict(features=1000), 90, None),
     "no-relu-kernel": (dict(relu=True), 90, None),
     "no-fp16-kernel": (dict(dtype="fp16"), 90, None),

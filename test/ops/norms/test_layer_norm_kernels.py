@@ -18,6 +18,10 @@ pytestmark = pytest.mark.interpreter
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 #: tiles smaller than the segments: several chunks per segment, a partial last chunk
 CHUNKED = NormConfig(BN=4, BC=32, num_warps=4, programs_per_sm=1)
+#: whole segments, two tokens a tile: programs take several tiles each (one per SM), or one each
+PERSISTENT = NormConfig(BN=2, BC=256, num_warps=4, programs_per_sm=1)
+PER_TILE = NormConfig(BN=2, BC=256, num_warps=4, programs_per_sm=0)
+CONFIGS = dict(table=None, chunked=CHUNKED, persistent=PERSISTENT, per_tile=PER_TILE)
 SHAPES = [(7, 96, 1), (1, 200, 4), (10, 80, 2)]
 
 
@@ -61,14 +65,14 @@ SHAPE_IDS = [f"n{n}-c{c}-s{s}" for n, c, s in SHAPES]
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("axis", [1, 0], ids=["NC", "CN"])
 @pytest.mark.parametrize("n, c, segments", SHAPES, ids=SHAPE_IDS)
-@pytest.mark.parametrize("cfg", [None, CHUNKED], ids=["table", "chunked"])
+@pytest.mark.parametrize("cfg", CONFIGS.values(), ids=CONFIGS)
 def test_layer_norm(rng, dtype, axis, n, c, segments, cfg):
     _check(_run(rng, dtype, axis, n, c, segments, False, cfg), dtype)
 
 
 @pytest.mark.parametrize("axis", [1, 0], ids=["NC", "CN"])
 @pytest.mark.parametrize("n, c, segments", SHAPES, ids=SHAPE_IDS)
-@pytest.mark.parametrize("cfg", [None, CHUNKED], ids=["table", "chunked"])
+@pytest.mark.parametrize("cfg", CONFIGS.values(), ids=CONFIGS)
 def test_fused_relu(rng, axis, n, c, segments, cfg):
     """The relu after the affine; the backward masks by the recomputed output."""
     _check(_run(rng, "float32", axis, n, c, segments, True, cfg), "float32")
