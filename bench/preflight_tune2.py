@@ -14,9 +14,7 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 
@@ -46,6 +44,7 @@ def compile_one(job):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from blocksparse.aot.resources import cubin_usage
     from blocksparse.ops.matmul.xprop_stream import xprop_stream_kernel as fn
 
     op, name, bs, cfg = job
@@ -68,17 +67,12 @@ def compile_one(job):
     except Exception as exc:
         row["error"] = repr(exc)[:400]
         return row
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(k.asm["cubin"])
-        f.flush()
-        usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
-    found = {key: int(v) for key, v in re.findall(r"(REG|LOCAL|STACK):(\d+)", usage)}
+    found = cubin_usage(k.asm["cubin"])
     buffers = re.findall(rf"memdesc<(\d+)x{cfg.BM}x{bk}xbf16", k.asm["ttgir"])
-    regs = found.get("REG", 0)
+    regs = found["regs"]
     fit = min(SMEM_PER_SM // (k.metadata.shared + 1024),
               65536 // max(1, -(-regs // 8) * 8 * 32 * cfg.num_warps), 64 // cfg.num_warps)
-    row.update(shared=k.metadata.shared, regs=regs, local=found.get("LOCAL", 0), stack=found.get("STACK", 0),
+    row.update(shared=k.metadata.shared, regs=regs, local=found["local"], stack=found["stack"],
                x_buffers=int(buffers[0]) if buffers else 1, fits_per_sm=fit,
                per_sm_ok=cfg.PER_SM <= fit)
     return row

@@ -12,9 +12,12 @@ tile is loaded once and kept in registers (``one_chunk``); longer segments are w
   larger.
 * ``axis=0`` -- ``(C, N)``, tokens contiguous: every feature row of a tile reads ``TOKEN_BYTES``
   contiguous bytes (coalesced over tokens), so ``BN`` depends on the element size; a tile holds
-  ``TOKEN_TILE`` elements (the backward half that: holding ``x``, ``dy`` and the next tile's, a
-  whole tile spills registers) and longer segments are chunked.  The forward runs a program per
-  tile.
+  ``TOKEN_TILE`` elements and longer segments are chunked.  The forward runs a program per tile.
+
+The backward's tiles are half as large in both layouts (``MAX_ROW // 2`` features, ``TOKEN_TILE //
+2`` elements): it holds ``x``, ``dy`` and the next tile's, and the full sizes spill registers
+(2-3 KB a thread; one such float32 ``(C, N)`` backward ran at 0.08 of HBM bandwidth);
+``blocksparse.aot.resources`` reads the spills of any tile from its cubin, without a GPU.
 
 The backward folds each program's ``dg`` and ``db`` into one row of a partial buffer
 (deterministic; summed by :func:`blocksparse.ops.common.reduce.sum_rows_kernel`).  Those rows cost
@@ -24,8 +27,8 @@ few programs.
 Measured by ``bench/tune_norms.py`` on an H200 (bf16, 8192 tokens; fraction of the HBM copy
 bandwidth, table vs the best variant swept): ``(N, C)`` forward 0.73 / 0.73 (1024 features) and
 0.85 / 0.85 (8192), backward 0.54 / 0.54 and 0.73 / 0.75; ``(C, N)`` forward 0.51 and 0.46,
-backward 0.27 / 0.32 and 0.34 / 0.35 (its best, a ``[32, 512]`` tile, spills when a segment fits
-it whole: a float32 ``(C, N)`` backward of 1024 features ran at 0.08 with that size of tile).
+backward 0.27 / 0.32 and 0.34 / 0.35 (its best tile, ``[32, 512]``, spills when a segment fits it
+whole).
 """
 from __future__ import annotations
 
@@ -41,6 +44,8 @@ TILE = 4096
 MAX_ROW = 16384
 #: Elements per thread of a ``(N, C)`` tile.
 THREAD_ELEMENTS = 32
+#: Rows of a backward ``(N, C)`` tile from which threads take half as many elements.
+MANY_ROWS = 16
 #: Persistent programs per SM with ``TILE``-sized tiles (one with larger ones).
 FEW_PROGRAMS = {False: 4, True: 2}
 #: Contiguous bytes per feature row of a ``(C, N)`` tile.
@@ -80,7 +85,10 @@ def layer_norm_config(axis, segment_features, element_size, backward=False):
         bc = min(row, TOKEN_TILE // (2 if backward else 1) // bn)
         return NormConfig(BN=bn, BC=bc, num_warps=max(4, min(8, bn * bc // 1024)),
                           programs_per_sm=2 if backward else 0)
-    bc = min(row, MAX_ROW)
+    bc = min(row, MAX_ROW // 2 if backward else MAX_ROW)
     tile = max(TILE, bc if backward else min(2 * bc, 4 * TILE))
-    return NormConfig(BN=max(1, tile // bc), BC=bc, num_warps=max(4, min(16, tile // (32 * THREAD_ELEMENTS))),
+    bn = max(1, tile // bc)
+    # a backward tile of many short rows also holds their statistics: half the elements a thread
+    per_thread = THREAD_ELEMENTS // (2 if backward and bn >= MANY_ROWS else 1)
+    return NormConfig(BN=bn, BC=bc, num_warps=max(4, min(16, tile // (32 * per_thread))),
                       programs_per_sm=FEW_PROGRAMS[backward] if tile <= TILE else 1)
