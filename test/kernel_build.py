@@ -34,3 +34,26 @@ def build_subset(out, family, names):
                            *(f"{family}:{n}" for n in names)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return Path(out) / "_kernels.so"
+
+
+def resource_usage(names, processes=2):
+    """Registers and spills of the specs ``names`` (``family:spec_name``), compiled as the kernel
+    library compiles them (``python -m blocksparse.aot.resources``, in ``processes`` processes);
+    a list of dicts with ``family``, ``name``, ``regs``, ``stack``, ``local``, ``shared``."""
+    import json
+
+    import triton
+
+    if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump").is_file():
+        import pytest
+
+        pytest.skip("Triton ships no cuobjdump here")
+    procs = [subprocess.Popen([sys.executable, "-m", "blocksparse.aot.resources", *names[i::processes]], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(processes)]
+    rows = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=900)
+        assert proc.returncode == 0, err[-3000:]
+        rows += [json.loads(line) for line in out.splitlines()]
+    assert sorted(f"{r['family']}:{r['name']}" for r in rows) == sorted(names)
+    return rows

@@ -91,6 +91,16 @@ _UPDAT = {
     ("fp32", "small"): {16: U(8, 32, 4, 2, TMA=False), 32: U(4, 32, 4, 2, TMA=False),
                         64: U(2, 32, 4, 2, TMA=False), 128: U(1, 32, 8, 2, TMA=False)},
 }
+#: Where activations arrive as ``(C, N)`` (``axis=0``: the kernels read their tiles transposed), the
+#: float32 tiles above that spill registers: Triton's float32 FMA product of a transposed tile held
+#: 32 registers and 3.5-5.6 KB of stack a thread at blocks of 64 and 128 (1.5 KB for the few-token
+#: pointer tile, 0.35-0.65 KB for two more), where these hold 128-203 registers and spill nothing
+#: (``python -m blocksparse.aot.resources``; ``test/ops/matmul/test_tile_resources.py``).
+_XPROP_T = {
+    ("tma", "fp32", "large"): {32: X(128, 1, 4, 3, BK=16), 64: X(64, 1, 4, 3, BK=16), 128: X(32, 1, 4, 3, BK=16)},
+    ("ptr", "fp32", "large"): {128: X(64, 1, 8, 3, TMA=False)},
+    ("ptr", "fp32", "small"): {128: X(32, 1, 4, 2, WAVES=4, TMA=False)},
+}
 #: The pointer kernels' updat tables where TMA cannot run (same shapes, no descriptors).
 _UPDAT_PTR = {16: U(8, 64, 4, 4, TMA=False), 32: U(8, 64, 8, 3, TMA=False), 64: U(2, 64, 4, 4, TMA=False),
               128: U(1, 64, 8, 3, TMA=False)}
@@ -100,11 +110,17 @@ def _classes(n_tokens, float32):
     return ("fp32" if float32 else "16bit"), ("small" if n_tokens <= SMALL_N else "large")
 
 
-def xprop_config(block_size, n_tokens, *, float32=False, tma=True, interpret=False):
-    """Tile configuration of fprop/bprop for ``n_tokens`` tokens."""
+def _xprop_table(variant, classes, block_size, axis):
+    transposed = _XPROP_T.get((variant, *classes), {}).get(block_size) if axis == 0 else None
+    return transposed or _XPROP[(variant, *classes)][block_size]
+
+
+def xprop_config(block_size, n_tokens, *, float32=False, tma=True, interpret=False, axis=1):
+    """Tile configuration of fprop/bprop for ``n_tokens`` tokens of activations whose features lie
+    on ``axis``."""
     if interpret:
         return INTERPRETER_XPROP
-    return _XPROP[("tma" if tma else "ptr", *_classes(n_tokens, float32))][block_size]
+    return _xprop_table("tma" if tma else "ptr", _classes(n_tokens, float32), block_size, axis)
 
 
 def updat_config(block_size, n_tokens, *, float32=False, tma=True, interpret=False):
@@ -195,14 +211,14 @@ def _aot_xprop(arch, product, dtype, bs, axis, size):
     """fprop / bprop specs with the ``size`` ("large", "small") tile; few-token tiles that split
     long reductions (``WAVES``) come with and without float32 atomics."""
     classes = ("fp32" if dtype == "fp32" else "16bit", size)
-    cfg = _XPROP[("tma" if arch >= 90 else "ptr", *classes)][bs]
+    cfg = _xprop_table("tma" if arch >= 90 else "ptr", classes, bs, axis)
     kernels = [("xprop_kernel", cfg)]
     if arch >= 90 and cfg.TMA:
         kernels = [("xprop_tma_kernel", cfg)]
         if axis == 0:
             # (F, N) rows are not 16-byte aligned for every N: the pointer kernel serves those calls,
             # reading the same table (so the same G)
-            kernels.append(("xprop_kernel", replace(_XPROP[("ptr", *classes)][bs], G=cfg.G)))
+            kernels.append(("xprop_kernel", replace(_xprop_table("ptr", classes, bs, axis), G=cfg.G)))
     atomics = (False, True) if size == "small" else (False,)
     max_tokens = SMALL_N if size == "small" else 0
     return [AotSpec(arch, product, dtype, bs, axis, kernel, atomic, c, max_tokens)

@@ -175,14 +175,14 @@ def _xprop_segments(layout, kind, cfg, n, sms, tma):
     return max(1, math.ceil(lut.max_count * programs / want))
 
 
-def _jit_choice(layout, kind, n, dtype, interpret, sms, tma):
+def _jit_choice(layout, kind, n, dtype, interpret, sms, tma, axis):
     """``(config, max_segment or split)`` from the tile tables (the JIT path)."""
     bs = layout.block_size
     opts = dict(float32=dtype == torch.float32, tma=tma, interpret=interpret)
     if kind == "updat":
         cfg = configs.updat_config(bs, n, **opts)
         return cfg, configs.updat_split(cfg, n, layout.updat_groups(cfg.G).shape[0], sms)
-    cfg = configs.xprop_config(bs, n, **opts)
+    cfg = configs.xprop_config(bs, n, axis=axis, **opts)
     # structured layouts: one activation tile serves G output blocks (blocksparse.ops.matmul.grouping)
     cfg = grouping.grouped_config(cfg, layout, kind, float32=opts["float32"], interpret=interpret)
     return cfg, _xprop_segments(layout, kind, cfg, n, sms, cfg.TMA)
@@ -204,7 +204,7 @@ def _build(state, kind, a, b, axis, precision, dw_dtype, aligned, target=None):
         cfg, part, spec_index = aot
         tma = "_tma" in kernels.specs[spec_index]["kernel"]
     else:
-        cfg, part = _jit_choice(layout, kind, n, a.dtype, not a.is_cuda, sms, tma)
+        cfg, part = _jit_choice(layout, kind, n, a.dtype, not a.is_cuda, sms, tma, axis)
         spec_index, tma = None, tma and cfg.TMA
     max_segment, split = (None, part) if kind == "updat" else (part, 1)
     variant = "tma" if tma else "ptr"

@@ -6,11 +6,6 @@ spilled 3.2 KB a thread and ran at 0.08 of HBM bandwidth, where the tables' tile
 ~300 bytes, run at 0.7-0.9).  Every tile the tables give for bfloat16 and float32 calls is
 compiled as the kernel library compiles it and read with ``cuobjdump`` (no GPU needed).
 """
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("triton")
@@ -20,7 +15,6 @@ from blocksparse.ops.norms import aot as norms_aot  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[3]
 #: Per-thread bytes of local memory a table's tile may spill.
 MAX_STACK = 512
 
@@ -36,22 +30,9 @@ def _specs():
 
 @pytest.fixture(scope="module")
 def usage():
-    import triton
+    from kernel_build import resource_usage
 
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    if not tool.is_file():
-        pytest.skip("Triton ships no cuobjdump here")
-    names = _specs()
-    # two processes (the compiles take ~0.5 s each); the command line unsets TRITON_INTERPRET
-    procs = [subprocess.Popen([sys.executable, "-m", "blocksparse.aot.resources", *names[i::2]], cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
-    rows = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=600)
-        assert proc.returncode == 0, err[-3000:]
-        rows += [json.loads(line) for line in out.splitlines()]
-    assert sorted(f"{r['family']}:{r['name']}" for r in rows) == sorted(names)
-    return rows
+    return resource_usage(_specs())
 
 
 def test_no_tile_spills_more_than_a_little(usage):
