@@ -1,9 +1,13 @@
-"""Tile sweep of the layer-norm kernels on a GPU: every variant checked against float64, then timed.
+"""Tile sweep of the layer-norm and LSTM-gate kernels on a GPU: every variant checked against
+float64, then timed.
 
-The numbers behind ``blocksparse/ops/norms/configs.py``; run it where the table is in doubt:
+The numbers behind ``blocksparse/ops/norms/configs.py`` and ``blocksparse/ops/lstm/configs.py``;
+run it where a table is in doubt (``python -m blocksparse.aot.resources`` first shows, without a
+GPU, which tiles spill registers):
 
-    python bench/tune_norms.py --out bench/results/raw      # 2-3 minutes on an H200 (~60 kernels compile)
-    python bench/tune_norms.py --out /tmp/cpu --cpu         # two variants on tiny shapes (interpreter)
+    python bench/tune_norms.py --out bench/results/raw      # about 5 minutes on an H200 (~300 variants)
+    python bench/tune_norms.py --out /tmp/cpu --cpu         # a few variants on tiny shapes (interpreter)
+    python bench/tune_norms.py --ops layer_norm --axes 0    # one family, one layout
 
 For bfloat16 activations of 8192 tokens x 1024 and x 8192 features, both layouts: the forward and
 the backward over tokens x features per tile (``BN`` x ``BC``), warps and programs per SM (0: one

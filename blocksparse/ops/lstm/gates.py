@@ -14,7 +14,9 @@ The gates arrive as four pointers with their own row strides, so one merged ``(N
 Accumulation is float32; outputs take the dtype of their buffers.  Bytes moved per cell element
 (``e`` = element size): forward reads ``c`` and four gates, writes ``c_next`` and ``h_next``: ``7e``;
 backward reads ``c``, four gates, ``dc_next`` and ``dh_next`` and writes ``dc`` and four gate
-gradients: ``12e`` (the activations are recomputed, never stored).
+gradients: ``12e`` (the activations are recomputed, never stored).  The backward's persistent
+programs load their next tile while they work on the current one (Triton pipelines only loads
+that feed a matrix product).
 """
 import triton
 import triton.language as tl
