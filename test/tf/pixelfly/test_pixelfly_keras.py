@@ -52,12 +52,13 @@ def test_fit_save_and_load(rng, tmp_path):
                               PixelflyDense(96, block_size=12, butterfly_size=4, lowrank_size=2, name="up"),
                               keras.layers.ReLU(),
                               PixelflyDense(48, block_size=12, stretch=True, impl="portable", name="down")])
-    model.compile(keras.optimizers.SGD(0.05), "mse")
+    model.compile(keras.optimizers.Adam(0.01), "mse")
     x = rng.standard_normal((64, 48)).astype(np.float32)
     y = 0.5 * x
     before = model.evaluate(x, y, verbose=0)
     model.fit(x, y, epochs=8, batch_size=16, verbose=0)
-    assert model.evaluate(x, y, verbose=0) < 0.9 * before
+    # 0.06-0.07 of the first loss over eight initialisations (SGD: 0.86-0.91, too close to a bound)
+    assert model.evaluate(x, y, verbose=0) < 0.5 * before
     path = tmp_path / "pixelfly.keras"
     model.save(path)
     loaded = keras.models.load_model(path)
