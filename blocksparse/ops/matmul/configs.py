@@ -95,7 +95,7 @@ _UPDAT = {
 #: float32 tiles above that spill registers: Triton's float32 FMA product of a transposed tile held
 #: 32 registers and 3.5-5.6 KB of stack a thread at blocks of 64 and 128 (1.5 KB for the few-token
 #: pointer tile, 0.35-0.65 KB for two more), where these hold 128-203 registers and spill nothing
-#: (``python -m blocksparse.aot.resources``; ``test/ops/matmul/test_tile_resources.py``).
+#: (``python -m blocksparse.aot.resources``; ``test/ops/matmul/test_matmul_tile_resources.py``).
 _XPROP_T = {
     ("tma", "fp32", "large"): {32: X(128, 1, 4, 3, BK=16), 64: X(64, 1, 4, 3, BK=16), 128: X(32, 1, 4, 3, BK=16)},
     ("ptr", "fp32", "large"): {128: X(64, 1, 8, 3, TMA=False)},
