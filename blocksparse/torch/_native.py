@@ -30,7 +30,8 @@ import torch
 
 from .. import _env
 
-__all__ = ["NativeBuildWarning", "MIN_TORCH", "available", "supported", "build", "records", "linear", "SOURCE"]
+__all__ = ["NativeBuildWarning", "MIN_TORCH", "available", "supported", "build", "records", "linear", "SOURCE",
+           "FastPath"]
 
 SOURCE = Path(__file__).with_name("csrc") / "linear.cpp"
 #: The oldest torch whose C++ API the op builds against (``c10::Stream::native_handle``).
@@ -144,3 +145,43 @@ def linear(x, w, bias, ids, factor=1):
     passes the factor of its refinement (:mod:`blocksparse.ops.matmul.refine`) and its coarse
     weight."""
     return torch.ops.blocksparse_native.linear(x, w, bias, *ids, factor)
+
+
+class FastPath:
+    """A layer's eager fast path: the native op's own table of the layer's planned call kinds.
+
+    After Python planned a call and found it native (:func:`records`), :meth:`store` enters its
+    kind -- token count, dtypes, device, autocast, whether a backward follows, TF32, the
+    ``BLOCKSPARSE_BACKEND`` / ``BLOCKSPARSE_TORCH_NATIVE`` settings -- and its records into the op's
+    table.  :meth:`__call__` then runs a call of a stored kind as one op call, its kind computed
+    and looked up in C++; anything else (a new kind, bad input) gives None, and Python plans it.
+    Used only where the op is loaded; ``clear()`` forgets the layer's kinds (its choices changed).
+    """
+
+    __slots__ = ("layer", "out_features", "factor")
+
+    def __init__(self, out_features, factor=1):
+        self.layer = None  # the op's layer id, made on the first store
+        self.out_features = out_features
+        self.factor = factor
+
+    def __call__(self, x, w, bias):
+        """``x @ W (+ bias)`` for ``x`` ``(..., in_features)`` where its call kind was stored, else None."""
+        layer = self.layer
+        return None if layer is None else _fast(x, w, bias, layer)
+
+    def store(self, x, w, bias, ids):
+        """Enter the kind of the call ``(x, w, bias)`` (as the layer received them), run by ``ids``."""
+        if self.layer is None:
+            self.layer = torch.ops.blocksparse_native.fast_layer()
+        torch.ops.blocksparse_native.fast_store(x, w, bias, self.layer, *ids, self.factor, self.out_features)
+
+    def clear(self):
+        if self.layer is not None:
+            torch.ops.blocksparse_native.fast_clear(self.layer)
+
+
+def _fast(x, w, bias, layer):
+    global _fast
+    _fast = torch.ops.blocksparse_native.fast.default  # the overload itself: no per-call resolution
+    return _fast(x, w, bias, layer)

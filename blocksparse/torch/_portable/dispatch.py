@@ -120,6 +120,7 @@ class LinearDispatch(nn.Module):
         self._choices = {}
         self._structured = None
         self._native = {}
+        self._fast = _native.FastPath(layout.K, 1 if refinement is None else refinement.factor)
         self.handle = _new_handle(self)
 
     def reset_buffers(self):
@@ -128,7 +129,8 @@ class LinearDispatch(nn.Module):
 
     def __getstate__(self):
         # the decisions are a per-process memo (and hold read-only mappings that do not pickle)
-        return {**self.__dict__, "_plans": {}, "_native": {}}
+        return {**self.__dict__, "_plans": {}, "_native": {},
+                "_fast": _native.FastPath(self.layout.K, self._fast.factor)}
 
     def __setstate__(self, state):
         # a copy (deepcopy, pickle, torch.load) plans on its own: a traced graph reaches it by a
@@ -138,6 +140,11 @@ class LinearDispatch(nn.Module):
 
     def extra_repr(self):
         return f"impl={self.impl!r}, refined={self.refinement is not None}"
+
+    def set_impl(self, impl):
+        """Override the implementation (``"auto"`` or one of :data:`blocksparse.dispatch.IMPLS`)."""
+        self.impl = self.check_impl(impl)
+        self._fast.clear()  # its call kinds were planned under the old override
 
     def check_impl(self, impl):
         """``impl`` checked against what this layout can run at all."""
@@ -223,6 +230,18 @@ class LinearDispatch(nn.Module):
         return impl
 
     # ------------------------------------------------------------------ running
+    def fast(self, x, w, bias):
+        """``x @ W (+ bias)`` for the layer's input ``x`` ``(..., in_features)`` where an eager call
+        of its kind ran natively before (:class:`~blocksparse.torch._native.FastPath`: the kind
+        looked up in C++), else None.  Plain tensors only (a subclass takes the planned way, where
+        its ``__torch_function__`` sees the ops); never while tracing or under a functorch transform."""
+        if not _plain(x, w, bias) or _functorch_active() or torch.compiler.is_compiling():
+            return None
+        y = self._fast(x, w, bias)
+        if y is not None:
+            self.__dict__["last_tokens"] = x.shape[0] if x.dim() == 2 else x.numel() // x.shape[-1]
+        return y
+
     def native(self, x, w, bias):
         """``x @ W (+ bias)`` as one native autograd node (:mod:`blocksparse.torch._native`: the
         refinement of the weight, the three products and the bias in C++) where the call's kind runs
@@ -244,6 +263,8 @@ class LinearDispatch(nn.Module):
             ids = self._native[key] = self._native_ids(x, w) or False
         if not ids or w.shape != self.layout.w_shape:
             return None
+        if _plain(x, w, bias):  # a call the fast path could have served: it will next time
+            self._fast.store(x, w, bias, ids)
         self.__dict__["last_tokens"] = x.shape[0]
         if cast is not None:  # ids exist for kernel dtypes only: no float64 here
             x, w = x.to(cast), w.to(cast)
@@ -301,6 +322,15 @@ class LinearDispatch(nn.Module):
                             f"autocast); got {x.dtype} and {w.dtype}")
 
 
+_PLAIN = (torch.Tensor, nn.Parameter)
+_PLAIN_OR_NONE = (torch.Tensor, nn.Parameter, type(None))
+
+
+def _plain(x, w, bias):
+    """Whether the operands are plain tensors / parameters (no subclass with its own dispatch)."""
+    return type(x) is torch.Tensor and type(w) in _PLAIN and type(bias) in _PLAIN_OR_NONE
+
+
 def _dense(t):
     """``t`` contiguous on a 16-byte boundary (as the native op makes its operands)."""
     t = t.contiguous()
@@ -343,7 +373,7 @@ class Dispatched:
 
     @impl.setter
     def impl(self, value):
-        self._dispatch.impl = self._dispatch.check_impl(value)
+        self._dispatch.set_impl(value)
 
     def plan(self, tokens=None, dtype=None, device=None, backward=True):
         """What runs a call on ``tokens`` rows, and why: a :class:`blocksparse.dispatch.Plan`.

@@ -13,14 +13,19 @@
 // A layer whose block size the kernels do not take passes the factor of its refinement: the op
 // re-blocks the kernels' weight and the gradient itself.
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace {
@@ -148,6 +153,126 @@ at::Tensor linear(const at::Tensor &x, const at::Tensor &w, const std::optional<
   return LinearFunction::apply(x, w, bias, fprop, bprop, updat, factor);
 }
 
+// The layers' eager fast path: per layer, the record ids of the call kinds Python planned, looked up
+// here by everything a plan depends on -- so that a planned call runs no Python beyond one op call.
+// Python stores an entry after planning a call (`fast_store`) and drops a layer's entries when its
+// choices change (`fast_clear`); a call whose kind has no entry returns an undefined tensor (None in
+// Python), and Python plans it.
+struct CallKind {
+  int64_t tokens = 0, in_features = 0;
+  at::ScalarType x_dtype = at::kFloat, w_dtype = at::kFloat;
+  c10::Device device = c10::Device(c10::DeviceType::CPU);
+  int cast = -1;      // autocast's dtype for the device, -1 when off
+  bool grad = false;  // a backward will be asked for
+  bool tf32 = false;
+  std::string backend, native;  // BLOCKSPARSE_BACKEND, BLOCKSPARSE_TORCH_NATIVE ("\1" when unset)
+
+  bool operator==(const CallKind &o) const {
+    return tokens == o.tokens && in_features == o.in_features && x_dtype == o.x_dtype && w_dtype == o.w_dtype &&
+           device == o.device && cast == o.cast && grad == o.grad && tf32 == o.tf32 && backend == o.backend &&
+           native == o.native;
+  }
+};
+
+struct FastEntry {
+  CallKind kind;
+  std::vector<int64_t> w_shape;
+  int64_t out_features = 0, ids[3] = {-1, -1, -1}, factor = 1;
+};
+
+std::mutex fast_lock;
+std::vector<std::vector<FastEntry>> fast_layers;  // by layer id; a layer holds a few entries
+
+std::string env(const char *name) {
+  const char *v = std::getenv(name);
+  return v ? std::string(v) : std::string("\1");
+}
+
+// The kind of the call (x, w, bias), or false where no fast path applies (not a 1-D+ floating x).
+bool call_kind(const at::Tensor &x, const at::Tensor &w, const std::optional<at::Tensor> &bias, CallKind &k) {
+  if (!x.defined() || !w.defined() || x.dim() < 1 || !x.is_floating_point()) return false;
+  k.in_features = x.size(-1);
+  if (k.in_features <= 0) return false;
+  k.tokens = x.dim() == 2 ? x.size(0) : x.numel() / k.in_features;
+  k.x_dtype = x.scalar_type();
+  k.w_dtype = w.scalar_type();
+  k.device = x.device();
+  const auto type = k.device.type();
+  k.cast = at::autocast::is_autocast_enabled(type) ? static_cast<int>(at::autocast::get_autocast_dtype(type)) : -1;
+  k.grad = at::GradMode::is_enabled() &&
+           (x.requires_grad() || w.requires_grad() || (bias && bias->defined() && bias->requires_grad()));
+  k.tf32 = at::globalContext().allowTF32CuBLAS();
+  k.backend = env("BLOCKSPARSE_BACKEND");
+  k.native = env("BLOCKSPARSE_TORCH_NATIVE");
+  return true;
+}
+
+// y = x @ W (+ bias) for x of shape (..., in_features) where the layer's call kind was stored, else
+// an undefined tensor.
+at::Tensor fast(const at::Tensor &x, const at::Tensor &w, const std::optional<at::Tensor> &bias, int64_t layer) {
+  CallKind k;
+  if (!call_kind(x, w, bias, k) || w.device() != x.device()) return {};
+  int64_t ids[3], factor, out_features;
+  {
+    std::lock_guard<std::mutex> guard(fast_lock);
+    if (layer < 0 || layer >= static_cast<int64_t>(fast_layers.size())) return {};
+    const FastEntry *hit = nullptr;
+    for (const auto &entry : fast_layers[layer])
+      if (entry.kind == k) hit = &entry;
+    if (!hit || w.sizes() != at::IntArrayRef(hit->w_shape) || k.tokens == 0) return {};
+    std::copy(hit->ids, hit->ids + 3, ids);
+    factor = hit->factor;
+    out_features = hit->out_features;
+  }
+  at::Tensor x2 = x.dim() == 2 ? x : x.reshape({-1, k.in_features});
+  at::Tensor wk = w;
+  if (k.cast >= 0) {
+    const auto cast = static_cast<at::ScalarType>(k.cast);
+    x2 = x2.to(cast);
+    wk = w.to(cast);
+  }
+  at::Tensor y = LinearFunction::apply(x2, wk, bias, ids[0], ids[1], ids[2], factor);
+  if (x.dim() == 2) return y;
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
+  shape.push_back(out_features);
+  return y.view(shape);
+}
+
+// A new layer id (its entries empty).
+int64_t fast_layer() {
+  std::lock_guard<std::mutex> guard(fast_lock);
+  fast_layers.emplace_back();
+  return static_cast<int64_t>(fast_layers.size()) - 1;
+}
+
+// Remember that calls like (x, w, bias) run the records ids[0..2] with this refinement factor; x of
+// shape (..., in_features) gives out_features.
+void fast_store(const at::Tensor &x, const at::Tensor &w, const std::optional<at::Tensor> &bias, int64_t layer,
+                int64_t fprop, int64_t bprop, int64_t updat, int64_t factor, int64_t out_features) {
+  FastEntry e;
+  TORCH_CHECK(call_kind(x, w, bias, e.kind), "fast_store: x must be a floating tensor of shape (..., in_features)");
+  e.w_shape.assign(w.sizes().begin(), w.sizes().end());
+  e.out_features = out_features;
+  e.ids[0] = fprop;
+  e.ids[1] = bprop;
+  e.ids[2] = updat;
+  e.factor = factor;
+  std::lock_guard<std::mutex> guard(fast_lock);
+  TORCH_CHECK(layer >= 0 && layer < static_cast<int64_t>(fast_layers.size()), "fast_store: unknown layer ", layer);
+  for (auto &entry : fast_layers[layer])
+    if (entry.kind == e.kind) {
+      entry = e;
+      return;
+    }
+  fast_layers[layer].push_back(std::move(e));
+}
+
+// Forget a layer's entries (its implementation override changed).
+void fast_clear(int64_t layer) {
+  std::lock_guard<std::mutex> guard(fast_lock);
+  if (layer >= 0 && layer < static_cast<int64_t>(fast_layers.size())) fast_layers[layer].clear();
+}
+
 int64_t add_record(int64_t launch, int64_t memset32, int64_t spec, at::IntArrayRef grid, const at::Tensor &words, int64_t nargs,
                    at::IntArrayRef slots, at::IntArrayRef out_shape, at::ScalarType out_dtype, bool zero,
                    std::optional<at::ScalarType> cast_to, bool pretranspose) {
@@ -187,4 +312,10 @@ TORCH_LIBRARY(blocksparse_native, m) {
   m.def("add_record(int launch, int memset32, int spec, int[] grid, Tensor words, int nargs, int[] slots, int[] out_shape, "
         "ScalarType out_dtype, bool zero, ScalarType? cast_to, bool pretranspose) -> int",
         add_record);
+  m.def("fast(Tensor x, Tensor w, Tensor? bias, int layer) -> Tensor");
+  m.impl("fast", c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(fast));
+  m.def("fast_layer() -> int", fast_layer);
+  m.def("fast_store(Tensor x, Tensor w, Tensor? bias, int layer, int fprop, int bprop, int updat, int factor, "
+        "int out_features) -> ()", fast_store);
+  m.def("fast_clear(int layer) -> ()", fast_clear);
 }

@@ -238,3 +238,117 @@ def test_an_older_torch_serves_the_python_path(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert _native.available() is False
+
+
+# ---------------------------------------------------------------------------- the layers' fast path
+def _fast_setup(native, rng, n=4):
+    x = torch.from_numpy(rng.standard_normal((n, 6))).float()
+    w = torch.from_numpy(rng.standard_normal((3, 2, 2))).float().requires_grad_()
+    bias = torch.from_numpy(rng.standard_normal(5)).float().requires_grad_()
+    ids = (_record(native, 2, (n, 5), n * 5, n * 6, zero=True), _record(native, 3, (n, 6), n * 6, n * 5),
+           _record(native, 4, (3, 2, 2), 12, n * 6))
+    return x, w, bias, ids
+
+
+def test_fast_path_runs_a_stored_call_kind_as_the_op_does(native, rng):
+    x, w, bias, ids = _fast_setup(native, rng)
+    fast = _native.FastPath(out_features=5)
+    assert fast(x, w, bias) is None  # nothing stored: no layer id yet
+    fast.store(x, w, bias, ids)
+    y = fast(x, w, bias)
+    assert type(y.grad_fn).__name__ == "CppFunction"
+    torch.testing.assert_close(y, torch.ops.blocksparse_native.linear(x, w, bias, *ids), rtol=0, atol=0)
+    torch.testing.assert_close(y, _expected(x, w, 2, (4, 5)) + bias.detach())
+    dy = torch.from_numpy(rng.standard_normal((4, 5))).float()
+    dw, db = torch.autograd.grad(y, (w, bias), dy)
+    torch.testing.assert_close(dw, _expected(x, dy, 4, (3, 2, 2)))
+    torch.testing.assert_close(db, dy.sum(0))
+    # new values of the same kind: the same records, the new pointers
+    x2 = torch.from_numpy(rng.standard_normal((4, 6))).float()
+    torch.testing.assert_close(fast(x2, w, bias), _expected(x2, w, 2, (4, 5)) + bias.detach())
+
+
+def test_fast_path_takes_leading_dims_as_tokens(native, rng):
+    x, w, bias, ids = _fast_setup(native, rng, n=6)
+    fast = _native.FastPath(out_features=5)
+    fast.store(x, w, bias, ids)
+    x3 = torch.from_numpy(rng.standard_normal((2, 3, 6))).float()
+    y = fast(x3, w, bias)
+    assert y.shape == (2, 3, 5)
+    torch.testing.assert_close(y.reshape(6, 5), _expected(x3.reshape(6, 6), w, 2, (6, 5)) + bias.detach())
+    assert fast(x3.reshape(3, 2, 6)[:, :1], w, bias) is None  # 3 tokens: another kind
+
+
+def test_fast_path_misses_every_call_of_another_kind(native, rng, monkeypatch):
+    """Each thing a plan depends on is part of the kind: a call differing in any gives None
+    (Python plans it), never the stored records."""
+    x, w, bias, ids = _fast_setup(native, rng)
+    fast = _native.FastPath(out_features=5)
+    fast.store(x, w, bias, ids)
+    assert fast(x, w, bias) is not None
+    misses = {
+        "tokens": lambda: fast(x[:3], w, bias),
+        "x dtype": lambda: fast(x.double(), w, bias),
+        "w dtype": lambda: fast(x, w.detach().double(), bias),
+        "w shape": lambda: fast(x, torch.ones(4, 2, 2, requires_grad=True), bias),
+        "features": lambda: fast(torch.ones(4, 7), w, bias),
+        "integer x": lambda: fast(torch.ones(4, 6, dtype=torch.int64), w, bias),
+        "0-d x": lambda: fast(torch.tensor(1.0), w, bias),
+    }
+    with torch.no_grad():
+        misses["no_grad"] = fast(x, w, bias)
+    misses["no gradient asked"] = fast(x, w.detach(), bias.detach())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        misses["autocast"] = fast(x, w, bias)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = not tf32
+        misses["tf32"] = fast(x, w, bias)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    for name, value in (("BLOCKSPARSE_BACKEND", "reference"), ("BLOCKSPARSE_TORCH_NATIVE", "off")):
+        monkeypatch.setenv(name, value)
+        misses[name] = fast(x, w, bias)
+        monkeypatch.delenv(name)
+    for name, got in misses.items():
+        got = got() if callable(got) else got
+        assert got is None, f"a call of another kind ({name}) took the stored records"
+    assert fast(x, w, bias) is not None  # the stored kind still hits
+    fast.clear()
+    assert fast(x, w, bias) is None
+
+
+def test_fast_path_entries_are_per_layer(native, rng):
+    x, w, bias, ids = _fast_setup(native, rng)
+    one, other = _native.FastPath(out_features=5), _native.FastPath(out_features=5)
+    one.store(x, w, bias, ids)
+    other.store(x, w, bias, (_record(native, 7, (4, 5), 20, 24), *ids[1:]))
+    torch.testing.assert_close(one(x, w, bias), _expected(x, w, 2, (4, 5)) + bias.detach())
+    torch.testing.assert_close(other(x, w, bias), _expected(x, w, 7, (4, 5)) + bias.detach())
+    other.clear()
+    assert other(x, w, bias) is None and one(x, w, bias) is not None
+    with pytest.raises(RuntimeError, match="unknown layer"):
+        torch.ops.blocksparse_native.fast_store(x, w, bias, 10**6, *ids, 1, 5)
+
+
+def test_a_layer_runs_stored_kinds_through_its_fast_path(native, rng):
+    """The layer's wiring, with stand-in records entered by hand (on a GPU, its first eager call of
+    a kind enters them): the forward returns the fast path's result for a stored kind, a subclass
+    input takes the planned way, and changing ``impl`` forgets the kinds."""
+    from blocksparse.torch import BlocksparseLinear
+
+    layer = BlocksparseLinear(np.ones((1, 1)), 8, impl="reference")
+    x = torch.from_numpy(rng.standard_normal((4, 8))).float()
+    reference = layer(x)
+    ids = (_record(native, 2, (4, 8), 32, 32), _record(native, 3, (4, 8), 32, 32), _record(native, 4, (1, 8, 8), 64, 32))
+    layer._dispatch._fast.store(x, layer.weight, layer.bias, ids)
+    stand_in = _expected(x, layer.weight, 2, (4, 8)) + layer.bias.detach()
+    torch.testing.assert_close(layer(x), stand_in)
+    torch.testing.assert_close(layer(x.reshape(2, 2, 8)), stand_in.reshape(2, 2, 8))
+
+    class Sub(torch.Tensor):
+        pass
+
+    torch.testing.assert_close(layer(x.as_subclass(Sub)).as_subclass(torch.Tensor), reference)
+    layer.impl = "reference"
+    torch.testing.assert_close(layer(x), reference)
