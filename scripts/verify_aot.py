@@ -173,14 +173,23 @@ def _time_us(torch, fn, repeats=20):
 
 
 def _main_n(spec):
-    """The token count a spec is timed at: :data:`LARGE_N`, or 64 for the few-token tiles."""
-    return 64 if spec.get("max_tokens") else LARGE_N
+    """The token count a spec is timed at: :data:`LARGE_N` (the next multiple of 16 for an ``n16``
+    kernel), or 64 for the few-token tiles."""
+    return 64 if spec.get("max_tokens") else -(-LARGE_N // 16) * 16 if spec.get("n16") else LARGE_N
 
 
 def _token_counts(spec):
     """(N, compare with the JIT kernel?): one token, a ragged count, the main case, none."""
+    if spec.get("n16"):  # compiled for multiples of 16 tokens
+        return [(16, False), (96, True), (_main_n(spec), True), (0, False)]
     aligned = spec["axis"] == 0 and "_tma" in spec["kernel"]
     return [(8 if aligned else 1, False), (88 if aligned else 77, True), (_main_n(spec), True), (0, False)]
+
+
+def _probe_n(spec):
+    """Tokens of the checks without a GPU: 64 where the kernel needs aligned (F, N) rows or multiples
+    of 16 tokens, else 13 (unaligned: where the general pointer kernels serve)."""
+    return 64 if "_tma" in spec["kernel"] or spec.get("n16") else 13
 
 
 def check_spec(torch, lib, index, spec, rng):
@@ -189,7 +198,7 @@ def check_spec(torch, lib, index, spec, rng):
 
     mm = MatmulRuntime(lib)
     record = {k: spec[k] for k in ("name", "arch", "target", "product", "dtype", "block_size", "axis",
-                                   "kernel", "atomic", "group", "max_tokens")}
+                                   "kernel", "atomic", "group", "max_tokens", "n16")}
     lay = Layout(random_layout(rng, max(2, 512 // spec["block_size"]),
                                max(2, 384 // spec["block_size"]), 0.4, empty_rows=1, empty_cols=1),
                  spec["block_size"])
@@ -295,8 +304,7 @@ def check_packing(torch, lib, rng):
     for index, spec in enumerate(lib.specs):
         bs = spec["block_size"]
         lay = Layout(random_layout(rng, max(2, 256 // bs), max(2, 128 // bs), 0.5), bs)
-        n = 64 if "_tma" in spec["kernel"] else 13
-        prob = Problem(torch, rng, lay, spec["dtype"], spec["axis"], n, device="cpu")
+        prob = Problem(torch, rng, lay, spec["dtype"], spec["axis"], _probe_n(spec), device="cpu")
         try:
             tables = prob.tables(spec["product"], spec["group"], spec["atomic"])
             AotLaunch(prob.launch(spec, tables, 3 if spec["atomic"] else 1), lib, index, -1)
@@ -316,8 +324,7 @@ def check_selection(lib):
     mm = MatmulRuntime(lib)
     problems = []
     for index, spec in enumerate(lib.specs):
-        n = 64 if "_tma" in spec["kernel"] else 13  # unaligned: where pointer kernels stand in
-        n += 0 if spec.get("max_tokens") else configs.SMALL_N
+        n = _probe_n(spec) + (0 if spec.get("max_tokens") else configs.SMALL_N)
         call = MatmulCall(product=PRODUCTS[spec["product"]], dtype=DTYPES[spec["dtype"]],
                           block_size=spec["block_size"], axis=spec["axis"], group=spec["group"],
                           n_tokens=n, c_blocks=4, k_blocks=4, blocks=4, table_rows=4)
@@ -421,7 +428,7 @@ def main(argv=None):
               "kernels": [], "dispatch": []}
     if args.dry_run:
         result["kernels"] = [{**{k: s[k] for k in ("name", "arch", "target", "product", "dtype", "block_size",
-                                                    "axis", "kernel", "atomic", "group", "max_tokens")},
+                                                    "axis", "kernel", "atomic", "group", "max_tokens", "n16")},
                               "status": "compiled", "cubin_bytes": s["cubin_bytes"]} for s in lib.specs]
     else:
         major, minor = torch.cuda.get_device_capability(0)

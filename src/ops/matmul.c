@@ -36,6 +36,7 @@ static const char *const VALUE_NAMES[V_COUNT] = {
 typedef struct {
   int index, arch, product, dtype, block_size, axis, group, atomic, tma, bm, bk, bn, waves;
   int max_tokens; /* the few-token tiles: calls of at most this many tokens; 0: any */
+  int n16;        /* an (F, N) pointer kernel for token counts that are multiples of 16 */
   int nargs, slots[MAX_ARGS]; /* value of each argument (V_*) */
   const char *name;
   const char *problem; /* why it cannot run (a static string), or NULL */
@@ -73,6 +74,7 @@ static void read_spec(int index, mm_spec *m) {
       !int_key(index, "waves", &m->waves))
     m->problem = "its keys are not those of blocksparse/ops/matmul/aot.py fields()";
   if (!int_key(index, "max_tokens", &m->max_tokens)) m->max_tokens = 0; /* builds before few-token tiles */
+  if (!int_key(index, "n16", &m->n16)) m->n16 = 0;                      /* builds before n16 kernels */
   m->nargs = bsk_spec_nargs(index);
   if (m->nargs > MAX_ARGS) m->problem = "it takes more arguments than src/ops/matmul.c handles";
   for (int i = 0; i < m->nargs && i < MAX_ARGS; ++i) {
@@ -119,11 +121,12 @@ static int fits(const mm_spec *s, const bsk_matmul_call *call) {
 
 /* Whether `s` (of rank `rank`, bsk_spec_rank) serves the call better than `best`: a cubin over PTX
  * and the newest arch first, then the few-token tile over the general one, then the TMA kernel
- * over the pointer one. */
+ * over the pointer one, then the pointer kernel for multiples of 16 tokens over the general one. */
 static int better(const mm_spec *s, int rank, const mm_spec *best, int best_rank) {
   if (!best || rank != best_rank) return !best || rank > best_rank;
   if (!s->max_tokens != !best->max_tokens) return s->max_tokens != 0;
-  return s->tma && !best->tma;
+  if (s->tma != best->tma) return s->tma;
+  return s->n16 && !best->n16;
 }
 
 int bsk_matmul_select(const bsk_matmul_call *call, int arch, int atomic) {
@@ -135,7 +138,7 @@ int bsk_matmul_select(const bsk_matmul_call *call, int arch, int atomic) {
     const mm_spec *s = &table[i];
     int rank = bsk_spec_rank(s->index, arch);
     if (s->problem || !matches(s, call) || s->atomic != !!atomic || !rank) continue;
-    if ((s->tma && !rows_aligned(call)) || !fits(s, call)) continue;
+    if ((s->tma && !rows_aligned(call)) || (s->n16 && call->n_tokens % 16) || !fits(s, call)) continue;
     if (better(s, rank, best, best_rank)) best = s, best_rank = rank;
   }
   return best ? best->index : -1;
@@ -190,6 +193,9 @@ static int check_call(const mm_spec *s, const bsk_matmul_call *call, char *messa
     return bsk_fail(message, size, BSK_ERR_INVALID,
                     "%s uses tensor descriptors: (F, N) rows of %lld tokens are not a multiple of "
                     "16 bytes", s->name, (long long)call->n_tokens);
+  if (s->n16 && call->n_tokens % 16)
+    return bsk_fail(message, size, BSK_ERR_INVALID,
+                    "%s was compiled for multiples of 16 tokens; got %lld", s->name, (long long)call->n_tokens);
   if (s->product == BSK_UPDAT && (call->split < 1 || (!s->atomic && call->split != 1)))
     return bsk_fail(message, size, BSK_ERR_INVALID,
                     "%s needs split %s; got %d", s->name, s->atomic ? ">= 1" : "== 1", call->split);

@@ -45,19 +45,20 @@ SHARED_KIB = {75: 64, 80: 163, 86: 99, 89: 99, 90: 227, 100: 227, 120: 99, 130: 
 def _expected(specs, product, dtype, bs, axis, arch, atomic, n, group):
     """``(name, target)`` of the spec a GPU of ``arch`` should run, from the manifest alone: among
     the specs that run there (within the GPU's shared memory, TMA ones only where rows allow,
-    few-token ones only for their token counts), the newest cubin, else the newest PTX; then the
-    few-token tile; then TMA."""
+    few-token ones only for their token counts, ``n16`` ones only for multiples of 16 tokens), the
+    newest cubin, else the newest PTX; then the few-token tile; then TMA; then ``n16``."""
     aligned = axis == 1 or n * (4 if dtype == "fp32" else 2) % 16 == 0
     served = [s for s in specs if _serves(s["target"], arch) and s["shared"] <= SHARED_KIB[arch] * 1024
               and (s["product"], s["dtype"], s["block_size"], s["axis"], s["atomic"], s["group"])
               == (product, dtype, bs, axis, atomic, group)
-              and (aligned or "_tma" not in s["kernel"]) and (not s["max_tokens"] or n <= s["max_tokens"])]
+              and (aligned or "_tma" not in s["kernel"]) and (not s["max_tokens"] or n <= s["max_tokens"])
+              and (not s.get("n16") or n % 16 == 0)]
     served = [s for s in served if s["image"] == "cubin"] or served
     if not served:
         return None
     newest = max(s["arch"] for s in served)
     ranked = sorted((s for s in served if s["arch"] == newest),
-                    key=lambda s: (not s["max_tokens"], "_tma" not in s["kernel"]))
+                    key=lambda s: (not s["max_tokens"], "_tma" not in s["kernel"], not s.get("n16")))
     return ranked[0]["name"], ranked[0]["target"]
 
 

@@ -49,7 +49,7 @@ def fields(spec: AotSpec):
     return {"product": spec.product, "dtype": spec.dtype, "block_size": bs, "axis": spec.axis,
             "kernel": spec.kernel, "atomic": spec.atomic, "group": spec.group, "trans_w": spec.trans_w,
             "tma": spec.tma, "bm": bm, "bk": bk, "bn": bn, "waves": cfg.WAVES, "max_tokens": spec.max_tokens,
-            "config": asdict(cfg)}
+            "n16": spec.n16, "config": asdict(cfg)}
 
 
 def leaner(spec: AotSpec):
@@ -84,12 +84,14 @@ def _desc(dtype, block, transposed=False):
     return f"tensordesc<{dtype}[{rows}, {cols}]>"
 
 
-def _strides(axis, *tensors):
+def _strides(axis, *tensors, n16=False):
     """(unit, wide) stride parameter names of the activations ``tensors`` (``"x"`` -> stride_xn,
-    stride_xf): ``unit`` strides are 1; ``wide`` ones are a feature count, a multiple of 16."""
+    stride_xf): ``unit`` strides are 1; ``wide`` ones are a multiple of 16 -- a feature count
+    (axis 1), or the token count of an ``n16`` spec (axis 0; ``N`` too)."""
     unit = [f"stride_{t}{'f' if axis == 1 else 'n'}" for t in tensors]
-    wide = [f"stride_{t}n" for t in tensors] if axis == 1 else []
-    return unit, wide
+    if axis == 1:
+        return unit, [f"stride_{t}n" for t in tensors]
+    return unit, [f"stride_{t}f" for t in tensors] + ["N"] if n16 else []
 
 
 def _xprop(spec):
@@ -101,7 +103,7 @@ def _xprop(spec):
         types = {"X": f"*{t}", "W": f"*{t}", "Y": f"*{out}", "HEADERS": "*i32", "ENTRIES": "*i32",
                  "N": "i32", "OUT_FEATURES": "i32", "num_segments": "i32",
                  "stride_xn": "i32", "stride_xf": "i32", "stride_yn": "i32", "stride_yf": "i32"}
-        unit, wide = _strides(spec.axis, "x", "y")
+        unit, wide = _strides(spec.axis, "x", "y", n16=spec.n16)
         divisible = {"X", "W", "Y", "HEADERS", "ENTRIES", "OUT_FEATURES", *wide}
     else:
         bk, bn = cfg.BK or bs, cfg.BN or bs
@@ -125,7 +127,7 @@ def _updat(spec):
         types = {"X": f"*{t}", "DY": f"*{t}", "DW": "*fp32", "GROUPS": "*i32",
                  "N": "i32", "tokens_per_split": "i32",
                  "stride_xn": "i32", "stride_xf": "i32", "stride_dn": "i32", "stride_df": "i32"}
-        unit, wide = _strides(spec.axis, "x", "d")
+        unit, wide = _strides(spec.axis, "x", "d", n16=spec.n16)
         consts |= {name: 1 for name in unit}
         divisible = {"X", "DY", "DW", "GROUPS", "tokens_per_split", *wide}
     else:

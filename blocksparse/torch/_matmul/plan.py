@@ -131,11 +131,14 @@ def _aot_spec(kernels, arch, product, dtype, bs, axis, tma, atomic, n, max_token
     names = _KERNEL_NAMES["updat" if product == "updat" else "xprop"]
     fields = dict(product=product, dtype=_DTYPE_NAMES.get(dtype), block_size=bs, axis=axis, atomic=atomic)
     classes = (max_tokens,) if max_tokens is not None else ((configs.SMALL_N, 0) if n <= configs.SMALL_N else (0,))
+    # (F, N) pointer kernels: the one compiled for multiples of 16 tokens first, where n is one
+    n16 = (True, False) if axis == 0 and n % 16 == 0 else (False,)
     for size in classes:
         for variant in ("tma", "ptr") if tma else ("ptr",):
-            index = kernels.find("matmul", arch, kernel=names[variant], max_tokens=size, **fields)
-            if index is not None:
-                return index
+            for wide in n16 if variant == "ptr" else (False,):
+                index = kernels.find("matmul", arch, kernel=names[variant], max_tokens=size, n16=wide, **fields)
+                if index is not None:
+                    return index
     return None
 
 
