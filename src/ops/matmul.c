@@ -22,13 +22,13 @@ enum {
   V_X, V_W, V_Y, V_DY, V_DW, V_HEADERS, V_ENTRIES, V_GROUPS,
   V_N, V_OUT_FEATURES, V_NUM_SEGMENTS, V_TOKENS_PER_SPLIT,
   V_STRIDE_XN, V_STRIDE_XF, V_STRIDE_YN, V_STRIDE_YF, V_STRIDE_DN, V_STRIDE_DF,
-  V_X_DESC, V_W_DESC, V_Y_DESC, V_DY_DESC, V_COUNT
+  V_X_DESC, V_W_DESC, V_Y_DESC, V_DY_DESC, V_BIAS, V_HAS_BIAS, V_COUNT
 };
 static const char *const VALUE_NAMES[V_COUNT] = {
     "X", "W", "Y", "DY", "DW", "HEADERS", "ENTRIES", "GROUPS",
     "N", "OUT_FEATURES", "num_segments", "tokens_per_split",
     "stride_xn", "stride_xf", "stride_yn", "stride_yf", "stride_dn", "stride_df",
-    "x_desc", "w_desc", "y_desc", "dy_desc"};
+    "x_desc", "w_desc", "y_desc", "dy_desc", "BIAS", "has_bias"};
 
 #define MAX_ARGS 32
 
@@ -250,6 +250,7 @@ static void xprop_values(const mm_spec *s, const bsk_matmul_call *call, bsk_arg 
   activations(&v[V_X_DESC], in, n, in_features, call->axis);
   activations(&v[V_Y_DESC], out, n, out_features, call->axis);
   activations(&v[V_W_DESC], call->w, call->blocks * bs, bs, 1);
+  pointer(&v[V_BIAS], in), i32(&v[V_HAS_BIAS], 0); /* the TensorFlow ops add no bias in the kernel */
   int64_t programs = call->table_rows * cdiv(n, s->bm) * (s->tma ? bs / s->bn : 1);
   grid[0] = (unsigned)programs, grid[1] = 1, grid[2] = 1;
 }

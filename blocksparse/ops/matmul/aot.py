@@ -102,7 +102,8 @@ def _xprop(spec):
     if spec.kernel == "xprop_kernel":
         types = {"X": f"*{t}", "W": f"*{t}", "Y": f"*{out}", "HEADERS": "*i32", "ENTRIES": "*i32",
                  "N": "i32", "OUT_FEATURES": "i32", "num_segments": "i32",
-                 "stride_xn": "i32", "stride_xf": "i32", "stride_yn": "i32", "stride_yf": "i32"}
+                 "stride_xn": "i32", "stride_xf": "i32", "stride_yn": "i32", "stride_yf": "i32",
+                 "BIAS": f"*{t}", "has_bias": "i32"}
         unit, wide = _strides(spec.axis, "x", "y", n16=spec.n16)
         divisible = {"X", "W", "Y", "HEADERS", "ENTRIES", "OUT_FEATURES", *wide}
     else:
@@ -113,7 +114,7 @@ def _xprop(spec):
                  "y_desc": _desc(out, [cfg.BM, bn], x_t),
                  "Y": f"*{out}", "HEADERS": "*i32", "ENTRIES": "*i32",
                  "num_segments": "i32", "N": "i32", "OUT_FEATURES": "i32",
-                 "stride_yn": "i32", "stride_yf": "i32"}
+                 "stride_yn": "i32", "stride_yf": "i32", "BIAS": f"*{t}", "has_bias": "i32"}
         consts.update(BK=bk, BN=bn, X_T=x_t, UNROLL=cfg.UNROLL)
         unit, wide = _strides(spec.axis, "y")
         divisible = {"Y", "HEADERS", "ENTRIES", "OUT_FEATURES", *wide}

@@ -8,6 +8,9 @@ blocks, so the ``[BM, BS]`` input tile it loads feeds ``G`` output blocks at onc
 Both activation layouts are served by strides: token ``n``, feature ``f`` lives at
 ``n * stride_n + f * stride_f``  ((N, C): ``stride_f == 1``; (C, N): ``stride_n == 1``).
 The weight is packed ``(blocks, BS, BS)``; ``TRANS_W`` multiplies by each block's transpose (bprop).
+Where ``has_bias`` (fprop into a non-atomic output), ``BIAS`` (per output feature, in the
+activations' dtype) is added to the float32 sums before they are rounded and stored: no separate
+pass over the output.
 """
 import triton
 import triton.language as tl
@@ -43,7 +46,7 @@ def _weight_slab(W, entry, offs_r, BS: tl.constexpr, G: tl.constexpr, TRANS_W: t
 def xprop_kernel(
     X, W, Y, HEADERS, ENTRIES,
     N, OUT_FEATURES, num_segments,
-    stride_xn, stride_xf, stride_yn, stride_yf,
+    stride_xn, stride_xf, stride_yn, stride_yf, BIAS, has_bias,
     BS: tl.constexpr, G: tl.constexpr, BM: tl.constexpr,
     TRANS_W: tl.constexpr, ATOMIC: tl.constexpr, PRECISION: tl.constexpr,
 ):
@@ -75,4 +78,6 @@ def xprop_kernel(
     if ATOMIC:  # several segments share this output group: Y is a zeroed float32 buffer
         tl.atomic_add(p_y, acc, mask=m_y, sem="relaxed")
     else:
+        if has_bias:
+            acc += tl.load(BIAS + o_f, mask=o_f < OUT_FEATURES, other=0.0).to(tl.float32)[None, :]
         tl.store(p_y, acc.to(Y.dtype.element_ty), mask=m_y)

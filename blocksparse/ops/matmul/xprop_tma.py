@@ -14,7 +14,8 @@ Descriptors (built by the launcher): ``x_desc`` over the activations in storage 
 ``[BM, BK]`` for (N, F) or ``[BK, BM]`` for (F, N) (``X_T``); ``w_desc`` over the packed weight
 viewed as ``(blocks * BS, BS)``, block ``[BK, BN]`` (``[BN, BK]`` with ``TRANS_W``); ``y_desc``
 over the output, block ``[BM, BN]`` (``[BN, BM]``)
-(``Y`` with its strides serves the float32 atomics of split groups instead).
+(``Y`` with its strides serves the float32 atomics of split groups instead).  ``BIAS`` /
+``has_bias``: as in :mod:`.xprop`, added before the store.
 """
 import triton
 import triton.language as tl
@@ -42,24 +43,28 @@ def _w_tile(w_desc, blk, h, i_n, BS: tl.constexpr, BK: tl.constexpr, BN: tl.cons
 
 
 @triton.jit
-def _put(y_desc, Y, acc, i_m, f0, N, OUT_FEATURES, stride_yn, stride_yf,
+def _put(y_desc, Y, acc, i_m, f0, N, OUT_FEATURES, stride_yn, stride_yf, BIAS, has_bias,
          BM: tl.constexpr, BN: tl.constexpr, X_T: tl.constexpr, ATOMIC: tl.constexpr):
-    """Write the [BM, BN] tile ``acc`` at token tile ``i_m``, output feature ``f0``."""
+    """Write the [BM, BN] tile ``acc`` at token tile ``i_m``, output feature ``f0`` (plus the bias
+    where ``has_bias``)."""
+    o_f = f0 + tl.arange(0, BN)
     if ATOMIC:  # several segments share the group: Y is a zeroed float32 buffer
         o_m = i_m * BM + tl.arange(0, BM)
-        o_f = f0 + tl.arange(0, BN)
         p_y = Y + o_m[:, None].to(tl.int64) * stride_yn + o_f[None, :] * stride_yf
         tl.atomic_add(p_y, acc, mask=(o_m[:, None] < N) & (o_f[None, :] < OUT_FEATURES), sem="relaxed")
-    elif X_T:
-        y_desc.store([f0, i_m * BM], acc.T.to(y_desc.dtype))
     else:
-        y_desc.store([i_m * BM, f0], acc.to(y_desc.dtype))
+        if has_bias:
+            acc += tl.load(BIAS + o_f, mask=o_f < OUT_FEATURES, other=0.0).to(tl.float32)[None, :]
+        if X_T:
+            y_desc.store([f0, i_m * BM], acc.T.to(y_desc.dtype))
+        else:
+            y_desc.store([i_m * BM, f0], acc.to(y_desc.dtype))
 
 
 @triton.jit
 def xprop_tma_kernel(
     x_desc, w_desc, y_desc, Y, HEADERS, ENTRIES, num_segments, N, OUT_FEATURES, stride_yn, stride_yf,
-    BS: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr,
+    BIAS, has_bias, BS: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr,
     X_T: tl.constexpr,
     TRANS_W: tl.constexpr, ATOMIC: tl.constexpr, PRECISION: tl.constexpr,
     UNROLL: tl.constexpr = 1,
@@ -100,12 +105,12 @@ def xprop_tma_kernel(
 
     # columns past the last output block are clipped by the descriptor's shape
     _put(y_desc, Y, acc0, i_m, (group * G) * BS + i_n * BN, N, OUT_FEATURES, stride_yn,
-             stride_yf, BM, BN, X_T, ATOMIC)
+             stride_yf, BIAS, has_bias, BM, BN, X_T, ATOMIC)
     if G > 1:
         _put(y_desc, Y, acc1, i_m, (group * G + 1) * BS + i_n * BN, N, OUT_FEATURES, stride_yn,
-             stride_yf, BM, BN, X_T, ATOMIC)
+             stride_yf, BIAS, has_bias, BM, BN, X_T, ATOMIC)
     if G > 2:
         _put(y_desc, Y, acc2, i_m, (group * G + 2) * BS + i_n * BN, N, OUT_FEATURES, stride_yn,
-             stride_yf, BM, BN, X_T, ATOMIC)
+             stride_yf, BIAS, has_bias, BM, BN, X_T, ATOMIC)
         _put(y_desc, Y, acc3, i_m, (group * G + 3) * BS + i_n * BN, N, OUT_FEATURES, stride_yn,
-             stride_yf, BM, BN, X_T, ATOMIC)
+             stride_yf, BIAS, has_bias, BM, BN, X_T, ATOMIC)

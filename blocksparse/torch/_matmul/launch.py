@@ -26,7 +26,7 @@ if _env.triton_interpret():
 #: Kernels by (product family, variant).
 KERNELS = {("xprop", "ptr"): xprop_kernel, ("xprop", "tma"): xprop_tma_kernel,
            ("updat", "ptr"): updat_kernel, ("updat", "tma"): updat_tma_kernel}
-X, B, OUT = 0, 1, 2  # the operands' positions
+X, B, OUT, BIAS = 0, 1, 2, 3  # the operands' positions (the bias: fprop plans that add it)
 
 
 def tokens(t, axis):
@@ -65,22 +65,27 @@ def tma_ok(*tensors):
 
 
 def xprop_launch(variant, x_shape, x_strides, dtype, headers, entries, *, blocks, out_features, bs, axis, trans,
-                 cfg, atomic, precision):
+                 cfg, atomic, precision, bias=False):
     """fprop (``trans=False``) or bprop of ``dtype`` activations ``x_shape`` / ``x_strides``
     through the ``"ptr"`` or ``"tma"`` kernel; ``headers`` / ``entries``: the xprop table built
-    with ``cfg.G``.  The output is float32 where ``atomic``."""
+    with ``cfg.G``.  The output is float32 where ``atomic``.  ``bias``: the kernel adds a fourth
+    operand (per output feature, ``dtype``) before storing (not with ``atomic``)."""
+    if bias and atomic:
+        raise ValueError("a split (atomic) product cannot add the bias: its sums are not final in the kernel")
     n = x_shape[0] if axis == 1 else x_shape[1]
     y_shape = activation_shape(n, out_features, axis)
     y_strides = dense_strides(y_shape)
     y_dtype = torch.float32 if atomic else dtype
     segments = headers.shape[0]
     consts = dict(BS=bs, G=cfg.G, BM=cfg.BM, TRANS_W=trans, ATOMIC=atomic, PRECISION=precision)
+    # without a bias the kernel never reads BIAS: the input stands in (a valid pointer of its type)
+    fused = dict(BIAS=Operand(BIAS if bias else X, dtype), has_bias=int(bias))
     if variant == "ptr":
         args = dict(X=Operand(X, dtype), W=Operand(B, dtype), Y=Operand(OUT, y_dtype), HEADERS=headers,
                     ENTRIES=entries, N=n, OUT_FEATURES=out_features, num_segments=segments)
         x_n, x_f = _token_feature(x_strides, axis)
         y_n, y_f = _token_feature(y_strides, axis)
-        args.update(stride_xn=x_n, stride_xf=x_f, stride_yn=y_n, stride_yf=y_f)
+        args.update(stride_xn=x_n, stride_xf=x_f, stride_yn=y_n, stride_yf=y_f, **fused)
         grid = (segments * triton.cdiv(n, cfg.BM),)
     else:
         bk, bn = cfg.BK or bs, cfg.BN or bs
@@ -89,7 +94,7 @@ def xprop_launch(variant, x_shape, x_strides, dtype, headers, entries, *, blocks
         args = dict(x_desc=_desc(X, dtype, x_shape, x_strides, axis, cfg.BM, bk), w_desc=w_desc,
                     y_desc=_desc(OUT, y_dtype, y_shape, y_strides, axis, cfg.BM, bn), Y=Operand(OUT, y_dtype),
                     HEADERS=headers, ENTRIES=entries, num_segments=segments, N=n, OUT_FEATURES=out_features,
-                    stride_yn=y_n, stride_yf=y_f)
+                    stride_yn=y_n, stride_yf=y_f, **fused)
         consts.update(BK=bk, BN=bn, X_T=axis == 0, UNROLL=cfg.UNROLL)
         grid = (segments * (bs // bn) * triton.cdiv(n, cfg.BM),)
     return KernelLaunch(KERNELS[("xprop", variant)], grid, args, consts, cfg.num_warps, cfg.num_stages,
@@ -139,14 +144,23 @@ def updat(x, dy, groups, *, w_shape, bs, axis, cfg, split, precision, dw_dtype):
                   precision=precision, dw_dtype=dw_dtype)
 
 
-def _xprop_direct(variant, x, w, headers, entries, *, out_features, bs, axis, trans, cfg, atomic, precision):
+def _xprop_direct(variant, x, w, headers, entries, *, out_features, bs, axis, trans, cfg, atomic, precision,
+                  bias=None):
+    """``bias`` (fprop, per output feature): added by the kernel, after it where ``atomic``."""
     n = tokens(x, axis)
     out = x.new_empty(activation_shape(n, out_features, axis), dtype=torch.float32 if atomic else x.dtype)
+    fused = bias is not None and not atomic
     if n:  # the launch zero-fills a float32 buffer first
+        operands = (x, w, out) + ((bias.to(x.dtype).contiguous(),) if fused else ())
         JitLaunch(xprop_launch(variant, tuple(x.shape), x.stride(), x.dtype, headers, entries, blocks=w.shape[0],
                                out_features=out_features, bs=bs, axis=axis, trans=trans, cfg=cfg, atomic=atomic,
-                               precision=precision))((x, w, out))
-    return _cast(out, x.dtype)
+                               precision=precision, bias=fused))(operands)
+    elif fused:
+        fused = False  # nothing launched: the (empty) output takes the bias below
+    out = _cast(out, x.dtype)
+    if bias is None or fused:
+        return out
+    return out + (bias.to(out.dtype) if axis == 1 else bias.to(out.dtype)[:, None])
 
 
 def _updat_direct(variant, x, dy, groups, *, w_shape, bs, axis, cfg, split, precision, dw_dtype):

@@ -127,7 +127,7 @@ def matmul(x, w, layout, axis, precision, bias=None):
     if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
                                     or (bias is not None and bias.requires_grad)):
         if x.is_cuda and _native.available():
-            ids = native_ids(x, w, layout, axis, precision)
+            ids = native_ids(x, w, layout, axis, precision, bias is not None)
             if ids is not None:
                 return _native.linear(x, w, bias, ids)
         return _apply(x, w, bias, layout, axis, precision)
@@ -135,14 +135,15 @@ def matmul(x, w, layout, axis, precision, bias=None):
     return y if bias is None else _add_bias(y, bias, axis)
 
 
-def native_ids(x, w, layout, axis, precision):
+def native_ids(x, w, layout, axis, precision, bias=False):
     """The native op's record ids for this call (:func:`blocksparse.torch._native.records`), or None
-    where the kernel library does not serve all three products of dense, aligned operands."""
+    where the kernel library does not serve all three products of dense, aligned operands.  ``bias``:
+    calls with a bias (the fprop kernel adds it where its sums are final)."""
     if not (x.is_contiguous() and w.is_contiguous() and x.numel()):
         return None
     if not _products.use_triton(x, _plan.state(layout).layout.block_size):
         return None
-    fprop = _products.plan_of("fprop", x, w, layout, axis, precision)
+    fprop = _products.plan_of("fprop", x, w, layout, axis, precision, bias=bias)
 
     def backward_plans():  # for the gradient autograd hands over: fresh, dense, of the output's shape
         dy = _out_like(x, _plan.state(layout).layout.K, axis)

@@ -44,7 +44,8 @@ class Plan:
     the kernel writes a buffer of ``out_shape`` and ``out_dtype``, zero-filled first where
     ``zero`` (split reductions: by the launch, in the runtime on the ahead-of-time path), cast to
     ``cast_to`` after where set; ``pretranspose``: bprop reads the weight's blocks transposed
-    beforehand.
+    beforehand; ``bias``: the kernel adds a bias (per output feature, in ``a``'s dtype) before it
+    stores (fprop; never with split reductions).
     """
 
     kind: str
@@ -58,6 +59,7 @@ class Plan:
     pretranspose: bool = False
     max_segment: int | None = None
     split: int = 1
+    bias: bool = False
 
     @property
     def path(self):
@@ -70,12 +72,13 @@ class Plan:
         cast of split reductions where they apply."""
         return (self.runner is not None) + self.pretranspose + self.zero + (self.cast_to is not None)
 
-    def __call__(self, a, b):
+    def __call__(self, a, b, bias=None):
         if self.pretranspose:
             b = b.transpose(1, 2).contiguous()
         if self.runner is not None:
             out = a.new_empty(self.out_shape, dtype=self.out_dtype)  # on a's device: the plan's
-            self.runner((a, b, out))  # zero-fills out first where the launch asks
+            operands = (a, b, out) if not self.bias else (a, b, out, bias.to(a.dtype).contiguous())
+            self.runner(operands)  # zero-fills out first where the launch asks
         else:  # no tokens
             out = (torch.zeros if self.zero else torch.empty)(self.out_shape, dtype=self.out_dtype, device=self.device)
         return out if self.cast_to is None else out.to(self.cast_to)
@@ -110,13 +113,14 @@ class LayoutState:
             self._tables[key] = _to(self.layout.coords, device).long()
         return self._tables[key]
 
-    def plan(self, key, kind, a, b, axis, precision, dw_dtype=None, aligned=True):
+    def plan(self, key, kind, a, b, axis, precision, dw_dtype=None, aligned=True, bias=False):
         """The cached :class:`Plan` under ``key`` (see the module doc), built on first use from
         the call's tensors ``a``, ``b``."""
         plan = self.plans.get(key)
         if plan is None:
             with self._lock:
-                plan = self.plans.get(key) or _build(self, kind, a, b, axis, precision, dw_dtype, aligned)
+                plan = self.plans.get(key) or _build(self, kind, a, b, axis, precision, dw_dtype, aligned,
+                                                     bias=bias)
                 self.plans[key] = plan
         return plan
 
@@ -191,10 +195,11 @@ def _jit_choice(layout, kind, n, dtype, interpret, sms, tma, axis):
     return cfg, _xprop_segments(layout, kind, cfg, n, sms, cfg.TMA)
 
 
-def _build(state, kind, a, b, axis, precision, dw_dtype, aligned, target=None):
+def _build(state, kind, a, b, axis, precision, dw_dtype, aligned, target=None, bias=False):
     """A new :class:`Plan` for ``kind`` on the call's tensors.  ``target``: ``(kernel library or
     None, DeviceInfo)`` to plan for; default: the call's GPU and the kernel library, or Triton's
-    interpreter for CPU tensors."""
+    interpreter for CPU tensors.  ``bias`` (fprop): the kernel adds the bias where its sums are
+    final (no split reduction; else the plan's ``bias`` is False and the caller adds it)."""
     layout, device = state.layout, a.device
     if target is None:
         target = (_launch.library(), _launch.device_info(a.get_device())) if a.is_cuda else (None, None)
@@ -226,12 +231,14 @@ def _build(state, kind, a, b, axis, precision, dw_dtype, aligned, target=None):
         atomic = max_segment is not None
         headers, entries = state.xprop_tables(kind, max_segment, cfg.G, device)
         out_features = layout.C if trans else layout.K
+        fused = bias and kind == "fprop" and not atomic
         launch = _kernels.xprop_launch(variant, tuple(a.shape), a.stride(), a.dtype, headers, entries,
                                        blocks=layout.blocks, out_features=out_features, bs=bs, axis=axis,
-                                       trans=trans and not pretranspose, cfg=cfg, atomic=atomic, precision=precision)
+                                       trans=trans and not pretranspose, cfg=cfg, atomic=atomic, precision=precision,
+                                       bias=fused)
         out = dict(out_shape=_kernels.activation_shape(n, out_features, axis),
                    out_dtype=torch.float32 if atomic else a.dtype, zero=atomic, cast_to=a.dtype if atomic else None,
-                   pretranspose=pretranspose)
+                   pretranspose=pretranspose, bias=fused)
     runner = _launch.prepare(launch, a.get_device(), kernels, spec_index) if n else None
     return Plan(kind, cfg, runner, device, max_segment=max_segment, split=split, **out)
 

@@ -30,8 +30,9 @@ def _strided(t):
     return t
 
 
-def plan_of(kind, a, b, layout_handle, axis, precision, dw_dtype=None):
-    """The :class:`~.plan.Plan` of a kernel call (inputs as the product functions take them)."""
+def plan_of(kind, a, b, layout_handle, axis, precision, dw_dtype=None, bias=False):
+    """The :class:`~.plan.Plan` of a kernel call (inputs as the product functions take them);
+    ``bias``: an fprop whose kernel adds the bias where it can (the plan's ``bias`` says)."""
     if a.dtype is not torch.float32:
         precision = "ieee"  # TF32 concerns float32 products only: one plan (and compiled spec) for both
     try:
@@ -40,8 +41,8 @@ def plan_of(kind, a, b, layout_handle, axis, precision, dw_dtype=None):
         raise RuntimeError("the block-sparse matmul kernels take tensors with storage: torch.func transforms "
                            "(vmap, grad, ...) are not supported; call the product per sample instead") from exc
     key = (kind, a.shape, a.stride(), b.stride() if kind == "updat" else None, a.dtype, a.get_device(), axis,
-           precision, dw_dtype, aligned)
-    return _plan.state(layout_handle).plan(key, kind, a, b, axis, precision, dw_dtype, aligned)
+           precision, dw_dtype, aligned, bias)
+    return _plan.state(layout_handle).plan(key, kind, a, b, axis, precision, dw_dtype, aligned, bias)
 
 
 def _xprop(kind, x, w, layout_handle, axis, precision):

@@ -255,12 +255,12 @@ class LinearDispatch(nn.Module):
         cast = autocast_dtype_of("cuda")
         grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
                                             or (bias is not None and bias.requires_grad))
-        key = (x.shape[0], x.dtype, w.dtype, x.get_device(), w.get_device(), cast, grad, self.impl,
+        key = (x.shape[0], x.dtype, w.dtype, x.get_device(), w.get_device(), cast, grad, bias is None, self.impl,
                _env.getenv("BLOCKSPARSE_BACKEND"), _env.getenv("BLOCKSPARSE_TORCH_NATIVE"),
                torch._C._get_cublas_allow_tf32())
         ids = self._native.get(key)
         if ids is None:
-            ids = self._native[key] = self._native_ids(x, w) or False
+            ids = self._native[key] = self._native_ids(x, w, bias is not None) or False
         if not ids or w.shape != self.layout.w_shape:
             return None
         if _plain(x, w, bias):  # a call the fast path could have served: it will next time
@@ -270,8 +270,8 @@ class LinearDispatch(nn.Module):
             x, w = x.to(cast), w.to(cast)
         return _native.linear(x, w, bias, ids, 1 if self.refinement is None else self.refinement.factor)
 
-    def _native_ids(self, x, w):
-        """The native op's record ids for calls like this one, or None."""
+    def _native_ids(self, x, w, bias=False):
+        """The native op's record ids for calls like this one (``bias``: with a bias), or None."""
         if (self.bsmm is None or not x.numel() or x.device != w.device or w.shape != self.layout.w_shape
                 or not _native.available() or self.choose(x, w) != "kernels"):
             return None
@@ -282,7 +282,7 @@ class LinearDispatch(nn.Module):
             return None
         x, w = (_dense(t) for t in (x, self.kernel_weight(w)))  # as the op hands them to the kernels
         bsmm = self.bsmm
-        return _ops.native_ids(x, w, bsmm._handle, bsmm.axis, bsmm._precision)
+        return _ops.native_ids(x, w, bsmm._handle, bsmm.axis, bsmm._precision, bias)
 
     def kernel_weight(self, w):
         """The layer's weight as ``bsmm``'s weight: re-blocked when the layout was refined."""

@@ -40,12 +40,13 @@ struct Record {
   unsigned grid[3] = {1, 1, 1};
   std::vector<uint64_t> words;                // the packed bsk_arg array
   int64_t nargs = 0;
-  std::vector<std::pair<int64_t, int64_t>> slots;  // (word, operand: 0 input, 1 weight / dy, 2 out)
+  std::vector<std::pair<int64_t, int64_t>> slots;  // (word, operand: 0 input, 1 weight / dy, 2 out, 3 bias)
   std::vector<int64_t> out_shape;
   at::ScalarType out_dtype = at::kFloat;
   bool zero = false;
   std::optional<at::ScalarType> cast_to;
   bool pretranspose = false;                  // bprop: the weight's blocks transposed first
+  bool fused_bias = false;                    // fprop: the kernel adds the bias (operand 3)
 };
 
 std::mutex registry_lock;
@@ -63,12 +64,19 @@ void *current_stream(const at::Tensor &t) {
 }
 
 // One product: allocate, (zero-fill,) launch, (cast,) (add the bias per output feature: in the
-// same pass as the cast where there is one).
+// kernel where the record says, else in the same pass as the cast where there is one).
 at::Tensor run(const Record &r, const at::Tensor &a, at::Tensor b, const std::optional<at::Tensor> &bias = {}) {
   const c10::DeviceGuard guard(a.device());  // the default stream launches in the current device's context
   if (r.pretranspose) b = b.transpose(1, 2).contiguous();
   at::Tensor out = at::empty(r.out_shape, a.options().dtype(r.out_dtype));
-  const at::Tensor *operands[3] = {&a, &b, &out};
+  at::Tensor fused;  // the bias as the kernel reads it: the activations' dtype, dense
+  if (r.fused_bias) {
+    TORCH_CHECK(bias && bias->defined(), "blocksparse: this launch adds a bias; none was given");
+    TORCH_CHECK(bias->device() == a.device(), "bias must be on the input's device ", a.device(), "; got ",
+                bias->device());
+    fused = bias->to(a.scalar_type()).contiguous();
+  }
+  const at::Tensor *operands[4] = {&a, &b, &out, &fused};
   std::vector<uint64_t> words(r.words);  // a copy per call: records are shared between threads
   for (const auto &slot : r.slots)
     words[slot.first] = reinterpret_cast<uint64_t>(operands[slot.second]->data_ptr());
@@ -83,7 +91,7 @@ at::Tensor run(const Record &r, const at::Tensor &a, at::Tensor b, const std::op
   int status = r.launch(static_cast<int>(r.spec), r.grid, words.data(), static_cast<int>(r.nargs), stream, message,
                          sizeof message);
   TORCH_CHECK(status == 0, "blocksparse: kernel launch failed: ", message);
-  if (!bias) return r.cast_to ? out.to(*r.cast_to) : out;
+  if (!bias || r.fused_bias) return r.cast_to ? out.to(*r.cast_to) : out;
   if (r.cast_to) {  // the float32 sums plus the bias, rounded once to the output dtype
     at::Tensor y = at::empty(r.out_shape, a.options().dtype(*r.cast_to));
     return at::add_out(y, out, *bias);
@@ -164,12 +172,14 @@ struct CallKind {
   c10::Device device = c10::Device(c10::DeviceType::CPU);
   int cast = -1;      // autocast's dtype for the device, -1 when off
   bool grad = false;  // a backward will be asked for
+  bool bias = false;  // a bias is given
   bool tf32 = false;
   std::string backend, native;  // BLOCKSPARSE_BACKEND, BLOCKSPARSE_TORCH_NATIVE ("\1" when unset)
 
   bool operator==(const CallKind &o) const {
     return tokens == o.tokens && in_features == o.in_features && x_dtype == o.x_dtype && w_dtype == o.w_dtype &&
-           device == o.device && cast == o.cast && grad == o.grad && tf32 == o.tf32 && backend == o.backend &&
+           device == o.device && cast == o.cast && grad == o.grad && bias == o.bias && tf32 == o.tf32 &&
+           backend == o.backend &&
            native == o.native;
   }
 };
@@ -201,6 +211,7 @@ bool call_kind(const at::Tensor &x, const at::Tensor &w, const std::optional<at:
   k.cast = at::autocast::is_autocast_enabled(type) ? static_cast<int>(at::autocast::get_autocast_dtype(type)) : -1;
   k.grad = at::GradMode::is_enabled() &&
            (x.requires_grad() || w.requires_grad() || (bias && bias->defined() && bias->requires_grad()));
+  k.bias = bias && bias->defined();
   k.tf32 = at::globalContext().allowTF32CuBLAS();
   k.backend = env("BLOCKSPARSE_BACKEND");
   k.native = env("BLOCKSPARSE_TORCH_NATIVE");
@@ -275,7 +286,7 @@ void fast_clear(int64_t layer) {
 
 int64_t add_record(int64_t launch, int64_t memset32, int64_t spec, at::IntArrayRef grid, const at::Tensor &words, int64_t nargs,
                    at::IntArrayRef slots, at::IntArrayRef out_shape, at::ScalarType out_dtype, bool zero,
-                   std::optional<at::ScalarType> cast_to, bool pretranspose) {
+                   std::optional<at::ScalarType> cast_to, bool pretranspose, bool fused_bias) {
   TORCH_CHECK(grid.size() == 3, "grid must have 3 dimensions");
   TORCH_CHECK(words.scalar_type() == at::kLong && words.dim() == 1 && words.is_contiguous() && !words.is_cuda(),
               "words must be a contiguous 1-D int64 CPU tensor");
@@ -290,7 +301,7 @@ int64_t add_record(int64_t launch, int64_t memset32, int64_t spec, at::IntArrayR
   r.words.assign(reinterpret_cast<const uint64_t *>(data), reinterpret_cast<const uint64_t *>(data) + words.numel());
   r.nargs = nargs;
   for (size_t i = 0; i < slots.size(); i += 2) {
-    TORCH_CHECK(slots[i] >= 0 && slots[i] < words.numel() && slots[i + 1] >= 0 && slots[i + 1] < 3,
+    TORCH_CHECK(slots[i] >= 0 && slots[i] < words.numel() && slots[i + 1] >= 0 && slots[i + 1] < (fused_bias ? 4 : 3),
                 "slot (", slots[i], ", ", slots[i + 1], ") is out of range");
     r.slots.emplace_back(slots[i], slots[i + 1]);
   }
@@ -299,6 +310,7 @@ int64_t add_record(int64_t launch, int64_t memset32, int64_t spec, at::IntArrayR
   r.zero = zero;
   r.cast_to = cast_to;
   r.pretranspose = pretranspose;
+  r.fused_bias = fused_bias;
   std::lock_guard<std::mutex> guard(registry_lock);
   registry.push_back(std::move(r));
   return static_cast<int64_t>(registry.size()) - 1;
@@ -310,7 +322,7 @@ TORCH_LIBRARY(blocksparse_native, m) {
   m.def("linear(Tensor x, Tensor w, Tensor? bias, int fprop, int bprop, int updat, int factor=1) -> Tensor");
   m.impl("linear", c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(linear));
   m.def("add_record(int launch, int memset32, int spec, int[] grid, Tensor words, int nargs, int[] slots, int[] out_shape, "
-        "ScalarType out_dtype, bool zero, ScalarType? cast_to, bool pretranspose) -> int",
+        "ScalarType out_dtype, bool zero, ScalarType? cast_to, bool pretranspose, bool fused_bias=False) -> int",
         add_record);
   m.def("fast(Tensor x, Tensor w, Tensor? bias, int layer) -> Tensor");
   m.impl("fast", c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(fast));

@@ -52,6 +52,29 @@ def test_xprop(rng, dtype, axis, bs, group, n, max_segment):
         assert rel_err(got.double().numpy(), ref) < TOL[dtype], kind
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("axis", [1, 0])
+@pytest.mark.parametrize("variant, group", [("ptr", 1), ("ptr", 2), ("tma", 1), ("tma", 2)])
+def test_fprop_adds_the_bias_before_it_rounds(rng, dtype, axis, variant, group):
+    """The bias per output feature, added to the float32 sums in the kernel (one rounding), also on
+    output columns without blocks (bias only) and on the clipped last token tile."""
+    n = 24 if axis == 0 else 21
+    lay, x, w, _, (y_ref, _, _) = _setup(rng, 16, axis, n, dtype, KB=6)
+    bias = torch.from_numpy(rng.standard_normal(lay.K)).to(DTYPES[dtype])
+    headers, entries, _ = _lut(lay, "fprop", None, group)
+    cfg = XpropConfig(BM=16, G=group, num_warps=4, num_stages=1)
+    direct = _triton.xprop_ptr if variant == "ptr" else _triton.xprop_tma
+    got = direct(x, w, headers, entries, out_features=lay.K, bs=16, axis=axis, trans=False, cfg=cfg, atomic=False,
+                 precision="ieee", bias=bias)
+    b = bias.double().numpy()
+    want = y_ref + (b if axis == 1 else b[:, None])
+    assert got.dtype == x.dtype and rel_err(got.double().numpy(), want) < TOL[dtype]
+    empty = ~lay.dense(np.ones(lay.w_shape)).any(0)  # output features no block feeds
+    assert empty.any()
+    got_empty = got.double().numpy()[:, empty] if axis == 1 else got.double().numpy()[empty].T
+    np.testing.assert_array_equal(got_empty, np.broadcast_to(b[empty], got_empty.shape))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("axis", [1, 0])
 @pytest.mark.parametrize("bs, group, n, split", [(16, 1, 1, 1), (16, 2, 37, 3), (32, 4, 20, 2),

@@ -352,3 +352,27 @@ def test_a_layer_runs_stored_kinds_through_its_fast_path(native, rng):
     torch.testing.assert_close(layer(x.as_subclass(Sub)).as_subclass(torch.Tensor), reference)
     layer.impl = "reference"
     torch.testing.assert_close(layer(x), reference)
+
+
+def test_a_record_whose_kernel_adds_the_bias_gets_it_and_adds_nothing_after(native, rng):
+    """fused_bias: the bias (cast to the input's dtype) is the launch's operand 3, and the op adds
+    no bias of its own; such a record refuses a call without one."""
+    x = torch.from_numpy(rng.standard_normal((4, 6))).float().requires_grad_()
+    w = torch.from_numpy(rng.standard_normal((3, 2, 2))).float()
+    bias = torch.from_numpy(rng.standard_normal(5)).requires_grad_()  # float64: cast for the kernel
+    words = torch.tensor([20, 0, 0, 0, 24, 0], dtype=torch.int64)
+    fused = torch.ops.blocksparse_native.add_record(
+        _native._address(native.fake_launch), _native._address(native.fake_memset), 2, [3, 1, 1], words, 6,
+        [1, 0, 2, 3, 3, 2], [4, 5], torch.float32, False, None, False, True)  # word 2 <- the bias
+    ids = (fused, _record(native, 3, (4, 6), 24, 20), _record(native, 4, (3, 2, 2), 12, 24))
+    y = torch.ops.blocksparse_native.linear(x, w, bias, *ids)
+    # the stand-in computes in * spec + (operand in word 2)[0]: the bias's first element, once
+    torch.testing.assert_close(y, _expected(x, bias.detach().float(), 2, (4, 5)))
+    (db,) = torch.autograd.grad(y, (bias,), torch.ones(4, 5))
+    assert db.dtype == torch.float64
+    torch.testing.assert_close(db, torch.full((5,), 4.0, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="adds a bias; none was given"):
+        torch.ops.blocksparse_native.linear(x, w, None, *ids)
+    with pytest.raises(RuntimeError, match="out of range"):  # operand 3 only where the kernel adds the bias
+        torch.ops.blocksparse_native.add_record(1, 1, 0, [1, 1, 1], words, 6, [2, 3], [1], torch.float32,
+                                                False, None, False)
