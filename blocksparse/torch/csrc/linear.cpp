@@ -47,6 +47,7 @@ struct Record {
   std::optional<at::ScalarType> cast_to;
   bool pretranspose = false;                  // bprop: the weight's blocks transposed first
   bool fused_bias = false;                    // fprop: the kernel adds the bias (operand 3)
+  bool transpose_inputs = false;              // updat of (F, N) activations: run on (N, F) copies
 };
 
 std::mutex registry_lock;
@@ -65,9 +66,13 @@ void *current_stream(const at::Tensor &t) {
 
 // One product: allocate, (zero-fill,) launch, (cast,) (add the bias per output feature: in the
 // kernel where the record says, else in the same pass as the cast where there is one).
-at::Tensor run(const Record &r, const at::Tensor &a, at::Tensor b, const std::optional<at::Tensor> &bias = {}) {
+at::Tensor run(const Record &r, at::Tensor a, at::Tensor b, const std::optional<at::Tensor> &bias = {}) {
   const c10::DeviceGuard guard(a.device());  // the default stream launches in the current device's context
   if (r.pretranspose) b = b.transpose(1, 2).contiguous();
+  if (r.transpose_inputs) {
+    a = a.t().contiguous();
+    b = b.t().contiguous();
+  }
   at::Tensor out = at::empty(r.out_shape, a.options().dtype(r.out_dtype));
   at::Tensor fused;  // the bias as the kernel reads it: the activations' dtype, dense
   if (r.fused_bias) {
@@ -286,7 +291,8 @@ void fast_clear(int64_t layer) {
 
 int64_t add_record(int64_t launch, int64_t memset32, int64_t spec, at::IntArrayRef grid, const at::Tensor &words, int64_t nargs,
                    at::IntArrayRef slots, at::IntArrayRef out_shape, at::ScalarType out_dtype, bool zero,
-                   std::optional<at::ScalarType> cast_to, bool pretranspose, bool fused_bias) {
+                   std::optional<at::ScalarType> cast_to, bool pretranspose, bool fused_bias,
+                   bool transpose_inputs) {
   TORCH_CHECK(grid.size() == 3, "grid must have 3 dimensions");
   TORCH_CHECK(words.scalar_type() == at::kLong && words.dim() == 1 && words.is_contiguous() && !words.is_cuda(),
               "words must be a contiguous 1-D int64 CPU tensor");
@@ -311,6 +317,7 @@ int64_t add_record(int64_t launch, int64_t memset32, int64_t spec, at::IntArrayR
   r.cast_to = cast_to;
   r.pretranspose = pretranspose;
   r.fused_bias = fused_bias;
+  r.transpose_inputs = transpose_inputs;
   std::lock_guard<std::mutex> guard(registry_lock);
   registry.push_back(std::move(r));
   return static_cast<int64_t>(registry.size()) - 1;
@@ -322,7 +329,8 @@ TORCH_LIBRARY(blocksparse_native, m) {
   m.def("linear(Tensor x, Tensor w, Tensor? bias, int fprop, int bprop, int updat, int factor=1) -> Tensor");
   m.impl("linear", c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(linear));
   m.def("add_record(int launch, int memset32, int spec, int[] grid, Tensor words, int nargs, int[] slots, int[] out_shape, "
-        "ScalarType out_dtype, bool zero, ScalarType? cast_to, bool pretranspose, bool fused_bias=False) -> int",
+        "ScalarType out_dtype, bool zero, ScalarType? cast_to, bool pretranspose, bool fused_bias=False, "
+        "bool transpose_inputs=False) -> int",
         add_record);
   m.def("fast(Tensor x, Tensor w, Tensor? bias, int layer) -> Tensor");
   m.impl("fast", c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(fast));

@@ -62,6 +62,26 @@ def test_triton_backend_through_module(rng, monkeypatch, bs, axis, n, dtype):
     _check(bsmm, rng, n, dtype)
 
 
+@pytest.mark.interpreter
+def test_float32_cn_weight_gradient_runs_on_transposed_copies(rng, monkeypatch):
+    """float32 (C, N) with many tokens: updat's plan copies x and dy to (N, C) first (the (N, C)
+    product is ~3x faster there) and gives the same gradient; fewer tokens and bf16 keep their layout."""
+    from blocksparse.torch._matmul import products
+
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "triton")
+    bsmm = BlocksparseMatMul(random_layout(rng, 2, 3, 0.5, empty_cols=1), 16, feature_axis=0)
+    _check(bsmm, rng, 520, "float32")
+    state = products._plan.state(bsmm._handle)
+    updat = [p for key, p in state.plans.items() if p.kind == "updat"]
+    assert updat and all(p.transpose_inputs for p in updat)
+    x = torch.from_numpy(rng.standard_normal(bsmm.i_shape(40))).float()
+    dy = torch.from_numpy(rng.standard_normal(bsmm.o_shape(40))).float()
+    few = products.plan_of("updat", x, dy, bsmm._handle, 0, "ieee", torch.float32)
+    assert not few.transpose_inputs
+    assert not products.plan_of("updat", x.bfloat16(), dy.bfloat16(), bsmm._handle, 0, "ieee", torch.bfloat16
+                                ).transpose_inputs
+
+
 def test_backend_choice(monkeypatch):
     from blocksparse.torch._matmul.products import use_triton
 

@@ -376,3 +376,22 @@ def test_a_record_whose_kernel_adds_the_bias_gets_it_and_adds_nothing_after(nati
     with pytest.raises(RuntimeError, match="out of range"):  # operand 3 only where the kernel adds the bias
         torch.ops.blocksparse_native.add_record(1, 1, 0, [1, 1, 1], words, 6, [2, 3], [1], torch.float32,
                                                 False, None, False)
+
+
+def test_a_record_on_transposed_inputs_gets_dense_transposed_copies(native, rng):
+    """transpose_inputs (float32 (C, N) updat): both operands reach the launch as (N, F) copies."""
+    x = torch.from_numpy(rng.standard_normal((6, 4))).float()       # (C, N)
+    dy = torch.from_numpy(rng.standard_normal((5, 4))).float()      # (K, N)
+    words = torch.tensor([12, 0, 0, 0, 24, 0], dtype=torch.int64)
+    rid = torch.ops.blocksparse_native.add_record(
+        _native._address(native.fake_launch), _native._address(native.fake_memset), 3, [3, 1, 1], words, 6,
+        [1, 0, 2, 1, 3, 2], [3, 2, 2], torch.float32, False, None, False, False, True)
+    w = torch.from_numpy(rng.standard_normal((3, 2, 2))).float().requires_grad_()
+    fprop = _record(native, 2, (5, 4), 20, 24)
+    y = torch.ops.blocksparse_native.linear(x, w, None, fprop, 0, rid)
+    (dw,) = torch.autograd.grad(y, (w,), dy)
+    # the stand-in reads the input in launch order: element i of the (N, C) copy, plus dy's first
+    # element of the (N, K) copy
+    want = _expected(x.t().contiguous(), dy.t().contiguous(), 3, (3, 2, 2))
+    torch.testing.assert_close(dw, want)
+    assert not torch.allclose(want, _expected(x, dy, 3, (3, 2, 2)))  # the order shows
