@@ -29,6 +29,11 @@ from . import launch as _kernels
 
 #: SM count assumed off-GPU (Triton's interpreter), small so that tests exercise the splits.
 INTERPRETER_SMS = 4
+#: Blocks one few-token fprop / bprop program must run in series (16-bit, float32) before its
+#: reduction is split over several programs.  A split adds a zero fill and a cast -- two launches, about
+#: 25 µs of host time per eager call on the H200, twice the GPU time it saves below these runs (a block
+#: costs a program about 0.5 µs at N = 64 in 16 bits, 1 µs in float32; ``bench/results/raw/split-h200.json``).
+SPLIT_MIN_RUN = {False: 80, True: 40}
 _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 _KERNEL_NAMES = {"xprop": {"tma": "xprop_tma_kernel", "ptr": "xprop_kernel"},
                  "updat": {"tma": "updat_tma_kernel", "ptr": "updat_kernel"}}
@@ -166,7 +171,7 @@ def _aot_choice(kernels, arch, sms, layout, kind, a, b, axis):
     same = dict(tma=spec["tma"], atomic=True, n=n, max_tokens=spec["max_tokens"])
     if kind != "updat":
         cfg = XpropConfig(**spec["config"])
-        max_segment = _xprop_segments(layout, kind, cfg, n, sms, spec["tma"])
+        max_segment = _xprop_segments(layout, kind, cfg, n, sms, spec["tma"], _min_run(a.dtype))
         atomic = _aot_spec(kernels, arch, kind, a.dtype, bs, axis, **same) if max_segment else None
         return (cfg, max_segment, atomic) if atomic is not None else (cfg, None, index)
     cfg = UpdatConfig(**spec["config"])
@@ -175,14 +180,20 @@ def _aot_choice(kernels, arch, sms, layout, kind, a, b, axis):
     return (cfg, split, atomic) if atomic is not None else (cfg, 1, index)
 
 
-def _xprop_segments(layout, kind, cfg, n, sms, tma):
+def _min_run(dtype, interpret=False):
+    """Blocks in series before a reduction splits (:data:`SPLIT_MIN_RUN`; 1 in the interpreter, so
+    that tests exercise the splits)."""
+    return 1 if interpret else SPLIT_MIN_RUN[dtype == torch.float32]
+
+
+def _xprop_segments(layout, kind, cfg, n, sms, tma, min_run=1):
     """Table segment length that splits long reductions until about ``cfg.WAVES`` programs per SM
-    run, or None (one program per output group)."""
+    run, or None (one program per output group; also where no group runs ``min_run`` blocks)."""
     lut = getattr(layout, kind)(None, group=cfg.G)
     slices = layout.block_size // (cfg.BN or layout.block_size) if tma else 1
     programs = math.ceil(max(n, 1) / cfg.BM) * lut.num_segments * slices
     want = cfg.WAVES * sms
-    if programs >= want or lut.max_count <= 1:
+    if programs >= want or lut.max_count <= max(1, min_run - 1):
         return None
     return max(1, math.ceil(lut.max_count * programs / want))
 
@@ -197,7 +208,7 @@ def _jit_choice(layout, kind, n, dtype, interpret, sms, tma, axis):
     cfg = configs.xprop_config(bs, n, axis=axis, **opts)
     # structured layouts: one activation tile serves G output blocks (blocksparse.ops.matmul.grouping)
     cfg = grouping.grouped_config(cfg, layout, kind, float32=opts["float32"], interpret=interpret)
-    return cfg, _xprop_segments(layout, kind, cfg, n, sms, cfg.TMA)
+    return cfg, _xprop_segments(layout, kind, cfg, n, sms, cfg.TMA, _min_run(dtype, interpret))
 
 
 def _build(state, kind, a, b, axis, precision, dw_dtype, aligned, target=None, bias=False):

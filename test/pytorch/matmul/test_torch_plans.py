@@ -98,7 +98,7 @@ def test_few_token_calls_get_the_few_token_specs_with_the_jit_s_tile(kernels, rn
             part, got = configs.updat_split(tile, n, lay.updat_groups(tile.G).shape[0], 132), p.split
         else:
             tile = configs.xprop_config(32, n, tma=True)
-            part, got = plan._xprop_segments(lay, kind, tile, n, 132, True), p.max_segment
+            part, got = plan._xprop_segments(lay, kind, tile, n, 132, True, plan._min_run(a.dtype)), p.max_segment
         assert p.config == tile and spec["config"] == dataclasses.asdict(tile)
         assert got == part
     assert spec["atomic"] == (p.split > 1 or p.max_segment is not None)
@@ -116,6 +116,25 @@ def test_updat_splits_tokens_into_the_atomic_spec(kernels, rng):
         # the compiled kernels write float32: zero-filled for atomics, cast to the weight's dtype after
         assert p.out_dtype == torch.float32 and p.zero is split and p.cast_to == torch.bfloat16
         assert p.launches == 1 + split + 1
+
+
+@pytest.mark.parametrize("kind", ["fprop", "bprop"])
+def test_few_token_reductions_split_only_long_runs(kernels, rng, kind):
+    """A split reduction (zero fill, float32 atomics, cast: three launches) only where one program
+    would run at least SPLIT_MIN_RUN blocks in series; a shorter run is one program per group."""
+    need = plan.SPLIT_MIN_RUN[False]
+    for run, split in ((need - 1, False), (need, True)):
+        # every output group of the product runs `run` blocks: a full layout `run` blocks deep
+        grid = (run, 2) if kind == "fprop" else (2, run)
+        lay = Layout(np.ones(grid, dtype=np.int32), 32)
+        a, b = _operands(rng, lay, kind, 64, 1)
+        p = _plan(kernels, lay, kind, a, b, 1)
+        spec = kernels.specs[p.runner.spec_index]
+        assert (p.max_segment is not None) is split and spec["atomic"] is split
+        assert p.zero is split and p.launches == 1 + 2 * split
+    # float32 programs are slower per block: they split shorter runs; the interpreter splits any
+    assert plan._min_run(torch.float32) < plan._min_run(torch.bfloat16)
+    assert plan._min_run(torch.bfloat16, interpret=True) == 1
 
 
 @pytest.mark.parametrize("case", ["no-dtype", "no-arch", "strided", "unaligned", "tf32-float32"])
