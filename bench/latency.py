@@ -13,13 +13,18 @@ supported: 16 / 32 and 128 instead), bf16 (and float32 for the table).
 
 Per (case, implementation, mode), after a correctness check against float64 (NaN-poisoned outputs):
 
-* ``eager_us``: CUDA events around R back-to-back calls, divided by R (median of 5 repeats): what a
-  training loop sees, the larger of host and GPU time.
+* ``eager_us``: CUDA events around R back-to-back calls, divided by R: what a training loop sees, the
+  larger of host and GPU time.
 * ``graph_us``: the same R calls captured in one CUDA graph and replayed: GPU time alone.
 * ``host_us``: the Python time of R calls while the GPU is kept busy by a sleep kernel queued first
   (``torch.cuda._sleep``), so no call waits for the GPU: host time alone.  ``eager - graph`` is
   reported too.
 * ``launches``: kernels one call of ours starts (products, zero fills, casts, weight transposes).
+
+Each metric is the median of 5 rounds (3 with ``--quick``) that interleave the implementations of a
+case -- dense and ours, through the kernel library and the JIT -- so a slow spell of the host (a
+bare view took 4.6 µs on the H200's host) hits them alike; switching between the two paths rebuilds
+ours' plans and forgets the layers' native records.
 
 Expected duration on an H200: about 2 minutes (Triton's JIT compiles included; ~40 s with
 ``--quick``).  Writes ``latency.json`` (rows written after every case: partial results survive) and
@@ -281,7 +286,8 @@ def cases(args, device):
 
 
 def use_path(path, case):
-    """Make ours launch through the kernel library (``aot``) or Triton's JIT: rebuild its plans."""
+    """Make ours launch through the kernel library (``aot``) or Triton's JIT: rebuild its plans and
+    forget the layers' native records (the eager fast path would otherwise keep the other path's)."""
     if path == "jit":
         os.environ["BLOCKSPARSE_KERNELS"] = "jit"
     elif SAVED_KERNELS is None:
@@ -290,6 +296,8 @@ def use_path(path, case):
         os.environ["BLOCKSPARSE_KERNELS"] = SAVED_KERNELS
     for layer in case.modules():
         _plan.state(layer.bsmm._handle).plans.clear()
+        layer._dispatch._native.clear()
+        layer._dispatch._fast.clear()
 
 
 def plans_of(case):
@@ -298,27 +306,24 @@ def plans_of(case):
     return {"paths": sorted({f"{p.kind}:{p.path}" for p in plans}), "launches": sum(p.launches for p in plans)}
 
 
-def measure(case, impl, path, timer, dtype):
-    row = dict(case.key, case=case.name, impl=impl, path=path, dtype=str(dtype).replace("torch.", ""))
+def sample(case, impl, timer, into):
+    """One round of ``impl``'s measurements, appended to ``into`` (metric -> samples); errors recorded."""
     for mode, make in (("fwd", case.fwd), ("fwdbwd", case.fwdbwd)):
-        if mode == "fwd" or impl in ("ours", "dense-linear"):
-            try:
-                fn = make(impl)
-                context = torch.no_grad() if mode == "fwd" else _nothing()
-                with context:
-                    for _ in range(3):
-                        fn()
-                    if timer.gpu:
-                        torch.cuda.synchronize()
-                    row[f"{mode}_eager_us"] = timer.eager_us(fn)
-                    row[f"{mode}_graph_us"] = timer.graph_us(fn)
-                    row[f"{mode}_host_us"] = timer.host_us(fn)
-                row[f"{mode}_overhead_us"] = row[f"{mode}_eager_us"] - row[f"{mode}_graph_us"]
-            except Exception as exc:  # recorded, never hidden; the run goes on
-                row[f"{mode}_error"] = f"{type(exc).__name__}: {exc}"[:400]
+        if mode == "fwdbwd" and impl not in ("ours", "dense-linear"):
+            continue
+        try:
+            fn = make(impl)
+            with torch.no_grad() if mode == "fwd" else _nothing():
+                for _ in range(3):
+                    fn()
                 if timer.gpu:
                     torch.cuda.synchronize()
-    return row
+                for metric in ("eager", "graph", "host"):
+                    into.setdefault(f"{mode}_{metric}_us", []).append(getattr(timer, f"{metric}_us")(fn))
+        except Exception as exc:  # recorded, never hidden; the run goes on
+            into[f"{mode}_error"] = f"{type(exc).__name__}: {exc}"[:400]
+            if timer.gpu:
+                torch.cuda.synchronize()
 
 
 class _nothing:
@@ -329,10 +334,12 @@ class _nothing:
         return False
 
 
-def run_case(case, timer, paths, dtype):
-    rows = []
-    for impl in ("dense-matmul", "dense-linear") if isinstance(case, LinearCase) else ("dense-linear",):
-        rows.append(measure(case, impl, "-", timer, dtype))
+def run_case(case, timer, paths, dtype, rounds):
+    """Every implementation of ``case`` measured in ``rounds`` interleaved rounds (so a slow spell
+    of the host hits them alike), the median of each metric reported."""
+    slots = [(impl, "-") for impl in (("dense-matmul", "dense-linear") if isinstance(case, LinearCase)
+                                      else ("dense-linear",))]
+    extra, rows = {}, []
     for path in paths:
         use_path(path, case)
         try:
@@ -341,11 +348,27 @@ def run_case(case, timer, paths, dtype):
             rows.append(dict(case.key, case=case.name, impl="ours", path=path, error=repr(exc)[:400]))
             continue
         ok = all(e < 2 * tolerance(dtype) for e in errors.values())
-        impls = ("ours", "ours-matmul") if isinstance(case, LinearCase) else ("ours",)
-        for impl in impls:
-            row = measure(case, impl, path, timer, dtype)
-            row.update(rel_err=errors, ok=ok, **plans_of(case))
-            rows.append(row)
+        for impl in ("ours", "ours-matmul") if isinstance(case, LinearCase) else ("ours",):
+            slots.append((impl, path))
+            extra[(impl, path)] = dict(rel_err=errors, ok=ok, **plans_of(case))
+    samples = {slot: {} for slot in slots}
+    current = paths[-1]  # the path the checks left set
+    for _ in range(rounds):
+        for impl, path in slots:
+            if path not in ("-", current):
+                use_path(path, case)
+                current = path
+            sample(case, impl, timer, samples[(impl, path)])
+    for impl, path in slots:
+        row = dict(case.key, case=case.name, impl=impl, path=path, dtype=str(dtype).replace("torch.", ""),
+                   rounds=rounds)
+        for key, values in samples[(impl, path)].items():
+            row[key] = values if key.endswith("_error") else statistics.median(values)
+        for mode in ("fwd", "fwdbwd"):
+            if f"{mode}_eager_us" in row:
+                row[f"{mode}_overhead_us"] = row[f"{mode}_eager_us"] - row[f"{mode}_graph_us"]
+        row.update(extra.get((impl, path), {}))
+        rows.append(row)
     return rows
 
 
@@ -421,19 +444,19 @@ def main(args):
         return 2
     kernels = build_info()["kernels"]
     paths = ("aot", "jit") if kernels["launch"] == "aot" and not args.cpu else ("jit",)
-    calls, repeats = (2, 1) if args.cpu else (20, 3) if args.quick else (50, 5)
-    timer = Timer(device, calls, repeats)
+    calls, rounds = (2, 1) if args.cpu else (20, 3) if args.quick else (50, 5)
+    timer = Timer(device, calls, 1)
     import triton
 
     meta = dict(device=torch.cuda.get_device_name() if timer.gpu else "CPU (smoke run)", torch=torch.__version__,
-                triton=triton.__version__, date=time.strftime("%Y-%m-%d"), calls=calls, repeats=repeats,
+                triton=triton.__version__, date=time.strftime("%Y-%m-%d"), calls=calls, rounds=rounds,
                 kernels=_where(kernels.get("library")) or f"none ({kernels.get('reason', '')})", paths=paths)
     os.makedirs(args.out, exist_ok=True)
     rows = []
     for case in cases(args, device):
         dtype, first = case.x.dtype, len(rows)
         try:
-            rows += run_case(case, timer, paths, dtype)
+            rows += run_case(case, timer, paths, dtype, rounds)
         except Exception as exc:
             rows.append(dict(case.key, case=case.name, impl="?", error=f"{type(exc).__name__}: {exc}"[:400]))
             traceback.print_exc()

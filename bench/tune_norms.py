@@ -133,7 +133,10 @@ def gates_variants(k, backward):
     if CPU:
         yield GatesConfig(BN=4, BK=16, num_warps=4, programs_per_sm=1)
         return
-    for tile, bk, w, pps in itertools.product((2048, 4096), (128, 256), (4, 8), (2, 4) if backward else (4,)):
+    # the backward holds seven tensors' tiles twice (the next one prefetched): 16 elements a thread of
+    # each spill registers, so smaller tiles too
+    tiles, bks = ((512, 1024, 2048), (128,)) if backward else ((2048, 4096), (128, 256))
+    for tile, bk, w, pps in itertools.product(tiles, bks, (4, 8), (2, 4, 8) if backward else (4,)):
         cfg = GatesConfig(BN=tile // bk, BK=bk, num_warps=w, programs_per_sm=pps)
         if cfg != table:
             yield cfg

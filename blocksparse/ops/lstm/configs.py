@@ -7,9 +7,14 @@ persistent programs (``programs_per_sm`` per SM) when it sums ``dbias`` over tok
 own row of a partial buffer (deterministic), each loading its next tile while it works on the
 current one.
 
+The backward holds seven tensors' tiles twice (the next one loads while the current one is worked
+on): at 16 elements a thread per tensor (``TILE``) its compiled kernel took 255 registers and
+spilled 232 bytes (bf16) / 320 (fp32) a thread, so it takes ``BWD_TILE``, 4 elements a thread
+(128-143 registers, no spills; ``python -m blocksparse.aot.resources lstm:lstm_bwd_bf16_bias_k128_sm90``).
+
 Measured by ``bench/tune_norms.py`` on an H200 (bf16, 8192 tokens, merged gates with a bias;
 fraction of the HBM copy bandwidth, table vs the best variant swept): forward 0.75 / 0.75 (1024
-features) and 0.88 / 0.88 (4096), backward 0.36 / 0.36 and 0.41 / 0.41.
+features) and 0.88 / 0.88 (4096); the backward at 0.36 and 0.41 with the spilling tile.
 """
 from __future__ import annotations
 
@@ -17,10 +22,11 @@ from dataclasses import dataclass
 
 import triton
 
-__all__ = ["GatesConfig", "lstm_gates_config", "TILE"]
+__all__ = ["GatesConfig", "lstm_gates_config", "TILE", "BWD_TILE"]
 
-#: Elements per tensor in one program's tile.
+#: Elements per tensor in one program's tile: forward, backward.
 TILE = 2048
+BWD_TILE = 512
 
 
 @dataclass(frozen=True)
@@ -37,4 +43,4 @@ class GatesConfig:
 def lstm_gates_config(K, backward=False):
     """The tile for a cell of ``K`` features."""
     bk = min(128, triton.next_power_of_2(K))
-    return GatesConfig(BN=max(1, TILE // bk), BK=bk, num_warps=4 if backward else 8)
+    return GatesConfig(BN=max(1, (BWD_TILE if backward else TILE) // bk), BK=bk, num_warps=4 if backward else 8)

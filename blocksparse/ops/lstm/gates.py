@@ -109,10 +109,12 @@ def lstm_gates_bwd_kernel(
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < K
     b_bi, b_bj, b_bf, b_bo = _biases(BIAS, o_k, m_k, K, HAS_BIAS)
-    b_dbi = tl.zeros((BK,), dtype=tl.float32)
-    b_dbj = tl.zeros((BK,), dtype=tl.float32)
-    b_dbf = tl.zeros((BK,), dtype=tl.float32)
-    b_dbo = tl.zeros((BK,), dtype=tl.float32)
+    # dbias: each thread sums its own elements over the tiles, reduced over tokens once at the end
+    # (a per-tile column sum crossed warps four times a tile, each a barrier)
+    b_dbi = tl.zeros((BN, BK), dtype=tl.float32)
+    b_dbj = tl.zeros((BN, BK), dtype=tl.float32)
+    b_dbf = tl.zeros((BN, BK), dtype=tl.float32)
+    b_dbo = tl.zeros((BN, BK), dtype=tl.float32)
     # the next tile is loaded before this one is worked on: its loads are in flight meanwhile
     o_n = i_p * BN + tl.arange(0, BN)
     m = (o_n < N)[:, None] & m_k[None, :]
@@ -142,14 +144,14 @@ def lstm_gates_bwd_kernel(
         _store(DJ, b_dj, o_n, o_k, m, stride_dj)
         _store(DF, b_df, o_n, o_k, m, stride_df)
         _store(DO, b_do, o_n, o_k, m, stride_do)
-        if HAS_BIAS:
-            b_dbi += tl.sum(b_di, 0)
-            b_dbj += tl.sum(b_dj, 0)
-            b_dbf += tl.sum(b_df, 0)
-            b_dbo += tl.sum(b_do, 0)
+        if HAS_BIAS:  # masked elements are zeros (their loads' other=0 make every gradient 0)
+            b_dbi += b_di
+            b_dbj += b_dj
+            b_dbf += b_df
+            b_dbo += b_do
     if HAS_BIAS:
         p_part = DBIAS_PART + i_p.to(tl.int64) * 4 * K + o_k
-        tl.store(p_part, b_dbi, mask=m_k)
-        tl.store(p_part + K, b_dbj, mask=m_k)
-        tl.store(p_part + 2 * K, b_dbf, mask=m_k)
-        tl.store(p_part + 3 * K, b_dbo, mask=m_k)
+        tl.store(p_part, tl.sum(b_dbi, 0), mask=m_k)
+        tl.store(p_part + K, tl.sum(b_dbj, 0), mask=m_k)
+        tl.store(p_part + 2 * K, tl.sum(b_dbf, 0), mask=m_k)
+        tl.store(p_part + 3 * K, tl.sum(b_dbo, 0), mask=m_k)
