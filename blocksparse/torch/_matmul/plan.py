@@ -30,10 +30,11 @@ from . import launch as _kernels
 #: SM count assumed off-GPU (Triton's interpreter), small so that tests exercise the splits.
 INTERPRETER_SMS = 4
 #: Blocks one few-token fprop / bprop program must run in series (16-bit, float32) before its
-#: reduction is split over several programs.  A split adds a zero fill and a cast -- two launches, about
-#: 25 µs of host time per eager call on the H200, twice the GPU time it saves below these runs (a block
-#: costs a program about 0.5 µs at N = 64 in 16 bits, 1 µs in float32; ``bench/results/raw/split-h200.json``).
-SPLIT_MIN_RUN = {False: 80, True: 40}
+#: reduction is split over several programs.  A split adds a zero fill and a cast (or bias add) -- two
+#: more launches and ops, 20-30 µs of host time per eager call on the H200 -- and saves GPU time only
+#: where the one program's run would take longer than that: a block costs it about 0.37 µs at
+#: N = 64 in 16 bits and 0.86 µs in float32 (``bench/results/raw/split-h200.json``).
+SPLIT_MIN_RUN = {False: 128, True: 56}
 _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 _KERNEL_NAMES = {"xprop": {"tma": "xprop_tma_kernel", "ptr": "xprop_kernel"},
                  "updat": {"tma": "updat_tma_kernel", "ptr": "updat_kernel"}}
