@@ -14,7 +14,8 @@ spilled 232 bytes (bf16) / 320 (fp32) a thread, so it takes ``BWD_TILE``, 4 elem
 
 Measured by ``bench/tune_norms.py`` on an H200 (bf16, 8192 tokens, merged gates with a bias;
 fraction of the HBM copy bandwidth, table vs the best variant swept): forward 0.75 / 0.75 (1024
-features) and 0.88 / 0.88 (4096); the backward at 0.36 and 0.41 with the spilling tile.
+features) and 0.88 / 0.88 (4096); backward 0.72 / 0.72 and 0.82 / 0.82 (0.36 and 0.41 with the
+spilling tile).
 """
 from __future__ import annotations
 
