@@ -63,6 +63,7 @@ bench:  ## every GPU benchmark (on a GPU machine): bench/results/*-h200.{json,md
 	$(if $(filter $(PY),$(BENCH_PYTHON)),$(MAKE) install)
 	$(BENCH_PYTHON) bench/bsmm.py --out bench/results
 	$(BENCH_PYTHON) bench/latency.py --out bench/results
+	$(BENCH_PYTHON) bench/few_tokens.py --out bench/results/raw
 	$(BENCH_PYTHON) bench/aot_vs_jit.py --out bench/results
 	$(BENCH_PYTHON) bench/profile_eager.py --breakdown --out bench/results
 	$(BENCH_PYTHON) bench/attention.py --out bench/results
