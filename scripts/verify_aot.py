@@ -89,12 +89,13 @@ class Problem:
         lut = getattr(self.layout, product)(2 if atomic else None, group=group)
         return self.table(lut.headers), self.table(lut.entries)
 
-    def output(self, product, atomic=False):
+    def output(self, product, atomic=False, dw16=False):
         """A NaN-filled output (a tile never written shows up); split xprop reductions add into
-        float32 zeros."""
+        float32 zeros; dW is float32 except from a ``dw16`` updat (the activations' dtype)."""
         torch = self.torch
         if product == "updat":
-            return torch.full(self.layout.w_shape, math.nan, dtype=torch.float32, device=self.device)
+            return torch.full(self.layout.w_shape, math.nan, dtype=self.dtype if dw16 else torch.float32,
+                              device=self.device)
         features = self.layout.K if product == "fprop" else self.layout.C
         if atomic:
             return torch.zeros(self.shape(features), dtype=torch.float32, device=self.device)
@@ -143,7 +144,8 @@ class Problem:
             return _launches.updat_launch(variant, tuple(a.shape), a.stride(), tuple(b.shape), b.stride(),
                                           self.dtype, tables[0], bs=bs, axis=self.axis,
                                           cfg=configs.UpdatConfig(**spec["config"]), split=split,
-                                          precision="ieee")
+                                          precision="ieee",
+                                          dw_dtype=self.dtype if spec.get("dw16") else self.torch.float32)
         return _launches.xprop_launch(variant, tuple(a.shape), a.stride(), self.dtype, *tables,
                                       blocks=lay.blocks, out_features=lay.K if spec["product"] == "fprop" else lay.C,
                                       bs=bs, axis=self.axis, trans=spec["trans_w"],
@@ -152,7 +154,7 @@ class Problem:
 
     def run(self, runner, spec, split):
         """``runner`` (an AotLaunch or JitLaunch) on fresh buffers: NaN-filled, zeros for atomics."""
-        out = self.output(spec["product"], spec["atomic"])
+        out = self.output(spec["product"], spec["atomic"], spec.get("dw16", False))
         if spec["product"] == "updat" and (split > 1 or self.n == 0):  # as a plan zero-fills
             out.zero_()
         runner((*self.operands(spec), out))
@@ -198,7 +200,7 @@ def check_spec(torch, lib, index, spec, rng):
 
     mm = MatmulRuntime(lib)
     record = {k: spec[k] for k in ("name", "arch", "target", "product", "dtype", "block_size", "axis",
-                                   "kernel", "atomic", "group", "max_tokens", "n16")}
+                                   "kernel", "atomic", "group", "max_tokens", "n16", "dw16")}
     lay = Layout(random_layout(rng, max(2, 512 // spec["block_size"]),
                                max(2, 384 // spec["block_size"]), 0.4, empty_rows=1, empty_cols=1),
                  spec["block_size"])
@@ -209,7 +211,7 @@ def check_spec(torch, lib, index, spec, rng):
     for n, compare_jit in _token_counts(spec):
         prob = Problem(torch, rng, lay, spec["dtype"], spec["axis"], n)
         tables = prob.tables(spec["product"], spec["group"], spec["atomic"])
-        out = prob.output(spec["product"], spec["atomic"])
+        out = prob.output(spec["product"], spec["atomic"], spec.get("dw16", False))
         call = prob.call(spec, out, tables, split)
         case = {"n": n, "split": split}
         try:
@@ -320,16 +322,18 @@ FUTURE_ARCH = 130
 def check_selection(lib):
     """Pure checks of the library without a GPU: each arch's cubins are found by
     bsk_matmul_select (few-token specs for few tokens, the others past them), and the PTX on a GPU
-    no cubin serves."""
+    no cubin serves; a ``dw16`` updat (16-bit dW, the PyTorch plans') never: its float32 twin is."""
     mm = MatmulRuntime(lib)
     problems = []
+    where = {(s["name"], s["target"]): i for i, s in enumerate(lib.specs)}
     for index, spec in enumerate(lib.specs):
+        want = where.get((spec["name"].replace("_dw16", ""), spec["target"])) if spec.get("dw16") else index
         n = _probe_n(spec) + (0 if spec.get("max_tokens") else configs.SMALL_N)
         call = MatmulCall(product=PRODUCTS[spec["product"]], dtype=DTYPES[spec["dtype"]],
                           block_size=spec["block_size"], axis=spec["axis"], group=spec["group"],
                           n_tokens=n, c_blocks=4, k_blocks=4, blocks=4, table_rows=4)
         arch = FUTURE_ARCH if spec["image"] == "ptx" else spec["arch"]
-        if mm.select(call, arch, spec["atomic"]) != index:
+        if mm.select(call, arch, spec["atomic"]) != want:
             problems.append(f"{spec['name']} ({spec['target']})")
     return problems
 
@@ -428,7 +432,7 @@ def main(argv=None):
               "kernels": [], "dispatch": []}
     if args.dry_run:
         result["kernels"] = [{**{k: s[k] for k in ("name", "arch", "target", "product", "dtype", "block_size",
-                                                    "axis", "kernel", "atomic", "group", "max_tokens", "n16")},
+                                                    "axis", "kernel", "atomic", "group", "max_tokens", "n16", "dw16")},
                               "status": "compiled", "cubin_bytes": s["cubin_bytes"]} for s in lib.specs]
     else:
         major, minor = torch.cuda.get_device_capability(0)

@@ -64,6 +64,11 @@ _SIGNATURES = (
 )
 
 
+def _field(spec, key, wanted):
+    """``spec[key]``; a missing boolean flag (a library built before it) reads as False."""
+    return spec.get(key, False if isinstance(wanted, bool) else None)
+
+
 class KernelLibrary(BuiltImages):
     """A loaded kernel library (``_kernels.so``, or a library linked against it).
 
@@ -127,9 +132,10 @@ class KernelLibrary(BuiltImages):
 
     def find(self, family, arch, **fields):
         """Index of the spec of ``family`` with these ``fields`` that serves ``sm_{arch}`` best (a
-        cubin over PTX, the newest compiled arch first: :meth:`rank`), or None."""
+        cubin over PTX, the newest compiled arch first: :meth:`rank`), or None.  A flag a library
+        built before it existed does not record reads as False."""
         ranks = {i: self.rank(i, arch) for i, s in enumerate(self.specs)
-                 if s["family"] == family and all(s.get(k) == v for k, v in fields.items())}
+                 if s["family"] == family and all(_field(s, k, v) == v for k, v in fields.items())}
         best = max(ranks, key=ranks.get, default=None)
         return best if best is not None and ranks[best] else None
 

@@ -37,6 +37,7 @@ typedef struct {
   int index, arch, product, dtype, block_size, axis, group, atomic, tma, bm, bk, bn, waves;
   int max_tokens; /* the few-token tiles: calls of at most this many tokens; 0: any */
   int n16;        /* an (F, N) pointer kernel for token counts that are multiples of 16 */
+  int dw16;       /* an updat writing 16-bit dW (the PyTorch plans'; these ops take float32 dW) */
   int nargs, slots[MAX_ARGS]; /* value of each argument (V_*) */
   const char *name;
   const char *problem; /* why it cannot run (a static string), or NULL */
@@ -75,6 +76,7 @@ static void read_spec(int index, mm_spec *m) {
     m->problem = "its keys are not those of blocksparse/ops/matmul/aot.py fields()";
   if (!int_key(index, "max_tokens", &m->max_tokens)) m->max_tokens = 0; /* builds before few-token tiles */
   if (!int_key(index, "n16", &m->n16)) m->n16 = 0;                      /* builds before n16 kernels */
+  if (!int_key(index, "dw16", &m->dw16)) m->dw16 = 0;                   /* builds before dw16 kernels */
   m->nargs = bsk_spec_nargs(index);
   if (m->nargs > MAX_ARGS) m->problem = "it takes more arguments than src/ops/matmul.c handles";
   for (int i = 0; i < m->nargs && i < MAX_ARGS; ++i) {
@@ -137,7 +139,7 @@ int bsk_matmul_select(const bsk_matmul_call *call, int arch, int atomic) {
   for (int i = 0; i < table_count; ++i) {
     const mm_spec *s = &table[i];
     int rank = bsk_spec_rank(s->index, arch);
-    if (s->problem || !matches(s, call) || s->atomic != !!atomic || !rank) continue;
+    if (s->problem || s->dw16 || !matches(s, call) || s->atomic != !!atomic || !rank) continue;
     if ((s->tma && !rows_aligned(call)) || (s->n16 && call->n_tokens % 16) || !fits(s, call)) continue;
     if (better(s, rank, best, best_rank)) best = s, best_rank = rank;
   }

@@ -45,14 +45,15 @@ SHARED_KIB = {75: 64, 80: 163, 86: 99, 89: 99, 90: 227, 100: 227, 120: 99, 130: 
 def _expected(specs, product, dtype, bs, axis, arch, atomic, n, group):
     """``(name, target)`` of the spec a GPU of ``arch`` should run, from the manifest alone: among
     the specs that run there (within the GPU's shared memory, TMA ones only where rows allow,
-    few-token ones only for their token counts, ``n16`` ones only for multiples of 16 tokens), the
-    newest cubin, else the newest PTX; then the few-token tile; then TMA; then ``n16``."""
+    few-token ones only for their token counts, ``n16`` ones only for multiples of 16 tokens, never
+    a ``dw16`` updat: these ops take float32 dW), the newest cubin, else the newest PTX; then the
+    few-token tile; then TMA; then ``n16``."""
     aligned = axis == 1 or n * (4 if dtype == "fp32" else 2) % 16 == 0
     served = [s for s in specs if _serves(s["target"], arch) and s["shared"] <= SHARED_KIB[arch] * 1024
               and (s["product"], s["dtype"], s["block_size"], s["axis"], s["atomic"], s["group"])
               == (product, dtype, bs, axis, atomic, group)
               and (aligned or "_tma" not in s["kernel"]) and (not s["max_tokens"] or n <= s["max_tokens"])
-              and (not s.get("n16") or n % 16 == 0)]
+              and (not s.get("n16") or n % 16 == 0) and not s.get("dw16")]
     served = [s for s in served if s["image"] == "cubin"] or served
     if not served:
         return None
@@ -100,6 +101,19 @@ def test_few_tokens_get_the_few_token_tile_with_the_tf_tables(kernels, product):
     assert bool(chosen["max_tokens"]) == bool(few) and chosen["group"] == group
     chosen = kernels.specs[kernels.select(_call(product, dtype, bs, 1, configs.SMALL_N + 1, group), 90)]
     assert chosen["max_tokens"] == 0
+
+
+@pytest.mark.parametrize("axis, n", [(1, 64), (1, 8192), (0, 64), (0, 8192)], ids=lambda v: str(v))
+def test_the_tf_ops_never_get_an_updat_writing_16_bit_dw(kernels, axis, n):
+    """The library holds updat specs that write 16-bit dW (for the PyTorch plans); the TensorFlow
+    ops' selection, whose dW buffer is float32, passes them over for their float32 twins."""
+    spec = kernels.specs[-1]
+    dtype, bs = spec["dtype"], spec["block_size"]
+    twins = [s for s in kernels.specs if s.get("dw16") and (s["product"], s["dtype"], s["axis"]) == ("updat", dtype, axis)]
+    assert twins and all(not s["atomic"] for s in twins)
+    for group in {s["group"] for s in twins if not s["max_tokens"] or n <= s["max_tokens"]}:
+        index = kernels.select(_call("updat", dtype, bs, axis, n, group), 90, False)
+        assert index >= 0 and not kernels.specs[index]["dw16"]
 
 
 def test_runtime_refuses_calls_it_has_no_kernel_for(kernels):

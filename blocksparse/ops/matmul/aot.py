@@ -39,8 +39,8 @@ def fields(spec: AotSpec):
     """What selects ``spec`` at run time (the manifest's record; scalars are C keys too):
     product, dtype, block size, axis, kernel, atomics, the tables' ``G``, whether bprop transposes
     weight tiles itself, TMA, the resolved tile (``bm``, ``bk``, ``bn``; 0 where unused), ``waves``,
-    ``max_tokens`` (the few-token tiles: calls of at most this many tokens; 0: any) and the whole
-    ``config``."""
+    ``max_tokens`` (the few-token tiles: calls of at most this many tokens; 0: any), ``n16``,
+    ``dw16`` (updat writing the activations' 16-bit dtype) and the whole ``config``."""
     cfg, bs = spec.config, spec.block_size
     if spec.product == "updat":
         bm, bk, bn = 0, cfg.BK, 0
@@ -49,7 +49,7 @@ def fields(spec: AotSpec):
     return {"product": spec.product, "dtype": spec.dtype, "block_size": bs, "axis": spec.axis,
             "kernel": spec.kernel, "atomic": spec.atomic, "group": spec.group, "trans_w": spec.trans_w,
             "tma": spec.tma, "bm": bm, "bk": bk, "bn": bn, "waves": cfg.WAVES, "max_tokens": spec.max_tokens,
-            "n16": spec.n16, "config": asdict(cfg)}
+            "n16": spec.n16, "dw16": spec.dw16, "config": asdict(cfg)}
 
 
 def leaner(spec: AotSpec):
@@ -124,8 +124,9 @@ def _xprop(spec):
 def _updat(spec):
     t, cfg, bs = spec.dtype, spec.config, spec.block_size
     consts = dict(BS=bs, G=cfg.G, BK=cfg.BK, ATOMIC=spec.atomic, PRECISION=PRECISION)
+    dw = f"*{t}" if spec.dw16 else "*fp32"
     if spec.kernel == "updat_kernel":
-        types = {"X": f"*{t}", "DY": f"*{t}", "DW": "*fp32", "GROUPS": "*i32",
+        types = {"X": f"*{t}", "DY": f"*{t}", "DW": dw, "GROUPS": "*i32",
                  "N": "i32", "tokens_per_split": "i32",
                  "stride_xn": "i32", "stride_xf": "i32", "stride_dn": "i32", "stride_df": "i32"}
         unit, wide = _strides(spec.axis, "x", "d", n16=spec.n16)
@@ -134,7 +135,7 @@ def _updat(spec):
     else:
         x_t = spec.axis == 0
         types = {"x_desc": _desc(t, [cfg.BK, bs], x_t), "dy_desc": _desc(t, [cfg.BK, bs], x_t),
-                 "DW": "*fp32", "GROUPS": "*i32", "tokens_per_split": "i32", "N": "i32"}
+                 "DW": dw, "GROUPS": "*i32", "tokens_per_split": "i32", "N": "i32"}
         consts.update(X_T=x_t)
         divisible = {"DW", "GROUPS", "tokens_per_split"}
     return types, consts, divisible

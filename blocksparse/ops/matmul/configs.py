@@ -174,10 +174,13 @@ class AotSpec:
     float32 atomic reduction of split token slices (updat) or of split reductions (few-token
     fprop / bprop); ``config``: the tile; ``max_tokens``: the calls the tile is for, those of at
     most this many tokens (:data:`SMALL_N`: the few-token tile), or any (0).  The weight gradient
-    is always written in float32.  ``n16``: a pointer kernel for ``(F, N)`` activations compiled for
-    token counts that are multiples of 16 (its feature strides and ``N`` carry that hint, so loads
-    along tokens are vectorised; the ahead-of-time kernels without it read them element by element,
-    8x slower for the bf16 updat at blocks of 32).
+    is written in float32 (what the TensorFlow ops take), except by ``dw16`` specs.  ``n16``: a
+    pointer kernel for ``(F, N)`` activations compiled for token counts that are multiples of 16 (its
+    feature strides and ``N`` carry that hint, so loads along tokens are vectorised; the
+    ahead-of-time kernels without it read them element by element, 8x slower for the bf16 updat at
+    blocks of 32).  ``dw16``: an updat without atomics that writes the weight gradient in the
+    activations' 16-bit dtype itself (one rounding of the float32 sums, as the cast it saves), for
+    the PyTorch plans: one launch and one op less in every backward.
     """
 
     arch: int
@@ -190,6 +193,7 @@ class AotSpec:
     config: XpropConfig | UpdatConfig
     max_tokens: int = 0
     n16: bool = False
+    dw16: bool = False
 
     @property
     def name(self):
@@ -198,7 +202,8 @@ class AotSpec:
         atomic = "_atomic" if self.atomic else ""
         few = "_few" if self.max_tokens else ""
         n16 = "_n16" if self.n16 else ""
-        return (f"{self.product}_{self.dtype}_bs{self.block_size}_ax{self.axis}_{kernel}{atomic}{few}{n16}"
+        dw16 = "_dw16" if self.dw16 else ""
+        return (f"{self.product}_{self.dtype}_bs{self.block_size}_ax{self.axis}_{kernel}{atomic}{few}{n16}{dw16}"
                 f"_sm{self.arch}")
 
     @property
@@ -289,6 +294,9 @@ def aot_specializations(archs=(80, 90), *, dtypes=AOT_DTYPES, block_sizes=KERNEL
     # stands in only for counts that are not multiples of 16)
     served = {_kind(s) for s in specs if s.tma}
     specs += [replace(s, n16=True) for s in specs if s.axis == 0 and not s.tma and _kind(s) not in served]
+    # updat without atomics also writing 16-bit weight gradients itself (the PyTorch plans' choice;
+    # the TensorFlow ops take float32 and never select these)
+    specs += [replace(s, dw16=True) for s in specs if s.product == "updat" and not s.atomic and s.dtype != "fp32"]
     # a few-token spec identical to a many-token one adds nothing: that one serves every count
     many = {replace(s, max_tokens=SMALL_N) for s in specs if not s.max_tokens}
     return tuple(s for s in specs if s not in many)

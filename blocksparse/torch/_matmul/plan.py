@@ -140,9 +140,10 @@ def _to(array, device):
     return torch.from_numpy(np.array(array, dtype=np.int32)).to(device)
 
 
-def _aot_spec(kernels, arch, product, dtype, bs, axis, tma, atomic, n, max_tokens=None):
+def _aot_spec(kernels, arch, product, dtype, bs, axis, tma, atomic, n, max_tokens=None, dw16=False):
     """Index of the library's spec for this product (the few-token tile for a few tokens, the TMA
-    kernel first where it can run), or None.  ``max_tokens``: only specs of that token class."""
+    kernel first where it can run), or None.  ``max_tokens``: only specs of that token class;
+    ``dw16``: an updat writing the activations' 16-bit dtype (else float32)."""
     names = _KERNEL_NAMES["updat" if product == "updat" else "xprop"]
     fields = dict(product=product, dtype=_DTYPE_NAMES.get(dtype), block_size=bs, axis=axis, atomic=atomic)
     classes = (max_tokens,) if max_tokens is not None else ((configs.SMALL_N, 0) if n <= configs.SMALL_N else (0,))
@@ -151,17 +152,19 @@ def _aot_spec(kernels, arch, product, dtype, bs, axis, tma, atomic, n, max_token
     for size in classes:
         for variant in ("tma", "ptr") if tma else ("ptr",):
             for wide in n16 if variant == "ptr" else (False,):
-                index = kernels.find("matmul", arch, kernel=names[variant], max_tokens=size, n16=wide, **fields)
+                index = kernels.find("matmul", arch, kernel=names[variant], max_tokens=size, n16=wide, dw16=dw16,
+                                     **fields)
                 if index is not None:
                     return index
     return None
 
 
-def _aot_choice(kernels, arch, sms, layout, kind, a, b, axis):
+def _aot_choice(kernels, arch, sms, layout, kind, a, b, axis, dw_dtype=None):
     """``(config, max_segment or split, spec index)`` of the kernel library for this call, or None
     where it has no spec (or the tensors are not dense): the specs are compiled for contiguous
     activations.  Tile, split and segments as the JIT path would choose them for that tile; a split
-    without its atomic spec runs unsplit."""
+    without its atomic spec runs unsplit.  An unsplit 16-bit updat whose gradient takes the
+    activations' dtype (``dw_dtype``) gets the spec that writes it (``dw16``) where there is one."""
     if kernels is None or a.dtype not in _DTYPE_NAMES or not (a.is_contiguous() and b.is_contiguous()):
         return None
     n, bs, tma = _kernels.tokens(a, axis), layout.block_size, _kernels.tma_ok(a, b)
@@ -178,7 +181,12 @@ def _aot_choice(kernels, arch, sms, layout, kind, a, b, axis):
     cfg = UpdatConfig(**spec["config"])
     split = configs.updat_split(cfg, n, layout.updat_groups(cfg.G).shape[0], sms)
     atomic = _aot_spec(kernels, arch, kind, a.dtype, bs, axis, **same) if split > 1 else None
-    return (cfg, split, atomic) if atomic is not None else (cfg, 1, index)
+    if atomic is not None:
+        return cfg, split, atomic
+    if dw_dtype == a.dtype != torch.float32:
+        same.update(atomic=False, dw16=True)
+        index = _aot_spec(kernels, arch, kind, a.dtype, bs, axis, **same) or index
+    return cfg, 1, index
 
 
 def _min_run(dtype, interpret=False):
@@ -229,7 +237,7 @@ def _build(state, kind, a, b, axis, precision, dw_dtype, aligned, target=None, b
     arch, sms = (info.arch, info.sms) if info is not None else (0, INTERPRETER_SMS)
     n, bs = _kernels.tokens(a, axis), layout.block_size
     tma = aligned and _kernels.tma_ok(a, b) and (info is None or arch >= 90)
-    aot = _aot_choice(kernels, arch, sms, layout, kind, a, b, axis) if aligned else None
+    aot = _aot_choice(kernels, arch, sms, layout, kind, a, b, axis, dw_dtype) if aligned else None
     if aot is not None:
         cfg, part, spec_index = aot
         tma = "_tma" in kernels.specs[spec_index]["kernel"]
@@ -240,8 +248,10 @@ def _build(state, kind, a, b, axis, precision, dw_dtype, aligned, target=None, b
     variant = "tma" if tma else "ptr"
     if kind == "updat":
         zero = split > 1 or n == 0
-        # the compiled specs write float32 (as the TensorFlow ops); the JIT writes dw_dtype directly
-        buffer = torch.float32 if zero or spec_index is not None else dw_dtype
+        # the compiled specs write float32 (as the TensorFlow ops take it) except the dw16 ones; the
+        # JIT writes dw_dtype directly
+        compiled32 = spec_index is not None and not kernels.specs[spec_index].get("dw16")
+        buffer = torch.float32 if zero or compiled32 else dw_dtype
         launch = _kernels.updat_launch(variant, tuple(a.shape), a.stride(), tuple(b.shape), b.stride(), a.dtype,
                                        state.updat_table(cfg.G, device), bs=bs, axis=axis, cfg=cfg, split=split,
                                        precision=precision, dw_dtype=buffer)

@@ -113,9 +113,28 @@ def test_updat_splits_tokens_into_the_atomic_spec(kernels, rng):
         p = _plan(kernels, lay, "updat", x, dy, 1)
         spec = kernels.specs[p.runner.spec_index]
         assert (p.split > 1) is split and spec["atomic"] is split
-        # the compiled kernels write float32: zero-filled for atomics, cast to the weight's dtype after
-        assert p.out_dtype == torch.float32 and p.zero is split and p.cast_to == torch.bfloat16
-        assert p.launches == 1 + split + 1
+        if split:  # float32 atomics: zero-filled, cast to the weight's dtype after
+            assert not spec["dw16"] and p.out_dtype == torch.float32 and p.zero and p.cast_to == torch.bfloat16
+            assert p.launches == 3
+        else:  # the spec that writes the weight's 16-bit dtype itself: one launch
+            assert spec["dw16"] and p.out_dtype == torch.bfloat16 and not p.zero and p.cast_to is None
+            assert p.launches == 1
+            twin = kernels.find("matmul", 90, **{k: spec[k] for k in ("product", "dtype", "block_size", "axis",
+                                                                      "kernel", "atomic", "max_tokens", "n16")},
+                                dw16=False)
+            assert twin is not None and kernels.specs[twin]["config"] == spec["config"]
+            tensors = _call_tensors(p, x, dy)
+            assert_packed_like_jit(_packed(p, tensors), tensors)
+
+
+def test_updat_writes_float32_where_the_gradient_is_float32(kernels, rng):
+    """A float32 weight gradient (asked for by the caller) never takes a 16-bit-writing spec."""
+    lay = Layout(random_layout(rng, 4, 4, 0.5), 32)
+    x, dy = _operands(rng, lay, "updat", 64, 1)
+    p = plan._build(plan.LayoutState(lay), "updat", x, dy, 1, "ieee", torch.float32, True,
+                    target=(kernels, DeviceInfo(90, 132)))
+    spec = kernels.specs[p.runner.spec_index]
+    assert not spec["dw16"] and p.out_dtype == torch.float32 and p.cast_to is None and p.launches == 1
 
 
 @pytest.mark.parametrize("kind", ["fprop", "bprop"])
