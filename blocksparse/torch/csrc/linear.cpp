@@ -79,7 +79,8 @@ at::Tensor run(const Record &r, at::Tensor a, at::Tensor b, const std::optional<
     TORCH_CHECK(bias && bias->defined(), "blocksparse: this launch adds a bias; none was given");
     TORCH_CHECK(bias->device() == a.device(), "bias must be on the input's device ", a.device(), "; got ",
                 bias->device());
-    fused = bias->to(a.scalar_type()).contiguous();
+    fused = bias->scalar_type() == a.scalar_type() && bias->is_contiguous() ? *bias
+                                                                             : bias->to(a.scalar_type()).contiguous();
   }
   const at::Tensor *operands[4] = {&a, &b, &out, &fused};
   std::vector<uint64_t> words(r.words);  // a copy per call: records are shared between threads
@@ -151,8 +152,10 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
       if (factor > 1) dw = coarsen(dw, factor);
     }
     int64_t bias_dtype = ctx->saved_data["bias_dtype"].toInt();
-    if (bias_dtype >= 0 && ctx->needs_input_grad(2))
-      db = dy.sum(0).to(static_cast<at::ScalarType>(bias_dtype));
+    if (bias_dtype >= 0 && ctx->needs_input_grad(2)) {
+      db = dy.sum(0);
+      if (db.scalar_type() != static_cast<at::ScalarType>(bias_dtype)) db = db.to(static_cast<at::ScalarType>(bias_dtype));
+    }
     return {dx, dw, db, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
