@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from ... import _env
 from ...layout import Layout
 from ...ops.matmul import configs, grouping
 from ...ops.matmul.configs import UpdatConfig, XpropConfig
@@ -190,9 +191,21 @@ def _aot_choice(kernels, arch, sms, layout, kind, a, b, axis, dw_dtype=None):
 
 
 def _min_run(dtype, interpret=False):
-    """Blocks in series before a reduction splits (:data:`SPLIT_MIN_RUN`; 1 in the interpreter, so
-    that tests exercise the splits)."""
-    return 1 if interpret else SPLIT_MIN_RUN[dtype == torch.float32]
+    """Blocks in series before a reduction splits: ``BLOCKSPARSE_SPLIT_MIN_RUN`` where set (read when
+    a call shape is planned; ``1`` splits every run, for calls replayed in CUDA graphs, where only GPU
+    time counts), else :data:`SPLIT_MIN_RUN`; 1 in the interpreter, so that tests exercise the splits."""
+    if interpret:
+        return 1
+    value = _env.getenv("BLOCKSPARSE_SPLIT_MIN_RUN")
+    if value is None:
+        return SPLIT_MIN_RUN[dtype == torch.float32]
+    try:
+        run = int(value)
+    except ValueError:
+        run = 0
+    if run < 1:
+        raise ValueError(f"BLOCKSPARSE_SPLIT_MIN_RUN must be a positive integer (blocks); got {value!r}")
+    return run
 
 
 def _xprop_segments(layout, kind, cfg, n, sms, tma, min_run=1):

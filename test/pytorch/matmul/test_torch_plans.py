@@ -156,6 +156,21 @@ def test_few_token_reductions_split_only_long_runs(kernels, rng, kind):
     assert plan._min_run(torch.bfloat16, interpret=True) == 1
 
 
+def test_the_split_threshold_can_be_set(kernels, rng, monkeypatch):
+    """BLOCKSPARSE_SPLIT_MIN_RUN (for CUDA-graph callers): 1 splits a run the default leaves whole;
+    anything but a positive integer is refused, naming the variable."""
+    lay = Layout(np.ones((8, 2), dtype=np.int32), 32)  # 8-block runs: whole by default
+    a, b = _operands(rng, lay, "fprop", 64, 1)
+    assert _plan(kernels, lay, "fprop", a, b, 1).max_segment is None
+    monkeypatch.setenv("BLOCKSPARSE_SPLIT_MIN_RUN", "1")
+    p = _plan(kernels, lay, "fprop", a, b, 1)
+    assert p.max_segment is not None and kernels.specs[p.runner.spec_index]["atomic"]
+    for bad in ("0", "-3", "many", "1.5"):
+        monkeypatch.setenv("BLOCKSPARSE_SPLIT_MIN_RUN", bad)
+        with pytest.raises(ValueError, match="BLOCKSPARSE_SPLIT_MIN_RUN must be a positive integer"):
+            _plan(kernels, lay, "fprop", a, b, 1)
+
+
 @pytest.mark.parametrize("case", ["no-dtype", "no-arch", "strided", "unaligned", "tf32-float32"])
 def test_the_jit_serves_what_no_spec_does(kernels, rng, case):
     lay = Layout(random_layout(rng, 4, 3, 0.5), 32)
