@@ -186,7 +186,8 @@ def _aot_choice(kernels, arch, sms, layout, kind, a, b, axis, dw_dtype=None):
         return cfg, split, atomic
     if dw_dtype == a.dtype != torch.float32:
         same.update(atomic=False, dw16=True)
-        index = _aot_spec(kernels, arch, kind, a.dtype, bs, axis, **same) or index
+        twin = _aot_spec(kernels, arch, kind, a.dtype, bs, axis, **same)
+        index = index if twin is None else twin
     return cfg, 1, index
 
 
