@@ -104,9 +104,9 @@ def _check(layer, x, rng, dtype=None):
     close(layer.weight.grad, block_grads(np.argwhere(mask), x2, dy2, layer.block_size), dtype)
     if layer.bias is not None:
         close(layer.bias.grad, dy2.sum(0), dtype)
-    if layer.lowrank_first is not None:
-        close(layer.lowrank_first.grad, (dy2 @ f64(layer.lowrank_second)).T @ x2, dtype)
-        close(layer.lowrank_second.grad, dy2.T @ (x2 @ f64(layer.lowrank_first).T), dtype)
+    if layer.lowrank_first is not None:  # each gradient is a product of a product: two roundings
+        close(layer.lowrank_first.grad, (dy2 @ f64(layer.lowrank_second)).T @ x2, dtype, roundings=2)
+        close(layer.lowrank_second.grad, dy2.T @ (x2 @ f64(layer.lowrank_first).T), dtype, roundings=2)
     return y
 
 

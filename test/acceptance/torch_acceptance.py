@@ -17,10 +17,11 @@ def f64(t):
     return t.detach().to(torch.float64).cpu().numpy()
 
 
-def close(out, ref, dtype):
-    """Assert ``out`` (tensor) matches the float64 ``ref`` within ``dtype``'s tolerance."""
-    err = rel_error(out, ref)
-    assert err <= tolerance(dtype), f"relative error {err:.3g} > {tolerance(dtype):.3g} ({dtype})"
+def close(out, ref, dtype, roundings=1):
+    """Assert ``out`` (tensor) matches the float64 ``ref`` within ``dtype``'s tolerance, times
+    ``roundings`` where ``out`` comes from that many products chained in ``dtype`` (each rounded)."""
+    err, tol = rel_error(out, ref), roundings * tolerance(dtype)
+    assert err <= tol, f"relative error {err:.3g} > {tol:.3g} ({dtype}, {roundings} rounding(s))"
 
 
 def coarser(*dtypes):
