@@ -53,6 +53,27 @@ FP32_UPDAT = {64: [("ptr", U(2, 32, 8, 2)), ("ptr", U(2, 32, 4, 3)), ("ptr", U(1
               128: [("ptr", U(1, 32, 8, 2)), ("ptr", U(1, 32, 4, 3)), ("ptr", U(1, 16, 8, 3))]}
 
 
+# Sweep 6 (``--narrow``): layers of 1024 features (C = K = 1024) at N = 8192, bf16, bs 32,
+# d = 0.25, where a column holds 8 blocks: the eager-latency issue's 8192 x 1024 step.  The
+# tables' tiles come first; ``waves`` 0 on updat: one token slice, the 16-bit gradient written by
+# the kernel (no atomics, zeroing or cast).
+NARROW_XPROP = [("tma", X(256, 1, 8, 6)), ("tma", X(256, 1, 8, 4)), ("tma", X(128, 1, 4, 4)),
+                ("tma", X(128, 1, 4, 6)), ("tma", X(128, 1, 8, 4)), ("tma", X(128, 1, 8, 6)),
+                ("tma", X(64, 1, 4, 4)), ("tma", X(64, 1, 4, 6)), ("tma", X(128, 2, 8, 4)),
+                ("tma", X(256, 2, 8, 4)), ("tma", _x(128, 1, 4, 4, UNROLL=2)),
+                ("ptr", X(128, 1, 4, 4, TMA=False)), ("ptr", X(64, 1, 4, 3, TMA=False))]
+NARROW_UPDAT = [("ptr", U(8, 64, 8, 3), 2), ("ptr", U(8, 64, 8, 3), 1), ("ptr", U(8, 64, 8, 3), 4),
+                ("ptr", U(4, 64, 8, 3), 2), ("ptr", U(4, 64, 4, 3), 2), ("ptr", U(8, 32, 8, 3), 2),
+                ("ptr", U(8, 128, 8, 3), 2), ("ptr", U(4, 64, 8, 3), 0), ("ptr", U(2, 64, 4, 3), 0),
+                ("tma", U(1, 64, 4, 3), 2), ("tma", U(1, 64, 4, 3), 0), ("tma", U(1, 64, 4, 4), 0),
+                ("tma", U(2, 64, 4, 4), 0), ("tma", U(1, 128, 8, 3), 0)]
+
+
+def narrow_cases():
+    out = [(8192, 32, 0.25, "bf16", op, i, c, 2) for op in ("fprop", "bprop") for i, c in NARROW_XPROP]
+    return out + [(8192, 32, 0.25, "bf16", "updat", i, c, w) for i, c, w in NARROW_UPDAT]
+
+
 def cases(quick=False):
     """(N, bs, density, dtype, op, impl, cfg, waves) of every variant to check and time."""
     out = []
@@ -86,9 +107,10 @@ def make_call(p, op, impl, cfg, waves, tensors=None):
     if op == "updat":
         groups = torch.from_numpy(lay.updat_groups(cfg.G).copy()).to(dev)
         split = max(1, min(waves * sms // groups.shape[0], math.ceil(p.N / (4 * cfg.BK))))
+        dw_dtype = torch.float32 if waves else x.dtype  # waves 0: one slice, dW in x's dtype
         fn = _triton.updat_ptr if impl == "ptr" else _triton.updat_tma
         return lambda: fn(x, dy, groups, w_shape=lay.w_shape, bs=bs, axis=1, cfg=cfg, split=split,
-                          precision="ieee", dw_dtype=torch.float32)
+                          precision="ieee", dw_dtype=dw_dtype)
     lut = getattr(lay, op)(None, group=cfg.G)
     max_segment = None
     if waves is not None:  # split long reductions until ~waves programs per SM
@@ -160,11 +182,16 @@ def main():
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "tune.json"))
     ap.add_argument("--workers", type=int, default=12)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--narrow", action="store_true", help="sweep 6 only: 8192 x 1024, bs 32, d = 0.25, bf16, "
+                    "every product timed in CUDA graphs beside cuBLAS (JSON lines appended to --out)")
+    ap.add_argument("--start", type=int, default=0, help="--narrow: the first variant to run")
     ap.add_argument("--smoke", action="store_true",
                     help="check the script itself on the CPU (TRITON_INTERPRET=1, tiny shapes, no timing)")
     args = ap.parse_args()
     if args.smoke:
         return smoke()
+    if args.narrow:
+        return narrow(args)
     todo = cases(args.quick)
     t0 = time.time()
     chunks = [todo[i::args.workers] for i in range(args.workers)]
@@ -233,6 +260,59 @@ def main():
     print(f"{len(rows)} variants, {len(bad)} failed or inaccurate")
     for r in bad:
         print("  BAD", json.dumps(r))
+
+
+def narrow(args):
+    """Sweep 6: each variant checked against float64, then timed in CUDA graphs over rotating
+    operand copies (GPU time, as a training step sees it), three rounds interleaved with cuBLAS's
+    ``x @ W`` of the same shape.  One JSON line per variant is appended to ``--out``; variants
+    run from ``--start`` on, and the index of each is written to ``<out>.started`` before it runs,
+    so that a caller can resume past a variant that kills the CUDA context."""
+    global C, K
+    C = K = 1024
+    todo = narrow_cases()
+    p = problem(8192, 32, 0.25, "bf16")
+    sets = [(p.x.clone(), torch.randn(C, K, device="cuda").to(p.dtype)) for _ in range(16)]
+    dense = common.GraphTimer(lambda: [(lambda a=a, w=w: a @ w) for a, w in sets])
+    if args.start == 0:  # the step's other ops, once
+        dys = [p.dy.clone() for _ in range(16)]
+        dw32 = [torch.randn(p.layout.w_shape, device="cuda") for _ in range(16)]
+        others = {"dense dy.T @ x": lambda: [(lambda a=a, g=g: g.T @ a) for (a, _), g in zip(sets, dys)],
+                  "dy.sum(0)": lambda: [(lambda g=g: g.sum(0)) for g in dys],
+                  "dW float32 -> bf16": lambda: [(lambda t=t: t.to(torch.bfloat16)) for t in dw32]}
+        line = {k: common.GraphTimer(v).median_ms(10) * 1e3 for k, v in others.items()}
+        line["dense x @ W"] = dense.median_ms(10) * 1e3
+        with open(args.out, "a") as f:
+            f.write(json.dumps({"baselines_us": line, "device": torch.cuda.get_device_name()}) + "\n")
+        print(json.dumps(line), flush=True)
+    for i in range(args.start, len(todo)):
+        with open(args.out + ".started", "w") as f:
+            f.write(str(i))
+        n, bs, d, dt, op, impl, cfg, waves = todo[i]
+        row = dict(index=i, N=n, C=C, K=K, bs=bs, density=d, dtype=dt, op=op, impl=impl, cfg=asdict(cfg),
+                   waves=waves)
+        try:
+            with common.poisoned_empty():
+                out = make_call(p, op, impl, cfg, waves)()
+            row["rel_err"] = common.rel_err(out, p.ref(op))
+            row["ok"] = row["rel_err"] <= common.tolerance(p.dtype)
+            timer = common.GraphTimer(lambda: rotating_calls(p, op, impl, cfg, waves))
+            ours, base = [], []
+            for _ in range(3):
+                ours.append(timer.median_ms(10) * 1e3)
+                base.append(dense.median_ms(10) * 1e3)
+            row["us"], row["dense_us"] = sorted(ours)[1], sorted(base)[1]
+            row["x_dense"] = row["us"] / row["dense_us"]
+            del timer
+        except Exception as exc:
+            row["error"] = repr(exc)[:300]
+        with open(args.out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        c = " ".join(f"{k}{v}" for k, v in row["cfg"].items())
+        print(f"{i:>2} {op:>5} {impl:>4} {c:<60} w{waves} {row.get('us', float('nan')):8.1f} us "
+              f"{row.get('x_dense', float('nan')):5.2f}x dense ok={row.get('ok')} {row.get('error', '')}", flush=True)
+        if "CUDA error" in row.get("error", ""):
+            sys.exit(3)  # the context is lost: the caller resumes at the next variant
 
 
 def smoke():
