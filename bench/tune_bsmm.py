@@ -23,6 +23,7 @@ from dataclasses import asdict
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import common  # noqa: E402
@@ -69,9 +70,57 @@ NARROW_UPDAT = [("ptr", U(8, 64, 8, 3), 2), ("ptr", U(8, 64, 8, 3), 1), ("ptr", 
                 ("tma", U(2, 64, 4, 4), 0), ("tma", U(1, 128, 8, 3), 0)]
 
 
+# Sweep 7 (``--pixelfly``): the large pixelfly MLP's layers (block 256, butterfly 64: 2048 -> 8192
+# at d = 0.5, 8192 -> 4096 at d = 0.31), refined to blocks of 128 as the layers run them, N = 8192,
+# bf16: the kernel library's tiles (G = 1) first, then the JIT's grouped one and others.
+PIXELFLY_XPROP = [("tma", _x(128, 1, 4, 6, BK=64)), ("tma", _x(128, 2, 8, 4, BK=64)),
+                  ("tma", _x(256, 1, 8, 4, BK=64)), ("tma", _x(128, 1, 8, 4, BK=64)),
+                  ("tma", _x(128, 1, 4, 4, BK=64)), ("tma", _x(128, 1, 8, 6, BK=32)),
+                  ("tma", _x(256, 2, 8, 3, BK=64, BN=64))]
+PIXELFLY_UPDAT = [("tma", U(1, 64, 4, 5), 2), ("tma", U(1, 64, 8, 4), 2), ("tma", U(2, 64, 8, 3), 2),
+                  ("tma", U(1, 32, 4, 6), 2), ("tma", U(1, 64, 4, 5), 0), ("tma", U(1, 64, 4, 5), 4)]
+PIXELFLY_LAYERS = ((2048, 8192), (8192, 4096))
+
+
 def narrow_cases():
-    out = [(8192, 32, 0.25, "bf16", op, i, c, 2) for op in ("fprop", "bprop") for i, c in NARROW_XPROP]
-    return out + [(8192, 32, 0.25, "bf16", "updat", i, c, w) for i, c, w in NARROW_UPDAT]
+    """(problem key, op, impl, cfg, waves) of sweep 6."""
+    key = ("random", 8192, 1024, 1024, 32, 0.25)
+    out = [(key, op, i, c, 2) for op in ("fprop", "bprop") for i, c in NARROW_XPROP]
+    return out + [(key, "updat", i, c, w) for i, c, w in NARROW_UPDAT]
+
+
+def pixelfly_cases():
+    """(problem key, op, impl, cfg, waves) of sweep 7 (no bprop of the first layer: its input needs
+    no gradient in the MLP)."""
+    out = []
+    for layer in PIXELFLY_LAYERS:
+        key = ("pixelfly", 8192, *layer)
+        ops = ("fprop", "bprop") if layer[0] != 2048 else ("fprop",)
+        out += [(key, op, i, c, 2) for op in ops for i, c in PIXELFLY_XPROP]
+        out += [(key, "updat", i, c, w) for i, c, w in PIXELFLY_UPDAT]
+    return out
+
+
+def keyed_problem(key):
+    """The problem of a sweep 6 / 7 key (one kept at a time)."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if key not in _problems:
+        _problems.clear()
+        if key[0] == "random":
+            _, n, c, k, bs, d = key
+            _problems[key] = common.Problem(c, k, n, bs, d, torch.bfloat16, seed=bs, device=dev)
+        else:
+            from blocksparse.ops.matmul.refine import refine
+            from blocksparse.torch import PixelflyLinear
+
+            _, n, c, k = key
+            fine = refine(PixelflyLinear(c, k, 256, 64).layout, 128).layout
+            p = common.Problem(c, k, n, 128, 0.5, torch.bfloat16, seed=1, device=dev)
+            p.layout = fine
+            p.w = (torch.randn(fine.w_shape, device=dev) / math.sqrt(128)).to(torch.bfloat16)
+            p.coords = torch.from_numpy(np.array(fine.coords)).to(dev).long()
+            _problems[key] = p
+    return _problems[key]
 
 
 def cases(quick=False):
@@ -184,14 +233,16 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--narrow", action="store_true", help="sweep 6 only: 8192 x 1024, bs 32, d = 0.25, bf16, "
                     "every product timed in CUDA graphs beside cuBLAS (JSON lines appended to --out)")
-    ap.add_argument("--start", type=int, default=0, help="--narrow: the first variant to run")
+    ap.add_argument("--pixelfly", action="store_true", help="sweep 7 only: the large pixelfly MLP's layers, "
+                    "refined to blocks of 128, bf16 (JSON lines appended to --out)")
+    ap.add_argument("--start", type=int, default=0, help="--narrow / --pixelfly: the first variant to run")
     ap.add_argument("--smoke", action="store_true",
                     help="check the script itself on the CPU (TRITON_INTERPRET=1, tiny shapes, no timing)")
     args = ap.parse_args()
     if args.smoke:
         return smoke()
-    if args.narrow:
-        return narrow(args)
+    if args.narrow or args.pixelfly:
+        return isolated(args, narrow_cases() if args.narrow else pixelfly_cases())
     todo = cases(args.quick)
     t0 = time.time()
     chunks = [todo[i::args.workers] for i in range(args.workers)]
@@ -262,35 +313,27 @@ def main():
         print("  BAD", json.dumps(r))
 
 
-def narrow(args):
-    """Sweep 6: each variant checked against float64, then timed in CUDA graphs over rotating
-    operand copies (GPU time, as a training step sees it), three rounds interleaved with cuBLAS's
-    ``x @ W`` of the same shape.  One JSON line per variant is appended to ``--out``; variants
-    run from ``--start`` on, and the index of each is written to ``<out>.started`` before it runs,
-    so that a caller can resume past a variant that kills the CUDA context."""
+def isolated(args, todo):
+    """Sweeps 6 and 7: each variant checked against float64, then timed in CUDA graphs over
+    rotating operand copies (GPU time, as a training step sees it), three rounds interleaved with
+    cuBLAS's ``x @ W`` of the same dense shape.  One JSON line per variant is appended to
+    ``--out``; variants run from ``--start`` on, and the index of each is written to
+    ``<out>.started`` before it runs, so that a caller can resume past a variant that kills the
+    CUDA context."""
     global C, K
-    C = K = 1024
-    todo = narrow_cases()
-    p = problem(8192, 32, 0.25, "bf16")
-    sets = [(p.x.clone(), torch.randn(C, K, device="cuda").to(p.dtype)) for _ in range(16)]
-    dense = common.GraphTimer(lambda: [(lambda a=a, w=w: a @ w) for a, w in sets])
-    if args.start == 0:  # the step's other ops, once
-        dys = [p.dy.clone() for _ in range(16)]
-        dw32 = [torch.randn(p.layout.w_shape, device="cuda") for _ in range(16)]
-        others = {"dense dy.T @ x": lambda: [(lambda a=a, g=g: g.T @ a) for (a, _), g in zip(sets, dys)],
-                  "dy.sum(0)": lambda: [(lambda g=g: g.sum(0)) for g in dys],
-                  "dW float32 -> bf16": lambda: [(lambda t=t: t.to(torch.bfloat16)) for t in dw32]}
-        line = {k: common.GraphTimer(v).median_ms(10) * 1e3 for k, v in others.items()}
-        line["dense x @ W"] = dense.median_ms(10) * 1e3
-        with open(args.out, "a") as f:
-            f.write(json.dumps({"baselines_us": line, "device": torch.cuda.get_device_name()}) + "\n")
-        print(json.dumps(line), flush=True)
+    dense = {}
     for i in range(args.start, len(todo)):
         with open(args.out + ".started", "w") as f:
             f.write(str(i))
-        n, bs, d, dt, op, impl, cfg, waves = todo[i]
-        row = dict(index=i, N=n, C=C, K=K, bs=bs, density=d, dtype=dt, op=op, impl=impl, cfg=asdict(cfg),
-                   waves=waves)
+        key, op, impl, cfg, waves = todo[i]
+        p = keyed_problem(key)
+        C, K = p.C, p.K
+        if key not in dense:
+            dense.clear()
+            sets = [(p.x.clone(), torch.randn(p.C, p.K, device="cuda").to(p.dtype)) for _ in range(8)]
+            dense[key] = common.GraphTimer(lambda: [(lambda a=a, w=w: a @ w) for a, w in sets])
+        row = dict(index=i, problem=list(key), N=p.N, C=p.C, K=p.K, bs=p.bs, density=p.density, op=op, impl=impl,
+                   cfg=asdict(cfg), waves=waves)
         try:
             with common.poisoned_empty():
                 out = make_call(p, op, impl, cfg, waves)()
@@ -300,7 +343,7 @@ def narrow(args):
             ours, base = [], []
             for _ in range(3):
                 ours.append(timer.median_ms(10) * 1e3)
-                base.append(dense.median_ms(10) * 1e3)
+                base.append(dense[key].median_ms(10) * 1e3)
             row["us"], row["dense_us"] = sorted(ours)[1], sorted(base)[1]
             row["x_dense"] = row["us"] / row["dense_us"]
             del timer
@@ -309,7 +352,7 @@ def narrow(args):
         with open(args.out, "a") as f:
             f.write(json.dumps(row) + "\n")
         c = " ".join(f"{k}{v}" for k, v in row["cfg"].items())
-        print(f"{i:>2} {op:>5} {impl:>4} {c:<60} w{waves} {row.get('us', float('nan')):8.1f} us "
+        print(f"{i:>2} {key[0]} {p.C}x{p.K} {op:>5} {impl:>4} {c:<60} w{waves} {row.get('us', float('nan')):8.1f} us "
               f"{row.get('x_dense', float('nan')):5.2f}x dense ok={row.get('ok')} {row.get('error', '')}", flush=True)
         if "CUDA error" in row.get("error", ""):
             sys.exit(3)  # the context is lost: the caller resumes at the next variant

@@ -116,10 +116,13 @@ def test_a_strided_gradient_is_made_dense_first(native, rng):
     torch.testing.assert_close(dx, _expected(dy.contiguous(), w, 3, (4, 6)))
 
 
-@pytest.mark.parametrize("block_size", [48, 256])
-def test_a_refined_weight_is_reblocked_and_its_gradient_back(native, rng, block_size):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("block_size", [48, 256, 96])
+def test_a_refined_weight_is_reblocked_and_its_gradient_back(native, rng, block_size, dtype):
     """With a factor, the op hands the kernels the refined weight (compared with the Python
-    re-blocking, :meth:`LinearDispatch.kernel_weight`) and returns the gradient of the coarse one."""
+    re-blocking, :meth:`LinearDispatch.kernel_weight`) and returns the gradient of the coarse one --
+    exactly, whether the copies move elements or 8-byte words (rows of 16 or 32 elements of 2 or 4
+    bytes) -- also for a weight that does not start on an 8-byte boundary of its storage."""
     from blocksparse.layout import Layout
     from blocksparse.torch._portable.dispatch import for_layout
 
@@ -130,19 +133,23 @@ def test_a_refined_weight_is_reblocked_and_its_gradient_back(native, rng, block_
     s = block_size // factor
     coarse = dispatch.layout.blocks
     n = coarse * factor * factor
-    w = torch.from_numpy(rng.standard_normal((coarse, block_size, block_size))).float().requires_grad_()
-    x = torch.from_numpy(rng.standard_normal((4, 6))).float()
-    fine = n * s * s
-    ids = (_record(native, 2, (n, s, s), fine, 24, copy=True), _record(native, 3, (4, 6), 24, fine),
-           _record(native, 4, (n, s, s), fine, 24, copy=True))
-    y = torch.ops.blocksparse_native.linear(x, w, None, *ids, factor)
-    torch.testing.assert_close(y, dispatch.kernel_weight(w.detach()), rtol=0, atol=0)
-    dense = dispatch.bsmm.layout.dense(y.detach().numpy())  # the refined layout's reading of it: the coarse weight
-    np.testing.assert_array_equal(dense, dispatch.layout.dense(w.detach().numpy()))
-    dy = torch.from_numpy(rng.standard_normal((n, s, s))).float()
-    (dw,) = torch.autograd.grad(y, (w,), dy)
-    (expected,) = torch.autograd.grad(dispatch.kernel_weight(w), (w,), dy)  # the Python re-blocking's
-    torch.testing.assert_close(dw, expected, rtol=0, atol=0)
+    base = torch.from_numpy(rng.standard_normal(coarse * block_size * block_size + 1)).to(dtype)
+    for offset in (0, 1):  # the second view starts one element into its storage
+        w = base[offset:offset + coarse * block_size * block_size].view(coarse, block_size, block_size)
+        w = w.detach().requires_grad_()
+        x = torch.from_numpy(rng.standard_normal((4, 6))).to(dtype)
+        words = n * s * s * w.element_size() // 4  # the stand-in copies float32 words
+        ids = (_record(native, 2, (n, s, s), words, 24, copy=True, dtype=dtype),
+               _record(native, 3, (4, 6), 24, words, dtype=dtype),
+               _record(native, 4, (n, s, s), words, 24, copy=True, dtype=dtype))
+        y = torch.ops.blocksparse_native.linear(x, w, None, *ids, factor)
+        torch.testing.assert_close(y, dispatch.kernel_weight(w.detach()), rtol=0, atol=0)
+        dense = dispatch.bsmm.layout.dense(y.detach().float().numpy())  # the refined layout's reading: the coarse weight
+        np.testing.assert_array_equal(dense, dispatch.layout.dense(w.detach().float().numpy()))
+        dy = torch.from_numpy(rng.standard_normal((n, s, s))).to(dtype)
+        (dw,) = torch.autograd.grad(y, (w,), dy)
+        (expected,) = torch.autograd.grad(dispatch.kernel_weight(w), (w,), dy)  # the Python re-blocking's
+        torch.testing.assert_close(dw, expected, rtol=0, atol=0)
 
 
 def test_a_bad_refinement_factor_is_refused(native):
