@@ -21,6 +21,7 @@ from torch.autograd.function import once_differentiable
 
 from .. import _native
 from .._autograd import direct_apply
+from .._reduce import column_sums
 from . import plan as _plan
 from . import products as _products
 
@@ -88,7 +89,7 @@ def _add_bias(y, bias, axis):
 
 
 def _bias_grad(dy, bias, axis):
-    return dy.sum(0 if axis == 1 else 1).to(bias.dtype)
+    return column_sums(dy if axis == 1 else dy.t()).to(bias.dtype)
 
 
 class MatmulFunction(torch.autograd.Function):
