@@ -118,8 +118,12 @@ at::Tensor aligned(const at::Tensor &t) {
 // its gradient one back.  The copies move whole rows of s elements, so they run on the tensors
 // viewed as 8-byte words where a row is made of them: a quarter of the elements (16-bit) for the
 // strided copy kernel, which is bound by its per-element index arithmetic (4 copies took 10% of a
-// step of the large pixelfly MLP on the H200 as elements).
+// step of the large pixelfly MLP on the H200 as elements, 3% as words).  Small weights keep elements:
+// there the two extra views cost more host time than the copy's GPU time they save.
+constexpr int64_t kWordCopyMinElements = int64_t(1) << 20;
+
 int64_t word_elements(const at::Tensor &t, int64_t s) {
+  if (t.numel() < kWordCopyMinElements) return 1;
   const int64_t e = t.element_size();
   const bool whole = (s * e) % 8 == 0 && (t.storage_offset() * e) % 8 == 0;
   return e < 8 && 8 % e == 0 && whole ? 8 / e : 1;

@@ -117,16 +117,18 @@ def test_a_strided_gradient_is_made_dense_first(native, rng):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("block_size", [48, 256, 96])
-def test_a_refined_weight_is_reblocked_and_its_gradient_back(native, rng, block_size, dtype):
+@pytest.mark.parametrize("block_size, large", [(48, False), (256, False), (96, True), (256, True)])
+def test_a_refined_weight_is_reblocked_and_its_gradient_back(native, rng, block_size, large, dtype):
     """With a factor, the op hands the kernels the refined weight (compared with the Python
     re-blocking, :meth:`LinearDispatch.kernel_weight`) and returns the gradient of the coarse one --
-    exactly, whether the copies move elements or 8-byte words (rows of 16 or 32 elements of 2 or 4
-    bytes) -- also for a weight that does not start on an 8-byte boundary of its storage."""
+    exactly, whether the copies move elements (small weights) or 8-byte words (weights of 2^20
+    elements or more, rows of 16 or 32 elements of 2 or 4 bytes) -- also for a weight that does not
+    start on an 8-byte boundary of its storage."""
     from blocksparse.layout import Layout
     from blocksparse.torch._portable.dispatch import for_layout
 
-    mask = rng.random((3, 2)) < 0.6
+    side = -(-1024 // block_size) * 2 if large else 0  # a mask of 2^20+ elements in blocks
+    mask = np.ones((side, side), dtype=bool) if large else rng.random((3, 2)) < 0.6
     mask[0, 0] = True
     dispatch = for_layout(Layout(mask, block_size, any_block_size=True))
     factor = dispatch.refinement.factor
@@ -137,6 +139,7 @@ def test_a_refined_weight_is_reblocked_and_its_gradient_back(native, rng, block_
     for offset in (0, 1):  # the second view starts one element into its storage
         w = base[offset:offset + coarse * block_size * block_size].view(coarse, block_size, block_size)
         w = w.detach().requires_grad_()
+        assert (w.numel() >= 2**20) == large
         x = torch.from_numpy(rng.standard_normal((4, 6))).to(dtype)
         words = n * s * s * w.element_size() // 4  # the stand-in copies float32 words
         ids = (_record(native, 2, (n, s, s), words, 24, copy=True, dtype=dtype),
