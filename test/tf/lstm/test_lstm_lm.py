@@ -88,6 +88,9 @@ def test_lstm_language_model_learns(rng):
     corpus = markov_corpus(rng, 4096)
     with tf.Graph().as_default():
         tf.compat.v1.set_random_seed(int(rng.integers(1 << 30)))
+        # ortho_init and SparseProj draw from numpy's global generator (as the original's did): seeded
+        # from the test's, so that BLOCKSPARSE_TEST_SEED replays this test too
+        np.random.seed(int(rng.integers(1 << 31)))
         model = LanguageModel(rng)
         x = tf.compat.v1.placeholder(tf.int32, [NSTEPS, NBATCH])
         y = tf.compat.v1.placeholder(tf.int32, [NSTEPS, NBATCH])
@@ -108,7 +111,9 @@ def test_lstm_language_model_learns(rng):
             for _ in range(TRAIN_STEPS):
                 xs, ys = batches(rng, corpus)
                 losses.append(sess.run([loss, train], {x: xs, y: ys})[0])
-    first, last = np.mean(losses[:3]), np.mean(losses[-5:])
+    # losses[0] is the untrained model's (each step's loss is taken before its update); Adam at 0.02
+    # can halve the loss within two steps, so later ones are no baseline
+    untrained, last = losses[0], np.mean(losses[-5:])
     assert np.all(np.isfinite(losses))
-    assert first > 0.8 * np.log(NVOCAB), f"an untrained model should be near uniform: {first:.3f}"
-    assert last < 0.8 * first, f"loss went from {first:.3f} to {last:.3f}"
+    assert untrained > 0.8 * np.log(NVOCAB), f"an untrained model should be near uniform: {untrained:.3f}"
+    assert last < 0.8 * untrained, f"loss went from {untrained:.3f} to {last:.3f}"
