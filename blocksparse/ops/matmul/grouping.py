@@ -32,12 +32,18 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 __all__ = ["GroupStats", "choose_group", "column_order", "group_stats", "grouped_config", "groups_well",
-           "H200_L2_BYTES_PER_S", "H200_PEAK_FLOPS"]
+           "GROUPED_MAX_BLOCK", "H200_L2_BYTES_PER_S", "H200_PEAK_FLOPS"]
 
 #: L2 read bandwidth and dense tensor-core throughput measured on the H200 (``bench/README.md``):
 #: the two sides of the roofline (only their ratio matters to the choice).
 H200_L2_BYTES_PER_S = 9.45e12
 H200_PEAK_FLOPS = {"16bit": 720e12, "tf32": 301e12, "fp32": 51e12}
+#: Largest block size whose tiles :func:`grouped_config` groups on a GPU.  Measured on the H200
+#: (``bench/tune_bsmm.py --pixelfly``, ``bench/results/raw/tune-pixelfly-h200.jsonl``): on the large
+#: pixelfly MLP's layouts refined to blocks of 128 -- adjacent equal columns, no empty slots, where
+#: the model expects G = 2 to gain 1.19x -- the grouped tile (G = 2, 8 warps) took 1.42-1.58x the time
+#: of the G = 1 tile on every product.  Smaller blocks keep the model's choice.
+GROUPED_MAX_BLOCK = 64
 #: Per-thread registers the accumulators may take, and the shared memory a program may use.
 _ACC_REGISTERS = 128
 _SHARED_BYTES = 200 * 1024
@@ -136,8 +142,9 @@ def _fits(cfg, group, bs, elem_bytes):
 def grouped_config(cfg, layout, kind, *, float32=False, tf32=False, interpret=False):
     """``cfg`` (an :class:`~.configs.XpropConfig` with ``G = 1``) with the ``G`` that
     :func:`choose_group` picks for ``layout``, resized to fit; ``cfg`` unchanged when ``G = 1``
-    wins, when the table already asks for another ``G``, or when no grouped tile fits."""
-    if cfg.G != 1:
+    wins, when the table already asks for another ``G``, when no grouped tile fits, or on a GPU for
+    blocks larger than :data:`GROUPED_MAX_BLOCK` (measured slower there)."""
+    if cfg.G != 1 or (layout.block_size > GROUPED_MAX_BLOCK and not interpret):
         return cfg
     precision = ("tf32" if tf32 else "fp32") if float32 else "16bit"
     group, _ = choose_group(layout, kind, bm=cfg.BM, precision=precision)
@@ -174,8 +181,10 @@ def column_order(mask):
 
 
 def groups_well(layout, bm=128):
-    """Whether the kernels would run ``layout``'s fprop with ``G > 1`` (after refining it to a
-    kernel block size where its own is not one): the *structured* flag of the dispatch model."""
+    """Whether the roofline model groups ``layout``'s fprop (``G > 1``, after refining it to a kernel
+    block size where its own is not one): the *structured* flag of the dispatch model.  (A layout's
+    structure, not the tile: :func:`grouped_config` keeps ``G = 1`` on a GPU for blocks larger than
+    :data:`GROUPED_MAX_BLOCK`.)"""
     from .configs import KERNEL_BLOCK_SIZES
     from .refine import refine, refined_block_size
 

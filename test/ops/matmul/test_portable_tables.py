@@ -117,7 +117,7 @@ def test_choose_group():
         grouping.choose_group(diag, "updat", bm=64)
 
 
-@pytest.mark.parametrize("fin, fout, bs, fine", [(2048, 8192, 256, 128), (384, 1536, 48, 16)])
+@pytest.mark.parametrize("fin, fout, bs, fine", [(2048, 8192, 128, 64), (384, 1536, 48, 16)])
 def test_refined_butterflies_group(fin, fout, bs, fine):
     lay = refine(Layout(butterfly_layout(fin, fout, bs, 64), bs, any_block_size=True), fine).layout
     assert grouping.groups_well(lay)
@@ -129,6 +129,16 @@ def test_refined_butterflies_group(fin, fout, bs, fine):
     assert grouped.G * grouped.BM * bn <= 128 * 32 * grouped.num_warps
     bk = grouped.BK or fine
     assert grouped.num_stages * (grouped.BM * bk + grouped.G * bk * bn) * 2 <= 200 * 1024
+
+
+def test_grouped_config_keeps_large_blocks_ungrouped_on_a_gpu():
+    """Blocks of 128 group by the model but ran slower grouped on the H200: G = 1 outside the
+    interpreter (whose tests keep covering the grouped kernels)."""
+    lay = refine(Layout(butterfly_layout(2048, 8192, 256, 64), 256, any_block_size=True), 128).layout
+    cfg = configs.xprop_config(128, 8192)
+    assert grouping.choose_group(lay, "fprop", bm=cfg.BM)[0] == 2 and grouping.groups_well(lay)
+    assert grouping.grouped_config(cfg, lay, "fprop") is cfg
+    assert grouping.grouped_config(cfg, lay, "fprop", interpret=True).G == 2
 
 
 def test_grouped_config_keeps_tuned_groups_and_random_layouts():
