@@ -14,7 +14,8 @@ class Problem:
     """A block-sparse linear product to plan: ``(tokens, in_features) @ (in_features, out_features)``.
 
     ``dtype``: the compute precision (one of :data:`PRECISIONS`); ``structured``: the layout
-    groups well (the kernels run it with ``G > 1``); ``backward``: both gradients will be computed
+    groups well (``blocksparse.ops.matmul.grouping.groups_well``: output columns share their rows);
+    ``backward``: both gradients will be computed
     too (training) rather than the forward product alone.
     """
 
