@@ -43,15 +43,19 @@ def test_pixelfly_layers_every_impl(rng, dtype, impl, fin, fout, bs):
     _check(dispatch, impl, rng, 1000, dtype)
 
 
-def test_refined_butterfly_runs_grouped_kernels(rng, monkeypatch):
+@pytest.mark.parametrize("fin, fout, bs, butterfly, fine, group", [(1536, 3072, 96, 16, 32, 2), (2048, 4096, 256, 8, 128, 1)],
+                         ids=["bs96-grouped", "bs256-ungrouped"])
+def test_refined_butterfly_runs_grouped_kernels(rng, monkeypatch, fin, fout, bs, butterfly, fine, group):
+    """The JIT's tile for a refined butterfly: grouped where the refined block is at most
+    GROUPED_MAX_BLOCK (64), G = 1 above (grouped tiles measured slower there); right either way."""
     monkeypatch.setenv("BLOCKSPARSE_KERNELS", "jit")  # the grouped tiles are the JIT's (compiled specs: G = 1)
-    dispatch = for_layout(Layout(butterfly_layout(2048, 4096, 256, 8), 256, any_block_size=True), device="cuda")
+    dispatch = for_layout(Layout(butterfly_layout(fin, fout, bs, butterfly), bs, any_block_size=True), device="cuda")
     lay = dispatch.bsmm.layout
-    assert dispatch.bsmm.block_size == 128
+    assert dispatch.bsmm.block_size == fine
     x = torch.empty(4096, lay.C, device="cuda", dtype=torch.bfloat16)
     w = torch.empty(lay.w_shape, device="cuda", dtype=torch.bfloat16)
     plan = products.plan_of("fprop", x, w, _plan.handle(lay), 1, "ieee")
-    assert plan.config.G == 2
+    assert plan.config.G == group
     _check(dispatch, "kernels", rng, 4096, "bfloat16")
 
 
