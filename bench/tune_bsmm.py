@@ -3,6 +3,11 @@
 Produces the numbers behind ``blocksparse/ops/matmul/configs.py``.  One run:
 
     python bench/tune_bsmm.py --out bench/results/tune-h200.json
+    python bench/tune_bsmm.py --narrow --out narrow.jsonl      # sweep 6: 8192 x 1024, bs 32 (~1 min)
+    python bench/tune_bsmm.py --pixelfly --out pixelfly.jsonl  # sweep 7: the large pixelfly MLP (~1 min)
+
+(Sweeps 6 and 7 append a JSON line per variant; ``--start N`` resumes after a variant that lost the
+CUDA context.)
 
 Variants: the pointer-load kernels (:mod:`blocksparse.ops.matmul.xprop`, ``.updat``) and the TMA
 kernels (``.xprop_tma``, ``.updat_tma``) over output-group size ``G``, tile sizes, warps and
