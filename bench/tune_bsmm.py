@@ -87,6 +87,65 @@ PIXELFLY_UPDAT = [("tma", U(1, 64, 4, 5), 2), ("tma", U(1, 64, 8, 4), 2), ("tma"
 PIXELFLY_LAYERS = ((2048, 8192), (8192, 4096))
 
 
+# Sweep 8 (``--few``): few tokens (N = 64, C = K = 4096: memory bound), fprop and bprop: the
+# tables' few-token tile against the pointer kernel taking KB table entries a step (one gather of
+# KB blocks' weight rows, so a program keeps KB blocks' bytes in flight per dependent table load)
+# with output slices of BN features; no split reductions (one launch, no atomics).
+def _few_variants(bs, float32):
+    kbs = {16: (8, 16), 32: (4, 8, 16), 64: (2, 4, 8), 128: (1, 2, 4)}[bs]
+    shapes = ((4, 3), (8, 2)) if not float32 else ((4, 2), (8, 2))
+    out = []
+    for kb in kbs[:2] if float32 else kbs:
+        for bn in sorted({min(bs, 32), 16}, reverse=True):
+            out += [("ptr", X(64, 1, w, st, BN=bn if bn < bs else 0, WAVES=0, KB=kb, TMA=False)) for w, st in shapes]
+    return out
+
+
+def few_cases(first=False):
+    """(problem key, op, impl, cfg, waves) of sweep 8 (``first``: its first run, every KB and BN
+    at two densities; else the current tile, the pointer tables' one and the first run's best,
+    plus split TMA tiles, at three)."""
+    from blocksparse.ops.matmul.configs import xprop_config
+
+    out = []
+    if first:
+        for dtype, ops, densities in (("bf16", ("fprop",), (0.1, 0.5)), ("bf16", ("bprop",), (0.5,)),
+                                      ("fp32", ("fprop",), (0.5,))):
+            for bs in (32, 64, 128):
+                current = xprop_config(bs, 64, float32=dtype == "fp32")
+                variants = [("tma" if current.TMA else "ptr", current)] + _few_variants(bs, dtype == "fp32")
+                for d in densities:
+                    key = ("random", 64, C, K, bs, d, dtype)
+                    out += [(key, op, i, c, c.WAVES or None) for op in ops for i, c in variants]
+        return out
+    for dtype, ops in (("bf16", ("fprop", "bprop")), ("fp32", ("fprop",))):
+        float32 = dtype == "fp32"
+        for bs in (32, 64, 128):
+            current = xprop_config(bs, 64, float32=float32)
+            variants = [("tma" if current.TMA else "ptr", current),
+                        ("ptr", xprop_config(bs, 64, float32=float32, tma=False))]
+            variants += [("ptr", c) for c in FEW_BEST[dtype][bs]] + [("tma", c) for c in FEW_SPLIT[bs]]
+            for d in (0.1, 0.25, 0.5):
+                key = ("random", 64, C, K, bs, d, dtype)
+                ops_d = ops if d == 0.5 else ops[:1]
+                out += [(key, op, i, c, c.WAVES or None) for op in ops_d for i, c in variants]
+    return out
+
+
+def _kb(bs, kb, w, st, bn=0):
+    return X(64, 1, w, st, BN=bn, WAVES=0, KB=kb, TMA=False)
+
+
+#: The first run's best pointer tiles taking KB entries a step (``raw/tune-few-h200.jsonl``).
+FEW_BEST = {"bf16": {32: [_kb(32, 8, 8, 2), _kb(32, 16, 8, 2)], 64: [_kb(64, 8, 8, 2, 32)],
+                     128: [_kb(128, 4, 8, 2, 32)]},
+            "fp32": {32: [_kb(32, 8, 8, 2)], 64: [_kb(64, 4, 8, 2, 32), _kb(64, 2, 8, 2, 32)],
+                     128: [_kb(128, 1, 4, 2, 32), _kb(128, 1, 8, 2, 32)]}}
+#: TMA tiles splitting long reductions (float32 atomics) as the blocks of 32 do, for larger blocks.
+FEW_SPLIT = {32: [], 64: [X(64, 1, 4, 2, WAVES=8), X(64, 1, 4, 3, BN=32, WAVES=4)],
+             128: [X(64, 1, 4, 2, BK=32, BN=32, WAVES=8), X(64, 1, 4, 3, BK=64, BN=32, WAVES=4)]}
+
+
 def narrow_cases():
     """(problem key, op, impl, cfg, waves) of sweep 6."""
     key = ("random", 8192, 1024, 1024, 32, 0.25)
@@ -112,8 +171,9 @@ def keyed_problem(key):
     if key not in _problems:
         _problems.clear()
         if key[0] == "random":
-            _, n, c, k, bs, d = key
-            _problems[key] = common.Problem(c, k, n, bs, d, torch.bfloat16, seed=bs, device=dev)
+            _, n, c, k, bs, d, *dtype = key
+            dtype = common.DTYPES[dtype[0]] if dtype else torch.bfloat16
+            _problems[key] = common.Problem(c, k, n, bs, d, dtype, seed=bs, device=dev)
         else:
             from blocksparse.ops.matmul.refine import refine
             from blocksparse.torch import PixelflyLinear
@@ -240,14 +300,20 @@ def main():
                     "every product timed in CUDA graphs beside cuBLAS (JSON lines appended to --out)")
     ap.add_argument("--pixelfly", action="store_true", help="sweep 7 only: the large pixelfly MLP's layers, "
                     "refined to blocks of 128, bf16 (JSON lines appended to --out)")
-    ap.add_argument("--start", type=int, default=0, help="--narrow / --pixelfly: the first variant to run")
+    ap.add_argument("--few", action="store_true", help="sweep 8 only: N = 64, C = K = 4096, the few-token "
+                    "tiles (JSON lines appended to --out)")
+    ap.add_argument("--first", action="store_true", help="--few: the first run's variants")
+    ap.add_argument("--profile", action="store_true", help="isolated sweeps: also each variant's GPU time per "
+                    "kernel (torch.profiler over the rotating calls, launched eagerly)")
+    ap.add_argument("--start", type=int, default=0, help="--narrow / --pixelfly / --few: the first variant to run")
     ap.add_argument("--smoke", action="store_true",
                     help="check the script itself on the CPU (TRITON_INTERPRET=1, tiny shapes, no timing)")
     args = ap.parse_args()
     if args.smoke:
         return smoke()
-    if args.narrow or args.pixelfly:
-        return isolated(args, narrow_cases() if args.narrow else pixelfly_cases())
+    if args.narrow or args.pixelfly or args.few:
+        todo = narrow_cases() if args.narrow else pixelfly_cases() if args.pixelfly else few_cases(args.first)
+        return isolated(args, todo)
     todo = cases(args.quick)
     t0 = time.time()
     chunks = [todo[i::args.workers] for i in range(args.workers)]
@@ -318,6 +384,37 @@ def main():
         print("  BAD", json.dumps(r))
 
 
+def kernel_us(fns):
+    """GPU µs per call of each kernel the calls ``fns`` launch (by kernel name), eagerly."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for f in fns:
+        f()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for f in fns:
+            f()
+        torch.cuda.synchronize()
+    out = {}
+    for e in prof.key_averages():
+        total = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+        if total > 0:
+            out[e.key[:60]] = round(total / len(fns), 2)
+    return out
+
+
+def _warm_isolated(chunk):
+    """Worker: run each (key, op, impl, cfg, waves) once, filling Triton's on-disk cache."""
+    failures = []
+    for key, op, impl, cfg, waves in chunk:
+        try:
+            make_call(keyed_problem(key), op, impl, cfg, waves)()
+        except Exception as exc:  # the timing loop reports it again
+            failures.append(repr(exc)[:200])
+    torch.cuda.synchronize()
+    return failures
+
+
 def isolated(args, todo):
     """Sweeps 6 and 7: each variant checked against float64, then timed in CUDA graphs over
     rotating operand copies (GPU time, as a training step sees it), three rounds interleaved with
@@ -326,6 +423,14 @@ def isolated(args, todo):
     ``<out>.started`` before it runs, so that a caller can resume past a variant that kills the
     CUDA context."""
     global C, K
+    if args.workers > 1:  # compile every variant first, in parallel (one problem per worker at a time)
+        import multiprocessing as mp
+
+        t0, rest = time.time(), todo[args.start:]
+        chunks = [rest[i::args.workers] for i in range(args.workers)]
+        with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as pool:
+            failed = sum(len(f) for f in pool.map(_warm_isolated, chunks))
+        print(f"warmed {len(rest)} variants in {time.time() - t0:.0f}s; {failed} failed", flush=True)
     dense = {}
     for i in range(args.start, len(todo)):
         with open(args.out + ".started", "w") as f:
@@ -344,6 +449,7 @@ def isolated(args, todo):
                 out = make_call(p, op, impl, cfg, waves)()
             row["rel_err"] = common.rel_err(out, p.ref(op))
             row["ok"] = row["rel_err"] <= common.tolerance(p.dtype)
+            row["bytes"] = bytes_moved(p, op)
             timer = common.GraphTimer(lambda: rotating_calls(p, op, impl, cfg, waves))
             ours, base = [], []
             for _ in range(3):
@@ -352,6 +458,11 @@ def isolated(args, todo):
             row["us"], row["dense_us"] = sorted(ours)[1], sorted(base)[1]
             row["x_dense"] = row["us"] / row["dense_us"]
             del timer
+            if args.profile:
+                try:
+                    row["kernel_us"] = kernel_us(rotating_calls(p, op, impl, cfg, waves))
+                except Exception as exc:  # the timing stands without it
+                    row["kernel_us"] = repr(exc)[:200]
         except Exception as exc:
             row["error"] = repr(exc)[:300]
         with open(args.out, "a") as f:

@@ -253,7 +253,7 @@ static void xprop_values(const mm_spec *s, const bsk_matmul_call *call, bsk_arg 
   activations(&v[V_Y_DESC], out, n, out_features, call->axis);
   activations(&v[V_W_DESC], call->w, call->blocks * bs, bs, 1);
   pointer(&v[V_BIAS], in), i32(&v[V_HAS_BIAS], 0); /* the TensorFlow ops add no bias in the kernel */
-  int64_t programs = call->table_rows * cdiv(n, s->bm) * (s->tma ? bs / s->bn : 1);
+  int64_t programs = call->table_rows * cdiv(n, s->bm) * (bs / s->bn);
   grid[0] = (unsigned)programs, grid[1] = 1, grid[2] = 1;
 }
 

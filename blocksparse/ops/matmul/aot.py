@@ -17,7 +17,7 @@ from dataclasses import asdict, replace
 
 from ...aot.family import CompileArgs
 from ..common.aot import signature
-from .configs import AotSpec, aot_specializations
+from .configs import AotSpec, aot_specializations, output_slice
 
 __all__ = ["specializations", "kernel", "compile_args", "fields", "leaner", "kernel_function", "PRECISION"]
 
@@ -45,7 +45,7 @@ def fields(spec: AotSpec):
     if spec.product == "updat":
         bm, bk, bn = 0, cfg.BK, 0
     else:
-        bm, bk, bn = cfg.BM, (cfg.BK or bs) if spec.tma else bs, (cfg.BN or bs) if spec.tma else bs
+        bm, bk, bn = cfg.BM, (cfg.BK or bs) if spec.tma else bs, output_slice(cfg, bs, spec.tma)
     return {"product": spec.product, "dtype": spec.dtype, "block_size": bs, "axis": spec.axis,
             "kernel": spec.kernel, "atomic": spec.atomic, "group": spec.group, "trans_w": spec.trans_w,
             "tma": spec.tma, "bm": bm, "bk": bk, "bn": bn, "waves": cfg.WAVES, "max_tokens": spec.max_tokens,
@@ -106,8 +106,9 @@ def _xprop(spec):
                  "BIAS": f"*{t}", "has_bias": "i32"}
         unit, wide = _strides(spec.axis, "x", "y", n16=spec.n16)
         divisible = {"X", "W", "Y", "HEADERS", "ENTRIES", "OUT_FEATURES", *wide}
+        consts.update(KB=cfg.KB, BN=output_slice(cfg, bs, tma=False))
     else:
-        bk, bn = cfg.BK or bs, cfg.BN or bs
+        bk, bn = cfg.BK or bs, output_slice(cfg, bs, tma=True)
         x_t = spec.axis == 0
         types = {"x_desc": _desc(t, [cfg.BM, bk], x_t),
                  "w_desc": _desc(t, [bn, bk] if trans else [bk, bn]),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-__all__ = ["XpropConfig", "UpdatConfig", "xprop_config", "updat_config", "updat_split",
+__all__ = ["XpropConfig", "UpdatConfig", "xprop_config", "updat_config", "updat_split", "output_slice",
            "bprop_pretransposes_weight", "KERNEL_BLOCK_SIZES",
            "INTERPRETER_XPROP", "INTERPRETER_UPDAT", "SMALL_N", "AotSpec", "AOT_DTYPES",
            "aot_specializations"]
@@ -26,9 +26,10 @@ SMALL_N = 512
 class XpropConfig:
     """fprop/bprop tile.
 
-    ``BM`` tokens x ``G`` output blocks per program (``G`` in 1, 2, 4); the TMA kernel walks each
-    block's reduction in steps of ``BK`` and gives each ``BN`` features of an output block their
-    own program (0: the whole block), and unrolls its loop ``UNROLL`` times.  ``WAVES``: split long
+    ``BM`` tokens x ``G`` output blocks per program (``G`` in 1, 2, 4); each ``BN`` features of an
+    output block may get their own program (0: the whole block; ``G`` 1); the TMA kernel walks each
+    block's reduction in steps of ``BK`` and unrolls its loop ``UNROLL`` times; the pointer kernel
+    takes ``KB`` table entries a step (``G`` 1: few tokens, where the bytes in flight bound it).  ``WAVES``: split long
     reductions over several programs (float32 atomics) until about ``WAVES`` programs per SM run
     (0: never split).  ``TMA``: use the TMA kernel where it can run.
     """
@@ -42,6 +43,7 @@ class XpropConfig:
     BN: int = 0
     WAVES: int = 2
     TMA: bool = True
+    KB: int = 1
 
 
 @dataclass(frozen=True)
@@ -127,6 +129,13 @@ def xprop_config(block_size, n_tokens, *, float32=False, tma=True, interpret=Fal
     if interpret:
         return INTERPRETER_XPROP
     return _xprop_table("tma" if tma else "ptr", _classes(n_tokens, float32), block_size, axis)
+
+
+def output_slice(cfg, block_size, tma):
+    """Features of one output block per fprop / bprop program: ``cfg.BN`` (0: the whole block) for
+    the TMA kernel and for the pointer kernel's single-block groups; pointer-kernel groups of
+    ``G > 1`` blocks always take whole blocks."""
+    return (cfg.BN or block_size) if tma or cfg.G == 1 else block_size
 
 
 def updat_config(block_size, n_tokens, *, float32=False, tma=True, interpret=False):

@@ -31,6 +31,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from .configs import output_slice
+
 __all__ = ["GroupStats", "choose_group", "column_order", "group_stats", "grouped_config", "groups_well",
            "GROUPED_MAX_BLOCK", "H200_L2_BYTES_PER_S", "H200_PEAK_FLOPS"]
 
@@ -124,7 +126,7 @@ def choose_group(layout, kind, *, bm, precision="16bit", candidates=(1, 2, 4), m
 
 def _fits(cfg, group, bs, elem_bytes):
     """``cfg`` with ``G = group``, warps raised and stages lowered to fit, or None when it cannot."""
-    bn = (cfg.BN or bs) if cfg.TMA else bs
+    bn = output_slice(replace(cfg, G=group), bs, cfg.TMA)
     bk = (cfg.BK or bs) if cfg.TMA else bs
     acc = group * cfg.BM * bn
     warps = cfg.num_warps

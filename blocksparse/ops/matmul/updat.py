@@ -5,19 +5,23 @@ one layout row ``c`` -- and one slice of the tokens.  It computes the transposed
 along rows, ``[G*BS, BS] = dy[:, k_0..k_{G-1}].T @ x[:, c]``, so the ``[BK, BS]`` tile of ``x``
 it loads serves ``G`` blocks and the matrix units see ``M = G*BS`` rows.
 
-With ``SPLIT > 1`` token slices are reduced by float32 atomics into a zeroed buffer.
+Token slices (``tokens_per_split < N``) are reduced by float32 atomics into a zeroed buffer
+(``ATOMIC``), or in the kernel (``TICKET``: through ``WS`` / ``COUNTERS``, one ticket per table row;
+see :mod:`.ticket`), which writes ``DW`` in its own dtype.
 """
 import triton
 import triton.language as tl
+
+from .ticket import add_part
 
 
 @triton.jit
 def updat_kernel(
     X, DY, DW, GROUPS,
     N, tokens_per_split,
-    stride_xn, stride_xf, stride_dn, stride_df,
+    stride_xn, stride_xf, stride_dn, stride_df, WS, COUNTERS,
     BS: tl.constexpr, G: tl.constexpr, BK: tl.constexpr,
-    ATOMIC: tl.constexpr, PRECISION: tl.constexpr,
+    ATOMIC: tl.constexpr, PRECISION: tl.constexpr, TICKET: tl.constexpr = False,
 ):
     i_g = tl.program_id(0)
     i_s = tl.program_id(1)
@@ -50,4 +54,9 @@ def updat_kernel(
     if ATOMIC:
         tl.atomic_add(p_dw, acc, mask=m_o[:, None], sem="relaxed")
     else:
-        tl.store(p_dw, acc.to(DW.dtype.element_ty), mask=m_o[:, None])
+        last = True
+        if TICKET:  # the last slice to finish writes dW (see .ticket)
+            p_ws = WS + blk[:, None] * BS * BS + o_cc[None, :] * BS + (o_o % BS)[:, None]
+            last, acc = add_part(acc, p_ws, m_o[:, None], COUNTERS + i_g, tl.num_programs(1))
+        if last:
+            tl.store(p_dw, acc.to(DW.dtype.element_ty), mask=m_o[:, None])

@@ -6,10 +6,13 @@ blocks has its own ``[BS, BS]`` accumulator (``G`` in 1, 2, 4).  A padding entry
 reads zeros and is never stored.
 
 Descriptors: ``x_desc`` / ``dy_desc`` over the activations in storage order, block ``[BK, BS]``
-for (N, F) or ``[BS, BK]`` for (F, N) (``X_T``).  The gradient is written through pointers.
+for (N, F) or ``[BS, BK]`` for (F, N) (``X_T``).  The gradient is written through pointers;
+token slices are reduced as in :mod:`.updat` (``TICKET``: one ticket per block, ``G`` per row).
 """
 import triton
 import triton.language as tl
+
+from .ticket import add_part
 
 
 @triton.jit
@@ -22,21 +25,26 @@ def _tile(desc, n0, f, BK: tl.constexpr, BS: tl.constexpr, X_T: tl.constexpr):
 
 
 @triton.jit
-def _put(DW, acc, blk, BS: tl.constexpr, ATOMIC: tl.constexpr):
+def _put(DW, acc, blk, WS, COUNTERS, ticket, BS: tl.constexpr, ATOMIC: tl.constexpr, TICKET: tl.constexpr):
     o = tl.arange(0, BS)
-    p = DW + blk.to(tl.int64) * BS * BS + o[:, None] * BS + o[None, :]
+    offsets = blk.to(tl.int64) * BS * BS + o[:, None] * BS + o[None, :]
     if blk >= 0:
         if ATOMIC:
-            tl.atomic_add(p, acc, sem="relaxed")
+            tl.atomic_add(DW + offsets, acc, sem="relaxed")
         else:
-            tl.store(p, acc.to(DW.dtype.element_ty))
+            last = True
+            if TICKET:  # the last slice to finish writes dW (see .ticket)
+                full = tl.full((BS, BS), 1, tl.int1)
+                last, acc = add_part(acc, WS + offsets, full, COUNTERS + ticket, tl.num_programs(1))
+            if last:
+                tl.store(DW + offsets, acc.to(DW.dtype.element_ty))
 
 
 @triton.jit
 def updat_tma_kernel(
-    x_desc, dy_desc, DW, GROUPS, tokens_per_split, N,
+    x_desc, dy_desc, DW, GROUPS, tokens_per_split, N, WS, COUNTERS,
     BS: tl.constexpr, G: tl.constexpr, BK: tl.constexpr, X_T: tl.constexpr,
-    ATOMIC: tl.constexpr, PRECISION: tl.constexpr,
+    ATOMIC: tl.constexpr, PRECISION: tl.constexpr, TICKET: tl.constexpr = False,
 ):
     i_g = tl.program_id(0)
     i_s = tl.program_id(1)
@@ -67,10 +75,11 @@ def updat_tma_kernel(
             acc2 = tl.dot(b_xt, _tile(dy_desc, n0, k2, BK, BS, X_T), acc2, input_precision=PRECISION)
             acc3 = tl.dot(b_xt, _tile(dy_desc, n0, k3, BK, BS, X_T), acc3, input_precision=PRECISION)
 
-    _put(DW, acc0, tl.load(row + 1 + G), BS, ATOMIC)
+    # one ticket per block of the run (a padding block takes none)
+    _put(DW, acc0, tl.load(row + 1 + G), WS, COUNTERS, i_g * G, BS, ATOMIC, TICKET)
     if G > 1:
-        _put(DW, acc1, tl.load(row + 2 + G), BS, ATOMIC)
+        _put(DW, acc1, tl.load(row + 2 + G), WS, COUNTERS, i_g * G + 1, BS, ATOMIC, TICKET)
     if G > 2:
-        _put(DW, acc2, tl.load(row + 3 + G), BS, ATOMIC)
-        _put(DW, acc3, tl.load(row + 4 + G), BS, ATOMIC)
+        _put(DW, acc2, tl.load(row + 3 + G), WS, COUNTERS, i_g * G + 2, BS, ATOMIC, TICKET)
+        _put(DW, acc3, tl.load(row + 4 + G), WS, COUNTERS, i_g * G + 3, BS, ATOMIC, TICKET)
 

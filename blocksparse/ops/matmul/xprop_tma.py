@@ -15,10 +15,14 @@ Descriptors (built by the launcher): ``x_desc`` over the activations in storage 
 viewed as ``(blocks * BS, BS)``, block ``[BK, BN]`` (``[BN, BK]`` with ``TRANS_W``); ``y_desc``
 over the output, block ``[BM, BN]`` (``[BN, BM]``)
 (``Y`` with its strides serves the float32 atomics of split groups instead).  ``BIAS`` /
-``has_bias``: as in :mod:`.xprop`, added before the store.
+``has_bias``: as in :mod:`.xprop`, added before the store; ``ATOMIC`` / ``TICKET`` split reductions
+(``WS``, ``COUNTERS``, ``OFFSETS``) as there, one ticket per output block.
 """
 import triton
 import triton.language as tl
+
+from .ticket import add_part
+from .xprop import ticket_index
 
 
 @triton.jit
@@ -43,31 +47,39 @@ def _w_tile(w_desc, blk, h, i_n, BS: tl.constexpr, BK: tl.constexpr, BN: tl.cons
 
 
 @triton.jit
-def _put(y_desc, Y, acc, i_m, f0, N, OUT_FEATURES, stride_yn, stride_yf, BIAS, has_bias,
-         BM: tl.constexpr, BN: tl.constexpr, X_T: tl.constexpr, ATOMIC: tl.constexpr):
+def _put(y_desc, Y, acc, i_m, f0, N, OUT_FEATURES, stride_yn, stride_yf, BIAS, has_bias, WS, COUNTERS, ticket, parts,
+         BM: tl.constexpr, BN: tl.constexpr, X_T: tl.constexpr, ATOMIC: tl.constexpr, TICKET: tl.constexpr):
     """Write the [BM, BN] tile ``acc`` at token tile ``i_m``, output feature ``f0`` (plus the bias
-    where ``has_bias``)."""
+    where ``has_bias``); with ``TICKET``, once the ``parts`` programs of the tile are in (counter
+    ``ticket`` of ``COUNTERS``)."""
     o_f = f0 + tl.arange(0, BN)
+    o_m = i_m * BM + tl.arange(0, BM)
+    mask = (o_m[:, None] < N) & (o_f[None, :] < OUT_FEATURES)
     if ATOMIC:  # several segments share the group: Y is a zeroed float32 buffer
-        o_m = i_m * BM + tl.arange(0, BM)
         p_y = Y + o_m[:, None].to(tl.int64) * stride_yn + o_f[None, :] * stride_yf
-        tl.atomic_add(p_y, acc, mask=(o_m[:, None] < N) & (o_f[None, :] < OUT_FEATURES), sem="relaxed")
+        tl.atomic_add(p_y, acc, mask=mask, sem="relaxed")
     else:
-        if has_bias:
-            acc += tl.load(BIAS + o_f, mask=o_f < OUT_FEATURES, other=0.0).to(tl.float32)[None, :]
-        if X_T:
-            y_desc.store([f0, i_m * BM], acc.T.to(y_desc.dtype))
-        else:
-            y_desc.store([i_m * BM, f0], acc.to(y_desc.dtype))
+        last = True
+        if TICKET:  # several segments may share it: the last to finish writes Y (see .ticket)
+            p_ws = WS + o_m[:, None].to(tl.int64) * stride_yn + o_f[None, :] * stride_yf
+            last, acc = add_part(acc, p_ws, mask, COUNTERS + ticket, parts)
+        if last:
+            if has_bias:
+                acc += tl.load(BIAS + o_f, mask=o_f < OUT_FEATURES, other=0.0).to(tl.float32)[None, :]
+            if X_T:
+                y_desc.store([f0, i_m * BM], acc.T.to(y_desc.dtype))
+            else:
+                y_desc.store([i_m * BM, f0], acc.to(y_desc.dtype))
 
 
 @triton.jit
 def xprop_tma_kernel(
     x_desc, w_desc, y_desc, Y, HEADERS, ENTRIES, num_segments, N, OUT_FEATURES, stride_yn, stride_yf,
-    BIAS, has_bias, BS: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr,
+    BIAS, has_bias, WS, COUNTERS, OFFSETS,
+    BS: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr,
     X_T: tl.constexpr,
     TRANS_W: tl.constexpr, ATOMIC: tl.constexpr, PRECISION: tl.constexpr,
-    UNROLL: tl.constexpr = 1,
+    UNROLL: tl.constexpr = 1, TICKET: tl.constexpr = False,
 ):
     # segments vary fastest, then output slices: programs running together share a token tile
     NS: tl.constexpr = BS // BN
@@ -104,13 +116,19 @@ def xprop_tma_kernel(
                           input_precision=PRECISION)
 
     # columns past the last output block are clipped by the descriptor's shape
-    _put(y_desc, Y, acc0, i_m, (group * G) * BS + i_n * BN, N, OUT_FEATURES, stride_yn,
-             stride_yf, BIAS, has_bias, BM, BN, X_T, ATOMIC)
+    parts = 1
+    if TICKET:
+        parts = tl.load(OFFSETS + group + 1) - tl.load(OFFSETS + group)
+    _put(y_desc, Y, acc0, i_m, (group * G) * BS + i_n * BN, N, OUT_FEATURES, stride_yn, stride_yf, BIAS, has_bias,
+         WS, COUNTERS, ticket_index(i_m, group, 0, i_n, OUT_FEATURES, BS, G, NS), parts, BM, BN, X_T, ATOMIC, TICKET)
     if G > 1:
-        _put(y_desc, Y, acc1, i_m, (group * G + 1) * BS + i_n * BN, N, OUT_FEATURES, stride_yn,
-             stride_yf, BIAS, has_bias, BM, BN, X_T, ATOMIC)
+        _put(y_desc, Y, acc1, i_m, (group * G + 1) * BS + i_n * BN, N, OUT_FEATURES, stride_yn, stride_yf, BIAS,
+             has_bias, WS, COUNTERS, ticket_index(i_m, group, 1, i_n, OUT_FEATURES, BS, G, NS), parts, BM, BN, X_T,
+             ATOMIC, TICKET)
     if G > 2:
-        _put(y_desc, Y, acc2, i_m, (group * G + 2) * BS + i_n * BN, N, OUT_FEATURES, stride_yn,
-             stride_yf, BIAS, has_bias, BM, BN, X_T, ATOMIC)
-        _put(y_desc, Y, acc3, i_m, (group * G + 3) * BS + i_n * BN, N, OUT_FEATURES, stride_yn,
-             stride_yf, BIAS, has_bias, BM, BN, X_T, ATOMIC)
+        _put(y_desc, Y, acc2, i_m, (group * G + 2) * BS + i_n * BN, N, OUT_FEATURES, stride_yn, stride_yf, BIAS,
+             has_bias, WS, COUNTERS, ticket_index(i_m, group, 2, i_n, OUT_FEATURES, BS, G, NS), parts, BM, BN, X_T,
+             ATOMIC, TICKET)
+        _put(y_desc, Y, acc3, i_m, (group * G + 3) * BS + i_n * BN, N, OUT_FEATURES, stride_yn, stride_yf, BIAS,
+             has_bias, WS, COUNTERS, ticket_index(i_m, group, 3, i_n, OUT_FEATURES, BS, G, NS), parts, BM, BN, X_T,
+             ATOMIC, TICKET)

@@ -17,6 +17,7 @@ from ...ops.matmul.updat_tma import updat_tma_kernel
 from ...ops.matmul.xprop import xprop_kernel
 from ...ops.matmul.xprop_tma import xprop_tma_kernel
 from .._launch import Descriptor, JitLaunch, KernelLaunch, Operand
+from .._scratch import scratch
 
 if _env.triton_interpret():
     from ...ops.common.interpreter import patch_bf16_dot
@@ -27,6 +28,20 @@ if _env.triton_interpret():
 KERNELS = {("xprop", "ptr"): xprop_kernel, ("xprop", "tma"): xprop_tma_kernel,
            ("updat", "ptr"): updat_kernel, ("updat", "tma"): updat_tma_kernel}
 X, B, OUT, BIAS = 0, 1, 2, 3  # the operands' positions (the bias: fprop plans that add it)
+WS, COUNTERS = 4, 5  # split reductions finished in the kernel: the zeroed workspace and ticket counters
+
+
+def xprop_scratch(n, out_features, bs, cfg, tma):
+    """(workspace float32 elements, ticket counters) of a ticket-reduced fprop / bprop call."""
+    ns = bs // configs.output_slice(cfg, bs, tma)
+    groups = triton.cdiv(out_features // bs, cfg.G)
+    return n * out_features, triton.cdiv(n, cfg.BM) * groups * cfg.G * ns
+
+
+def updat_scratch(blocks, bs, rows, cfg):
+    """(workspace float32 elements, ticket counters) of a ticket-reduced updat (``rows`` of its
+    ``updat_groups`` table)."""
+    return blocks * bs * bs, rows * cfg.G
 
 
 def tokens(t, axis):
@@ -65,30 +80,40 @@ def tma_ok(*tensors):
 
 
 def xprop_launch(variant, x_shape, x_strides, dtype, headers, entries, *, blocks, out_features, bs, axis, trans,
-                 cfg, atomic, precision, bias=False):
+                 cfg, atomic, precision, bias=False, offsets=None):
     """fprop (``trans=False``) or bprop of ``dtype`` activations ``x_shape`` / ``x_strides``
     through the ``"ptr"`` or ``"tma"`` kernel; ``headers`` / ``entries``: the xprop table built
     with ``cfg.G``.  The output is float32 where ``atomic``.  ``bias``: the kernel adds a fourth
-    operand (per output feature, ``dtype``) before storing (not with ``atomic``)."""
+    operand (per output feature, ``dtype``) before storing (not with ``atomic``).  ``offsets``
+    (the table's CSR over headers, on the device): split segments are reduced in the kernel
+    through operands 4 and 5 (:data:`WS`, :data:`COUNTERS`, zeroed; :func:`xprop_scratch`), and
+    the output takes ``dtype``."""
     if bias and atomic:
         raise ValueError("a split (atomic) product cannot add the bias: its sums are not final in the kernel")
+    if atomic and offsets is not None:
+        raise ValueError("a split reduction is either atomic or finished in the kernel (offsets), not both")
+    ticket = offsets is not None
+    tickets = dict(WS=Operand(WS, torch.float32) if ticket else None,
+                   COUNTERS=Operand(COUNTERS, torch.int32) if ticket else None, OFFSETS=offsets)
     n = x_shape[0] if axis == 1 else x_shape[1]
     y_shape = activation_shape(n, out_features, axis)
     y_strides = dense_strides(y_shape)
     y_dtype = torch.float32 if atomic else dtype
     segments = headers.shape[0]
-    consts = dict(BS=bs, G=cfg.G, BM=cfg.BM, TRANS_W=trans, ATOMIC=atomic, PRECISION=precision)
+    consts = dict(BS=bs, G=cfg.G, BM=cfg.BM, TRANS_W=trans, ATOMIC=atomic, PRECISION=precision, TICKET=ticket)
     # without a bias the kernel never reads BIAS: the input stands in (a valid pointer of its type)
-    fused = dict(BIAS=Operand(BIAS if bias else X, dtype), has_bias=int(bias))
+    fused = dict(BIAS=Operand(BIAS if bias else X, dtype), has_bias=int(bias), **tickets)
     if variant == "ptr":
         args = dict(X=Operand(X, dtype), W=Operand(B, dtype), Y=Operand(OUT, y_dtype), HEADERS=headers,
                     ENTRIES=entries, N=n, OUT_FEATURES=out_features, num_segments=segments)
         x_n, x_f = _token_feature(x_strides, axis)
         y_n, y_f = _token_feature(y_strides, axis)
         args.update(stride_xn=x_n, stride_xf=x_f, stride_yn=y_n, stride_yf=y_f, **fused)
-        grid = (segments * triton.cdiv(n, cfg.BM),)
+        bn = configs.output_slice(cfg, bs, tma=False)
+        consts.update(KB=cfg.KB, BN=bn)
+        grid = (segments * (bs // bn) * triton.cdiv(n, cfg.BM),)
     else:
-        bk, bn = cfg.BK or bs, cfg.BN or bs
+        bk, bn = cfg.BK or bs, configs.output_slice(cfg, bs, tma=True)
         w_desc = Descriptor(B, (blocks * bs, bs), (bs, 1), (bn, bk) if trans else (bk, bn), dtype)
         y_n, y_f = _token_feature(y_strides, axis)
         args = dict(x_desc=_desc(X, dtype, x_shape, x_strides, axis, cfg.BM, bk), w_desc=w_desc,
@@ -102,26 +127,32 @@ def xprop_launch(variant, x_shape, x_strides, dtype, headers, entries, *, blocks
 
 
 def updat_launch(variant, x_shape, x_strides, dy_shape, dy_strides, dtype, groups, *, bs, axis, cfg, split,
-                 precision, dw_dtype=torch.float32):
+                 precision, dw_dtype=torch.float32, ticket=False):
     """updat of ``dtype`` activations ``x`` and ``dy`` through the ``"ptr"`` or ``"tma"`` kernel
-    into a ``dw_dtype`` buffer (float32 where ``split > 1``: the slices are reduced by atomics);
-    ``groups`` is ``Layout.updat_groups(cfg.G)``."""
+    into a ``dw_dtype`` buffer; ``groups`` is ``Layout.updat_groups(cfg.G)``.  Token slices
+    (``split > 1``) are reduced by atomics into a zeroed float32 buffer, or where ``ticket`` in the
+    kernel through operands 4 and 5 (:data:`WS`, :data:`COUNTERS`, zeroed; :func:`updat_scratch`)."""
     n = x_shape[0] if axis == 1 else x_shape[1]
     per_split = triton.cdiv(triton.cdiv(n, split), cfg.BK) * cfg.BK
     grid = (groups.shape[0], triton.cdiv(n, per_split))
-    consts = dict(BS=bs, G=cfg.G, BK=cfg.BK, ATOMIC=split > 1, PRECISION=precision)
+    ticket = ticket and grid[1] > 1
+    atomic = grid[1] > 1 and not ticket
+    consts = dict(BS=bs, G=cfg.G, BK=cfg.BK, ATOMIC=atomic, PRECISION=precision, TICKET=ticket)
+    tickets = dict(WS=Operand(WS, torch.float32) if ticket else None,
+                   COUNTERS=Operand(COUNTERS, torch.int32) if ticket else None)
     if variant == "ptr":
         x_n, x_f = _token_feature(x_strides, axis)
         d_n, d_f = _token_feature(dy_strides, axis)
         args = dict(X=Operand(X, dtype), DY=Operand(B, dtype), DW=Operand(OUT, dw_dtype), GROUPS=groups, N=n,
-                    tokens_per_split=per_split, stride_xn=x_n, stride_xf=x_f, stride_dn=d_n, stride_df=d_f)
+                    tokens_per_split=per_split, stride_xn=x_n, stride_xf=x_f, stride_dn=d_n, stride_df=d_f,
+                    **tickets)
     else:
         args = dict(x_desc=_desc(X, dtype, x_shape, x_strides, axis, cfg.BK, bs),
                     dy_desc=_desc(B, dtype, dy_shape, dy_strides, axis, cfg.BK, bs), DW=Operand(OUT, dw_dtype),
-                    GROUPS=groups, tokens_per_split=per_split, N=n)
+                    GROUPS=groups, tokens_per_split=per_split, N=n, **tickets)
         consts.update(X_T=axis == 0)
     return KernelLaunch(KERNELS[("updat", variant)], grid, args, consts, cfg.num_warps, cfg.num_stages,
-                        zero=(OUT,) if split > 1 else ())
+                        zero=(OUT,) if atomic else ())
 
 
 # --- direct calls: allocate, launch through Triton (kernel tests, GPU verification) ------------
@@ -145,16 +176,20 @@ def updat(x, dy, groups, *, w_shape, bs, axis, cfg, split, precision, dw_dtype):
 
 
 def _xprop_direct(variant, x, w, headers, entries, *, out_features, bs, axis, trans, cfg, atomic, precision,
-                  bias=None):
-    """``bias`` (fprop, per output feature): added by the kernel, after it where ``atomic``."""
+                  bias=None, offsets=None):
+    """``bias`` (fprop, per output feature): added by the kernel, after it where ``atomic``.
+    ``offsets`` (the table's, on ``x``'s device): split segments reduced in the kernel instead of
+    by atomics (``atomic`` False)."""
     n = tokens(x, axis)
     out = x.new_empty(activation_shape(n, out_features, axis), dtype=torch.float32 if atomic else x.dtype)
     fused = bias is not None and not atomic
     if n:  # the launch zero-fills a float32 buffer first
-        operands = (x, w, out) + ((bias.to(x.dtype).contiguous(),) if fused else ())
+        operands = (x, w, out) + ((bias.to(x.dtype).contiguous(),) if fused else (x,))
+        if offsets is not None:
+            operands += scratch(x.device, *xprop_scratch(n, out_features, bs, cfg, variant == "tma"))
         JitLaunch(xprop_launch(variant, tuple(x.shape), x.stride(), x.dtype, headers, entries, blocks=w.shape[0],
                                out_features=out_features, bs=bs, axis=axis, trans=trans, cfg=cfg, atomic=atomic,
-                               precision=precision, bias=fused))(operands)
+                               precision=precision, bias=fused, offsets=offsets))(operands)
     elif fused:
         fused = False  # nothing launched: the (empty) output takes the bias below
     out = _cast(out, x.dtype)
@@ -163,14 +198,18 @@ def _xprop_direct(variant, x, w, headers, entries, *, out_features, bs, axis, tr
     return out + (bias.to(out.dtype) if axis == 1 else bias.to(out.dtype)[:, None])
 
 
-def _updat_direct(variant, x, dy, groups, *, w_shape, bs, axis, cfg, split, precision, dw_dtype):
+def _updat_direct(variant, x, dy, groups, *, w_shape, bs, axis, cfg, split, precision, dw_dtype, ticket=False):
+    """``ticket``: token slices reduced in the kernel instead of by atomics."""
     n = tokens(x, axis)
-    atomic = split > 1 or n == 0
+    atomic = (split > 1 and not ticket) or n == 0
     dw = x.new_empty(w_shape, dtype=torch.float32 if atomic else dw_dtype)
     if n:  # the launch zero-fills a float32 buffer first
+        operands = (x, dy, dw, x)
+        if ticket:
+            operands += scratch(x.device, *updat_scratch(w_shape[0], bs, groups.shape[0], cfg))
         JitLaunch(updat_launch(variant, tuple(x.shape), x.stride(), tuple(dy.shape), dy.stride(), x.dtype, groups,
                                bs=bs, axis=axis, cfg=cfg, split=split, precision=precision,
-                               dw_dtype=dw.dtype))((x, dy, dw))
+                               dw_dtype=dw.dtype, ticket=ticket))(operands)
     else:
         dw.zero_()  # no tokens: the gradient is zero
     return _cast(dw, dw_dtype)

@@ -213,7 +213,7 @@ def _xprop_segments(layout, kind, cfg, n, sms, tma, min_run=1):
     """Table segment length that splits long reductions until about ``cfg.WAVES`` programs per SM
     run, or None (one program per output group; also where no group runs ``min_run`` blocks)."""
     lut = getattr(layout, kind)(None, group=cfg.G)
-    slices = layout.block_size // (cfg.BN or layout.block_size) if tma else 1
+    slices = layout.block_size // configs.output_slice(cfg, layout.block_size, tma)
     programs = math.ceil(max(n, 1) / cfg.BM) * lut.num_segments * slices
     want = cfg.WAVES * sms
     if programs >= want or lut.max_count <= max(1, min_run - 1):

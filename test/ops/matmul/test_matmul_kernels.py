@@ -12,6 +12,7 @@ from blocksparse.torch._matmul import launch as _triton  # noqa: E402
 from blocksparse.testing import TOLERANCE as TOL  # noqa: E402
 from blocksparse.testing.matmul import dense_products as products  # noqa: E402
 from blocksparse.testing import rel_error as rel_err  # noqa: E402
+from blocksparse.testing.poison import poisoned_empty  # noqa: E402
 from blocksparse.testing.matmul import random_layout  # noqa: E402
 
 pytestmark = pytest.mark.interpreter
@@ -48,6 +49,33 @@ def test_xprop(rng, dtype, axis, bs, group, n, max_segment):
         atomic = lut.num_segments > lut.num_groups
         got = _triton.xprop_ptr(inp, w, headers, entries, out_features=out_features, bs=bs, axis=axis,
                             trans=kind == "bprop", cfg=cfg, atomic=atomic, precision="ieee")
+        assert got.dtype == inp.dtype
+        assert rel_err(got.double().numpy(), ref) < TOL[dtype], kind
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("axis", [1, 0])
+@pytest.mark.parametrize("bs, kb, bn, n", [(16, 2, 16, 5), (32, 4, 16, 19), (16, 8, 0, 16)],
+                         ids=["bs16-KB2", "bs32-KB4-BN16", "bs16-KB8-past-every-column"])
+@pytest.mark.parametrize("max_segment", [None, 1], ids=["whole", "split"])
+def test_xprop_takes_several_entries_a_step(rng, dtype, axis, bs, kb, bn, n, max_segment):
+    """The few-token pointer tile: ``KB`` table entries a step (the last step of a column only
+    partly filled, or a column shorter than one step) and ``BS // BN`` output slices a block, each
+    its own program; also with a bias and with split reductions (float32 atomics)."""
+    lay, x, w, dy, (y_ref, dx_ref, _) = _setup(rng, bs, axis, n, dtype, CB=5, KB=4, density=0.6)
+    cfg = XpropConfig(BM=16, G=1, num_warps=4, num_stages=1, BN=bn, KB=kb, TMA=False)
+    bias = torch.from_numpy(rng.standard_normal(lay.K)).to(DTYPES[dtype])
+    for kind, inp, out_features, ref in (("fprop", x, lay.K, y_ref), ("bprop", dy, lay.C, dx_ref)):
+        headers, entries, lut = _lut(lay, kind, max_segment, 1)
+        atomic = lut.num_segments > lut.num_groups
+        add = kind == "fprop"  # in the kernel, or after it where atomic
+        with poisoned_empty():
+            got = _triton.xprop_ptr(inp, w, headers, entries, out_features=out_features, bs=bs, axis=axis,
+                                    trans=kind == "bprop", cfg=cfg, atomic=atomic, precision="ieee",
+                                    bias=bias if add else None)
+        if add:
+            b = bias.double().numpy()
+            ref = ref + (b if axis == 1 else b[:, None])
         assert got.dtype == inp.dtype
         assert rel_err(got.double().numpy(), ref) < TOL[dtype], kind
 

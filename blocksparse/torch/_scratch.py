@@ -1,0 +1,37 @@
+"""Zeroed scratch of the split reductions finished inside the kernels (``blocksparse.ops.matmul.ticket``).
+
+One float32 workspace and one int32 array of ticket counters per device and stream, grown on
+demand: every launch that uses them leaves them zero again, so no call fills them.  Work on one
+stream runs in order, so calls on it can share them; another stream gets its own pair.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+__all__ = ["scratch"]
+
+_lock = threading.Lock()
+_buffers: dict = {}  # (device, stream) -> (workspace, counters)
+
+
+def _stream_key(device):
+    if device.type != "cuda":
+        return (str(device), 0)
+    return (str(device), torch.cuda.current_stream(device).cuda_stream)
+
+
+def scratch(device, ws_elements, counter_elements):
+    """``(workspace, counters)``: zeroed float32 and int32 tensors of at least these sizes for the
+    current stream of ``device``."""
+    device = torch.device(device)
+    key = _stream_key(device)
+    with _lock:
+        ws, counters = _buffers.get(key, (None, None))
+        if ws is None or ws.numel() < ws_elements:
+            ws = torch.zeros(max(ws_elements, 1 << 16), dtype=torch.float32, device=device)
+        if counters is None or counters.numel() < counter_elements:
+            counters = torch.zeros(max(counter_elements, 1 << 12), dtype=torch.int32, device=device)
+        _buffers[key] = ws, counters
+    return ws, counters
