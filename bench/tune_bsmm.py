@@ -132,6 +132,31 @@ def few_cases(first=False):
     return out
 
 
+def ticket_cases():
+    """(problem key, op, impl, cfg, waves) of sweep 9: split reductions finished in the kernel
+    (``-ticket``) against float32 atomics (zero fill, kernel, cast) and unsplit tiles -- few-token
+    fprop / bprop, and the 8192 x 1024 updat (sweep 6's problem)."""
+    from blocksparse.ops.matmul.configs import xprop_config
+
+    out = []
+    for dtype, ops in (("bf16", ("fprop", "bprop")), ("fp32", ("fprop",))):
+        float32 = dtype == "fp32"
+        for bs in (32, 64, 128):
+            current = xprop_config(bs, 64, float32=float32)
+            split = [current] if current.WAVES else FEW_SPLIT[bs]
+            variants = [("tma", current)] + [("tma", c) for c in split if c is not current]
+            variants += [("tma-ticket", c) for c in split]
+            for d in (0.1, 0.25, 0.5):
+                key = ("random", 64, C, K, bs, d, dtype)
+                ops_d = ops if d == 0.5 else ops[:1]
+                out += [(key, op, i, c, c.WAVES or None) for op in ops_d for i, c in variants]
+    key = ("random", 8192, 1024, 1024, 32, 0.25)
+    updat = [("ptr", U(8, 64, 8, 3), 2), ("ptr-ticket", U(8, 64, 8, 3), 2), ("ptr-ticket", U(8, 64, 8, 3), 4),
+             ("ptr-ticket", U(4, 64, 8, 3), 2), ("ptr", U(4, 64, 8, 3), 0), ("tma", U(1, 64, 4, 3), 2),
+             ("tma-ticket", U(1, 64, 4, 3), 2), ("tma-ticket", U(1, 64, 4, 3), 4)]
+    return out + [(key, "updat", i, c, w) for i, c, w in updat]
+
+
 def _kb(bs, kb, w, st, bn=0):
     return X(64, 1, w, st, BN=bn, WAVES=0, KB=kb, TMA=False)
 
@@ -214,31 +239,37 @@ def make_call(p, op, impl, cfg, waves, tensors=None):
     """A zero-argument launch of one variant on problem ``p`` (or on ``tensors`` = (x, w, dy))."""
     from blocksparse.torch._matmul import launch as _triton
 
+    from blocksparse.ops.matmul.configs import output_slice
+
     lay, bs = p.layout, p.bs
     x, w, dy = tensors or (p.x, p.w, p.dy)
     dev = x.device
     sms = torch.cuda.get_device_properties(0).multi_processor_count if x.is_cuda else 4
+    impl, ticket = impl.removesuffix("-ticket"), impl.endswith("-ticket")  # splits finished in the kernel
     if op == "updat":
         groups = torch.from_numpy(lay.updat_groups(cfg.G).copy()).to(dev)
         split = max(1, min(waves * sms // groups.shape[0], math.ceil(p.N / (4 * cfg.BK))))
-        dw_dtype = torch.float32 if waves else x.dtype  # waves 0: one slice, dW in x's dtype
+        # waves 0: one slice, dW in x's dtype; tickets write it there too
+        dw_dtype = torch.float32 if waves and not ticket else x.dtype
         fn = _triton.updat_ptr if impl == "ptr" else _triton.updat_tma
         return lambda: fn(x, dy, groups, w_shape=lay.w_shape, bs=bs, axis=1, cfg=cfg, split=split,
-                          precision="ieee", dw_dtype=dw_dtype)
+                          precision="ieee", dw_dtype=dw_dtype, ticket=ticket)
     lut = getattr(lay, op)(None, group=cfg.G)
     max_segment = None
     if waves is not None:  # split long reductions until ~waves programs per SM
-        programs = math.ceil(p.N / cfg.BM) * lut.num_segments
+        programs = math.ceil(p.N / cfg.BM) * lut.num_segments * (bs // output_slice(cfg, bs, impl == "tma"))
         if programs < waves * sms and lut.max_count > 1:
             max_segment = max(1, math.ceil(lut.max_count * programs / (waves * sms)))
             lut = getattr(lay, op)(max_segment, group=cfg.G)
     headers = torch.from_numpy(lut.headers.copy()).to(dev)
     entries = torch.from_numpy(lut.entries.copy()).to(dev)
-    atomic = lut.num_segments > lut.num_groups
+    split = lut.num_segments > lut.num_groups
+    offsets = torch.from_numpy(lut.offsets.astype(np.int32)).to(dev) if ticket and split else None
     inp, out_features = (x, p.K) if op == "fprop" else (dy, p.C)
     fn = _triton.xprop_ptr if impl == "ptr" else _triton.xprop_tma
     return lambda: fn(inp, w, headers, entries, out_features=out_features, bs=bs, axis=1,
-                      trans=op == "bprop", cfg=cfg, atomic=atomic, precision="ieee")
+                      trans=op == "bprop", cfg=cfg, atomic=split and not ticket, precision="ieee",
+                      offsets=offsets)
 
 
 def _compile_chunk(chunk):
@@ -303,6 +334,8 @@ def main():
     ap.add_argument("--few", action="store_true", help="sweep 8 only: N = 64, C = K = 4096, the few-token "
                     "tiles (JSON lines appended to --out)")
     ap.add_argument("--first", action="store_true", help="--few: the first run's variants")
+    ap.add_argument("--tickets", action="store_true", help="sweep 9 only: split reductions finished in the "
+                    "kernel against atomics (JSON lines appended to --out)")
     ap.add_argument("--profile", action="store_true", help="isolated sweeps: also each variant's GPU time per "
                     "kernel (torch.profiler over the rotating calls, launched eagerly)")
     ap.add_argument("--start", type=int, default=0, help="--narrow / --pixelfly / --few: the first variant to run")
@@ -311,8 +344,9 @@ def main():
     args = ap.parse_args()
     if args.smoke:
         return smoke()
-    if args.narrow or args.pixelfly or args.few:
-        todo = narrow_cases() if args.narrow else pixelfly_cases() if args.pixelfly else few_cases(args.first)
+    if args.narrow or args.pixelfly or args.few or args.tickets:
+        todo = (narrow_cases() if args.narrow else pixelfly_cases() if args.pixelfly
+                else ticket_cases() if args.tickets else few_cases(args.first))
         return isolated(args, todo)
     todo = cases(args.quick)
     t0 = time.time()

@@ -22,13 +22,13 @@ enum {
   V_X, V_W, V_Y, V_DY, V_DW, V_HEADERS, V_ENTRIES, V_GROUPS,
   V_N, V_OUT_FEATURES, V_NUM_SEGMENTS, V_TOKENS_PER_SPLIT,
   V_STRIDE_XN, V_STRIDE_XF, V_STRIDE_YN, V_STRIDE_YF, V_STRIDE_DN, V_STRIDE_DF,
-  V_X_DESC, V_W_DESC, V_Y_DESC, V_DY_DESC, V_BIAS, V_HAS_BIAS, V_COUNT
+  V_X_DESC, V_W_DESC, V_Y_DESC, V_DY_DESC, V_BIAS, V_HAS_BIAS, V_WS, V_COUNTERS, V_OFFSETS, V_COUNT
 };
 static const char *const VALUE_NAMES[V_COUNT] = {
     "X", "W", "Y", "DY", "DW", "HEADERS", "ENTRIES", "GROUPS",
     "N", "OUT_FEATURES", "num_segments", "tokens_per_split",
     "stride_xn", "stride_xf", "stride_yn", "stride_yf", "stride_dn", "stride_df",
-    "x_desc", "w_desc", "y_desc", "dy_desc", "BIAS", "has_bias"};
+    "x_desc", "w_desc", "y_desc", "dy_desc", "BIAS", "has_bias", "WS", "COUNTERS", "OFFSETS"};
 
 #define MAX_ARGS 32
 
@@ -38,6 +38,7 @@ typedef struct {
   int max_tokens; /* the few-token tiles: calls of at most this many tokens; 0: any */
   int n16;        /* an (F, N) pointer kernel for token counts that are multiples of 16 */
   int dw16;       /* an updat writing 16-bit dW (the PyTorch plans'; these ops take float32 dW) */
+  int ticket;     /* split reductions finished in the kernel (the PyTorch plans'; they need scratch) */
   int nargs, slots[MAX_ARGS]; /* value of each argument (V_*) */
   const char *name;
   const char *problem; /* why it cannot run (a static string), or NULL */
@@ -77,6 +78,7 @@ static void read_spec(int index, mm_spec *m) {
   if (!int_key(index, "max_tokens", &m->max_tokens)) m->max_tokens = 0; /* builds before few-token tiles */
   if (!int_key(index, "n16", &m->n16)) m->n16 = 0;                      /* builds before n16 kernels */
   if (!int_key(index, "dw16", &m->dw16)) m->dw16 = 0;                   /* builds before dw16 kernels */
+  if (!int_key(index, "ticket", &m->ticket)) m->ticket = 0;             /* builds before tickets */
   m->nargs = bsk_spec_nargs(index);
   if (m->nargs > MAX_ARGS) m->problem = "it takes more arguments than src/ops/matmul.c handles";
   for (int i = 0; i < m->nargs && i < MAX_ARGS; ++i) {
@@ -139,7 +141,7 @@ int bsk_matmul_select(const bsk_matmul_call *call, int arch, int atomic) {
   for (int i = 0; i < table_count; ++i) {
     const mm_spec *s = &table[i];
     int rank = bsk_spec_rank(s->index, arch);
-    if (s->problem || s->dw16 || !matches(s, call) || s->atomic != !!atomic || !rank) continue;
+    if (s->problem || s->dw16 || s->ticket || !matches(s, call) || s->atomic != !!atomic || !rank) continue;
     if ((s->tma && !rows_aligned(call)) || (s->n16 && call->n_tokens % 16) || !fits(s, call)) continue;
     if (better(s, rank, best, best_rank)) best = s, best_rank = rank;
   }
@@ -170,6 +172,10 @@ static int check_kind(const bsk_matmul_call *call, char *message, size_t size) {
 static int check_call(const mm_spec *s, const bsk_matmul_call *call, char *message, size_t size) {
   if (s->problem)
     return bsk_fail(message, size, BSK_ERR_INVALID, "spec %s cannot run: %s", s->name, s->problem);
+  if (s->ticket)
+    return bsk_fail(message, size, BSK_ERR_INVALID,
+                    "spec %s finishes split reductions in the kernel: it needs a zeroed workspace, which "
+                    "these calls do not give", s->name);
   if (!matches(s, call))
     return bsk_fail(message, size, BSK_ERR_INVALID,
                     "specialisation %s serves %s %s bs=%d axis=%d G=%d; the call is %s %s bs=%d "
@@ -253,6 +259,7 @@ static void xprop_values(const mm_spec *s, const bsk_matmul_call *call, bsk_arg 
   activations(&v[V_Y_DESC], out, n, out_features, call->axis);
   activations(&v[V_W_DESC], call->w, call->blocks * bs, bs, 1);
   pointer(&v[V_BIAS], in), i32(&v[V_HAS_BIAS], 0); /* the TensorFlow ops add no bias in the kernel */
+  pointer(&v[V_WS], 0), pointer(&v[V_COUNTERS], 0), pointer(&v[V_OFFSETS], 0); /* no tickets here */
   int64_t programs = call->table_rows * cdiv(n, s->bm) * (bs / s->bn);
   grid[0] = (unsigned)programs, grid[1] = 1, grid[2] = 1;
 }
@@ -268,6 +275,7 @@ static void updat_values(const mm_spec *s, const bsk_matmul_call *call, bsk_arg 
   strides(&v[V_STRIDE_DN], &v[V_STRIDE_DF], n, k, call->axis);
   activations(&v[V_X_DESC], call->x, n, c, call->axis);
   activations(&v[V_DY_DESC], call->dy, n, k, call->axis);
+  pointer(&v[V_WS], 0), pointer(&v[V_COUNTERS], 0); /* no tickets here */
   grid[0] = (unsigned)call->table_rows, grid[1] = (unsigned)cdiv(n, per_split), grid[2] = 1;
 }
 

@@ -40,7 +40,8 @@ def fields(spec: AotSpec):
     product, dtype, block size, axis, kernel, atomics, the tables' ``G``, whether bprop transposes
     weight tiles itself, TMA, the resolved tile (``bm``, ``bk``, ``bn``; 0 where unused), ``waves``,
     ``max_tokens`` (the few-token tiles: calls of at most this many tokens; 0: any), ``n16``,
-    ``dw16`` (updat writing the activations' 16-bit dtype) and the whole ``config``."""
+    ``dw16`` (updat writing the activations' 16-bit dtype), ``ticket`` (split reductions finished in
+    the kernel) and the whole ``config``."""
     cfg, bs = spec.config, spec.block_size
     if spec.product == "updat":
         bm, bk, bn = 0, cfg.BK, 0
@@ -49,7 +50,7 @@ def fields(spec: AotSpec):
     return {"product": spec.product, "dtype": spec.dtype, "block_size": bs, "axis": spec.axis,
             "kernel": spec.kernel, "atomic": spec.atomic, "group": spec.group, "trans_w": spec.trans_w,
             "tma": spec.tma, "bm": bm, "bk": bk, "bn": bn, "waves": cfg.WAVES, "max_tokens": spec.max_tokens,
-            "n16": spec.n16, "dw16": spec.dw16, "config": asdict(cfg)}
+            "n16": spec.n16, "dw16": spec.dw16, "ticket": spec.ticket, "config": asdict(cfg)}
 
 
 def leaner(spec: AotSpec):
@@ -94,16 +95,21 @@ def _strides(axis, *tensors, n16=False):
     return unit, [f"stride_{t}f" for t in tensors] + ["N"] if n16 else []
 
 
+#: The scratch of split reductions finished in the kernel (null where a spec does not finish them).
+_TICKET_TYPES = {"WS": "*fp32", "COUNTERS": "*i32", "OFFSETS": "*i32"}
+
+
 def _xprop(spec):
     t, cfg, bs = spec.dtype, spec.config, spec.block_size
     out = "fp32" if spec.atomic else t
     trans = spec.trans_w
-    consts = dict(BS=bs, G=cfg.G, BM=cfg.BM, TRANS_W=trans, ATOMIC=spec.atomic, PRECISION=PRECISION)
+    consts = dict(BS=bs, G=cfg.G, BM=cfg.BM, TRANS_W=trans, ATOMIC=spec.atomic, PRECISION=PRECISION,
+                  TICKET=spec.ticket)
     if spec.kernel == "xprop_kernel":
         types = {"X": f"*{t}", "W": f"*{t}", "Y": f"*{out}", "HEADERS": "*i32", "ENTRIES": "*i32",
                  "N": "i32", "OUT_FEATURES": "i32", "num_segments": "i32",
                  "stride_xn": "i32", "stride_xf": "i32", "stride_yn": "i32", "stride_yf": "i32",
-                 "BIAS": f"*{t}", "has_bias": "i32"}
+                 "BIAS": f"*{t}", "has_bias": "i32", **_TICKET_TYPES}
         unit, wide = _strides(spec.axis, "x", "y", n16=spec.n16)
         divisible = {"X", "W", "Y", "HEADERS", "ENTRIES", "OUT_FEATURES", *wide}
         consts.update(KB=cfg.KB, BN=output_slice(cfg, bs, tma=False))
@@ -115,7 +121,7 @@ def _xprop(spec):
                  "y_desc": _desc(out, [cfg.BM, bn], x_t),
                  "Y": f"*{out}", "HEADERS": "*i32", "ENTRIES": "*i32",
                  "num_segments": "i32", "N": "i32", "OUT_FEATURES": "i32",
-                 "stride_yn": "i32", "stride_yf": "i32", "BIAS": f"*{t}", "has_bias": "i32"}
+                 "stride_yn": "i32", "stride_yf": "i32", "BIAS": f"*{t}", "has_bias": "i32", **_TICKET_TYPES}
         consts.update(BK=bk, BN=bn, X_T=x_t, UNROLL=cfg.UNROLL)
         unit, wide = _strides(spec.axis, "y")
         divisible = {"Y", "HEADERS", "ENTRIES", "OUT_FEATURES", *wide}
@@ -124,19 +130,20 @@ def _xprop(spec):
 
 def _updat(spec):
     t, cfg, bs = spec.dtype, spec.config, spec.block_size
-    consts = dict(BS=bs, G=cfg.G, BK=cfg.BK, ATOMIC=spec.atomic, PRECISION=PRECISION)
-    dw = f"*{t}" if spec.dw16 else "*fp32"
+    consts = dict(BS=bs, G=cfg.G, BK=cfg.BK, ATOMIC=spec.atomic, PRECISION=PRECISION, TICKET=spec.ticket)
+    dw = f"*{t}" if spec.dw16 or spec.ticket else "*fp32"
+    tickets = {"WS": "*fp32", "COUNTERS": "*i32"}
     if spec.kernel == "updat_kernel":
         types = {"X": f"*{t}", "DY": f"*{t}", "DW": dw, "GROUPS": "*i32",
                  "N": "i32", "tokens_per_split": "i32",
-                 "stride_xn": "i32", "stride_xf": "i32", "stride_dn": "i32", "stride_df": "i32"}
+                 "stride_xn": "i32", "stride_xf": "i32", "stride_dn": "i32", "stride_df": "i32", **tickets}
         unit, wide = _strides(spec.axis, "x", "d", n16=spec.n16)
         consts |= {name: 1 for name in unit}
         divisible = {"X", "DY", "DW", "GROUPS", "tokens_per_split", *wide}
     else:
         x_t = spec.axis == 0
         types = {"x_desc": _desc(t, [cfg.BK, bs], x_t), "dy_desc": _desc(t, [cfg.BK, bs], x_t),
-                 "DW": dw, "GROUPS": "*i32", "tokens_per_split": "i32", "N": "i32"}
+                 "DW": dw, "GROUPS": "*i32", "tokens_per_split": "i32", "N": "i32", **tickets}
         consts.update(X_T=x_t)
         divisible = {"DW", "GROUPS", "tokens_per_split"}
     return types, consts, divisible

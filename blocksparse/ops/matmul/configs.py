@@ -70,12 +70,11 @@ _XPROP = {
     ("tma", "16bit", "large"): {16: X(256, 1, 8, 6, UNROLL=2), 32: X(256, 1, 8, 6), 64: X(256, 1, 8, 5),
                                 128: X(128, 1, 4, 6, BK=64)},
     ("tma", "16bit", "small"): {16: X(64, 1, 4, 2, WAVES=8), 32: X(64, 1, 4, 2, WAVES=8),
-                                64: X(64, 1, 4, 6, BN=32, WAVES=0), 128: X(64, 1, 4, 6, BN=32, WAVES=0)},
+                                64: X(64, 1, 4, 3, BN=32, WAVES=4), 128: X(64, 1, 4, 6, BN=32, WAVES=0)},
     ("tma", "fp32", "large"): {16: X(128, 1, 4, 3), 32: X(128, 1, 4, 3), 64: X(64, 1, 4, 3),
                                128: X(64, 1, 4, 3, BK=32)},
     ("tma", "fp32", "small"): {16: X(64, 1, 4, 2, WAVES=8), 32: X(64, 1, 4, 2, WAVES=8),
-                               64: X(64, 1, 4, 3, BN=32, WAVES=0),
-                               128: X(64, 1, 4, 3, BK=64, BN=32, WAVES=0)},
+                               64: X(64, 1, 4, 2, WAVES=8), 128: X(64, 1, 4, 2, BK=32, BN=32, WAVES=8)},
     ("ptr", "16bit", "large"): {16: X(128, 4, 4, 4, TMA=False), 32: X(128, 1, 4, 4, TMA=False),
                                 64: X(128, 1, 4, 3, TMA=False), 128: X(128, 1, 8, 3, TMA=False)},
     ("ptr", "16bit", "small"): {bs: X(64, 1, 4, 3, WAVES=4, TMA=False) for bs in KERNEL_BLOCK_SIZES},
@@ -108,6 +107,8 @@ _XPROP_T = {
     ("ptr", "fp32", "large"): {32: X(128, 1, 4, 3, TMA=False), 64: X(64, 1, 4, 4, TMA=False),
                                128: X(64, 1, 8, 3, TMA=False)},
     ("ptr", "fp32", "small"): {128: X(32, 1, 4, 2, WAVES=4, TMA=False)},
+    # the (N, C) few-token tile of blocks of 64 (whole 64-feature slices) spilled 3.9 KB here
+    ("tma", "fp32", "small"): {64: X(64, 1, 4, 3, BN=32, WAVES=4)},
 }
 #: The pointer kernels' updat tables where TMA cannot run (same shapes, no descriptors).
 _UPDAT_PTR = {16: U(8, 64, 4, 4, TMA=False), 32: U(8, 64, 8, 3, TMA=False), 64: U(2, 64, 4, 4, TMA=False),
@@ -189,7 +190,10 @@ class AotSpec:
     ahead-of-time kernels without it read them element by element, 8x slower for the bf16 updat at
     blocks of 32).  ``dw16``: an updat without atomics that writes the weight gradient in the
     activations' 16-bit dtype itself (one rounding of the float32 sums, as the cast it saves), for
-    the PyTorch plans: one launch and one op less in every backward.
+    the PyTorch plans: one launch and one op less in every backward.  ``ticket``: the split
+    reduction finished in the kernel (:mod:`.ticket`: a zeroed workspace and counters the caller
+    keeps; the output in the activations' dtype, the bias added by fprop), for the PyTorch plans:
+    no zero fill and no cast around the launch.
     """
 
     arch: int
@@ -203,6 +207,7 @@ class AotSpec:
     max_tokens: int = 0
     n16: bool = False
     dw16: bool = False
+    ticket: bool = False
 
     @property
     def name(self):
@@ -212,8 +217,9 @@ class AotSpec:
         few = "_few" if self.max_tokens else ""
         n16 = "_n16" if self.n16 else ""
         dw16 = "_dw16" if self.dw16 else ""
+        ticket = "_ticket" if self.ticket else ""
         return (f"{self.product}_{self.dtype}_bs{self.block_size}_ax{self.axis}_{kernel}{atomic}{few}{n16}{dw16}"
-                f"_sm{self.arch}")
+                f"{ticket}_sm{self.arch}")
 
     @property
     def group(self):
@@ -276,7 +282,7 @@ def aot_specializations(archs=(80, 90), *, dtypes=AOT_DTYPES, block_sizes=KERNEL
     Per arch, dtype, block size and feature axis, for many tokens (``max_tokens`` 0) and for few
     (at most :data:`SMALL_N`, with the tiles the JIT path picks for them): fprop and bprop (the
     few-token tiles that split long reductions also with float32 atomics), and updat with and
-    without float32 atomics (token slices).  On sm_90 and newer the TMA kernels where the tables
+    without float32 atomics (token slices); every split one also finished in the kernel (``ticket``).  On sm_90 and newer the TMA kernels where the tables
     ask for them, plus pointer kernels with the same ``G`` for (F, N) activations whose rows
     descriptors cannot address.  The pointer kernels compiled for sm_80 run on every sm_8x GPU.
 
@@ -306,6 +312,8 @@ def aot_specializations(archs=(80, 90), *, dtypes=AOT_DTYPES, block_sizes=KERNEL
     # updat without atomics also writing 16-bit weight gradients itself (the PyTorch plans' choice;
     # the TensorFlow ops take float32 and never select these)
     specs += [replace(s, dw16=True) for s in specs if s.product == "updat" and not s.atomic and s.dtype != "fp32"]
+    # every split reduction also finished in the kernel (the PyTorch plans' choice: no zero fill, no cast)
+    specs += [replace(s, atomic=False, ticket=True) for s in specs if s.atomic]
     # a few-token spec identical to a many-token one adds nothing: that one serves every count
     many = {replace(s, max_tokens=SMALL_N) for s in specs if not s.max_tokens}
     return tuple(s for s in specs if s not in many)

@@ -25,17 +25,21 @@ from ... import _env
 from ...layout import Layout
 from ...ops.matmul import configs, grouping
 from ...ops.matmul.configs import UpdatConfig, XpropConfig
-from .. import _launch
+from .. import _launch, _scratch
 from . import launch as _kernels
 
 #: SM count assumed off-GPU (Triton's interpreter), small so that tests exercise the splits.
 INTERPRETER_SMS = 4
 #: Blocks one few-token fprop / bprop program must run in series (16-bit, float32) before its
-#: reduction is split over several programs.  A split adds a zero fill and a cast (or bias add) -- two
-#: more launches and ops, 20-30 µs of host time per eager call on the H200 -- and saves GPU time only
-#: where the one program's run would take longer than that: a block costs it about 0.37 µs at
-#: N = 64 in 16 bits and 0.86 µs in float32 (``bench/results/raw/split-h200.json``).
-SPLIT_MIN_RUN = {False: 128, True: 56}
+#: reduction is split over several programs.  Splits are finished in the kernel (tickets: no zero
+#: fill, no cast, no host cost); on the H200 at N = 64 they gain GPU time from runs of about 16
+#: blocks in 16 bits (bs 64: 0.89x the unsplit time at 16 blocks, 1.06x at 6) and from any run in
+#: float32 (0.50-0.59x at 6 blocks and more; ``bench/results/raw/tune-tickets-h200.jsonl``).
+SPLIT_MIN_RUN = {False: 12, True: 4}
+#: Split reductions are finished in the kernel (:mod:`blocksparse.ops.matmul.ticket`) rather than by
+#: float32 atomics into a zeroed buffer and a cast; the kernel library's ``ticket`` specs where it has
+#: them.
+TICKETS = True
 _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 _KERNEL_NAMES = {"xprop": {"tma": "xprop_tma_kernel", "ptr": "xprop_kernel"},
                  "updat": {"tma": "updat_tma_kernel", "ptr": "updat_kernel"}}
@@ -49,11 +53,13 @@ class Plan:
     ``config``: the tile; ``max_segment``: xprop table segment length (None: one program per
     group); ``split``: updat token slices; ``runner``: the prepared launch (None without tokens);
     the kernel writes a buffer of ``out_shape`` and ``out_dtype``, zero-filled first where
-    ``zero`` (split reductions: by the launch, in the runtime on the ahead-of-time path), cast to
-    ``cast_to`` after where set; ``pretranspose``: bprop reads the weight's blocks transposed
-    beforehand; ``bias``: the kernel adds a bias (per output feature, in ``a``'s dtype) before it
-    stores (fprop; never with split reductions); ``transpose_inputs``: updat of ``(F, N)``
-    activations copied to ``(N, F)`` first, and run as that layout's product.
+    ``zero`` (split reductions by atomics: by the launch, in the runtime on the ahead-of-time
+    path), cast to ``cast_to`` after where set; ``scratch``: the (workspace, counters) sizes of
+    split reductions finished in the kernel (the call's zeroed scratch, :mod:`.._scratch`, as
+    operands 4 and 5); ``pretranspose``: bprop reads the weight's blocks transposed beforehand;
+    ``bias``: the kernel adds a bias (per output feature, in ``a``'s dtype) before it stores
+    (fprop; not with atomics); ``transpose_inputs``: updat of ``(F, N)`` activations copied to
+    ``(N, F)`` first, and run as that layout's product.
     """
 
     kind: str
@@ -69,6 +75,7 @@ class Plan:
     split: int = 1
     bias: bool = False
     transpose_inputs: bool = False
+    scratch: tuple | None = None
 
     @property
     def path(self):
@@ -90,6 +97,8 @@ class Plan:
         if self.runner is not None:
             out = a.new_empty(self.out_shape, dtype=self.out_dtype)  # on a's device: the plan's
             operands = (a, b, out) if not self.bias else (a, b, out, bias.to(a.dtype).contiguous())
+            if self.scratch is not None:
+                operands = operands[:4] + (a,) * (4 - len(operands)) + _scratch.scratch(a.device, *self.scratch)
             self.runner(operands)  # zero-fills out first where the launch asks
         else:  # no tokens
             out = (torch.zeros if self.zero else torch.empty)(self.out_shape, dtype=self.out_dtype, device=self.device)
@@ -111,6 +120,13 @@ class LayoutState:
         if key not in self._tables:
             lut = getattr(self.layout, kind)(max_segment, group=group)
             self._tables[key] = (_to(lut.headers, device), _to(lut.entries, device))
+        return self._tables[key]
+
+    def xprop_offsets(self, kind, max_segment, group, device):
+        """The fprop/bprop table's ``offsets`` (CSR over headers) on ``device``."""
+        key = (kind, "offsets", max_segment, group, str(device))
+        if key not in self._tables:
+            self._tables[key] = _to(getattr(self.layout, kind)(max_segment, group=group).offsets, device)
         return self._tables[key]
 
     def updat_table(self, group, device):
@@ -141,12 +157,14 @@ def _to(array, device):
     return torch.from_numpy(np.array(array, dtype=np.int32)).to(device)
 
 
-def _aot_spec(kernels, arch, product, dtype, bs, axis, tma, atomic, n, max_tokens=None, dw16=False):
+def _aot_spec(kernels, arch, product, dtype, bs, axis, tma, atomic, n, max_tokens=None, dw16=False, ticket=False):
     """Index of the library's spec for this product (the few-token tile for a few tokens, the TMA
     kernel first where it can run), or None.  ``max_tokens``: only specs of that token class;
-    ``dw16``: an updat writing the activations' 16-bit dtype (else float32)."""
+    ``dw16``: an updat writing the activations' 16-bit dtype (else float32); ``ticket``: a split
+    reduction finished in the kernel."""
     names = _KERNEL_NAMES["updat" if product == "updat" else "xprop"]
-    fields = dict(product=product, dtype=_DTYPE_NAMES.get(dtype), block_size=bs, axis=axis, atomic=atomic)
+    fields = dict(product=product, dtype=_DTYPE_NAMES.get(dtype), block_size=bs, axis=axis, atomic=atomic,
+                  ticket=ticket)
     classes = (max_tokens,) if max_tokens is not None else ((configs.SMALL_N, 0) if n <= configs.SMALL_N else (0,))
     # (F, N) pointer kernels: the one compiled for multiples of 16 tokens first, where n is one
     n16 = (True, False) if axis == 0 and n % 16 == 0 else (False,)
@@ -161,11 +179,12 @@ def _aot_spec(kernels, arch, product, dtype, bs, axis, tma, atomic, n, max_token
 
 
 def _aot_choice(kernels, arch, sms, layout, kind, a, b, axis, dw_dtype=None):
-    """``(config, max_segment or split, spec index)`` of the kernel library for this call, or None
-    where it has no spec (or the tensors are not dense): the specs are compiled for contiguous
-    activations.  Tile, split and segments as the JIT path would choose them for that tile; a split
-    without its atomic spec runs unsplit.  An unsplit 16-bit updat whose gradient takes the
-    activations' dtype (``dw_dtype``) gets the spec that writes it (``dw16``) where there is one."""
+    """``(config, max_segment or split, spec index, ticket)`` of the kernel library for this call,
+    or None where it has no spec (or the tensors are not dense): the specs are compiled for
+    contiguous activations.  Tile, split and segments as the JIT path would choose them for that
+    tile; a split runs the spec that finishes it in the kernel (``ticket``, where :data:`TICKETS`),
+    else the atomic one, else none.  An unsplit 16-bit updat whose gradient takes the activations'
+    dtype (``dw_dtype``) gets the spec that writes it (``dw16``) where there is one."""
     if kernels is None or a.dtype not in _DTYPE_NAMES or not (a.is_contiguous() and b.is_contiguous()):
         return None
     n, bs, tma = _kernels.tokens(a, axis), layout.block_size, _kernels.tma_ok(a, b)
@@ -173,22 +192,30 @@ def _aot_choice(kernels, arch, sms, layout, kind, a, b, axis, dw_dtype=None):
     if index is None:
         return None
     spec = kernels.specs[index]
-    same = dict(tma=spec["tma"], atomic=True, n=n, max_tokens=spec["max_tokens"])
+    same = dict(tma=spec["tma"], n=n, max_tokens=spec["max_tokens"])
+
+    def split_spec():  # (index, ticket) of the spec finishing a split, or (None, False)
+        # a ticket updat writes the activations' dtype: not for a float32 gradient of 16-bit activations
+        ticket = TICKETS and (kind != "updat" or dw_dtype in (None, a.dtype))
+        index = _aot_spec(kernels, arch, kind, a.dtype, bs, axis, atomic=False, ticket=True, **same) if ticket else None
+        if index is not None:
+            return index, True
+        return _aot_spec(kernels, arch, kind, a.dtype, bs, axis, atomic=True, **same), False
+
     if kind != "updat":
         cfg = XpropConfig(**spec["config"])
         max_segment = _xprop_segments(layout, kind, cfg, n, sms, spec["tma"], _min_run(a.dtype))
-        atomic = _aot_spec(kernels, arch, kind, a.dtype, bs, axis, **same) if max_segment else None
-        return (cfg, max_segment, atomic) if atomic is not None else (cfg, None, index)
+        split, ticket = split_spec() if max_segment else (None, False)
+        return (cfg, max_segment, split, ticket) if split is not None else (cfg, None, index, False)
     cfg = UpdatConfig(**spec["config"])
     split = configs.updat_split(cfg, n, layout.updat_groups(cfg.G).shape[0], sms)
-    atomic = _aot_spec(kernels, arch, kind, a.dtype, bs, axis, **same) if split > 1 else None
-    if atomic is not None:
-        return cfg, split, atomic
+    split_index, ticket = split_spec() if split > 1 else (None, False)
+    if split_index is not None:
+        return cfg, split, split_index, ticket
     if dw_dtype == a.dtype != torch.float32:
-        same.update(atomic=False, dw16=True)
-        twin = _aot_spec(kernels, arch, kind, a.dtype, bs, axis, **same)
+        twin = _aot_spec(kernels, arch, kind, a.dtype, bs, axis, atomic=False, dw16=True, **same)
         index = index if twin is None else twin
-    return cfg, 1, index
+    return cfg, 1, index, False
 
 
 def _min_run(dtype, interpret=False):
@@ -253,38 +280,45 @@ def _build(state, kind, a, b, axis, precision, dw_dtype, aligned, target=None, b
     tma = aligned and _kernels.tma_ok(a, b) and (info is None or arch >= 90)
     aot = _aot_choice(kernels, arch, sms, layout, kind, a, b, axis, dw_dtype) if aligned else None
     if aot is not None:
-        cfg, part, spec_index = aot
+        cfg, part, spec_index, ticket = aot
         tma = "_tma" in kernels.specs[spec_index]["kernel"]
     else:
         cfg, part = _jit_choice(layout, kind, n, a.dtype, not a.is_cuda, sms, tma, axis)
-        spec_index, tma = None, tma and cfg.TMA
+        spec_index, tma, ticket = None, tma and cfg.TMA, TICKETS
     max_segment, split = (None, part) if kind == "updat" else (part, 1)
     variant = "tma" if tma else "ptr"
     if kind == "updat":
-        zero = split > 1 or n == 0
-        # the compiled specs write float32 (as the TensorFlow ops take it) except the dw16 ones; the
-        # JIT writes dw_dtype directly
-        compiled32 = spec_index is not None and not kernels.specs[spec_index].get("dw16")
-        buffer = torch.float32 if zero or compiled32 else dw_dtype
+        groups = state.updat_table(cfg.G, device)
+        ticket = ticket and split > 1 and n > 0
+        zero = (split > 1 and not ticket) or n == 0
+        # the compiled specs write float32 (as the TensorFlow ops take it) except the dw16 and ticket
+        # ones (the activations' dtype); the JIT writes dw_dtype directly
+        compiled32 = spec_index is not None and not (kernels.specs[spec_index].get("dw16") or ticket)
+        buffer = a.dtype if ticket and spec_index is not None else dw_dtype
+        buffer = torch.float32 if zero or compiled32 else buffer
         launch = _kernels.updat_launch(variant, tuple(a.shape), a.stride(), tuple(b.shape), b.stride(), a.dtype,
-                                       state.updat_table(cfg.G, device), bs=bs, axis=axis, cfg=cfg, split=split,
-                                       precision=precision, dw_dtype=buffer)
-        out = dict(out_shape=layout.w_shape, out_dtype=buffer, zero=zero,
+                                       groups, bs=bs, axis=axis, cfg=cfg, split=split,
+                                       precision=precision, dw_dtype=buffer, ticket=ticket)
+        scratch = _kernels.updat_scratch(layout.blocks, bs, groups.shape[0], cfg) if ticket else None
+        out = dict(out_shape=layout.w_shape, out_dtype=buffer, zero=zero, scratch=scratch,
                    cast_to=dw_dtype if buffer != dw_dtype else None)
     else:
         trans = kind == "bprop"
         pretranspose = trans and configs.bprop_pretransposes_weight(a.dtype == torch.float32)
-        atomic = max_segment is not None
+        ticket = ticket and max_segment is not None
+        atomic = max_segment is not None and not ticket
         headers, entries = state.xprop_tables(kind, max_segment, cfg.G, device)
+        offsets = state.xprop_offsets(kind, max_segment, cfg.G, device) if ticket else None
         out_features = layout.C if trans else layout.K
         fused = bias and kind == "fprop" and not atomic
         launch = _kernels.xprop_launch(variant, tuple(a.shape), a.stride(), a.dtype, headers, entries,
                                        blocks=layout.blocks, out_features=out_features, bs=bs, axis=axis,
                                        trans=trans and not pretranspose, cfg=cfg, atomic=atomic, precision=precision,
-                                       bias=fused)
+                                       bias=fused, offsets=offsets)
+        scratch = _kernels.xprop_scratch(n, out_features, bs, cfg, tma) if ticket else None
         out = dict(out_shape=_kernels.activation_shape(n, out_features, axis),
                    out_dtype=torch.float32 if atomic else a.dtype, zero=atomic, cast_to=a.dtype if atomic else None,
-                   pretranspose=pretranspose, bias=fused)
+                   pretranspose=pretranspose, bias=fused, scratch=scratch)
     runner = _launch.prepare(launch, a.get_device(), kernels, spec_index) if n else None
     return Plan(kind, cfg, runner, device, max_segment=max_segment, split=split, **out)
 

@@ -22,8 +22,18 @@ pytestmark = pytest.mark.interpreter
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+def _split_layout(rng, bs, CB, KB):
+    """A random layout (an empty row and column) where some fprop column and some bprop row hold
+    several blocks, so that segments of one block split them."""
+    while True:
+        lay = Layout(random_layout(rng, CB, KB, 0.7, empty_rows=1, empty_cols=1), bs)
+        if all(getattr(lay, kind)(1).num_segments > getattr(lay, kind)(None).num_segments
+               for kind in ("fprop", "bprop")):
+            return lay
+
+
 def _problem(rng, bs, axis, n, dtype, CB=5, KB=4):
-    lay = Layout(random_layout(rng, CB, KB, 0.7, empty_rows=1, empty_cols=1), bs)
+    lay = _split_layout(rng, bs, CB, KB)
     t = lambda a: torch.from_numpy(a).to(DTYPES[dtype])  # noqa: E731
     x = t(rng.standard_normal((n, lay.C) if axis == 1 else (lay.C, n)))
     dy = t(rng.standard_normal((n, lay.K) if axis == 1 else (lay.K, n)))
