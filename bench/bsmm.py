@@ -354,9 +354,17 @@ def main():
     ap.add_argument("--workers", type=int, default=14)
     ap.add_argument("--dtypes", default=",".join(common.DTYPES), help="comma-separated subset of bf16,fp16,fp32")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds per problem")
+    ap.add_argument("--tokens", default=",".join(map(str, NS)),
+                    help="comma-separated token counts N (of 8192,64); a subset writes bsmm-h200-N<n>.*")
     ap.add_argument("--runs", type=int, default=1, help="full runs; with 2 the second is written as "
                     "bsmm-h200-run2.* and the largest disagreement of frac_of_dense is reported")
     args = ap.parse_args()
+    global NS
+    tokens = tuple(int(n) for n in args.tokens.split(",") if n)
+    if not tokens or set(tokens) - set(NS):
+        ap.error(f"--tokens must be a subset of {','.join(map(str, NS))}; got {args.tokens!r}")
+    subset = "" if set(tokens) == set(NS) else "-N" + "-".join(map(str, tokens))
+    NS = tokens
     dtypes = tuple(d for d in args.dtypes.split(",") if d)
     unknown = set(dtypes) - set(common.DTYPES)
     if unknown:
@@ -371,7 +379,7 @@ def main():
         meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                     date=time.strftime("%Y-%m-%d"), hbm_gbs=hbm, l2_gbs=l2, C=C, K=K, dtypes=dtypes,
                     rounds=args.rounds, run=run)
-        stem = "bsmm-h200" if run == 1 else f"bsmm-h200-run{run}"
+        stem = ("bsmm-h200" if run == 1 else f"bsmm-h200-run{run}") + subset
 
         def save(rows, meta=meta, stem=stem):
             with open(os.path.join(args.out, stem + ".json"), "w") as f:

@@ -6,7 +6,7 @@
 // Python (blocksparse/torch/_native.py) prepares a *record* per product and call shape: the spec,
 // grid and packed bsk_arg array of an AotLaunch, the argument words that take the call's tensor
 // pointers, the output's shape and dtype, whether it is zero-filled first (float32 atomics) and
-// cast after.  Records are registered once and named by an integer; the op takes three of them.
+// cast after, or the scratch its split reduction finishes in the kernel with.  Records are registered once and named by an integer; the op takes three of them.
 // Each record carries the addresses of its kernel library's bsk_launch and bsk_memset32, so this
 // file links against nothing but torch.
 //
@@ -27,6 +27,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -49,6 +50,8 @@ struct Record {
   bool pretranspose = false;                  // bprop: the weight's blocks transposed first
   bool fused_bias = false;                    // fprop: the kernel adds the bias (operand 3)
   bool transpose_inputs = false;              // updat of (F, N) activations: run on (N, F) copies
+  int64_t ws_elements = 0, counter_elements = 0;  // split reductions finished in the kernel: the
+                                                  // zeroed scratch (operands 4 and 5) they need
 };
 
 std::mutex registry_lock;
@@ -63,6 +66,22 @@ const Record &record(int64_t id) {
 void *current_stream(const at::Tensor &t) {
   if (!t.is_cuda()) return nullptr;  // CPU tensors: the tests' stand-in runtime
   return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(t.device()).native_handle();
+}
+
+// The zeroed scratch of split reductions finished in the kernel (blocksparse/ops/matmul/ticket.py):
+// a float32 workspace and int32 ticket counters per device and stream, grown on demand and never
+// freed (no GPU work at exit).  Every launch leaves them zero, so no call fills them; calls on one
+// stream run in order and share them.
+std::pair<at::Tensor, at::Tensor> scratch(const at::Tensor &like, void *stream, int64_t ws, int64_t counters) {
+  static std::mutex lock;
+  static auto *buffers = new std::map<std::pair<int64_t, void *>, std::pair<at::Tensor, at::Tensor>>();
+  std::lock_guard<std::mutex> guard(lock);
+  auto &pair = (*buffers)[{like.is_cuda() ? int64_t(like.get_device()) : int64_t(-1), stream}];
+  if (!pair.first.defined() || pair.first.numel() < ws)
+    pair.first = at::zeros({std::max<int64_t>(ws, 1 << 16)}, like.options().dtype(at::kFloat));
+  if (!pair.second.defined() || pair.second.numel() < counters)
+    pair.second = at::zeros({std::max<int64_t>(counters, 1 << 12)}, like.options().dtype(at::kInt));
+  return pair;
 }
 
 // One product: allocate, (zero-fill,) launch, (cast,) (add the bias per output feature: in the
@@ -83,11 +102,13 @@ at::Tensor run(const Record &r, at::Tensor a, at::Tensor b, const std::optional<
     fused = bias->scalar_type() == a.scalar_type() && bias->is_contiguous() ? *bias
                                                                              : bias->to(a.scalar_type()).contiguous();
   }
-  const at::Tensor *operands[4] = {&a, &b, &out, &fused};
+  void *stream = current_stream(a);
+  std::pair<at::Tensor, at::Tensor> tickets;
+  if (r.ws_elements > 0) tickets = scratch(a, stream, r.ws_elements, r.counter_elements);
+  const at::Tensor *operands[6] = {&a, &b, &out, &fused, &tickets.first, &tickets.second};
   std::vector<uint64_t> words(r.words);  // a copy per call: records are shared between threads
   for (const auto &slot : r.slots)
     words[slot.first] = reinterpret_cast<uint64_t>(operands[slot.second]->data_ptr());
-  void *stream = current_stream(a);
   char message[1024] = {0};
   if (r.zero && out.numel()) {
     int status = r.memset32(reinterpret_cast<uint64_t>(out.data_ptr()), 0,
@@ -338,7 +359,7 @@ void fast_clear(int64_t layer) {
 int64_t add_record(int64_t launch, int64_t memset32, int64_t spec, at::IntArrayRef grid, const at::Tensor &words, int64_t nargs,
                    at::IntArrayRef slots, at::IntArrayRef out_shape, at::ScalarType out_dtype, bool zero,
                    std::optional<at::ScalarType> cast_to, bool pretranspose, bool fused_bias,
-                   bool transpose_inputs) {
+                   bool transpose_inputs, int64_t ws_elements, int64_t counter_elements) {
   TORCH_CHECK(grid.size() == 3, "grid must have 3 dimensions");
   TORCH_CHECK(words.scalar_type() == at::kLong && words.dim() == 1 && words.is_contiguous() && !words.is_cuda(),
               "words must be a contiguous 1-D int64 CPU tensor");
@@ -352,10 +373,16 @@ int64_t add_record(int64_t launch, int64_t memset32, int64_t spec, at::IntArrayR
   const int64_t *data = words.data_ptr<int64_t>();
   r.words.assign(reinterpret_cast<const uint64_t *>(data), reinterpret_cast<const uint64_t *>(data) + words.numel());
   r.nargs = nargs;
+  TORCH_CHECK(ws_elements >= 0 && counter_elements >= 0 && (ws_elements > 0) == (counter_elements > 0),
+              "ws_elements and counter_elements must both be positive (tickets) or both 0; got ", ws_elements,
+              " and ", counter_elements);
   for (size_t i = 0; i < slots.size(); i += 2) {
-    TORCH_CHECK(slots[i] >= 0 && slots[i] < words.numel() && slots[i + 1] >= 0 && slots[i + 1] < (fused_bias ? 4 : 3),
-                "slot (", slots[i], ", ", slots[i + 1], ") is out of range");
-    r.slots.emplace_back(slots[i], slots[i + 1]);
+    const int64_t operand = slots[i + 1];
+    const bool known = operand == 0 || operand == 1 || operand == 2 || (operand == 3 && fused_bias) ||
+                       (operand >= 4 && operand <= 5 && ws_elements > 0);
+    TORCH_CHECK(slots[i] >= 0 && slots[i] < words.numel() && known, "slot (", slots[i], ", ", operand,
+                ") is out of range");
+    r.slots.emplace_back(slots[i], operand);
   }
   r.out_shape.assign(out_shape.begin(), out_shape.end());
   r.out_dtype = out_dtype;
@@ -364,6 +391,8 @@ int64_t add_record(int64_t launch, int64_t memset32, int64_t spec, at::IntArrayR
   r.pretranspose = pretranspose;
   r.fused_bias = fused_bias;
   r.transpose_inputs = transpose_inputs;
+  r.ws_elements = ws_elements;
+  r.counter_elements = counter_elements;
   std::lock_guard<std::mutex> guard(registry_lock);
   registry.push_back(std::move(r));
   return static_cast<int64_t>(registry.size()) - 1;
@@ -376,7 +405,7 @@ TORCH_LIBRARY(blocksparse_native, m) {
   m.impl("linear", c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(linear));
   m.def("add_record(int launch, int memset32, int spec, int[] grid, Tensor words, int nargs, int[] slots, int[] out_shape, "
         "ScalarType out_dtype, bool zero, ScalarType? cast_to, bool pretranspose, bool fused_bias=False, "
-        "bool transpose_inputs=False) -> int",
+        "bool transpose_inputs=False, int ws_elements=0, int counter_elements=0) -> int",
         add_record);
   m.def("fast(Tensor x, Tensor w, Tensor? bias, int layer) -> Tensor");
   m.impl("fast", c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(fast));

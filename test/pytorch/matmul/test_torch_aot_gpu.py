@@ -151,6 +151,69 @@ def test_the_native_op_is_one_cpp_node_and_matches_the_python_path(aot, rng, mon
     assert rel_error(dw_dense, (xd.T @ dyd) * mask) < tol
 
 
+def _scratch_is_clean():
+    from blocksparse.torch import _scratch
+
+    torch.cuda.synchronize()
+    return all(not ws.any() and not counters.any() for ws, counters in _scratch._buffers.values())
+
+
+@pytest.mark.parametrize("kernels", ["aot", "jit"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("bs", [32, 64])
+def test_split_reductions_are_finished_in_the_kernel(aot, rng, monkeypatch, kernels, dtype, bs):
+    """Few-token fprop / bprop and split updats finish their reductions in the kernel (tickets): no
+    zero fill, no cast; right against float64 call after call (each leaves its scratch zero)."""
+    monkeypatch.setenv("BLOCKSPARSE_SPLIT_MIN_RUN", "1")  # split every run that the tile splits
+    if kernels == "jit":
+        monkeypatch.setenv("BLOCKSPARSE_KERNELS", "jit")
+    bsmm = BlocksparseMatMul(random_layout(rng, 2048 // bs, 1024 // bs, 0.5, empty_rows=1, empty_cols=1), bs)
+    for n in (1, 64, 300, 64):
+        _check(bsmm, rng, n, dtype)
+    assert _scratch_is_clean()
+    ticketed = [p for p in _plans(bsmm) if p.scratch is not None]
+    assert {p.kind for p in ticketed} >= {"fprop", "bprop"}
+    assert all(p.path == kernels and not p.zero and p.cast_to is None for p in ticketed)
+
+
+def test_the_native_op_finishes_split_reductions_in_the_kernel(aot, rng, monkeypatch):
+    """A few-token layer through the native op: its split products run the kernel library's ticket
+    specs with the op's own zeroed scratch, forward and backward, also replayed in a CUDA graph."""
+    from blocksparse.torch import _native
+
+    if not _native.available():
+        pytest.skip(f"the native op cannot be built here: {_native._state.get('why')}")
+    monkeypatch.setenv("BLOCKSPARSE_SPLIT_MIN_RUN", "1")
+    lin = BlocksparseLinear(random_layout(rng, 32, 16, 0.5, cover=True), block_size=32, impl="kernels",
+                            device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dense = torch.from_numpy(lin.layout.dense(lin.weight.detach().double().cpu().numpy())).cuda()
+    for _ in range(3):
+        dy = torch.randn(64, 512, device="cuda", dtype=torch.bfloat16)
+        y = lin(x)
+        assert type(y.grad_fn).__name__ == "CppFunction"
+        dx, dw = torch.autograd.grad(y, (x, lin.weight), dy)
+        xd, dyd = x.detach().double(), dy.double()
+        assert rel_error(y, xd @ dense + lin.bias.detach().double()) < TOLERANCE["bfloat16"]
+        assert rel_error(dx, dyd @ dense.T) < TOLERANCE["bfloat16"]
+        dw_dense = torch.from_numpy(lin.layout.dense(dw.double().cpu().numpy())).cuda()
+        mask = torch.from_numpy(lin.layout.dense(np.ones(lin.layout.w_shape))).cuda()
+        assert rel_error(dw_dense, (xd.T @ dyd) * mask) < TOLERANCE["bfloat16"]
+    assert any(p.scratch is not None for p in _plans(lin.bsmm) if p.kind != "updat")
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.no_grad():
+        with torch.cuda.stream(stream):
+            lin(x)  # warms the stream's scratch up
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            out = lin(x)
+        for _ in range(3):
+            x.copy_(torch.randn_like(x))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert rel_error(out, x.detach().double() @ dense + lin.bias.detach().double()) < TOLERANCE["bfloat16"]
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_a_tensor_on_another_device_than_the_current_one(aot, rng):
     bsmm = BlocksparseMatMul(random_layout(rng, 4, 4, 0.5), 32)

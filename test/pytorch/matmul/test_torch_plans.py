@@ -47,7 +47,15 @@ def _plan(kernels, lay, kind, a, b, axis, arch=90, precision="ieee", aligned=Tru
 
 def _call_tensors(p, a, b):
     out = torch.empty(p.out_shape, dtype=p.out_dtype)
-    return (a, b.transpose(1, 2).contiguous() if p.pretranspose else b, out)
+    tensors = (a, b.transpose(1, 2).contiguous() if p.pretranspose else b, out)
+    if p.scratch is not None:  # split reductions finished in the kernel: the call's zeroed scratch
+        tensors += (a, torch.zeros(p.scratch[0]), torch.zeros(p.scratch[1], dtype=torch.int32))
+    return tensors
+
+
+def _splits(spec):
+    """Whether a spec reduces split products (float32 atomics, or in the kernel)."""
+    return bool(spec["atomic"] or spec.get("ticket"))
 
 
 def _packed(p, tensors):
@@ -73,7 +81,7 @@ def test_a_gpu_call_gets_a_compiled_spec_packed_as_the_jit_launch(kernels, rng, 
     has_tma = any(s["tma"] for s in kernels.specs if (s["product"], s["axis"], s["arch"]) == (kind, axis, 90))
     want = "compute_80" if kernel == "ptx" else "sm_90a" if arch >= 90 else "sm_80"
     assert spec["target"] == want and spec["tma"] == (kernel == "tma" and has_tma)
-    assert spec["group"] == p.config.G and spec["atomic"] == (p.split > 1 or p.max_segment is not None)
+    assert spec["group"] == p.config.G and _splits(spec) == (p.split > 1 or p.max_segment is not None)
     tensors = _call_tensors(p, a, b)
     assert_packed_like_jit(_packed(p, tensors), tensors)
 
@@ -101,21 +109,29 @@ def test_few_token_calls_get_the_few_token_specs_with_the_jit_s_tile(kernels, rn
             part, got = plan._xprop_segments(lay, kind, tile, n, 132, True, plan._min_run(a.dtype)), p.max_segment
         assert p.config == tile and spec["config"] == dataclasses.asdict(tile)
         assert got == part
-    assert spec["atomic"] == (p.split > 1 or p.max_segment is not None)
+    assert _splits(spec) == (p.split > 1 or p.max_segment is not None)
     tensors = _call_tensors(p, a, b)
     assert_packed_like_jit(_packed(p, tensors), tensors)
 
 
-def test_updat_splits_tokens_into_the_atomic_spec(kernels, rng):
+def test_updat_splits_tokens_into_the_ticket_spec(kernels, rng, monkeypatch):
     lay = Layout(random_layout(rng, 4, 4, 0.5), 32)
     for n, split in ((64, False), (8192, True)):
         x, dy = _operands(rng, lay, "updat", n, 1)
         p = _plan(kernels, lay, "updat", x, dy, 1)
         spec = kernels.specs[p.runner.spec_index]
-        assert (p.split > 1) is split and spec["atomic"] is split
-        if split:  # float32 atomics: zero-filled, cast to the weight's dtype after
-            assert not spec["dw16"] and p.out_dtype == torch.float32 and p.zero and p.cast_to == torch.bfloat16
-            assert p.launches == 3
+        assert (p.split > 1) is split and spec["ticket"] is split and not spec["atomic"]
+        if split:  # finished in the kernel, in the weight's dtype: one launch, no zero fill, no cast
+            assert p.out_dtype == torch.bfloat16 and not p.zero and p.cast_to is None and p.launches == 1
+            assert p.scratch == (lay.blocks * 32 * 32, lay.updat_groups(p.config.G).shape[0] * p.config.G)
+            tensors = _call_tensors(p, x, dy)
+            assert_packed_like_jit(_packed(p, tensors), tensors)
+            monkeypatch.setattr(plan, "TICKETS", False)  # float32 atomics: zero-filled, cast after
+            p = _plan(kernels, lay, "updat", x, dy, 1)
+            spec = kernels.specs[p.runner.spec_index]
+            assert spec["atomic"] and not spec["dw16"] and p.out_dtype == torch.float32 and p.zero
+            assert p.cast_to == torch.bfloat16 and p.launches == 3 and p.scratch is None
+            monkeypatch.setattr(plan, "TICKETS", True)
         else:  # the spec that writes the weight's 16-bit dtype itself: one launch
             assert spec["dw16"] and p.out_dtype == torch.bfloat16 and not p.zero and p.cast_to is None
             assert p.launches == 1
@@ -128,19 +144,22 @@ def test_updat_splits_tokens_into_the_atomic_spec(kernels, rng):
 
 
 def test_updat_writes_float32_where_the_gradient_is_float32(kernels, rng):
-    """A float32 weight gradient (asked for by the caller) never takes a 16-bit-writing spec."""
+    """A float32 weight gradient (asked for by the caller) never takes a 16-bit-writing spec: a
+    split one takes float32 atomics, not the ticket spec (which writes the activations' dtype)."""
     lay = Layout(random_layout(rng, 4, 4, 0.5), 32)
-    x, dy = _operands(rng, lay, "updat", 64, 1)
-    p = plan._build(plan.LayoutState(lay), "updat", x, dy, 1, "ieee", torch.float32, True,
-                    target=(kernels, DeviceInfo(90, 132)))
-    spec = kernels.specs[p.runner.spec_index]
-    assert not spec["dw16"] and p.out_dtype == torch.float32 and p.cast_to is None and p.launches == 1
+    for n in (64, 8192):
+        x, dy = _operands(rng, lay, "updat", n, 1)
+        p = plan._build(plan.LayoutState(lay), "updat", x, dy, 1, "ieee", torch.float32, True,
+                        target=(kernels, DeviceInfo(90, 132)))
+        spec = kernels.specs[p.runner.spec_index]
+        assert not spec["dw16"] and not spec["ticket"] and p.out_dtype == torch.float32 and p.cast_to is None
+        assert p.launches == (1 if n == 64 else 2)  # + the zero fill of the split one
 
 
 @pytest.mark.parametrize("kind", ["fprop", "bprop"])
 def test_few_token_reductions_split_only_long_runs(kernels, rng, kind):
-    """A split reduction (zero fill, float32 atomics, cast: three launches) only where one program
-    would run at least SPLIT_MIN_RUN blocks in series; a shorter run is one program per group."""
+    """A split reduction (finished in the kernel: one launch) only where one program would run at
+    least SPLIT_MIN_RUN blocks in series; a shorter run is one program per group."""
     need = plan.SPLIT_MIN_RUN[False]
     for run, split in ((need - 1, False), (need, True)):
         # every output group of the product runs `run` blocks: a full layout `run` blocks deep
@@ -149,8 +168,8 @@ def test_few_token_reductions_split_only_long_runs(kernels, rng, kind):
         a, b = _operands(rng, lay, kind, 64, 1)
         p = _plan(kernels, lay, kind, a, b, 1)
         spec = kernels.specs[p.runner.spec_index]
-        assert (p.max_segment is not None) is split and spec["atomic"] is split
-        assert p.zero is split and p.launches == 1 + 2 * split
+        assert (p.max_segment is not None) is split and spec["ticket"] is split and not spec["atomic"]
+        assert not p.zero and p.launches == 1 and (p.scratch is not None) is split
     # float32 programs are slower per block: they split shorter runs; the interpreter splits any
     assert plan._min_run(torch.float32) < plan._min_run(torch.bfloat16)
     assert plan._min_run(torch.bfloat16, interpret=True) == 1
@@ -164,7 +183,7 @@ def test_the_split_threshold_can_be_set(kernels, rng, monkeypatch):
     assert _plan(kernels, lay, "fprop", a, b, 1).max_segment is None
     monkeypatch.setenv("BLOCKSPARSE_SPLIT_MIN_RUN", "1")
     p = _plan(kernels, lay, "fprop", a, b, 1)
-    assert p.max_segment is not None and kernels.specs[p.runner.spec_index]["atomic"]
+    assert p.max_segment is not None and kernels.specs[p.runner.spec_index]["ticket"]
     for bad in ("0", "-3", "many", "1.5"):
         monkeypatch.setenv("BLOCKSPARSE_SPLIT_MIN_RUN", bad)
         with pytest.raises(ValueError, match="BLOCKSPARSE_SPLIT_MIN_RUN must be a positive integer"):

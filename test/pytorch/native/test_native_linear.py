@@ -37,6 +37,19 @@ int fake_launch(int spec, const unsigned *grid, const uint64_t *w, int nargs, vo
     out[i] = w[5] == 2 ? b[i] : (w[5] ? out[i] : 0.0f) + in[i % w[4]] * (float)spec + b[0];
   return 0;
 }
+/* tickets: words [0]-[5] as above (mode 0), [6] workspace (float*), [7] counters (int*), [8] / [9]
+ * the elements the record asks for; counts a launch whose scratch was not all zero, remembers the
+ * workspace's address, and dirties nothing (a real kernel leaves them zero) */
+int dirty_scratch; uint64_t last_ws;
+int fake_ticket_launch(int spec, const unsigned *grid, const uint64_t *w, int nargs, void *stream, char *msg,
+                       size_t size) {
+  const float *ws = (const float *)w[6];
+  const int *counters = (const int *)w[7];
+  for (uint64_t i = 0; i < w[8]; ++i) dirty_scratch += ws[i] != 0.0f;
+  for (uint64_t i = 0; i < w[9]; ++i) dirty_scratch += counters[i] != 0;
+  last_ws = w[6];
+  return fake_launch(spec, grid, w, nargs, stream, msg, size);
+}
 int fake_memset(uint64_t address, uint32_t value, size_t count, void *stream, char *msg, size_t size) {
   uint32_t *p = (uint32_t *)address;
   for (size_t i = 0; i < count; ++i) p[i] = value;
@@ -405,3 +418,30 @@ def test_a_record_on_transposed_inputs_gets_dense_transposed_copies(native, rng)
     want = _expected(x.t().contiguous(), dy.t().contiguous(), 3, (3, 2, 2))
     torch.testing.assert_close(dw, want)
     assert not torch.allclose(want, _expected(x, dy, 3, (3, 2, 2)))  # the order shows
+
+
+def test_a_ticket_record_gets_zeroed_scratch_kept_per_stream(native, rng):
+    """Split reductions finished in the kernel: operands 4 and 5 are a zeroed float32 workspace and
+    int32 counters of at least the record's sizes, the same ones call after call (the kernels leave
+    them zero); no zero fill, no cast."""
+    words = torch.tensor([20, 0, 0, 0, 24, 0, 0, 0, 5000, 300], dtype=torch.int64)
+    ids = [torch.ops.blocksparse_native.add_record(
+        _native._address(native.fake_ticket_launch), _native._address(native.fake_memset), spec, [1, 1, 1], words,
+        10, [1, 0, 2, 1, 3, 2, 6, 4, 7, 5], [4, 5], torch.float32, False, None, False, False, False, 5000, 300)
+        for spec in (2, 3, 5)]
+    x = torch.from_numpy(rng.standard_normal((4, 6))).float()
+    w = torch.from_numpy(rng.standard_normal((3, 2, 2))).float()
+    memsets = ctypes.c_int.in_dll(native, "n_memsets").value
+    y = torch.ops.blocksparse_native.linear(x, w, None, *ids)
+    torch.testing.assert_close(y, _expected(x, w, 2, (4, 5)))
+    first = ctypes.c_uint64.in_dll(native, "last_ws").value
+    torch.ops.blocksparse_native.linear(x, w, None, *ids)
+    assert ctypes.c_uint64.in_dll(native, "last_ws").value == first  # kept for the stream
+    assert ctypes.c_int.in_dll(native, "dirty_scratch").value == 0
+    assert ctypes.c_int.in_dll(native, "n_memsets").value == memsets  # nothing filled
+    with pytest.raises(RuntimeError, match="out of range"):  # operands 4 and 5 only with scratch sizes
+        torch.ops.blocksparse_native.add_record(1, 1, 0, [1, 1, 1], words, 10, [6, 4], [1], torch.float32,
+                                                False, None, False)
+    with pytest.raises(RuntimeError, match="both be positive"):
+        torch.ops.blocksparse_native.add_record(1, 1, 0, [1, 1, 1], words, 10, [6, 4], [1], torch.float32,
+                                                False, None, False, False, False, 10, 0)
