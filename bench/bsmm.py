@@ -349,6 +349,7 @@ def agreement(rows_a, rows_b):
 
 
 def main():
+    global NS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
     ap.add_argument("--workers", type=int, default=14)
@@ -359,7 +360,6 @@ def main():
     ap.add_argument("--runs", type=int, default=1, help="full runs; with 2 the second is written as "
                     "bsmm-h200-run2.* and the largest disagreement of frac_of_dense is reported")
     args = ap.parse_args()
-    global NS
     tokens = tuple(int(n) for n in args.tokens.split(",") if n)
     if not tokens or set(tokens) - set(NS):
         ap.error(f"--tokens must be a subset of {','.join(map(str, NS))}; got {args.tokens!r}")

@@ -119,6 +119,9 @@ class GraphTimer:
 
     def __init__(self, make_fns):
         fns = make_fns()
+        # the graph reads the calls' operands at replay: keep them (and so their memory) alive, or a
+        # later capture's empty_cache() hands it back to the driver and the replay faults
+        self.fns = fns
         self.calls = len(fns)
         for f in fns:
             f()
