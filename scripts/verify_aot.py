@@ -82,16 +82,16 @@ class Problem:
     def table(self, array):
         return self.torch.from_numpy(np.array(array, dtype=np.int32)).to(self.device)  # a writable copy
 
-    def tables(self, product, group, atomic=False):
-        """The spec's tables; split xprop reductions (``atomic``) walk segments of 2 blocks."""
+    def tables(self, product, group, split=False):
+        """The spec's tables; split xprop reductions (atomics or tickets) walk segments of 2 blocks."""
         if product == "updat":
             return (self.table(self.layout.updat_groups(group)),)
-        lut = getattr(self.layout, product)(2 if atomic else None, group=group)
-        return self.table(lut.headers), self.table(lut.entries)
+        lut = getattr(self.layout, product)(2 if split else None, group=group)
+        return self.table(lut.headers), self.table(lut.entries), self.table(lut.offsets)
 
     def output(self, product, atomic=False, dw16=False):
         """A NaN-filled output (a tile never written shows up); split xprop reductions add into
-        float32 zeros; dW is float32 except from a ``dw16`` updat (the activations' dtype)."""
+        float32 zeros; dW is float32 except from a ``dw16`` or ticket updat (the activations' dtype)."""
         torch = self.torch
         if product == "updat":
             return torch.full(self.layout.w_shape, math.nan, dtype=self.dtype if dw16 else torch.float32,
@@ -109,10 +109,10 @@ class Problem:
                     table_rows=tables[0].shape[0])
         p = lambda t: t.data_ptr()  # noqa: E731
         if spec["product"] == "fprop":
-            c.x, c.w, c.y, c.headers, c.entries = p(self.x), p(self.w), p(out), *map(p, tables)
+            c.x, c.w, c.y, c.headers, c.entries = p(self.x), p(self.w), p(out), *map(p, tables[:2])
         elif spec["product"] == "bprop":
             c.dy, c.w, c.dx, c.headers, c.entries = p(self.dy), p(self.bprop_weight(spec)), p(out), \
-                *map(p, tables)
+                *map(p, tables[:2])
         else:
             c.x, c.dy, c.dw, c.groups = p(self.x), p(self.dy), p(out), p(tables[0])
         return c
@@ -140,24 +140,39 @@ class Problem:
         lay, bs = self.layout, self.layout.block_size
         a, b = self.operands(spec)
         variant = "tma" if spec["tma"] else "ptr"
+        ticket = bool(spec.get("ticket"))
         if spec["product"] == "updat":
             return _launches.updat_launch(variant, tuple(a.shape), a.stride(), tuple(b.shape), b.stride(),
                                           self.dtype, tables[0], bs=bs, axis=self.axis,
                                           cfg=configs.UpdatConfig(**spec["config"]), split=split,
-                                          precision="ieee",
-                                          dw_dtype=self.dtype if spec.get("dw16") else self.torch.float32)
-        return _launches.xprop_launch(variant, tuple(a.shape), a.stride(), self.dtype, *tables,
+                                          precision="ieee", ticket=ticket,
+                                          dw_dtype=self.dtype if spec.get("dw16") or ticket else self.torch.float32)
+        return _launches.xprop_launch(variant, tuple(a.shape), a.stride(), self.dtype, *tables[:2],
                                       blocks=lay.blocks, out_features=lay.K if spec["product"] == "fprop" else lay.C,
                                       bs=bs, axis=self.axis, trans=spec["trans_w"],
                                       cfg=configs.XpropConfig(**spec["config"]), atomic=spec["atomic"],
-                                      precision="ieee")
+                                      precision="ieee", offsets=tables[2] if ticket else None)
 
     def run(self, runner, spec, split):
-        """``runner`` (an AotLaunch or JitLaunch) on fresh buffers: NaN-filled, zeros for atomics."""
-        out = self.output(spec["product"], spec["atomic"], spec.get("dw16", False))
-        if spec["product"] == "updat" and (split > 1 or self.n == 0):  # as a plan zero-fills
+        """``runner`` (an AotLaunch or JitLaunch) on fresh buffers: NaN-filled, zeros for atomics;
+        a ticket spec also gets its zeroed scratch."""
+        from blocksparse.torch import _scratch
+        from blocksparse.torch._matmul import launch as _launches
+
+        out = self.output(spec["product"], spec["atomic"], spec.get("dw16", False) or spec.get("ticket", False))
+        if (spec["product"] == "updat" and self.n == 0) or spec["atomic"]:  # as a plan zero-fills
             out.zero_()
-        runner((*self.operands(spec), out))
+        operands = (*self.operands(spec), out)
+        if spec.get("ticket"):
+            lay, bs = self.layout, self.layout.block_size
+            if spec["product"] == "updat":
+                sizes = _launches.updat_scratch(lay.blocks, bs, len(lay.updat_groups(spec["group"])),
+                                                configs.UpdatConfig(**spec["config"]))
+            else:
+                sizes = _launches.xprop_scratch(self.n, lay.K if spec["product"] == "fprop" else lay.C, bs,
+                                                configs.XpropConfig(**spec["config"]), spec["tma"])
+            operands += (operands[0], *_scratch.scratch(self.device, *sizes))
+        runner(operands)
         return out
 
 
@@ -204,20 +219,33 @@ def check_spec(torch, lib, index, spec, rng):
     lay = Layout(random_layout(rng, max(2, 512 // spec["block_size"]),
                                max(2, 384 // spec["block_size"]), 0.4, empty_rows=1, empty_cols=1),
                  spec["block_size"])
-    split = 3 if spec["atomic"] else 1
+    # a ticket spec (split reductions finished in the kernel) is the PyTorch plans' alone: the op
+    # library's C must refuse it (no scratch there), and a plan never launches it without tokens
+    ticket = bool(spec.get("ticket"))
+    record["ticket"] = ticket
+    split = 3 if spec["atomic"] or ticket else 1
     tol = TOLERANCE[TOL_NAMES[spec["dtype"]]]
     stream = torch.cuda.current_stream().cuda_stream
     cases, ok = [], True
     for n, compare_jit in _token_counts(spec):
+        if ticket and not n:
+            continue
         prob = Problem(torch, rng, lay, spec["dtype"], spec["axis"], n)
-        tables = prob.tables(spec["product"], spec["group"], spec["atomic"])
-        out = prob.output(spec["product"], spec["atomic"], spec.get("dw16", False))
+        tables = prob.tables(spec["product"], spec["group"], spec["atomic"] or ticket)
+        out = prob.output(spec["product"], spec["atomic"], spec.get("dw16", False) or ticket)
         call = prob.call(spec, out, tables, split)
         case = {"n": n, "split": split}
         try:
             first = not cases
             start = time.perf_counter()
-            mm.run_spec(index, call, stream)
+            if ticket:
+                try:
+                    mm.run_spec(index, call, stream)
+                    case["c_refused"] = False
+                except Exception:  # noqa: BLE001 -- what must happen
+                    case["c_refused"] = True
+            else:
+                mm.run_spec(index, call, stream)
             if first:  # loads the module: for PTX, the driver's JIT compile (or its disk cache)
                 torch.cuda.synchronize()
                 record["first_call_ms"] = 1e3 * (time.perf_counter() - start)
@@ -226,6 +254,8 @@ def check_spec(torch, lib, index, spec, rng):
                 launch = prob.launch(spec, tables, split)
                 torch_aot, torch_jit = AotLaunch(launch, lib, index, torch.cuda.current_device()), JitLaunch(launch)
                 via_torch = prob.run(torch_aot, spec, split)
+            if ticket:
+                out = via_torch
             torch.cuda.synchronize()
             ref = prob.refs[spec["product"]]
             case["rel_err_ref"] = _rel(out.double().cpu().numpy(), ref)
@@ -237,11 +267,12 @@ def check_spec(torch, lib, index, spec, rng):
                 case["bitwise_equal_jit"] = bool(torch.equal(out, jit))
                 case["bitwise_equal_jit_torch"] = bool(torch.equal(via_torch, jit))
             if n == _main_n(spec):
-                case["aot_us"] = _time_us(torch, lambda: mm.run_spec(index, call, stream))
+                if not ticket:
+                    case["aot_us"] = _time_us(torch, lambda: mm.run_spec(index, call, stream))
                 case["aot_torch_us"] = _time_us(torch, lambda: prob.run(torch_aot, spec, split))
                 case["jit_us"] = _time_us(torch, lambda: prob.run(torch_jit, spec, split))
             good = (case["rel_err_ref"] < tol and case["rel_err_ref_torch"] < tol
-                    and case.get("rel_err_jit", 0.0) < tol)
+                    and case.get("rel_err_jit", 0.0) < tol and case.get("c_refused", True))
         except Exception as exc:  # a launch failure is a result, not the end of the run
             case["error"] = f"{type(exc).__name__}: {exc}"
             good = False
@@ -308,8 +339,9 @@ def check_packing(torch, lib, rng):
         lay = Layout(random_layout(rng, max(2, 256 // bs), max(2, 128 // bs), 0.5), bs)
         prob = Problem(torch, rng, lay, spec["dtype"], spec["axis"], _probe_n(spec), device="cpu")
         try:
-            tables = prob.tables(spec["product"], spec["group"], spec["atomic"])
-            AotLaunch(prob.launch(spec, tables, 3 if spec["atomic"] else 1), lib, index, -1)
+            splits = spec["atomic"] or spec.get("ticket", False)
+            tables = prob.tables(spec["product"], spec["group"], splits)
+            AotLaunch(prob.launch(spec, tables, 3 if splits else 1), lib, index, -1)
         except Mismatch as exc:
             problems.append(f"{spec['name']}: {exc}")
     return problems
@@ -322,18 +354,23 @@ FUTURE_ARCH = 130
 def check_selection(lib):
     """Pure checks of the library without a GPU: each arch's cubins are found by
     bsk_matmul_select (few-token specs for few tokens, the others past them), and the PTX on a GPU
-    no cubin serves; a ``dw16`` updat (16-bit dW, the PyTorch plans') never: its float32 twin is."""
+    no cubin serves; a ``dw16`` updat or a ``ticket`` spec (the PyTorch plans') never: its float32 /
+    atomic twin is."""
     mm = MatmulRuntime(lib)
     problems = []
     where = {(s["name"], s["target"]): i for i, s in enumerate(lib.specs)}
     for index, spec in enumerate(lib.specs):
-        want = where.get((spec["name"].replace("_dw16", ""), spec["target"])) if spec.get("dw16") else index
+        atomic, name = spec["atomic"], spec["name"].replace("_dw16", "")
+        if spec.get("ticket"):  # the twin: the same kernel and tile with float32 atomics
+            atomic, name = True, name.replace("_ticket", "").replace(f"_{spec['kernel'].removesuffix('_kernel')}",
+                                                                    f"_{spec['kernel'].removesuffix('_kernel')}_atomic", 1)
+        want = where.get((name, spec["target"])) if name != spec["name"] else index
         n = _probe_n(spec) + (0 if spec.get("max_tokens") else configs.SMALL_N)
         call = MatmulCall(product=PRODUCTS[spec["product"]], dtype=DTYPES[spec["dtype"]],
                           block_size=spec["block_size"], axis=spec["axis"], group=spec["group"],
                           n_tokens=n, c_blocks=4, k_blocks=4, blocks=4, table_rows=4)
         arch = FUTURE_ARCH if spec["image"] == "ptx" else spec["arch"]
-        if mm.select(call, arch, spec["atomic"]) != want:
+        if mm.select(call, arch, atomic) != want:
             problems.append(f"{spec['name']} ({spec['target']})")
     return problems
 

@@ -135,8 +135,8 @@ def updat_launch(variant, x_shape, x_strides, dy_shape, dy_strides, dtype, group
     n = x_shape[0] if axis == 1 else x_shape[1]
     per_split = triton.cdiv(triton.cdiv(n, split), cfg.BK) * cfg.BK
     grid = (groups.shape[0], triton.cdiv(n, per_split))
-    ticket = ticket and grid[1] > 1
-    atomic = grid[1] > 1 and not ticket
+    ticket = ticket and split > 1
+    atomic = split > 1 and not ticket
     consts = dict(BS=bs, G=cfg.G, BK=cfg.BK, ATOMIC=atomic, PRECISION=precision, TICKET=ticket)
     tickets = dict(WS=Operand(WS, torch.float32) if ticket else None,
                    COUNTERS=Operand(COUNTERS, torch.int32) if ticket else None)
