@@ -95,7 +95,8 @@ def _strides(axis, *tensors, n16=False):
     return unit, [f"stride_{t}f" for t in tensors] + ["N"] if n16 else []
 
 
-#: The scratch of split reductions finished in the kernel (null where a spec does not finish them).
+#: The scratch of split reductions finished in the kernel (null where a spec does not finish them;
+#: 16-byte aligned: fresh allocations and device tables), vectorised atomics need the hint.
 _TICKET_TYPES = {"WS": "*fp32", "COUNTERS": "*i32", "OFFSETS": "*i32"}
 
 
@@ -111,7 +112,7 @@ def _xprop(spec):
                  "stride_xn": "i32", "stride_xf": "i32", "stride_yn": "i32", "stride_yf": "i32",
                  "BIAS": f"*{t}", "has_bias": "i32", **_TICKET_TYPES}
         unit, wide = _strides(spec.axis, "x", "y", n16=spec.n16)
-        divisible = {"X", "W", "Y", "HEADERS", "ENTRIES", "OUT_FEATURES", *wide}
+        divisible = {"X", "W", "Y", "HEADERS", "ENTRIES", "OUT_FEATURES", *_TICKET_TYPES, *wide}
         consts.update(KB=cfg.KB, BN=output_slice(cfg, bs, tma=False))
     else:
         bk, bn = cfg.BK or bs, output_slice(cfg, bs, tma=True)
@@ -124,7 +125,7 @@ def _xprop(spec):
                  "stride_yn": "i32", "stride_yf": "i32", "BIAS": f"*{t}", "has_bias": "i32", **_TICKET_TYPES}
         consts.update(BK=bk, BN=bn, X_T=x_t, UNROLL=cfg.UNROLL)
         unit, wide = _strides(spec.axis, "y")
-        divisible = {"Y", "HEADERS", "ENTRIES", "OUT_FEATURES", *wide}
+        divisible = {"Y", "HEADERS", "ENTRIES", "OUT_FEATURES", *_TICKET_TYPES, *wide}
     return types, consts | {name: 1 for name in unit}, divisible
 
 
@@ -139,13 +140,13 @@ def _updat(spec):
                  "stride_xn": "i32", "stride_xf": "i32", "stride_dn": "i32", "stride_df": "i32", **tickets}
         unit, wide = _strides(spec.axis, "x", "d", n16=spec.n16)
         consts |= {name: 1 for name in unit}
-        divisible = {"X", "DY", "DW", "GROUPS", "tokens_per_split", *wide}
+        divisible = {"X", "DY", "DW", "GROUPS", "tokens_per_split", *tickets, *wide}
     else:
         x_t = spec.axis == 0
         types = {"x_desc": _desc(t, [cfg.BK, bs], x_t), "dy_desc": _desc(t, [cfg.BK, bs], x_t),
                  "DW": dw, "GROUPS": "*i32", "tokens_per_split": "i32", "N": "i32", **tickets}
         consts.update(X_T=x_t)
-        divisible = {"DW", "GROUPS", "tokens_per_split"}
+        divisible = {"DW", "GROUPS", "tokens_per_split", *tickets}
     return types, consts, divisible
 
 
