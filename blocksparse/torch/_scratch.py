@@ -2,7 +2,9 @@
 
 One float32 workspace and one int32 array of ticket counters per device and stream, grown on
 demand: every launch that uses them leaves them zero again, so no call fills them.  Work on one
-stream runs in order, so calls on it can share them; another stream gets its own pair.
+stream runs in order, so calls on it can share them; another stream gets its own pair.  A buffer
+outgrown is kept, never freed: a CUDA graph captured with it may replay it later (and a capture
+that grows one must not hand the old memory to the next allocation of the same capture).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ __all__ = ["scratch"]
 
 _lock = threading.Lock()
 _buffers: dict = {}  # (device, stream) -> (workspace, counters)
+_outgrown: list = []  # kept alive for the graphs that may hold them
 
 
 def _stream_key(device):
@@ -30,8 +33,10 @@ def scratch(device, ws_elements, counter_elements):
     with _lock:
         ws, counters = _buffers.get(key, (None, None))
         if ws is None or ws.numel() < ws_elements:
+            _outgrown.extend([ws] if ws is not None else [])
             ws = torch.zeros(max(ws_elements, 1 << 16), dtype=torch.float32, device=device)
         if counters is None or counters.numel() < counter_elements:
+            _outgrown.extend([counters] if counters is not None else [])
             counters = torch.zeros(max(counter_elements, 1 << 12), dtype=torch.int32, device=device)
         _buffers[key] = ws, counters
     return ws, counters

@@ -70,17 +70,23 @@ void *current_stream(const at::Tensor &t) {
 
 // The zeroed scratch of split reductions finished in the kernel (blocksparse/ops/matmul/ticket.py):
 // a float32 workspace and int32 ticket counters per device and stream, grown on demand and never
-// freed (no GPU work at exit).  Every launch leaves them zero, so no call fills them; calls on one
-// stream run in order and share them.
+// freed (no GPU work at exit; an outgrown one is kept too, since a CUDA graph captured with it may
+// replay it).  Every launch leaves them zero, so no call fills them; calls on one stream run in
+// order and share them.
 std::pair<at::Tensor, at::Tensor> scratch(const at::Tensor &like, void *stream, int64_t ws, int64_t counters) {
   static std::mutex lock;
   static auto *buffers = new std::map<std::pair<int64_t, void *>, std::pair<at::Tensor, at::Tensor>>();
+  static auto *outgrown = new std::vector<at::Tensor>();
   std::lock_guard<std::mutex> guard(lock);
   auto &pair = (*buffers)[{like.is_cuda() ? int64_t(like.get_device()) : int64_t(-1), stream}];
-  if (!pair.first.defined() || pair.first.numel() < ws)
+  if (!pair.first.defined() || pair.first.numel() < ws) {
+    if (pair.first.defined()) outgrown->push_back(pair.first);
     pair.first = at::zeros({std::max<int64_t>(ws, 1 << 16)}, like.options().dtype(at::kFloat));
-  if (!pair.second.defined() || pair.second.numel() < counters)
+  }
+  if (!pair.second.defined() || pair.second.numel() < counters) {
+    if (pair.second.defined()) outgrown->push_back(pair.second);
     pair.second = at::zeros({std::max<int64_t>(counters, 1 << 12)}, like.options().dtype(at::kInt));
+  }
   return pair;
 }
 

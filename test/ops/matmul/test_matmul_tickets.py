@@ -99,3 +99,5 @@ def test_scratch_grows_and_is_kept_per_device_and_stream():
     assert again[0] is ws and again[1] is counters
     bigger, _ = _scratch.scratch("cpu", ws.numel() + 1, 5)
     assert bigger.numel() > ws.numel() and not bigger.any()
+    # the outgrown one stays allocated: a CUDA graph captured with it may still replay it
+    assert any(t is ws for t in _scratch._outgrown)
