@@ -21,8 +21,11 @@ _outgrown: list = []  # kept alive for the graphs that may hold them
 
 def _stream_key(device):
     if device.type != "cuda":
-        return (str(device), 0)
-    return (str(device), torch.cuda.current_stream(device).cuda_stream)
+        return (device.type, -1, 0)
+    from ._launch import _stream
+
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return ("cuda", index, _stream(index))
 
 
 def scratch(device, ws_elements, counter_elements):
