@@ -108,10 +108,15 @@ class Row:
         self.inputs = (a, b.transpose(1, 2).contiguous() if self.plan.pretranspose else b)
 
     def tensors(self, copy=False):
-        """(input, weight or dy, output buffer) of one launch, NaN-poisoned."""
+        """(input, weight or dy, output buffer) of one launch, NaN-poisoned; a split finished in
+        the kernel also gets the stream's zeroed scratch (operands 4 and 5, as a plan passes it)."""
+        from blocksparse.torch import _scratch
+
         a, b = (t.clone() for t in self.inputs) if copy else self.inputs
         out = torch.full(self.plan.out_shape, float("nan"), dtype=self.plan.out_dtype, device=a.device)
-        return a, b, out
+        if self.plan.scratch is None:
+            return a, b, out
+        return (a, b, out, a, *_scratch.scratch(a.device, *self.plan.scratch))
 
     def result(self, name):
         """The product by runner ``name``, in the caller's dtype."""
@@ -123,6 +128,7 @@ class Row:
     def describe(self):
         plan, spec = self.plan, self.spec
         return dict(spec=spec["name"], max_tokens=spec.get("max_tokens", 0), atomic=spec["atomic"],
+                    ticket=spec.get("ticket", False),
                     split=plan.split, max_segment=plan.max_segment, config=dataclasses.asdict(plan.config))
 
 
