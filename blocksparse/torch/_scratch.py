@@ -2,7 +2,9 @@
 
 One float32 workspace and one int32 array of ticket counters per device and stream, grown on
 demand: every launch that uses them leaves them zero again, so no call fills them.  Work on one
-stream runs in order, so calls on it can share them; another stream gets its own pair.  A buffer
+stream runs in order, so calls on it can share them; another stream gets its own pair.  The
+workspace is as large as the largest split output seen (a product splits only where it has too few
+output tiles to fill the GPU, so a few MB to a few tens of MB).  A buffer
 outgrown is kept, never freed: a CUDA graph captured with it may replay it later (and a capture
 that grows one must not hand the old memory to the next allocation of the same capture).
 """
