@@ -13,10 +13,16 @@ One run times, for C = K = 4096, N = 8192 (compute bound) and N = 64 (memory bou
 
 Every timed configuration is first checked against a float64 reference (outputs NaN-poisoned).
 Then, per problem and op, dense, ours and PyTorch BSR are timed interleaved in ``--rounds`` rounds
-(each round times each once, in rotated order) and the median of each is kept: a change of the
-GPU's clocks shifts all three alike, so ``frac_of_dense`` = useful TFLOP/s (nonzero blocks only)
-over the dense TFLOP/s measured beside it (``dense_ms`` in each row) holds from run to run.
-``--runs 2`` repeats the whole run and reports the largest disagreement of ``frac_of_dense``
+(each round times each once, in rotated order) and the median of each is kept (``ms``, and the
+dense time beside it, ``dense_ms``).  ``frac_of_dense`` = useful TFLOP/s (nonzero blocks only) over
+dense TFLOP/s, the dense time being the median of ``dense_ms`` over every problem of the op, dtype
+and N in the run (``pooled_dense_ms``): two runs showed that 16-bit cuBLAS at N = 8192 is the noisy
+term -- its per-problem median moves by up to 11% within a run while ours moves by under 1% --
+so a ratio to the time beside it inherits that noise (``frac_of_problem_dense`` keeps it).
+PyTorch BSR is timed in CUDA graphs at every N: its eager calls spend 0.3-0.6 ms of Python a call,
+which at N = 8192 made its rows host-bound and bimodal between runs; the graph times its kernels
+alone, which favours it.  ``--runs 2`` (or ``--run 2`` in a later session, then ``--agree``)
+repeats the whole run and reports the largest disagreement of ``frac_of_dense``
 (``bsmm-h200-agreement.json``).  N = 64 calls are timed in CUDA graphs over rotating operand copies
 (several times the L2), so that weights come from device memory; ``hbm_frac`` is the fewest bytes
 the op must move over that time, as a fraction of the copy bandwidth measured in this run.  For
@@ -158,10 +164,10 @@ class Timer:
     """Times one callable, again and again: events around calls for many tokens (compute bound);
     for few tokens a CUDA graph over enough operand copies to overflow the L2 four times."""
 
-    def __init__(self, n, build, per_set_bytes):
+    def __init__(self, n, build, per_set_bytes, graph=False):
         self.graph = None
         self.fn = build(False)
-        if n <= SMALL_N:
+        if n <= SMALL_N or graph:
             copies = max(2, min(64, math.ceil(4 * 60 * 2**20 / per_set_bytes)))
             try:
                 self.graph = common.GraphTimer(lambda: [build(True) for _ in range(copies)])
@@ -241,7 +247,7 @@ def measure(hbm_gbs, save, dtypes, rounds):
                 if "error" not in checked[(impl, op)]:
                     try:
                         timers[impl] = Timer(n, lambda copy, impl=impl: case.call(impl, op, case.operands(copy)),
-                                             operand_bytes)
+                                             operand_bytes, graph=impl == "torch-bsr")
                     except Exception as exc:
                         checked[(impl, op)]["error"] = repr(exc)[:300]
                         torch.cuda.synchronize()
@@ -267,7 +273,7 @@ def measure(hbm_gbs, save, dtypes, rounds):
                     ms, spread = medians[impl]
                     row.update(ms=ms, spread=spread, timer=timers[impl].kind, dense_ms=dense_ms,
                                tflops=p.useful_flops / ms / 1e9)
-                    row["frac_of_dense"] = row["tflops"] / dense_tflops
+                    row["frac_of_problem_dense"] = row["tflops"] / dense_tflops
                     if n <= SMALL_N:
                         row["hbm_frac"] = bytes_moved(p, op) / ms / 1e6 / hbm_gbs
                         row["eager_ms"] = eager_ms(timers[impl].fn)
@@ -276,8 +282,27 @@ def measure(hbm_gbs, save, dtypes, rounds):
                 rows.append(row)
                 print(json.dumps(row), flush=True)
         torch.cuda.empty_cache()
+        pool_dense(rows)
         save(rows)
     return rows
+
+
+def pool_dense(rows):
+    """Set ``pooled_dense_ms`` (the median dense time of the rows' op, dtype and N) and, from it,
+    ``frac_of_dense`` on every timed row."""
+    def group(r):
+        return r["op"], r["dtype"], r["N"]
+
+    dense = {}
+    for r in rows:
+        if r["impl"] == "dense" and "ms" in r:
+            dense.setdefault(group(r), []).append(r["ms"])
+    pooled = {g: statistics.median(ms) for g, ms in dense.items()}
+    for r in rows:
+        if "ms" in r and r["impl"] != "dense" and group(r) in pooled:
+            r["pooled_dense_ms"] = pooled[group(r)]
+            dense_tflops = 2.0 * r["N"] * C * K / pooled[group(r)] / 1e9
+            r["frac_of_dense"] = r["tflops"] / dense_tflops
 
 
 def bytes_moved(p, op):
@@ -291,7 +316,9 @@ def markdown(meta, rows):
     out = [f"# Block-sparse matmul on {meta['device']}", "",
            f"torch {meta['torch']}, triton {meta['triton']}; C = K = {C}; {meta['date']}.  "
            "`frac` = useful TFLOP/s over dense cuBLAS TFLOP/s of the same op, shape and dtype "
-           "measured in the same run (1.0 = exactly density-times faster than dense).  "
+           "measured in the same run: the median of the dense times measured beside each problem "
+           "(1.0 = exactly density-times faster than dense).  PyTorch BSR is timed in CUDA graphs "
+           "(its kernels alone, no Python).  "
            "Produced by `bench/bsmm.py`; raw rows in `bsmm-h200.json`.", "",
            f"Ceilings measured in this run: HBM copy {meta['hbm_gbs']:.0f} GB/s, "
            f"L2 read {meta['l2_gbs']:.0f} GB/s.", ""]
@@ -309,8 +336,9 @@ def markdown(meta, rows):
             eager_text = ("; eager µs: " + ", ".join(f"{op} {dense_eager[op][0]:.1f}-{dense_eager[op][-1]:.1f}"
                                                      for op in OPS if dense_eager[op])) if eager else ""
             out += [f"## N = {n} ({label}), {dt}", "",
-                    "dense ms (per problem, measured beside ours; min-max): " + ", ".join(
-                        f"{op} {dense[op][0]:.4f}-{dense[op][-1]:.4f}" for op in OPS if dense[op]) + eager_text, "",
+                    "dense ms (per problem, measured beside ours; median [min-max]): " + ", ".join(
+                        f"{op} {statistics.median(dense[op]):.4f} [{dense[op][0]:.4f}-{dense[op][-1]:.4f}]"
+                        for op in OPS if dense[op]) + eager_text, "",
                     f"| bs | density | {head} |", "|" + "---|" * (2 + (3 if eager else 2) * len(OPS))]
             for bs in BLOCK_SIZES:
                 for d in DENSITIES:
@@ -348,6 +376,18 @@ def agreement(rows_a, rows_b):
     return (diffs[worst] if worst else float("nan")), worst, diffs
 
 
+def write_agreement(out, rows_a, rows_b):
+    """Write ``bsmm-h200-agreement.json`` (largest disagreement, rows over 5%) into ``out``."""
+    worst, where, diffs = agreement(rows_a, rows_b)
+    summary = dict(largest_rel_diff=worst, row=where, rows_compared=len(diffs),
+                   over_5_percent=sorted([list(k) + [v] for k, v in diffs.items() if v > 0.05],
+                                         key=lambda x: -x[-1]))
+    with open(os.path.join(out, "bsmm-h200-agreement.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    print(f"runs compared: largest frac_of_dense disagreement {worst:.1%} at {where}; "
+          f"{len(summary['over_5_percent'])} of {len(diffs)} rows over 5%")
+
+
 def main():
     global NS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -359,7 +399,18 @@ def main():
                     help="comma-separated token counts N (of 8192,64); a subset writes bsmm-h200-N<n>.*")
     ap.add_argument("--runs", type=int, default=1, help="full runs; with 2 the second is written as "
                     "bsmm-h200-run2.* and the largest disagreement of frac_of_dense is reported")
+    ap.add_argument("--run", type=int, default=1, help="number of the first run (2: written as bsmm-h200-run2.*), "
+                    "for runs made in separate sessions")
+    ap.add_argument("--agree", nargs=2, metavar="JSON", help="no timing: compare two runs' JSON files and "
+                    "write bsmm-h200-agreement.json into --out")
     args = ap.parse_args()
+    if args.agree:
+        runs = []
+        for path in args.agree:
+            with open(path) as f:
+                runs.append(json.load(f)["rows"])
+        write_agreement(args.out, *runs)
+        return
     tokens = tuple(int(n) for n in args.tokens.split(",") if n)
     if not tokens or set(tokens) - set(NS):
         ap.error(f"--tokens must be a subset of {','.join(map(str, NS))}; got {args.tokens!r}")
@@ -374,7 +425,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     import triton
     runs = []
-    for run in range(1, args.runs + 1):
+    for run in range(args.run, args.run + args.runs):
         hbm, l2 = common.hbm_bandwidth_gbs(), common.l2_bandwidth_gbs()
         meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                     date=time.strftime("%Y-%m-%d"), hbm_gbs=hbm, l2_gbs=l2, C=C, K=K, dtypes=dtypes,
@@ -395,14 +446,7 @@ def main():
         for r in bad:
             print("  BAD", json.dumps(r))
     if len(runs) > 1:
-        worst, where, diffs = agreement(runs[0], runs[1])
-        summary = dict(largest_rel_diff=worst, row=where, rows_compared=len(diffs),
-                       over_5_percent=sorted([list(k) + [v] for k, v in diffs.items() if v > 0.05],
-                                             key=lambda x: -x[-1]))
-        with open(os.path.join(args.out, "bsmm-h200-agreement.json"), "w") as f:
-            json.dump(summary, f, indent=1)
-        print(f"runs 1 and 2: largest frac_of_dense disagreement {worst:.1%} at {where}; "
-              f"{len(summary['over_5_percent'])} of {len(diffs)} rows over 5%")
+        write_agreement(args.out, runs[0], runs[1])
 
 
 if __name__ == "__main__":
