@@ -13,7 +13,8 @@ One run times, for C = K = 4096, N = 8192 (compute bound) and N = 64 (memory bou
 
 Every timed configuration is first checked against a float64 reference (outputs NaN-poisoned).
 Then, per problem and op, dense, ours and PyTorch BSR are timed interleaved in ``--rounds`` rounds
-(each round times each once, in rotated order) and the median of each is kept (``ms``, and the
+(each round times each once, in rotated order; as many rounds again where any of them spread by
+more than 10% in the first ones) and the median of each is kept (``ms``, and the
 dense time beside it, ``dense_ms``).  ``frac_of_dense`` = useful TFLOP/s (nonzero blocks only) over
 dense TFLOP/s, the dense time being the median of ``dense_ms`` over every problem of the op, dtype
 and N in the run (``pooled_dense_ms``): two runs showed that 16-bit cuBLAS at N = 8192 is the noisy
@@ -199,16 +200,33 @@ def eager_ms(fn, calls=50):
     return statistics.median(times)
 
 
+#: A problem whose timings spread by more than this after ``--rounds`` rounds gets as many rounds
+#: again (the two full runs of 2026-12-03 disagreed by over 5% only on such rows; about a third of
+#: the problems, nearly all at N = 8192: a run takes about a minute longer).
+NOISY_SPREAD = 0.10
+
+
 def interleaved(timers, rounds):
-    """Median ms of each timer over ``rounds`` rounds; each round times every timer once, in an
-    order rotated per round, so a clock change shifts all implementations of a problem alike."""
+    """(median ms, spread, rounds) of each timer over ``rounds`` rounds; each round times every
+    timer once, in an order rotated per round, so a clock change shifts all implementations of a
+    problem alike.  Where any timer spread by more than :data:`NOISY_SPREAD`, ``rounds`` more rounds
+    follow for all of them: a median of twice as many timings."""
     names = list(timers)
     times = {name: [] for name in names}
-    for r in range(rounds):
+
+    def spread(t):
+        return (max(t) - min(t)) / min(t)
+
+    total = rounds
+    r = 0
+    while r < total:
         order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
             times[name].append(timers[name].ms(first=r == 0))
-    return {name: (statistics.median(t), (max(t) - min(t)) / min(t)) for name, t in times.items()}
+        r += 1
+        if r == rounds and any(spread(t) > NOISY_SPREAD for t in times.values()):
+            total = 2 * rounds
+    return {name: (statistics.median(t), spread(t), len(t)) for name, t in times.items()}
 
 
 def _nbytes(*tensors):
@@ -259,19 +277,19 @@ def measure(hbm_gbs, save, dtypes, rounds):
                     checked[(impl, op)].setdefault("error", repr(exc)[:300])
                 medians = {}
             if "dense" in medians:
-                dense_ms, spread = medians["dense"]
+                dense_ms, spread, taken = medians["dense"]
                 dense_tflops = 2.0 * n * C * K / dense_ms / 1e9
                 rows.append(dict(impl="dense", op=op, dtype=dt, bs=bs, density=d, N=n, C=C, K=K,
-                                 ms=dense_ms, spread=spread, tflops=dense_tflops, frac_of_dense=1.0,
-                                 timer=timers["dense"].kind))
+                                 ms=dense_ms, spread=spread, rounds=taken, tflops=dense_tflops,
+                                 frac_of_dense=1.0, timer=timers["dense"].kind))
                 if n <= SMALL_N:
                     rows[-1]["eager_ms"] = eager_ms(timers["dense"].fn)
                 print(json.dumps(rows[-1]), flush=True)
             for impl in IMPLS:
                 row = checked[(impl, op)]
                 if impl in medians and "dense" in medians:
-                    ms, spread = medians[impl]
-                    row.update(ms=ms, spread=spread, timer=timers[impl].kind, dense_ms=dense_ms,
+                    ms, spread, taken = medians[impl]
+                    row.update(ms=ms, spread=spread, rounds=taken, timer=timers[impl].kind, dense_ms=dense_ms,
                                tflops=p.useful_flops / ms / 1e9)
                     row["frac_of_problem_dense"] = row["tflops"] / dense_tflops
                     if n <= SMALL_N:
@@ -357,7 +375,9 @@ def markdown(meta, rows):
                     out.append(f"| {bs} | {d} | " + " | ".join(cells) + " |")
             out.append("")
     out += ["`!` marks a result outside the dtype's tolerance against float64 (none expected); `~` one "
-            f"whose {meta.get('rounds', 5)} interleaved timings spread by more than 10% (the median is shown).", ""]
+            f"whose interleaved timings spread by more than 10% (the median is shown; {meta.get('rounds', 5)} "
+            "rounds, twice as many for a problem where any implementation spread so in the first ones, "
+            "where the row records `rounds`).", ""]
     return "\n".join(out)
 
 

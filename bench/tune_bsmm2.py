@@ -370,7 +370,7 @@ def measure(todo, save, rounds, cpu, hbm_gbs):
         current_ms = medians.get("current", (None,))[0]
         for impl, (row, _) in checked.items():
             if impl in medians and dense_ms:
-                ms, spread = medians[impl]
+                ms, spread, _ = medians[impl]
                 flops = 2.0 * n * C * K if impl == "dense" else p.useful_flops
                 row.update(ms=ms, spread=spread, timer=timers[impl].kind, dense_ms=dense_ms,
                            frac_of_dense=(flops / ms) / (2.0 * n * C * K / dense_ms))

@@ -36,7 +36,7 @@ static const char *const VALUE_NAMES[V_COUNT] = {
 typedef struct {
   int index, arch, product, dtype, block_size, axis, group, atomic, tma, bm, bk, bn, waves;
   int max_tokens; /* the few-token tiles: calls of at most this many tokens; 0: any */
-  int n16;        /* an (F, N) pointer kernel for token counts that are multiples of 16 */
+  int n16;        /* a pointer kernel for token counts that are multiples of 16 */
   int dw16;       /* an updat writing 16-bit dW (the PyTorch plans'; these ops take float32 dW) */
   int ticket;     /* split reductions finished in the kernel (the PyTorch plans'; they need scratch) */
   int nargs, slots[MAX_ARGS]; /* value of each argument (V_*) */

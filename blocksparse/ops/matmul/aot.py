@@ -39,7 +39,8 @@ def fields(spec: AotSpec):
     """What selects ``spec`` at run time (the manifest's record; scalars are C keys too):
     product, dtype, block size, axis, kernel, atomics, the tables' ``G``, whether bprop transposes
     weight tiles itself, TMA, the resolved tile (``bm``, ``bk``, ``bn``; 0 where unused), ``waves``,
-    ``max_tokens`` (the few-token tiles: calls of at most this many tokens; 0: any), ``n16``,
+    ``max_tokens`` (the few-token tiles: calls of at most this many tokens; 0: any), ``n16`` (token
+    counts that are multiples of 16),
     ``dw16`` (updat writing the activations' 16-bit dtype), ``ticket`` (split reductions finished in
     the kernel) and the whole ``config``."""
     cfg, bs = spec.config, spec.block_size
@@ -86,13 +87,14 @@ def _desc(dtype, block, transposed=False):
 
 
 def _strides(axis, *tensors, n16=False):
-    """(unit, wide) stride parameter names of the activations ``tensors`` (``"x"`` -> stride_xn,
+    """(unit, wide) parameter names of the activations ``tensors`` (``"x"`` -> stride_xn,
     stride_xf): ``unit`` strides are 1; ``wide`` ones are a multiple of 16 -- a feature count
-    (axis 1), or the token count of an ``n16`` spec (axis 0; ``N`` too)."""
+    (axis 1), the token count of an ``n16`` spec (axis 0), and ``N`` itself of an ``n16`` spec."""
     unit = [f"stride_{t}{'f' if axis == 1 else 'n'}" for t in tensors]
+    tokens = ["N"] if n16 else []
     if axis == 1:
-        return unit, [f"stride_{t}n" for t in tensors]
-    return unit, [f"stride_{t}f" for t in tensors] + ["N"] if n16 else []
+        return unit, [f"stride_{t}n" for t in tensors] + tokens
+    return unit, [f"stride_{t}f" for t in tensors] + tokens if n16 else []
 
 
 #: The scratch of split reductions finished in the kernel (null where a spec does not finish them;

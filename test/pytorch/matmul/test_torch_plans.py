@@ -86,6 +86,22 @@ def test_a_gpu_call_gets_a_compiled_spec_packed_as_the_jit_launch(kernels, rng, 
     assert_packed_like_jit(_packed(p, tensors), tensors)
 
 
+@pytest.mark.parametrize("arch", [90, 80])
+def test_a_pointer_updat_takes_the_spec_compiled_for_multiples_of_16_tokens(kernels, rng, arch):
+    """An (N, F) updat on a pointer kernel reduces over tokens: where N is a multiple of 16 it runs
+    the ``n16`` twin (``N`` hinted, as the JIT specialises it), otherwise the plain spec."""
+    lay = Layout(random_layout(rng, 4, 3, 0.5), 32)
+    cases = ((1024, True), (1000, False)) + (((48, True), (40, False)) if arch < 90 else ())  # (few: TMA on sm_90)
+    for n, wide in cases:
+        x, dy = _operands(rng, lay, "updat", n, 1)
+        p = _plan(kernels, lay, "updat", x, dy, 1, arch)
+        assert p.path == "aot", p.runner.reason
+        spec = kernels.specs[p.runner.spec_index]
+        assert spec["kernel"] == "updat_kernel" and bool(spec.get("n16")) is wide, (n, spec["name"])
+        tensors = _call_tensors(p, x, dy)
+        assert_packed_like_jit(_packed(p, tensors), tensors)
+
+
 @pytest.mark.parametrize("kind", ["fprop", "bprop", "updat"])
 @pytest.mark.parametrize("n", [64, configs.SMALL_N, configs.SMALL_N + 8], ids=lambda n: f"n{n}")
 def test_few_token_calls_get_the_few_token_specs_with_the_jit_s_tile(kernels, rng, kind, n):
