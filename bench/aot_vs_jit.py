@@ -3,6 +3,7 @@
     python bench/aot_vs_jit.py --out bench/results               # H200: ~4 min (+ ~3 min build)
     python bench/aot_vs_jit.py --out /tmp/aot --quick             # bf16, bs 32 / 64, d 0.25: ~1 min
     python bench/aot_vs_jit.py --out /tmp/smoke --quick --cpu     # anywhere: tiny sizes, interpreter
+    python bench/aot_vs_jit.py --out DIR --dtypes fp32 --block-sizes 32   # a subset -> aot-vs-jit-h200-fp32-32.*
 
 For C = K = 4096, N = 8192 and N = 64 (``bench/bsmm.py``'s problems: densities 0.1 / 0.25 / 0.5,
 block sizes 16-128, bf16 / fp16 / fp32) and each product, the PyTorch plan of the call is built
@@ -285,10 +286,21 @@ def main():
     ap.add_argument("--kernels", help="kernel library to time (default: BLOCKSPARSE_KERNELS, installed, or built)")
     ap.add_argument("--build-dir", help="where to build the kernel library when none is found")
     ap.add_argument("--workers", type=int, default=8, help="processes compiling the JIT kernels first")
+    ap.add_argument("--dtypes", help="comma-separated subset of the dtypes (writes aot-vs-jit-h200-<subset>.*)")
+    ap.add_argument("--block-sizes", help="comma-separated subset of the block sizes (as --dtypes)")
     args = ap.parse_args()
     if not args.cpu and not torch.cuda.is_available():
         ap.error("no CUDA GPU: use --cpu for a smoke run")
     sizes = CPU if args.cpu else QUICK if args.quick else FULL
+    subset = []
+    for key, given, cast in (("dtypes", args.dtypes, str), ("block_sizes", args.block_sizes, int)):
+        if given:
+            chosen = tuple(cast(v) for v in given.split(",") if v)
+            if not chosen or set(chosen) - set(sizes[key]):
+                ap.error(f"--{key.replace('_', '-')} must be a subset of {','.join(map(str, sizes[key]))}; "
+                         f"got {given!r}")
+            sizes = dict(sizes, **{key: chosen})
+            subset.append("-".join(map(str, chosen)))
     from blocksparse.torch._launch import DeviceInfo, device_info
 
     info = DeviceInfo(90, 132) if args.cpu else device_info(torch.cuda.current_device())
@@ -298,7 +310,7 @@ def main():
     meta = dict(device="cpu (interpreter)" if args.cpu else torch.cuda.get_device_name(), torch=torch.__version__,
                 triton=triton.__version__, date=time.strftime("%Y-%m-%d"), library=os.path.basename(where),
                 C=sizes["C"], rounds=1 if args.cpu else args.rounds, cpu=args.cpu, arch=info.arch, sizes=sizes)
-    stem = "aot-vs-jit-cpu" if args.cpu else "aot-vs-jit-h200"
+    stem = ("aot-vs-jit-cpu" if args.cpu else "aot-vs-jit-h200") + "".join(f"-{part}" for part in subset)
     save = common.result_writer(args.out, stem, meta, markdown)
     problems = [(n, dt, bs, d) for dt in sizes["dtypes"] for n in sizes["ns"] for bs in sizes["block_sizes"]
                 for d in sizes["densities"]]

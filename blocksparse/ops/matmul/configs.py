@@ -188,8 +188,8 @@ class AotSpec:
     pointer kernel compiled for token counts that are multiples of 16 (``N``, and for ``(F, N)``
     activations their feature strides, carry that hint): for ``(F, N)`` activations loads along
     tokens are vectorised (the ahead-of-time kernels without it read them element by element, 8x
-    slower for the bf16 updat at blocks of 32); a pointer updat on ``(N, F)`` activations, whose
-    reduction runs over tokens, drops most of its masks (the JIT, which sees ``N``, was 3.5%
+    slower for the bf16 updat at blocks of 32); a float32 pointer updat on ``(N, F)`` activations,
+    whose reduction runs over tokens, drops most of its masks (the JIT, which sees ``N``, was 3.5%
     faster on the float32 updat at blocks of 32 without it).  ``dw16``: an updat without atomics that writes the weight gradient in the
     activations' 16-bit dtype itself (one rounding of the float32 sums, as the cast it saves), for
     the PyTorch plans: one launch and one op less in every backward.  ``ticket``: the split
@@ -273,6 +273,13 @@ def _aot_updat(arch, dtype, bs, axis, size):
             for kernel, c in kernels for atomic in (False, True)]
 
 
+def _n16_updat(spec):
+    """Whether an ``(N, F)`` updat gets an ``n16`` twin: float32 only.  Timed on the H200
+    (``bench/results/aot-vs-jit-h200*.md``), the hint made the float32 bs 32 updat 3-4% faster
+    (as fast as the JIT); the 16-bit one it made 15% slower at density 0.1 and 5% faster at 0.5."""
+    return spec.product == "updat" and spec.dtype == "fp32"
+
+
 def _kind(spec):
     """What a call selects a spec by, less the kernel."""
     return spec.arch, spec.product, spec.dtype, spec.block_size, spec.axis, spec.atomic, spec.max_tokens
@@ -306,12 +313,12 @@ def aot_specializations(archs=(80, 90), *, dtypes=AOT_DTYPES, block_sizes=KERNEL
                         for product in ("fprop", "bprop"):
                             specs += _aot_xprop(arch, product, dtype, bs, axis, size)
                         specs += _aot_updat(arch, dtype, bs, axis, size)
-    # (F, N) pointer kernels, and pointer updat kernels (a reduction over tokens), also for token
-    # counts that are multiples of 16, where no TMA kernel serves those counts (it does wherever
+    # (F, N) pointer kernels, and float32 pointer updat kernels (a reduction over tokens), also for
+    # token counts that are multiples of 16, where no TMA kernel serves those counts (it does wherever
     # rows are aligned: then the pointer kernel stands in only for counts that are not multiples of 16)
     served = {_kind(s) for s in specs if s.tma}
     specs += [replace(s, n16=True) for s in specs
-              if (s.axis == 0 or s.product == "updat") and not s.tma and _kind(s) not in served]
+              if (s.axis == 0 or _n16_updat(s)) and not s.tma and _kind(s) not in served]
     # updat without atomics also writing 16-bit weight gradients itself (the PyTorch plans' choice;
     # the TensorFlow ops take float32 and never select these)
     specs += [replace(s, dw16=True) for s in specs if s.product == "updat" and not s.atomic and s.dtype != "fp32"]

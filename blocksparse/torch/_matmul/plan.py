@@ -167,7 +167,7 @@ def _aot_spec(kernels, arch, product, dtype, bs, axis, tma, atomic, n, max_token
                   ticket=ticket)
     classes = (max_tokens,) if max_tokens is not None else ((configs.SMALL_N, 0) if n <= configs.SMALL_N else (0,))
     # pointer kernels: the one compiled for multiples of 16 tokens first, where n is one
-    n16 = (True, False) if n % 16 == 0 and (axis == 0 or product == "updat") else (False,)
+    n16 = (True, False) if n % 16 == 0 and (axis == 0 or product == "updat") else (False,)  # where compiled
     for size in classes:
         for variant in ("tma", "ptr") if tma else ("ptr",):
             for wide in n16 if variant == "ptr" else (False,):
