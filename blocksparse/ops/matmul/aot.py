@@ -125,7 +125,7 @@ def _xprop(spec):
                  "Y": f"*{out}", "HEADERS": "*i32", "ENTRIES": "*i32",
                  "num_segments": "i32", "N": "i32", "OUT_FEATURES": "i32",
                  "stride_yn": "i32", "stride_yf": "i32", "BIAS": f"*{t}", "has_bias": "i32", **_TICKET_TYPES}
-        consts.update(BK=bk, BN=bn, X_T=x_t, UNROLL=cfg.UNROLL)
+        consts.update(BK=bk, BN=bn, X_T=x_t, UNROLL=cfg.UNROLL, PREFETCH=cfg.PREFETCH)
         unit, wide = _strides(spec.axis, "y")
         divisible = {"Y", "HEADERS", "ENTRIES", "OUT_FEATURES", *_TICKET_TYPES, *wide}
     return types, consts | {name: 1 for name in unit}, divisible

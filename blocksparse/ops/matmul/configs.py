@@ -31,7 +31,9 @@ class XpropConfig:
     block's reduction in steps of ``BK`` and unrolls its loop ``UNROLL`` times; the pointer kernel
     takes ``KB`` table entries a step (``G`` 1: few tokens, where the bytes in flight bound it).  ``WAVES``: split long
     reductions over several programs (float32 atomics) until about ``WAVES`` programs per SM run
-    (0: never split).  ``TMA``: use the TMA kernel where it can run.
+    (0: never split).  ``TMA``: use the TMA kernel where it can run.  ``PREFETCH``: the TMA kernel
+    walks its table one step ahead, so its tile loads get ``num_stages - 1`` steps of lead instead
+    of ``(num_stages - 1) // 2`` (:mod:`.xprop_tma`).
     """
 
     BM: int
@@ -44,6 +46,7 @@ class XpropConfig:
     WAVES: int = 2
     TMA: bool = True
     KB: int = 1
+    PREFETCH: bool = False
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,12 @@ over the output, block ``[BM, BN]`` (``[BN, BM]``)
 (``Y`` with its strides serves the float32 atomics of split groups instead).  ``BIAS`` /
 ``has_bias``: as in :mod:`.xprop`, added before the store; ``ATOMIC`` / ``TICKET`` split reductions
 (``WS``, ``COUNTERS``, ``OFFSETS``) as there, one ticket per output block.
+
+``PREFETCH``: walk the table one step ahead -- each step loads the entry of the next step, and its
+tile loads use the entry loaded by the step before.  Triton's pipeliner gives a tile load whose
+address waits on a table load of the same step ``(num_stages - 1) // 2`` steps of lead (one
+buffer in flight at ``num_stages`` 2-4); with the entry carried in registers it gives
+``num_stages - 1`` (checked by compiling for sm_90: ``num_stages`` buffers of each tile).
 """
 import triton
 import triton.language as tl
@@ -44,6 +50,35 @@ def _w_tile(w_desc, blk, h, i_n, BS: tl.constexpr, BK: tl.constexpr, BN: tl.cons
     else:
         b = w_desc.load([blk * BS + h * BK, i_n * BN])     # a missing block (-1) reads as zeros
     return b
+
+
+@triton.jit
+def _entry(ENTRIES, e, valid, G: tl.constexpr):
+    """(input block row, weight blocks 0-3) of table entry ``e`` (the unused blocks past ``G``: 0;
+    nothing is read where not ``valid``)."""
+    entry = ENTRIES + e * (1 + G)
+    row = tl.load(entry, mask=valid, other=0)
+    b0 = tl.load(entry + 1, mask=valid, other=0)
+    b1, b2, b3 = b0, b0, b0  # (used only where G says)
+    if G > 1:
+        b1 = tl.load(entry + 2, mask=valid, other=0)
+    if G > 2:
+        b2 = tl.load(entry + 3, mask=valid, other=0)
+        b3 = tl.load(entry + 4, mask=valid, other=0)
+    return row, b0, b1, b2, b3
+
+
+@triton.jit
+def _dots(b_x, w_desc, b0, b1, b2, b3, h, i_n, acc0, acc1, acc2, acc3, BS: tl.constexpr, G: tl.constexpr,
+          BK: tl.constexpr, BN: tl.constexpr, TRANS_W: tl.constexpr, PRECISION: tl.constexpr):
+    """``acc_j += b_x @ (step h of weight block b_j)`` for the group's ``G`` output blocks."""
+    acc0 = tl.dot(b_x, _w_tile(w_desc, b0, h, i_n, BS, BK, BN, TRANS_W), acc0, input_precision=PRECISION)
+    if G > 1:
+        acc1 = tl.dot(b_x, _w_tile(w_desc, b1, h, i_n, BS, BK, BN, TRANS_W), acc1, input_precision=PRECISION)
+    if G > 2:
+        acc2 = tl.dot(b_x, _w_tile(w_desc, b2, h, i_n, BS, BK, BN, TRANS_W), acc2, input_precision=PRECISION)
+        acc3 = tl.dot(b_x, _w_tile(w_desc, b3, h, i_n, BS, BK, BN, TRANS_W), acc3, input_precision=PRECISION)
+    return acc0, acc1, acc2, acc3
 
 
 @triton.jit
@@ -79,7 +114,7 @@ def xprop_tma_kernel(
     BS: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr,
     X_T: tl.constexpr,
     TRANS_W: tl.constexpr, ATOMIC: tl.constexpr, PRECISION: tl.constexpr,
-    UNROLL: tl.constexpr = 1, TICKET: tl.constexpr = False,
+    UNROLL: tl.constexpr = 1, TICKET: tl.constexpr = False, PREFETCH: tl.constexpr = False,
 ):
     # segments vary fastest, then output slices: programs running together share a token tile
     NS: tl.constexpr = BS // BN
@@ -99,21 +134,36 @@ def xprop_tma_kernel(
         acc3 = tl.zeros((BM, BN), dtype=tl.float32)
     # each entry's reduction is walked in BS // BK steps, so that pipeline stages stay small
     KS: tl.constexpr = BS // BK
-    for t in tl.range(start * KS, (start + count) * KS, loop_unroll_factor=UNROLL):
-        entry = ENTRIES + (t // KS) * (1 + G)
-        h = t % KS
-        b_x = _x_tile(x_desc, i_m, tl.load(entry) * BS + h * BK, BM, X_T)
-        # [BM, BK] @ [BK, BN] -> [BM, BN], once per output block of the group
-        acc0 = tl.dot(b_x, _w_tile(w_desc, tl.load(entry + 1), h, i_n, BS, BK, BN, TRANS_W), acc0,
-                      input_precision=PRECISION)
-        if G > 1:
-            acc1 = tl.dot(b_x, _w_tile(w_desc, tl.load(entry + 2), h, i_n, BS, BK, BN, TRANS_W), acc1,
+    if PREFETCH:
+        lo, hi = start * KS, (start + count) * KS
+        e_row, e_b0, e_b1, e_b2, e_b3 = _entry(ENTRIES, start, count > 0, G)  # (none read if empty)
+        if G < 2:  # stand-ins for the accumulators the group lacks (never updated)
+            acc1 = acc0
+        if G < 4:
+            acc2, acc3 = acc0, acc0
+        for t in tl.range(lo, hi, loop_unroll_factor=UNROLL):
+            # this step's entry came with the last step; load the next one's
+            row, b0, b1, b2, b3 = e_row, e_b0, e_b1, e_b2, e_b3
+            e_row, e_b0, e_b1, e_b2, e_b3 = _entry(ENTRIES, (t + 1) // KS, t + 1 < hi, G)
+            acc0, acc1, acc2, acc3 = _dots(_x_tile(x_desc, i_m, row * BS + (t % KS) * BK, BM, X_T), w_desc,
+                                           b0, b1, b2, b3, t % KS, i_n, acc0, acc1, acc2, acc3,
+                                           BS, G, BK, BN, TRANS_W, PRECISION)
+    else:  # the table loads where used: the tiles get (num_stages - 1) // 2 steps of lead
+        for t in tl.range(start * KS, (start + count) * KS, loop_unroll_factor=UNROLL):
+            entry = ENTRIES + (t // KS) * (1 + G)
+            h = t % KS
+            b_x = _x_tile(x_desc, i_m, tl.load(entry) * BS + h * BK, BM, X_T)
+            # [BM, BK] @ [BK, BN] -> [BM, BN], once per output block of the group
+            acc0 = tl.dot(b_x, _w_tile(w_desc, tl.load(entry + 1), h, i_n, BS, BK, BN, TRANS_W), acc0,
                           input_precision=PRECISION)
-        if G > 2:
-            acc2 = tl.dot(b_x, _w_tile(w_desc, tl.load(entry + 3), h, i_n, BS, BK, BN, TRANS_W), acc2,
-                          input_precision=PRECISION)
-            acc3 = tl.dot(b_x, _w_tile(w_desc, tl.load(entry + 4), h, i_n, BS, BK, BN, TRANS_W), acc3,
-                          input_precision=PRECISION)
+            if G > 1:
+                acc1 = tl.dot(b_x, _w_tile(w_desc, tl.load(entry + 2), h, i_n, BS, BK, BN, TRANS_W), acc1,
+                              input_precision=PRECISION)
+            if G > 2:
+                acc2 = tl.dot(b_x, _w_tile(w_desc, tl.load(entry + 3), h, i_n, BS, BK, BN, TRANS_W), acc2,
+                              input_precision=PRECISION)
+                acc3 = tl.dot(b_x, _w_tile(w_desc, tl.load(entry + 4), h, i_n, BS, BK, BN, TRANS_W), acc3,
+                              input_precision=PRECISION)
 
     # columns past the last output block are clipped by the descriptor's shape
     parts = 1

@@ -120,7 +120,7 @@ def xprop_launch(variant, x_shape, x_strides, dtype, headers, entries, *, blocks
                     y_desc=_desc(OUT, y_dtype, y_shape, y_strides, axis, cfg.BM, bn), Y=Operand(OUT, y_dtype),
                     HEADERS=headers, ENTRIES=entries, num_segments=segments, N=n, OUT_FEATURES=out_features,
                     stride_yn=y_n, stride_yf=y_f, **fused)
-        consts.update(BK=bk, BN=bn, X_T=axis == 0, UNROLL=cfg.UNROLL)
+        consts.update(BK=bk, BN=bn, X_T=axis == 0, UNROLL=cfg.UNROLL, PREFETCH=cfg.PREFETCH)
         grid = (segments * (bs // bn) * triton.cdiv(n, cfg.BM),)
     return KernelLaunch(KERNELS[("xprop", variant)], grid, args, consts, cfg.num_warps, cfg.num_stages,
                         zero=(OUT,) if atomic else ())

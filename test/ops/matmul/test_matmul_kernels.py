@@ -163,6 +163,29 @@ def test_xprop_tma(rng, dtype, axis, bs, group, bk, bn, n, max_segment):
         assert rel_err(got.double().numpy(), ref) < TOL[dtype], kind
 
 
+@pytest.mark.parametrize("axis", [1, 0])
+@pytest.mark.parametrize("bs, group, bk, n, max_segment",
+                         [(16, 1, 0, 8, None), (32, 1, 16, 17, 1), (16, 2, 0, 24, 2), (32, 4, 16, 40, None)],
+                         ids=["G1", "G1-BK16-split", "G2-split", "G4-BK16"])
+def test_xprop_tma_walks_its_table_one_step_ahead(rng, axis, bs, group, bk, n, max_segment):
+    """``PREFETCH``: each step's table entry loaded by the step before -- same results as the plain
+    walk, on layouts with empty columns and rows (segments of no entries), split segments, several
+    sub-steps per entry (``BK``) and every group size."""
+    n = n if axis == 1 else -(-n // 8) * 8
+    lay, x, w, dy, (y_ref, dx_ref, _) = _setup(rng, bs, axis, n, "bfloat16", KB=6)
+    for kind, inp, out_features, ref in (("fprop", x, lay.K, y_ref), ("bprop", dy, lay.C, dx_ref)):
+        headers, entries, lut = _lut(lay, kind, max_segment, group)
+        got = {}
+        for prefetch in (False, True):
+            cfg = XpropConfig(BM=16, G=group, num_warps=4, num_stages=1, BK=bk, PREFETCH=prefetch)
+            with poisoned_empty():
+                got[prefetch] = _triton.xprop_tma(inp, w, headers, entries, out_features=out_features, bs=bs,
+                                                  axis=axis, trans=kind == "bprop", cfg=cfg,
+                                                  atomic=lut.num_segments > lut.num_groups, precision="ieee")
+        assert rel_err(got[True].double().numpy(), ref) < TOL["bfloat16"], kind
+        assert torch.equal(got[True], got[False]), kind
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("axis", [1, 0])
 @pytest.mark.parametrize("bs, group, n, split", [(16, 1, 8, 1), (16, 2, 40, 2), (32, 4, 24, 1)],
