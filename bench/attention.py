@@ -36,7 +36,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 if "--cpu" in sys.argv:  # before triton is imported: kernels run in the interpreter on CPU tensors
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -81,6 +81,10 @@ SWEEP_BWD = [BwdConfig(BM1=m1, BN1=n1, BM2=m2, BN2=n2, num_warps=w, num_stages=s
                  (32, 128, 128, 64, 8, 3, True, False), (32, 128, 128, 32, 4, 3, True, False),
                  (64, 64, 64, 64, 4, 3, True, False), (32, 128, 128, 32, 8, 3, False, False),
                  (32, 128, 64, 64, 8, 3, True, True), (64, 64, 64, 64, 8, 3, True, True)]]
+# and the full blocks' walks reading their tables one step ahead (``prefetch``: the main loops get
+# num_stages tile buffers where the plain walk gets 2; see blocksparse/ops/attention/tiles.py)
+SWEEP_FWD += [replace(SWEEP_FWD[i], prefetch=True) for i in (0, 1, 3)]
+SWEEP_BWD += [replace(SWEEP_BWD[i], prefetch=True) for i in (0, 2, 3, 5)]
 SWEEP_SHAPES = (("causal", 4096, 4), ("fixed", 16384, 1))
 
 

@@ -44,11 +44,11 @@ def compile_args(kernel, *, dtype, head_dim, block_size, cfg, causal=False, seql
         types["DQ"] = "*fp32" if cfg.atomic_dq else f"*{dtype}"
     flags = dict(BS=block_size, D=head_dim, CAUSAL=causal, HAS_SEQLENS=seqlens, HAS_MASKS=masks, TMA=cfg.tma)
     if kernel == "attn_fwd_kernel":
-        consts = dict(flags, BM=cfg.BM, BN=cfg.BN, WARP_SPECIALIZE=cfg.warp_specialize)
+        consts = dict(flags, BM=cfg.BM, BN=cfg.BN, WARP_SPECIALIZE=cfg.warp_specialize, PREFETCH=cfg.prefetch)
     elif kernel == "attn_bwd_dq_kernel":
-        consts = dict(flags, BM=cfg.BM2, BN=cfg.BN2)
+        consts = dict(flags, BM=cfg.BM2, BN=cfg.BN2, PREFETCH=cfg.prefetch)
     elif kernel == "attn_bwd_dkdv_kernel":
-        consts = dict(flags, BM=cfg.BM1, BN=cfg.BN1, ATOMIC_DQ=cfg.atomic_dq)
+        consts = dict(flags, BM=cfg.BM1, BN=cfg.BN1, ATOMIC_DQ=cfg.atomic_dq, PREFETCH=cfg.prefetch)
     else:
         consts = dict(BM=cfg.BM2, D=head_dim, TMA=cfg.tma)
     signature = {n: "constexpr" if n in consts else types.get(n, "i32") for n in fn.arg_names}

@@ -15,14 +15,15 @@ tile pair, no atomics: ``S`` and ``dP`` are recomputed in both); or ``attn_bwd_d
 dk/dv with ``ATOMIC_DQ``, which also adds each tile pair's ``dS k`` into a float32 ``dq`` with
 atomics (five products, and atomic traffic).  The tile-config sweep measures both.
 
-All walk full blocks without masking work, then partial ones.  A row that attends to nothing
+All walk full blocks without masking work, then partial ones; with ``PREFETCH`` the full blocks'
+walk reads each table entry one step ahead (:func:`.tiles.entry_ahead`).  A row that attends to nothing
 (``lse = -inf``: empty, fully masked, or past a ragged batch's length) is read as ``lse = +inf``:
 ``P = 0`` there, so it adds nothing and its ``dq`` is zero, never NaN.
 """
 import triton
 import triton.language as tl
 
-from .tiles import block_list, keep_mask, kv_step, list_entry, load_rows, row_tile, store_rows
+from .tiles import block_list, entry_ahead, keep_mask, kv_step, kv_tiles, list_entry, load_rows, row_tile, store_rows
 
 
 @triton.jit
@@ -72,6 +73,7 @@ def attn_bwd_dq_kernel(
     S, HQ, HL, NB, GROUP, qk_scale, sm_scale,
     BS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_SEQLENS: tl.constexpr, HAS_MASKS: tl.constexpr, TMA: tl.constexpr,
+    PREFETCH: tl.constexpr = False,
 ):
     KS: tl.constexpr = BS // BN
     i_bh = tl.program_id(1)
@@ -86,10 +88,20 @@ def attn_bwd_dq_kernel(
     b_dq = tl.zeros([BM, D], dtype=tl.float32)
     kv = (K, V, ENTRIES, MASKS)
     strides = (stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs)
-    for t in tl.range(start * KS, (start + n_full) * KS):
-        b_k, b_v, keep = kv_step(*kv, t, i_b, i_hk, o_m, q_blk, seqlen, *strides,
-                                 BS, BN, D, TMA, False, CAUSAL, HAS_SEQLENS, HAS_MASKS)
-        b_dq = _dq_step(b_dq, b_q, b_do, lse, delta, b_k, b_v, qk_scale, keep, HAS_SEQLENS)
+    if PREFETCH:
+        lo, hi = start * KS, (start + n_full) * KS
+        n_blk, n_k0, _ = entry_ahead(ENTRIES, lo, hi, KS, BS, BN)
+        for t in tl.range(lo, hi):
+            k_blk, k0 = n_blk, n_k0
+            n_blk, n_k0, _ = entry_ahead(ENTRIES, t + 1, hi, KS, BS, BN)
+            b_k, b_v, keep = kv_tiles(K, V, MASKS, k_blk, k0, -1, i_b, i_hk, o_m, q_blk, seqlen, *strides,
+                                      BS, BN, D, TMA, False, CAUSAL, HAS_SEQLENS, HAS_MASKS)
+            b_dq = _dq_step(b_dq, b_q, b_do, lse, delta, b_k, b_v, qk_scale, keep, HAS_SEQLENS)
+    else:
+        for t in tl.range(start * KS, (start + n_full) * KS):
+            b_k, b_v, keep = kv_step(*kv, t, i_b, i_hk, o_m, q_blk, seqlen, *strides,
+                                     BS, BN, D, TMA, False, CAUSAL, HAS_SEQLENS, HAS_MASKS)
+            b_dq = _dq_step(b_dq, b_q, b_do, lse, delta, b_k, b_v, qk_scale, keep, HAS_SEQLENS)
     for t in tl.range((start + n_full) * KS, (start + n_full + n_part) * KS):
         b_k, b_v, keep = kv_step(*kv, t, i_b, i_hk, o_m, q_blk, seqlen, *strides,
                                  BS, BN, D, TMA, True, CAUSAL, HAS_SEQLENS, HAS_MASKS)
@@ -134,7 +146,7 @@ def attn_bwd_dkdv_kernel(
     S, HQ, HL, NB, GROUP, qk_scale, sm_scale,
     BS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_SEQLENS: tl.constexpr, HAS_MASKS: tl.constexpr, TMA: tl.constexpr,
-    ATOMIC_DQ: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr, PREFETCH: tl.constexpr = False,
 ):
     RN: tl.constexpr = BS // BN    # key tiles per block
     MS: tl.constexpr = BS // BM    # query steps per block
@@ -156,11 +168,23 @@ def attn_bwd_dkdv_kernel(
         i_bh = i_b * HQ + i_hq
         # keys wholly past a ragged batch's length are attended by nobody: an empty list
         start, n_full, n_part, seqlen = block_list(HEADERS, SEQLENS, i_b, i_hq % HL, k_blk, NB, k0, S, HAS_SEQLENS)
-        for t in tl.range(start * MS, (start + n_full) * MS):
-            _, q0, _ = list_entry(ENTRIES, t, MS, BS, BM)
-            b_dk, b_dv = _dkdv_step(b_dk, b_dv, b_k, b_v, Q, DO, DQ, LSE, DELTA, i_b, i_hq, i_bh, q0, S,
-                                    stride_qb, stride_qh, stride_qs, stride_dob, stride_doh, stride_dos,
-                                    qk_scale, sm_scale, o_n[:, None] < seqlen, BM, D, TMA, HAS_SEQLENS, ATOMIC_DQ)
+        if PREFETCH:
+            lo, hi = start * MS, (start + n_full) * MS
+            _, n_q0, _ = entry_ahead(ENTRIES, lo, hi, MS, BS, BM)
+            for t in tl.range(lo, hi):
+                q0 = n_q0
+                _, n_q0, _ = entry_ahead(ENTRIES, t + 1, hi, MS, BS, BM)
+                b_dk, b_dv = _dkdv_step(b_dk, b_dv, b_k, b_v, Q, DO, DQ, LSE, DELTA, i_b, i_hq, i_bh, q0, S,
+                                        stride_qb, stride_qh, stride_qs, stride_dob, stride_doh, stride_dos,
+                                        qk_scale, sm_scale, o_n[:, None] < seqlen, BM, D, TMA, HAS_SEQLENS,
+                                        ATOMIC_DQ)
+        else:
+            for t in tl.range(start * MS, (start + n_full) * MS):
+                _, q0, _ = list_entry(ENTRIES, t, MS, BS, BM)
+                b_dk, b_dv = _dkdv_step(b_dk, b_dv, b_k, b_v, Q, DO, DQ, LSE, DELTA, i_b, i_hq, i_bh, q0, S,
+                                        stride_qb, stride_qh, stride_qs, stride_dob, stride_doh, stride_dos,
+                                        qk_scale, sm_scale, o_n[:, None] < seqlen, BM, D, TMA, HAS_SEQLENS,
+                                        ATOMIC_DQ)
         for t in tl.range((start + n_full) * MS, (start + n_full + n_part) * MS):
             q_blk, q0, mask_id = list_entry(ENTRIES, t, MS, BS, BM)
             keep = keep_mask((q0 + tl.arange(0, BM))[None, :], o_n[:, None], seqlen, q_blk, k_blk, mask_id, MASKS,

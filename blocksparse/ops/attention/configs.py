@@ -30,6 +30,7 @@ class FwdConfig:
     num_stages: int = 3
     warp_specialize: bool = False   # tl.range(..., warp_specialize=): producer/consumer warps
     tma: bool = True                # tensor-descriptor loads where the GPU and tensors allow
+    prefetch: bool = False          # the full blocks' walk reads its table one step ahead
 
     def fit(self, block_size):
         """This config with tiles no larger than ``block_size``."""
@@ -51,6 +52,7 @@ class BwdConfig:
     num_stages: int = 3
     tma: bool = True
     atomic_dq: bool = False
+    prefetch: bool = False          # the full blocks' walks read their tables one step ahead
 
     def fit(self, block_size):
         """This config with tiles no larger than ``block_size``."""

@@ -3,7 +3,8 @@
 FlashAttention-2's online softmax over the key blocks a query block attends to, and nothing else:
 a program owns ``BM`` query rows of one (batch, query head) and walks the row list of their query
 block (:mod:`.blocklist`): first the full blocks (no masking work at all), then the partial ones
-(causal diagonal, element masks), ``BN`` keys per step.  Grouped-query attention: query head ``h``
+(causal diagonal, element masks), ``BN`` keys per step.  ``PREFETCH``: the full blocks' walk reads
+each table entry one step ahead (:func:`.tiles.entry_ahead`).  Grouped-query attention: query head ``h``
 reads key/value head ``h // GROUP``.  Ragged batches (``HAS_SEQLENS``): keys at or past the batch
 element's length are masked in every tile; rows past it are written as zeros.
 
@@ -15,7 +16,7 @@ together share their heads' keys and values in L2.
 import triton
 import triton.language as tl
 
-from .tiles import block_list, kv_step, load_rows, row_tile, store_rows
+from .tiles import block_list, entry_ahead, kv_step, kv_tiles, load_rows, row_tile, store_rows
 
 
 @triton.jit
@@ -46,7 +47,7 @@ def attn_fwd_kernel(
     S, HQ, HL, NB, GROUP, qk_scale,
     BS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_SEQLENS: tl.constexpr, HAS_MASKS: tl.constexpr, TMA: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr, PREFETCH: tl.constexpr = False,
 ):
     KS: tl.constexpr = BS // BN    # key steps per block
     i_bh = tl.program_id(1)
@@ -63,10 +64,20 @@ def attn_fwd_kernel(
     # element masks)
     kv = (K, V, ENTRIES, MASKS)
     strides = (stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs)
-    for t in tl.range(start * KS, (start + n_full) * KS, warp_specialize=WARP_SPECIALIZE):
-        b_k, b_v, keep = kv_step(*kv, t, i_b, i_hk, o_m, q_blk, seqlen, *strides,
-                                 BS, BN, D, TMA, False, CAUSAL, HAS_SEQLENS, HAS_MASKS)
-        acc, l_i, m_i = _attend(acc, l_i, m_i, b_q, b_k, b_v, qk_scale, keep, HAS_SEQLENS)
+    if PREFETCH:  # the full blocks' walk one step ahead (tiles.entry_ahead)
+        lo, hi = start * KS, (start + n_full) * KS
+        n_blk, n_k0, _ = entry_ahead(ENTRIES, lo, hi, KS, BS, BN)
+        for t in tl.range(lo, hi, warp_specialize=WARP_SPECIALIZE):
+            k_blk, k0 = n_blk, n_k0
+            n_blk, n_k0, _ = entry_ahead(ENTRIES, t + 1, hi, KS, BS, BN)
+            b_k, b_v, keep = kv_tiles(K, V, MASKS, k_blk, k0, -1, i_b, i_hk, o_m, q_blk, seqlen, *strides,
+                                      BS, BN, D, TMA, False, CAUSAL, HAS_SEQLENS, HAS_MASKS)
+            acc, l_i, m_i = _attend(acc, l_i, m_i, b_q, b_k, b_v, qk_scale, keep, HAS_SEQLENS)
+    else:
+        for t in tl.range(start * KS, (start + n_full) * KS, warp_specialize=WARP_SPECIALIZE):
+            b_k, b_v, keep = kv_step(*kv, t, i_b, i_hk, o_m, q_blk, seqlen, *strides,
+                                     BS, BN, D, TMA, False, CAUSAL, HAS_SEQLENS, HAS_MASKS)
+            acc, l_i, m_i = _attend(acc, l_i, m_i, b_q, b_k, b_v, qk_scale, keep, HAS_SEQLENS)
     for t in tl.range((start + n_full) * KS, (start + n_full + n_part) * KS):
         b_k, b_v, keep = kv_step(*kv, t, i_b, i_hk, o_m, q_blk, seqlen, *strides,
                                  BS, BN, D, TMA, True, CAUSAL, HAS_SEQLENS, HAS_MASKS)

@@ -96,6 +96,17 @@ def list_entry(ENTRIES, t, STEPS: tl.constexpr, BS: tl.constexpr, TILE: tl.const
 
 
 @triton.jit
+def entry_ahead(ENTRIES, t, hi, STEPS: tl.constexpr, BS: tl.constexpr, TILE: tl.constexpr):
+    """:func:`list_entry` of step ``t`` of a walk that ends before ``hi``, read one step ahead of its
+    use (``PREFETCH``: the step's tile loads then wait on no table load of their own step, so
+    Triton's pipeliner gives them ``num_stages - 1`` steps of lead instead of fewer); past the
+    end nothing is read ``(0, 0, -1)``."""
+    p_e = ENTRIES + (t // STEPS) * 2
+    blk = tl.load(p_e, mask=t < hi, other=0)
+    return blk, blk * BS + (t % STEPS) * TILE, tl.load(p_e + 1, mask=t < hi, other=-1)
+
+
+@triton.jit
 def kv_step(K, V, ENTRIES, MASKS, t, i_b, i_hk, o_m, q_blk, seqlen,
             stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
             BS: tl.constexpr, BN: tl.constexpr, D: tl.constexpr, TMA: tl.constexpr, PARTIAL: tl.constexpr,
@@ -103,6 +114,17 @@ def kv_step(K, V, ENTRIES, MASKS, t, i_b, i_hk, o_m, q_blk, seqlen,
     """Step ``t`` of a row-list walk for query rows ``o_m``: the key and value tiles [BN, D] and the
     keep mask ([BM, BN] on partial blocks; on full ones [1, BN], a ragged batch's length only)."""
     k_blk, k0, mask_id = list_entry(ENTRIES, t, BS // BN, BS, BN)
+    return kv_tiles(K, V, MASKS, k_blk, k0, mask_id, i_b, i_hk, o_m, q_blk, seqlen,
+                    stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
+                    BS, BN, D, TMA, PARTIAL, CAUSAL, HAS_SEQLENS, HAS_MASKS)
+
+
+@triton.jit
+def kv_tiles(K, V, MASKS, k_blk, k0, mask_id, i_b, i_hk, o_m, q_blk, seqlen,
+             stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
+             BS: tl.constexpr, BN: tl.constexpr, D: tl.constexpr, TMA: tl.constexpr, PARTIAL: tl.constexpr,
+             CAUSAL: tl.constexpr, HAS_SEQLENS: tl.constexpr, HAS_MASKS: tl.constexpr):
+    """:func:`kv_step` for the table entry ``(k_blk, k0, mask_id)`` already read."""
     o_n = k0 + tl.arange(0, BN)
     if PARTIAL:
         keep = keep_mask(o_m[:, None], o_n[None, :], seqlen, q_blk, k_blk, mask_id, MASKS,

@@ -42,7 +42,7 @@ def fwd(q, k, v, seqlens, tables, *, block_size, causal, scale, cfg):
         S, HQ, rows.heads, rows.order.shape[0], HQ // k.shape[1], scale * LOG2E,
         BS=block_size, BM=cfg.BM, BN=cfg.BN, D=D,
         CAUSAL=causal, HAS_SEQLENS=seqlens is not None, HAS_MASKS=tables.has_masks, TMA=tma,
-        WARP_SPECIALIZE=cfg.warp_specialize,
+        WARP_SPECIALIZE=cfg.warp_specialize, PREFETCH=cfg.prefetch,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return o, lse
@@ -75,14 +75,14 @@ def bwd(do, q, k, v, o, lse, seqlens, tables, *, block_size, causal, scale, cfg)
             lse, delta, _seqlens_arg(seqlens, rows), rows.headers, rows.entries, rows.order, tables.masks,
             *_strides(q, k, v, o, do, dq),
             S, HQ, rows.heads, nb, HQ // HK, scale * LOG2E, scale,
-            BM=cfg.BM2, BN=cfg.BN2, **common,
+            BM=cfg.BM2, BN=cfg.BN2, PREFETCH=cfg.prefetch, **common,
         )
     attn_bwd_dkdv_kernel[(nb * (block_size // cfg.BN1), B * HK)](
         *_operands(tma, (q, cfg.BM1), (k, cfg.BN1), (v, cfg.BN1), (do, cfg.BM1), (dk, cfg.BN1), (dv, cfg.BN1)),
         dq, lse, delta, _seqlens_arg(seqlens, cols), cols.headers, cols.entries, cols.order, tables.masks,
         *_strides(q, k, v, do, dk, dv),
         S, HQ, cols.heads, nb, HQ // HK, scale * LOG2E, scale,
-        BM=cfg.BM1, BN=cfg.BN1, ATOMIC_DQ=cfg.atomic_dq, **common,
+        BM=cfg.BM1, BN=cfg.BN1, ATOMIC_DQ=cfg.atomic_dq, PREFETCH=cfg.prefetch, **common,
     )
     return (dq.to(q.dtype) if cfg.atomic_dq else dq), dk, dv
 

@@ -24,6 +24,11 @@ CASES = {
     "bs32-qtiles-ptr": (32, FwdConfig(BM=16, BN=32, tma=False), BwdConfig(BM1=32, BN1=16, BM2=16, BN2=32, tma=False)),
     "bs16-ws-atomic": (16, FwdConfig(BM=16, BN=16, warp_specialize=True),
                        BwdConfig(BM1=16, BN1=16, BM2=16, BN2=16, atomic_dq=True)),
+    # the full blocks' walks reading their tables one step ahead
+    "bs32-ksteps-tma-prefetch": (32, FwdConfig(BM=32, BN=16, tma=True, prefetch=True),
+                                 BwdConfig(BM1=16, BN1=32, BM2=32, BN2=16, tma=True, prefetch=True)),
+    "bs16-ptr-atomic-prefetch": (16, FwdConfig(BM=16, BN=16, tma=False, prefetch=True),
+                                 BwdConfig(BM1=16, BN1=16, BM2=16, BN2=16, tma=False, atomic_dq=True, prefetch=True)),
 }
 
 
@@ -71,7 +76,8 @@ def test_configs(rng, case, causal):
          causal=causal)
 
 
-@pytest.mark.parametrize("case", ["bs32-ksteps-tma", "bs32-qtiles-ptr", "bs16-ws-atomic"])
+@pytest.mark.parametrize("case", ["bs32-ksteps-tma", "bs32-qtiles-ptr", "bs16-ws-atomic", "bs32-ksteps-tma-prefetch",
+                                  "bs16-ptr-atomic-prefetch"])
 def test_ragged_gqa_and_empty_rows(rng, case):
     bs = CASES[case][0]
     layout = layouts.sliding_window(64 // bs, 1)
@@ -108,3 +114,26 @@ def test_negative_scale_and_very_negative_scores(rng):
     # wider bound here
     _run(rng, case="bs32-ksteps-tma", layout=layout, block_masks=bm, dense=dense, scale=-10.0, positive_qk=True,
          ds_factor=6)
+
+
+@pytest.mark.parametrize("case", ["bs32-ksteps-tma-prefetch", "bs16-ptr-atomic-prefetch"])
+def test_walking_the_tables_ahead_changes_no_bit(rng, case):
+    """``prefetch`` only moves the table reads: outputs and gradients equal the plain walk's exactly
+    (GQA, a ragged batch, an empty query block row)."""
+    from dataclasses import replace
+
+    bs, fcfg, bcfg = CASES[case]
+    layout = layouts.sliding_window(96 // bs, 2)
+    layout[1, :] = 0
+    seed = int(rng.integers(1 << 30))
+    runs = []
+    for on in (True, False):
+        CASES["plain"] = (bs, replace(fcfg, prefetch=on), replace(bcfg, prefetch=on))
+        try:
+            o, lse, grads, _ = _run(np.random.default_rng(seed), case="plain", layout=layout, B=2, HQ=2, HK=1,
+                                    D=16, dtype=torch.bfloat16, seqlens=[70, 96], causal=True)
+        finally:
+            del CASES["plain"]
+        runs.append((o, lse, *grads))
+    for name, a, b in zip(("o", "lse", "dq", "dk", "dv"), *runs):
+        assert torch.equal(a, b), name
