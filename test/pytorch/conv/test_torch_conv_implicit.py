@@ -74,6 +74,32 @@ def test_half_types(rng, kernels, dtype):
 
 
 @pytest.mark.interpreter
+@pytest.mark.parametrize("case", ["2d-same-stride-dilate", "2d-explicit-asymmetric"])
+def test_walking_the_step_table_ahead_changes_no_bit(rng, kernels, monkeypatch, case):
+    """The ``PREFETCH`` tuning choice (each step's table row read by the step before) against the
+    plain walk, forward and input gradient, bit for bit, and against float64."""
+    import triton
+
+    from blocksparse.ops.conv import implicit_gemm
+
+    op, ref = make_op(BlocksparseConv, rng, case, layout="random", edge_bias=False)
+    F, x, dy, _ = random_inputs(rng, op)
+    xt, Ft, dyt = (torch.tensor(a).to(torch.bfloat16) for a in (x, F, dy))
+    tables = op._tables.on(xt.device)
+    kernel = implicit_gemm.conv_implicit_kernel
+    got = {}
+    for prefetch in (False, True):  # the autotuner takes a single config as it is
+        monkeypatch.setattr(kernel, "configs", [triton.Config({"BM": 32, "PREFETCH": prefetch}, num_warps=4,
+                                                              num_stages=1)])
+        monkeypatch.setattr(kernel, "cache", {})
+        got[prefetch] = (implicit_glue.conv_implicit_fwd(xt, Ft.reshape(-1), op.spec, tables, "ieee"),
+                         implicit_glue.conv_implicit_dx(dyt, Ft.reshape(-1), op.spec, tables, "ieee"))
+    want = conv_products(ref, Ft.double().numpy(), xt.double().numpy(), dyt.double().numpy())[:2]
+    for a, b, w in zip(got[True], got[False], want):
+        assert torch.equal(a, b) and rel_error(a, w) < tolerance(torch.bfloat16)
+
+
+@pytest.mark.interpreter
 def test_empty_batch_and_unwritten_outputs(rng, kernels):
     op = BlocksparseConv([([0, 2], [1, 3])], TRS=(3,), DHW=(6,), path="implicit")  # outputs 0, 2 unwritten
     F = torch.tensor(rng.standard_normal(op.f_shape()), dtype=torch.float32)
