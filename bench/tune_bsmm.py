@@ -5,7 +5,7 @@ Produces the numbers behind ``blocksparse/ops/matmul/configs.py``.  One run:
     python bench/tune_bsmm.py --out bench/results/tune-h200.json
     python bench/tune_bsmm.py --narrow --out narrow.jsonl      # sweep 6: 8192 x 1024, bs 32 (~1 min)
     python bench/tune_bsmm.py --pixelfly --out pixelfly.jsonl  # sweep 7: the large pixelfly MLP (~1 min)
-    python bench/tune_bsmm.py --prefetch --out prefetch.jsonl  # sweep 10: tables walked one step ahead (~3 min)
+    python bench/tune_bsmm.py --prefetch --out prefetch.jsonl  # sweep 10: tables walked one step ahead (~4 min)
 
 (Sweeps 6 and 7 append a JSON line per variant; ``--start N`` resumes after a variant that lost the
 CUDA context.)
@@ -161,7 +161,8 @@ def ticket_cases():
 # Sweep 10 (``--prefetch``): the TMA xprop kernel walking its table one step ahead (``PREFETCH``:
 # its tile loads get num_stages - 1 steps of lead instead of (num_stages - 1) // 2, checked by
 # compiling for sm_90), against the tables' tiles: many tokens (N = 8192; short columns at d = 0.1)
-# and few (N = 64, memory bound: more weight bytes in flight per program), bf16.
+# and few (N = 64, memory bound: more weight bytes in flight per program), bf16; and float32 few
+# tokens, whose tiles hold one buffer a tile today (num_stages - 1 with PREFETCH).
 def prefetch_cases():
     """(problem key, op, impl, cfg, waves) of sweep 10: per problem the tables' tile first, then
     the same tile with ``PREFETCH`` at its own and at fewer / more pipeline stages."""
@@ -170,18 +171,19 @@ def prefetch_cases():
     from blocksparse.ops.matmul.configs import xprop_config
 
     out = []
-    for n, densities in ((8192, (0.1, 0.5)), (64, (0.25, 0.5))):
+    for n, densities, dtype in ((8192, (0.1, 0.5), "bf16"), (64, (0.25, 0.5), "bf16"), (64, (0.25, 0.5), "fp32")):
         for bs in (32, 64, 128):
-            current = xprop_config(bs, n)
+            current = xprop_config(bs, n, float32=dtype == "fp32")
             impl = "tma-ticket" if n <= 512 and current.WAVES else "tma"
             bk, bn = current.BK or bs, current.BN or bs
-            fits = 200 * 1024 // ((current.BM * bk + bk * bn) * 2)  # pipeline stages shared memory holds
+            size = 4 if dtype == "fp32" else 2
+            fits = 200 * 1024 // ((current.BM * bk + bk * bn) * size)  # pipeline stages shared memory holds
             stages = sorted(s for s in {current.num_stages, 3, 4} | ({2} if n <= 512 else {6}) if s <= fits)
             variants = [current] + [replace(current, PREFETCH=True, num_stages=s) for s in stages]
             waves = current.WAVES or None if n <= 512 else 2
             for d in densities:
-                key = ("random", n, C, K, bs, d, "bf16")
-                ops = ("fprop", "bprop") if d == 0.5 else ("fprop",)
+                key = ("random", n, C, K, bs, d, dtype)
+                ops = ("fprop", "bprop") if d == 0.5 and dtype == "bf16" else ("fprop",)
                 out += [(key, op, impl, c, waves) for op in ops for c in variants]
     return out
 
@@ -366,7 +368,7 @@ def main():
     ap.add_argument("--tickets", action="store_true", help="sweep 9 only: split reductions finished in the "
                     "kernel against atomics (JSON lines appended to --out)")
     ap.add_argument("--prefetch", action="store_true", help="sweep 10 only: the TMA xprop kernel walking its "
-                    "table one step ahead, N = 8192 and 64, bf16 (JSON lines appended to --out)")
+                    "table one step ahead, N = 8192 and 64, bf16, and float32 at N = 64 (JSON lines appended to --out)")
     ap.add_argument("--profile", action="store_true", help="isolated sweeps: also each variant's GPU time per "
                     "kernel (torch.profiler over the rotating calls, launched eagerly)")
     ap.add_argument("--start", type=int, default=0, help="--narrow / --pixelfly / --few: the first variant to run")
