@@ -29,7 +29,10 @@ repeats the whole run and reports the largest disagreement of ``frac_of_dense``
 the op must move over that time, as a fraction of the copy bandwidth measured in this run.  For
 N = 64 ``eager_ms`` is measured too: back-to-back eager calls (events around 50 of them), host
 time included -- what a training loop sees, where the graph time is the kernels' alone.
-Writes ``bsmm-h200.json`` and ``bsmm-h200.md`` into ``--out``.
+Writes ``bsmm-h200.json`` and ``bsmm-h200.md`` into ``--out`` (``-run<N>`` for a later run; a
+``--dtypes`` / ``--tokens`` subset adds its names).  A full run takes about 10 minutes on an H200;
+where one call cannot hold it, time it in parts (``--dtypes bf16,fp16``, then ``--dtypes fp32``) and
+join them with ``--merge PART.json ... [--run N]``.
 """
 from __future__ import annotations
 
@@ -329,7 +332,7 @@ def bytes_moved(p, op):
     return p.layout.blocks * p.bs * p.bs * e + p.N * (p.C + p.K) * e
 
 
-def markdown(meta, rows):
+def markdown(meta, rows, stem="bsmm-h200"):
     """The committed table: per N and dtype, frac_of_dense of ours and PyTorch BSR per op."""
     out = [f"# Block-sparse matmul on {meta['device']}", "",
            f"torch {meta['torch']}, triton {meta['triton']}; C = K = {C}; {meta['date']}.  "
@@ -337,7 +340,7 @@ def markdown(meta, rows):
            "measured in the same run: the median of the dense times measured beside each problem "
            "(1.0 = exactly density-times faster than dense).  PyTorch BSR is timed in CUDA graphs "
            "(its kernels alone, no Python).  "
-           "Produced by `bench/bsmm.py`; raw rows in `bsmm-h200.json`.", "",
+           f"Produced by `bench/bsmm.py`; raw rows in `{stem}.json`.", "",
            f"Ceilings measured in this run: HBM copy {meta['hbm_gbs']:.0f} GB/s, "
            f"L2 read {meta['l2_gbs']:.0f} GB/s.", ""]
     index = {(r["impl"], r["op"], r["dtype"], r["bs"], r["density"], r["N"]): r for r in rows}
@@ -396,6 +399,35 @@ def agreement(rows_a, rows_b):
     return (diffs[worst] if worst else float("nan")), worst, diffs
 
 
+def merge(parts):
+    """One run's file from parts timed in separate calls (``--dtypes`` / ``--tokens`` subsets): the
+    rows of all, the first part's meta with every part's dtypes and ceilings.  Parts must not share
+    a (dtype, N): each problem's rows come from one call."""
+    meta = {k: v for k, v in parts[0].items() if k != "rows"}
+    seen, rows = {}, []
+    for i, part in enumerate(parts):
+        cells = {(r["dtype"], r["N"]) for r in part["rows"]}
+        shared = sorted(cells & set(seen))
+        if shared:
+            raise ValueError(f"--merge: part {i} repeats (dtype, N) {shared[0]} of part {seen[shared[0]]}; "
+                             "expected parts timing disjoint dtypes or token counts")
+        seen.update({c: i for c in cells})
+        rows += part["rows"]
+    dtypes = {dt for part in parts for dt in part.get("dtypes", common.DTYPES)}
+    meta.update(dtypes=[dt for dt in common.DTYPES if dt in dtypes],
+                hbm_gbs=min(p["hbm_gbs"] for p in parts), l2_gbs=min(p["l2_gbs"] for p in parts),
+                parts=[{k: p[k] for k in ("date", "dtypes", "hbm_gbs", "l2_gbs") if k in p} for p in parts])
+    return dict(meta, rows=rows)
+
+
+def save_run(out, stem, meta, rows):
+    """Write ``stem``.json (meta and rows) and ``stem``.md (the table) into ``out``."""
+    with open(os.path.join(out, stem + ".json"), "w") as f:
+        json.dump(dict(meta, rows=rows), f, indent=1)
+    with open(os.path.join(out, stem + ".md"), "w") as f:
+        f.write(markdown(meta, rows, stem))
+
+
 def write_agreement(out, rows_a, rows_b):
     """Write ``bsmm-h200-agreement.json`` (largest disagreement, rows over 5%) into ``out``."""
     worst, where, diffs = agreement(rows_a, rows_b)
@@ -423,7 +455,23 @@ def main():
                     "for runs made in separate sessions")
     ap.add_argument("--agree", nargs=2, metavar="JSON", help="no timing: compare two runs' JSON files and "
                     "write bsmm-h200-agreement.json into --out")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="no timing: join parts of one run timed in "
+                    "separate calls (disjoint --dtypes / --tokens) into bsmm-h200[-runN].* in --out")
     args = ap.parse_args()
+    if args.merge:
+        parts = []
+        for path in args.merge:
+            with open(path) as f:
+                parts.append(json.load(f))
+        try:
+            run = merge(parts)
+        except ValueError as exc:
+            ap.error(str(exc))
+        rows = run.pop("rows")
+        os.makedirs(args.out, exist_ok=True)
+        save_run(args.out, "bsmm-h200" if args.run == 1 else f"bsmm-h200-run{args.run}", run, rows)
+        print(f"merged {len(parts)} parts: {len(rows)} rows -> {args.out}")
+        return
     if args.agree:
         runs = []
         for path in args.agree:
@@ -438,8 +486,9 @@ def main():
     NS = tokens
     dtypes = tuple(d for d in args.dtypes.split(",") if d)
     unknown = set(dtypes) - set(common.DTYPES)
-    if unknown:
-        ap.error(f"--dtypes must be a subset of {','.join(common.DTYPES)}; got {sorted(unknown)}")
+    if unknown or not dtypes:
+        ap.error(f"--dtypes must be a subset of {','.join(common.DTYPES)}; got {args.dtypes!r}")
+    subset += "" if set(dtypes) == set(common.DTYPES) else "-" + "-".join(dtypes)
     t0 = time.time()
     common.warm_in_workers(_warm, list(problems(dtypes)), args.workers)
     os.makedirs(args.out, exist_ok=True)
@@ -453,10 +502,7 @@ def main():
         stem = ("bsmm-h200" if run == 1 else f"bsmm-h200-run{run}") + subset
 
         def save(rows, meta=meta, stem=stem):
-            with open(os.path.join(args.out, stem + ".json"), "w") as f:
-                json.dump(dict(meta, rows=rows), f, indent=1)
-            with open(os.path.join(args.out, stem + ".md"), "w") as f:
-                f.write(markdown(meta, rows))
+            save_run(args.out, stem, meta, rows)
 
         rows = measure(hbm, save, dtypes, args.rounds)
         runs.append(rows)

@@ -37,7 +37,8 @@ CONFIGS = [
     triton.Config({"BM": 128}, num_warps=4, num_stages=3),
     triton.Config({"BM": 128}, num_warps=8, num_stages=3),
     triton.Config({"BM": 64}, num_warps=4, num_stages=4),
-    # the step table read one step ahead: num_stages filter buffers instead of 2 (not yet timed)
+    # the step table read one step ahead: num_stages filter buffers instead of 2 (timed in
+    # bench/results/conv-implicit-h200-prefetch.md; the GPU picks per layout)
     triton.Config({"BM": 128, "PREFETCH": True}, num_warps=4, num_stages=3),
     triton.Config({"BM": 64, "PREFETCH": True}, num_warps=4, num_stages=4),
 ]

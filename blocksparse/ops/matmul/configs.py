@@ -68,16 +68,21 @@ X, U = XpropConfig, UpdatConfig
 INTERPRETER_XPROP = X(BM=16, G=1, num_warps=4, num_stages=1, TMA=False)
 INTERPRETER_UPDAT = U(G=1, BK=16, num_warps=4, num_stages=1, TMA=False)
 
-# (TMA kernels on sm_90+, pointer kernels otherwise) x (16-bit, float32) x (many, few tokens)
+# (TMA kernels on sm_90+, pointer kernels otherwise) x (16-bit, float32) x (many, few tokens).
+# PREFETCH where sweep 10 found it faster (bench/results/raw/tune-prefetch-h200.jsonl, H200): 16-bit
+# bs 32 / 64 at 8192 tokens 0.97 / 0.91 of the time without at d = 0.5, few tokens 0.73-0.96; bs 128
+# at many tokens was 2-5% slower with it, float32 bs 64 at few tokens mixed.
 _XPROP = {
-    ("tma", "16bit", "large"): {16: X(256, 1, 8, 6, UNROLL=2), 32: X(256, 1, 8, 6), 64: X(256, 1, 8, 5),
-                                128: X(128, 1, 4, 6, BK=64)},
-    ("tma", "16bit", "small"): {16: X(64, 1, 4, 2, WAVES=8), 32: X(64, 1, 4, 2, WAVES=8),
-                                64: X(64, 1, 4, 3, BN=32, WAVES=4), 128: X(64, 1, 4, 6, BN=32, WAVES=0)},
+    ("tma", "16bit", "large"): {16: X(256, 1, 8, 6, UNROLL=2), 32: X(256, 1, 8, 4, PREFETCH=True),
+                                64: X(256, 1, 8, 5, PREFETCH=True), 128: X(128, 1, 4, 6, BK=64)},
+    ("tma", "16bit", "small"): {16: X(64, 1, 4, 2, WAVES=8), 32: X(64, 1, 4, 3, WAVES=8, PREFETCH=True),
+                                64: X(64, 1, 4, 3, BN=32, WAVES=4, PREFETCH=True),
+                                128: X(64, 1, 4, 6, BN=32, WAVES=0, PREFETCH=True)},
     ("tma", "fp32", "large"): {16: X(128, 1, 4, 3), 32: X(128, 1, 4, 3), 64: X(64, 1, 4, 3),
                                128: X(64, 1, 4, 3, BK=32)},
-    ("tma", "fp32", "small"): {16: X(64, 1, 4, 2, WAVES=8), 32: X(64, 1, 4, 2, WAVES=8),
-                               64: X(64, 1, 4, 2, WAVES=8), 128: X(64, 1, 4, 2, BK=32, BN=32, WAVES=8)},
+    ("tma", "fp32", "small"): {16: X(64, 1, 4, 2, WAVES=8), 32: X(64, 1, 4, 3, WAVES=8, PREFETCH=True),
+                               64: X(64, 1, 4, 2, WAVES=8),
+                               128: X(64, 1, 4, 3, BK=32, BN=32, WAVES=8, PREFETCH=True)},
     ("ptr", "16bit", "large"): {16: X(128, 4, 4, 4, TMA=False), 32: X(128, 1, 4, 4, TMA=False),
                                 64: X(128, 1, 4, 3, TMA=False), 128: X(128, 1, 8, 3, TMA=False)},
     ("ptr", "16bit", "small"): {bs: X(64, 1, 4, 3, WAVES=4, TMA=False) for bs in KERNEL_BLOCK_SIZES},

@@ -70,3 +70,34 @@ def test_a_noisy_problem_gets_as_many_rounds_again(noise, rounds):
     assert {name: taken for name, (_, _, taken) in got.items()} == {"dense": rounds, "blocksparse": rounds}
     assert all(t.calls == rounds for t in timers.values())
     assert (got["blocksparse"][1] > bsmm.NOISY_SPREAD) == (noise > bsmm.NOISY_SPREAD)
+
+
+def _part(dtypes, hbm, rows):
+    return dict(device="GPU", torch="t", triton="t", date="2026-01-01", hbm_gbs=hbm, l2_gbs=2 * hbm,
+                C=bsmm.C, K=bsmm.K, dtypes=list(dtypes), rounds=5, run=2, rows=rows)
+
+
+def test_merge_joins_parts_of_one_run_timed_in_separate_calls(tmp_path):
+    rng = random.Random(11)
+    a = [dict(_row(impl, rng.uniform(0.2, 0.4), dtype=dt), frac_of_dense=rng.random())
+         for dt in ("bf16", "fp16") for impl in ("dense", "blocksparse")]
+    b = [dict(_row(impl, rng.uniform(0.5, 0.9), dtype="fp32"), frac_of_dense=rng.random())
+         for impl in ("dense", "blocksparse")]
+    parts = [tmp_path / "a.json", tmp_path / "b.json"]
+    parts[0].write_text(json.dumps(_part(("bf16", "fp16"), 4000.0, a)))
+    parts[1].write_text(json.dumps(_part(("fp32",), 3900.0, b)))
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "bsmm.py"), "--merge", *map(str, parts),
+                           "--run", "2", "--out", str(tmp_path / "out")], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = json.loads((tmp_path / "out" / "bsmm-h200-run2.json").read_text())
+    assert run["rows"] == a + b and run["dtypes"] == ["bf16", "fp16", "fp32"]
+    assert run["hbm_gbs"] == 3900.0 and [p["dtypes"] for p in run["parts"]] == [["bf16", "fp16"], ["fp32"]]
+    table = (tmp_path / "out" / "bsmm-h200-run2.md").read_text()
+    assert "## N = 8192 (compute bound), fp32" in table and "`bsmm-h200-run2.json`" in table
+
+
+def test_merge_refuses_parts_that_time_the_same_problems():
+    rows = [dict(_row("blocksparse", 0.3), frac_of_dense=0.5)]
+    with pytest.raises(ValueError, match=r"part 1 repeats \(dtype, N\) \('bf16', 8192\) of part 0"):
+        bsmm.merge([_part(("bf16",), 4000.0, rows), _part(("bf16",), 4000.0, list(rows))])
