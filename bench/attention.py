@@ -83,9 +83,11 @@ SWEEP_BWD = [BwdConfig(BM1=m1, BN1=n1, BM2=m2, BN2=n2, num_warps=w, num_stages=s
                  (32, 128, 64, 64, 8, 3, True, True), (64, 64, 64, 64, 8, 3, True, True)]]
 # and the full blocks' walks reading their tables one step ahead (``prefetch``: the main loops get
 # num_stages tile buffers where the plain walk gets 2; see blocksparse/ops/attention/tiles.py)
-SWEEP_FWD += [replace(SWEEP_FWD[i], prefetch=True) for i in (0, 1, 3)]
-SWEEP_BWD += [replace(SWEEP_BWD[i], prefetch=True) for i in (0, 2, 3, 5)]
-SWEEP_SHAPES = (("causal", 4096, 4), ("fixed", 16384, 1))
+SWEEP_FWD += [replace(SWEEP_FWD[i], prefetch=True) for i in (0, 1, 3, 6)]
+SWEEP_BWD += [replace(SWEEP_BWD[i], prefetch=True) for i in (0, 2, 3, 5, 8)]
+SWEEP_BWD += [replace(SWEEP_BWD[8], prefetch=True, num_stages=4)]
+# "fixed" at 4k x 4 too: the one comparison row that ran slower with the prefetching tiles
+SWEEP_SHAPES = (("causal", 4096, 4), ("fixed", 16384, 1), ("fixed", 4096, 4))
 
 
 # --------------------------------------------------------------------------- problems

@@ -5,7 +5,8 @@ Produces the numbers behind ``blocksparse/ops/matmul/configs.py``.  One run:
     python bench/tune_bsmm.py --out bench/results/tune-h200.json
     python bench/tune_bsmm.py --narrow --out narrow.jsonl      # sweep 6: 8192 x 1024, bs 32 (~1 min)
     python bench/tune_bsmm.py --pixelfly --out pixelfly.jsonl  # sweep 7: the large pixelfly MLP (~1 min)
-    python bench/tune_bsmm.py --prefetch --out prefetch.jsonl  # sweep 10: tables walked one step ahead (~4 min)
+    python bench/tune_bsmm.py --prefetch --out prefetch.jsonl  # sweep 10: tables walked one step ahead (~2 min)
+    python bench/tune_bsmm.py --prefetch-more --out prefetch.jsonl  # its blocks of 16 and float32 at 8192 tokens
 
 (Sweeps 6 and 7 append a JSON line per variant; ``--start N`` resumes after a variant that lost the
 CUDA context.)
@@ -160,26 +161,38 @@ def ticket_cases():
 
 # Sweep 10 (``--prefetch``): the TMA xprop kernel walking its table one step ahead (``PREFETCH``:
 # its tile loads get num_stages - 1 steps of lead instead of (num_stages - 1) // 2, checked by
-# compiling for sm_90), against the tables' tiles: many tokens (N = 8192; short columns at d = 0.1)
-# and few (N = 64, memory bound: more weight bytes in flight per program), bf16; and float32 few
-# tokens, whose tiles hold one buffer a tile today (num_stages - 1 with PREFETCH).
-def prefetch_cases():
+# compiling for sm_90), against the plain walk: many tokens (N = 8192; short columns at d = 0.1)
+# and few (N = 64, memory bound: more weight bytes in flight per program), bf16 at blocks of 32-128;
+# float32 few tokens, whose plain tiles hold one buffer a tile (num_stages - 1 with PREFETCH).  Its
+# first run (raw/tune-prefetch-h200.jsonl) set the tables; ``--prefetch-more`` adds what it did not
+# time: blocks of 16 (bf16) and float32 at many tokens.
+PREFETCH_PROBLEMS = ((8192, (0.1, 0.5), "bf16", (32, 64, 128)), (64, (0.25, 0.5), "bf16", (32, 64, 128)),
+                     (64, (0.25, 0.5), "fp32", (32, 64, 128)))
+PREFETCH_MORE = ((8192, (0.1, 0.5), "bf16", (16,)), (64, (0.25, 0.5), "bf16", (16,)),
+                 (8192, (0.5,), "fp32", (16, 32, 64, 128)))
+
+
+def prefetch_cases(problems=PREFETCH_PROBLEMS):
     """(problem key, op, impl, cfg, waves) of sweep 10: per problem the tables' tile first, then
-    the same tile with ``PREFETCH`` at its own and at fewer / more pipeline stages."""
+    the same tile with and without ``PREFETCH`` at its own and at fewer / more pipeline stages."""
     from dataclasses import replace
 
     from blocksparse.ops.matmul.configs import xprop_config
 
     out = []
-    for n, densities, dtype in ((8192, (0.1, 0.5), "bf16"), (64, (0.25, 0.5), "bf16"), (64, (0.25, 0.5), "fp32")):
-        for bs in (32, 64, 128):
+    for n, densities, dtype, block_sizes in problems:
+        for bs in block_sizes:
             current = xprop_config(bs, n, float32=dtype == "fp32")
             impl = "tma-ticket" if n <= 512 and current.WAVES else "tma"
             bk, bn = current.BK or bs, current.BN or bs
             size = 4 if dtype == "fp32" else 2
             fits = 200 * 1024 // ((current.BM * bk + bk * bn) * size)  # pipeline stages shared memory holds
             stages = sorted(s for s in {current.num_stages, 3, 4} | ({2} if n <= 512 else {6}) if s <= fits)
-            variants = [current] + [replace(current, PREFETCH=True, num_stages=s) for s in stages]
+            variants = [current]
+            for c in [replace(current, PREFETCH=False)] + [replace(current, PREFETCH=True, num_stages=s)
+                                                           for s in stages]:
+                if c not in variants:
+                    variants.append(c)
             waves = current.WAVES or None if n <= 512 else 2
             for d in densities:
                 key = ("random", n, C, K, bs, d, dtype)
@@ -367,6 +380,8 @@ def main():
     ap.add_argument("--first", action="store_true", help="--few: the first run's variants")
     ap.add_argument("--tickets", action="store_true", help="sweep 9 only: split reductions finished in the "
                     "kernel against atomics (JSON lines appended to --out)")
+    ap.add_argument("--prefetch-more", action="store_true", help="sweep 10's second part only: blocks of 16 "
+                    "(bf16) and float32 at N = 8192 (JSON lines appended to --out)")
     ap.add_argument("--prefetch", action="store_true", help="sweep 10 only: the TMA xprop kernel walking its "
                     "table one step ahead, N = 8192 and 64, bf16, and float32 at N = 64 (JSON lines appended to --out)")
     ap.add_argument("--profile", action="store_true", help="isolated sweeps: also each variant's GPU time per "
@@ -377,10 +392,10 @@ def main():
     args = ap.parse_args()
     if args.smoke:
         return smoke()
-    if args.narrow or args.pixelfly or args.few or args.tickets or args.prefetch:
+    if args.narrow or args.pixelfly or args.few or args.tickets or args.prefetch or args.prefetch_more:
         todo = (narrow_cases() if args.narrow else pixelfly_cases() if args.pixelfly
                 else ticket_cases() if args.tickets else prefetch_cases() if args.prefetch
-                else few_cases(args.first))
+                else prefetch_cases(PREFETCH_MORE) if args.prefetch_more else few_cases(args.first))
         return isolated(args, todo)
     todo = cases(args.quick)
     t0 = time.time()
