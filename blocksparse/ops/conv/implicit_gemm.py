@@ -17,9 +17,11 @@ product a step, which the compiler can pipeline -- with the input address of eac
 computed per tap and masked where the tap falls into the padding.
 
 ``PREFETCH`` (a tuning choice): each step's table row is read by the step before, so the step's
-loads wait on no table load of their own; compiled for sm_90, the filter tile then gets
-``num_stages`` shared-memory buffers where the plain walk gets 2 (the pixels' tile, gathered under
-a mask, is not pipelined either way).
+loads wait on no table load of their own; compiled for sm_90, the pixels' and the filter's tiles
+then get ``num_stages`` shared-memory buffers each where the plain walk gets 2.  The pixels' tile,
+gathered under the padding mask, is copied asynchronously only where the read tensor's strides
+are multiples of 16 elements (the JIT's specialisation; every channel count the benchmark uses);
+otherwise its rows' alignment is unknown and it is loaded in step.
 
 Bytes: each tile reads its pixels' present input channels once per tap (mostly from L2 after the
 first tap) and the column's packed filter; writes its ``[BM, BN]`` output once.  Accumulation is
