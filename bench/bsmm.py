@@ -164,12 +164,23 @@ def _warm(chunk):
     return fails
 
 
+#: A graph timing replays its graph for about this long (3 to 10 replays): PyTorch BSR's slowest
+#: calls (its updat at blocks of 16, tens of ms) took half of a run's timing at 10 replays each.
+GRAPH_BUDGET_MS = 40.0
+
+
+def graph_replays(replay_ms):
+    """Replays of a graph whose one replay took ``replay_ms``: :data:`GRAPH_BUDGET_MS` worth, 3 to 10."""
+    return max(3, min(10, math.ceil(GRAPH_BUDGET_MS / max(replay_ms, 1e-6))))
+
+
 class Timer:
     """Times one callable, again and again: events around calls for many tokens (compute bound);
-    for few tokens a CUDA graph over enough operand copies to overflow the L2 four times."""
+    for few tokens a CUDA graph over enough operand copies to overflow the L2 four times (replays
+    per timing from the first round's: :func:`graph_replays`)."""
 
     def __init__(self, n, build, per_set_bytes, graph=False):
-        self.graph = None
+        self.graph, self.replays = None, 3
         self.fn = build(False)
         if n <= SMALL_N or graph:
             copies = max(2, min(64, math.ceil(4 * 60 * 2**20 / per_set_bytes)))
@@ -181,7 +192,10 @@ class Timer:
 
     def ms(self, first=False):
         if self.graph:
-            return self.graph.median_ms(replays=10)
+            ms = self.graph.median_ms(replays=self.replays)
+            if first:
+                self.replays = graph_replays(ms * self.graph.calls)
+            return ms
         # the first round warms up for 100 ms: clocks take a while to rise after host-side work
         return common.time_ms(self.fn, warmup=100 if first else 10, rep=40)
 
@@ -242,6 +256,7 @@ def measure(hbm_gbs, save, dtypes, rounds):
     results survive an interrupted run)."""
     rows = []
     for n, dt, bs, d in problems(dtypes):
+        t_problem = time.time()
         case = Case(n, dt, bs, d)
         p = case.p
         operand_bytes = _nbytes(p.x, p.w, p.dy)
@@ -261,7 +276,9 @@ def measure(hbm_gbs, save, dtypes, rounds):
                     torch.cuda.synchronize()
                 checked[(impl, op)] = row
         case.p._refs.clear()
+        setup_s = round(time.time() - t_problem, 2)  # operands, layout, float64 references and checks
         for op in OPS:
+            t_op = time.time()
             timers = {"dense": Timer(n, lambda copy: case.dense_call(op, case.operands(copy)),
                                      operand_bytes + C * K * p.x.element_size())}
             for impl in IMPLS:
@@ -279,12 +296,14 @@ def measure(hbm_gbs, save, dtypes, rounds):
                 for impl in IMPLS:
                     checked[(impl, op)].setdefault("error", repr(exc)[:300])
                 medians = {}
+            timing_s = round(time.time() - t_op, 2)  # the op's timers and rounds, all implementations
             if "dense" in medians:
                 dense_ms, spread, taken = medians["dense"]
                 dense_tflops = 2.0 * n * C * K / dense_ms / 1e9
                 rows.append(dict(impl="dense", op=op, dtype=dt, bs=bs, density=d, N=n, C=C, K=K,
                                  ms=dense_ms, spread=spread, rounds=taken, tflops=dense_tflops,
-                                 frac_of_dense=1.0, timer=timers["dense"].kind))
+                                 frac_of_dense=1.0, timer=timers["dense"].kind, timing_s=timing_s,
+                                 setup_s=setup_s))
                 if n <= SMALL_N:
                     rows[-1]["eager_ms"] = eager_ms(timers["dense"].fn)
                 print(json.dumps(rows[-1]), flush=True)
@@ -293,7 +312,7 @@ def measure(hbm_gbs, save, dtypes, rounds):
                 if impl in medians and "dense" in medians:
                     ms, spread, taken = medians[impl]
                     row.update(ms=ms, spread=spread, rounds=taken, timer=timers[impl].kind, dense_ms=dense_ms,
-                               tflops=p.useful_flops / ms / 1e9)
+                               tflops=p.useful_flops / ms / 1e9, timing_s=timing_s)
                     row["frac_of_problem_dense"] = row["tflops"] / dense_tflops
                     if n <= SMALL_N:
                         row["hbm_frac"] = bytes_moved(p, op) / ms / 1e6 / hbm_gbs

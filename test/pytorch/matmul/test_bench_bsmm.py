@@ -101,3 +101,10 @@ def test_merge_refuses_parts_that_time_the_same_problems():
     rows = [dict(_row("blocksparse", 0.3), frac_of_dense=0.5)]
     with pytest.raises(ValueError, match=r"part 1 repeats \(dtype, N\) \('bf16', 8192\) of part 0"):
         bsmm.merge([_part(("bf16",), 4000.0, rows), _part(("bf16",), 4000.0, list(rows))])
+
+
+@pytest.mark.parametrize("replay_ms, replays", [(0.5, 10), (4.0, 10), (10.0, 4), (13.0, 4), (30.0, 3), (400.0, 3)])
+def test_graph_timings_replay_about_the_budget(replay_ms, replays):
+    assert bsmm.graph_replays(replay_ms) == replays
+    if 3 < replays < 10:  # enough replays to fill the budget, one fewer would not
+        assert replays * replay_ms >= bsmm.GRAPH_BUDGET_MS > (replays - 1) * replay_ms
