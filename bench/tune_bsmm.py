@@ -165,7 +165,7 @@ def ticket_cases():
 # and few (N = 64, memory bound: more weight bytes in flight per program), bf16 at blocks of 32-128;
 # float32 few tokens, whose plain tiles hold one buffer a tile (num_stages - 1 with PREFETCH).  Its
 # first run (raw/tune-prefetch-h200.jsonl) set the tables; ``--prefetch-more`` adds what it did not
-# time: blocks of 16 (bf16) and float32 at many tokens.
+# time: blocks of 16 (bf16), float32 at many tokens, and how far to split few-token columns.
 PREFETCH_PROBLEMS = ((8192, (0.1, 0.5), "bf16", (32, 64, 128)), (64, (0.25, 0.5), "bf16", (32, 64, 128)),
                      (64, (0.25, 0.5), "fp32", (32, 64, 128)))
 PREFETCH_MORE = ((8192, (0.1, 0.5), "bf16", (16,)), (64, (0.25, 0.5), "bf16", (16,)),
@@ -198,6 +198,24 @@ def prefetch_cases(problems=PREFETCH_PROBLEMS):
                 key = ("random", n, C, K, bs, d, dtype)
                 ops = ("fprop", "bprop") if d == 0.5 and dtype == "bf16" else ("fprop",)
                 out += [(key, op, impl, c, waves) for op in ops for c in variants]
+    return out
+
+
+def prefetch_waves_cases():
+    """Sweep 10's few-token split: the tables' prefetching tiles at N = 64, bf16, splitting each
+    column over programs until about 2 / 4 / 8 / 16 run per SM (short programs fill their deeper
+    pipelines for few steps; long ones leave SMs idle)."""
+    from dataclasses import replace
+
+    from blocksparse.ops.matmul.configs import xprop_config
+
+    out = []
+    for bs in (32, 64, 128):
+        current = xprop_config(bs, 64)
+        variants = [current] + [replace(current, WAVES=w) for w in (2, 4, 8, 16) if w != current.WAVES]
+        for d in (0.25, 0.5):
+            key = ("random", 64, C, K, bs, d, "bf16")
+            out += [(key, "fprop", "tma-ticket" if c.WAVES else "tma", c, c.WAVES or None) for c in variants]
     return out
 
 
@@ -381,7 +399,8 @@ def main():
     ap.add_argument("--tickets", action="store_true", help="sweep 9 only: split reductions finished in the "
                     "kernel against atomics (JSON lines appended to --out)")
     ap.add_argument("--prefetch-more", action="store_true", help="sweep 10's second part only: blocks of 16 "
-                    "(bf16) and float32 at N = 8192 (JSON lines appended to --out)")
+                    "(bf16), float32 at N = 8192, and the few-token split (WAVES) of the prefetching tiles "
+                    "(JSON lines appended to --out)")
     ap.add_argument("--prefetch", action="store_true", help="sweep 10 only: the TMA xprop kernel walking its "
                     "table one step ahead, N = 8192 and 64, bf16, and float32 at N = 64 (JSON lines appended to --out)")
     ap.add_argument("--profile", action="store_true", help="isolated sweeps: also each variant's GPU time per "
@@ -395,7 +414,8 @@ def main():
     if args.narrow or args.pixelfly or args.few or args.tickets or args.prefetch or args.prefetch_more:
         todo = (narrow_cases() if args.narrow else pixelfly_cases() if args.pixelfly
                 else ticket_cases() if args.tickets else prefetch_cases() if args.prefetch
-                else prefetch_cases(PREFETCH_MORE) if args.prefetch_more else few_cases(args.first))
+                else prefetch_cases(PREFETCH_MORE) + prefetch_waves_cases() if args.prefetch_more
+                else few_cases(args.first))
         return isolated(args, todo)
     todo = cases(args.quick)
     t0 = time.time()
