@@ -204,7 +204,8 @@ def prefetch_cases(problems=PREFETCH_PROBLEMS):
 def prefetch_waves_cases():
     """Sweep 10's few-token split: the tables' prefetching tiles at N = 64, bf16, splitting each
     column over programs until about 2 / 4 / 8 / 16 run per SM (short programs fill their deeper
-    pipelines for few steps; long ones leave SMs idle)."""
+    pipelines for few steps; long ones leave SMs idle); and, where the tile takes a slice of each
+    block's features, the whole block with split columns."""
     from dataclasses import replace
 
     from blocksparse.ops.matmul.configs import xprop_config
@@ -213,6 +214,12 @@ def prefetch_waves_cases():
     for bs in (32, 64, 128):
         current = xprop_config(bs, 64)
         variants = [current] + [replace(current, WAVES=w) for w in (2, 4, 8, 16) if w != current.WAVES]
+        if current.BN:
+            # whole weight blocks a program: fprop's BN-feature slice of a block is BN * 2 bytes of
+            # each of its rows (64 B at BN 32, rows 128 / 256 B apart), bprop's whole rows; split
+            # columns make up for the fewer programs
+            variants += [replace(current, BN=0, BK=min(bs, 64), WAVES=w, num_stages=s)
+                         for w in (4, 8) for s in (3, 4)]
         for d in (0.25, 0.5):
             key = ("random", 64, C, K, bs, d, "bf16")
             out += [(key, "fprop", "tma-ticket" if c.WAVES else "tma", c, c.WAVES or None) for c in variants]
