@@ -108,3 +108,22 @@ def test_graph_timings_replay_about_the_budget(replay_ms, replays):
     assert bsmm.graph_replays(replay_ms) == replays
     if 3 < replays < 10:  # enough replays to fill the budget, one fewer would not
         assert replays * replay_ms >= bsmm.GRAPH_BUDGET_MS > (replays - 1) * replay_ms
+
+
+def test_bsr_copies_share_the_structure_and_own_their_values():
+    import common
+    import torch
+
+    case = bsmm.Case.__new__(bsmm.Case)
+    case.p, case._bsr = common.Problem(128, 96, 8, 32, 0.5, torch.float32, seed=random.randrange(1000),
+                                       device="cpu"), None
+    dense = case.p.dense_w(torch.float32)
+    wt, w = case.bsr(case.p.w)
+    assert torch.equal(w.to_dense(), dense) and torch.equal(wt.to_dense(), dense.t())
+    assert case.bsr(case.p.w)[0] is wt  # the problem's own weight: converted once
+    copy = case.p.w.clone()
+    for mine, theirs in zip(case.bsr(copy), (wt, w)):
+        assert torch.equal(mine.to_dense(), theirs.to_dense())
+        assert mine.values().data_ptr() != theirs.values().data_ptr()  # its own bytes to read
+    other = torch.randn_like(copy)  # not a copy: converted for itself
+    assert torch.equal(case.bsr(other)[1].to_dense(), case.dense(other))
