@@ -57,3 +57,18 @@ def resource_usage(names, processes=2):
         rows += [json.loads(line) for line in out.splitlines()]
     assert sorted(f"{r['family']}:{r['name']}" for r in rows) == sorted(names)
     return rows
+
+
+def compiled_in_subprocess(script, arg):
+    """Run ``script`` (Python source that compiles kernels for a GPU and prints one JSON line last)
+    with ``arg`` as its ``sys.argv[1]``, in a process with Triton's interpreter off; the parsed
+    line.  Compiling for sm_80 / sm_90 needs no GPU, only the interpreter unset."""
+    import json
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    res = subprocess.run([sys.executable, "-c", script, arg], capture_output=True, text=True, env=env, cwd=ROOT,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])

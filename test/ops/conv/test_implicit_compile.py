@@ -3,14 +3,8 @@ interpreter off): with the JIT's divisibility hints both its tiles are copied as
 shared-memory buffers each on the plain walk and ``num_stages`` with ``PREFETCH`` -- the pipelines
 that the module docstring describes and the autotuner's configs rely on."""
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[3]
 
 COMPILE = r"""
 import json, re, sys
@@ -44,12 +38,9 @@ SPECS = [(128, 64, 3, False, False), (128, 64, 3, True, False), (64, 32, 4, True
 
 @pytest.mark.slow
 def test_both_tiles_are_pipelined_and_prefetch_deepens_them():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    res = subprocess.run([sys.executable, "-c", COMPILE, json.dumps(SPECS)], capture_output=True, text=True,
-                         env=env, cwd=ROOT, timeout=600)
-    assert res.returncode == 0, res.stderr[-4000:]
-    built = json.loads(res.stdout.strip().splitlines()[-1])
+    from kernel_build import compiled_in_subprocess
+
+    built = compiled_in_subprocess(COMPILE, json.dumps(SPECS))
     assert len(built) == len(SPECS)
     for (bm, bs, stages, prefetch, _), b in zip(SPECS, built):
         depth = stages if prefetch else 2
