@@ -164,20 +164,22 @@ def test_xprop_tma(rng, dtype, axis, bs, group, bk, bn, n, max_segment):
 
 
 @pytest.mark.parametrize("axis", [1, 0])
-@pytest.mark.parametrize("bs, group, bk, n, max_segment",
-                         [(16, 1, 0, 8, None), (32, 1, 16, 17, 1), (16, 2, 0, 24, 2), (32, 4, 16, 40, None)],
-                         ids=["G1", "G1-BK16-split", "G2-split", "G4-BK16"])
-def test_xprop_tma_walks_its_table_one_step_ahead(rng, axis, bs, group, bk, n, max_segment):
+@pytest.mark.parametrize("bs, group, bk, n, max_segment, bn",
+                         [(16, 1, 0, 8, None, 0), (32, 1, 16, 17, 1, 0), (16, 2, 0, 24, 2, 0),
+                          (32, 4, 16, 40, None, 0), (32, 1, 0, 9, 2, 16)],
+                         ids=["G1", "G1-BK16-split", "G2-split", "G4-BK16", "G1-BN16-split"])
+def test_xprop_tma_walks_its_table_one_step_ahead(rng, axis, bs, group, bk, n, max_segment, bn):
     """``PREFETCH``: each step's table entry loaded by the step before -- same results as the plain
     walk, on layouts with empty columns and rows (segments of no entries), split segments, several
-    sub-steps per entry (``BK``) and every group size."""
+    sub-steps per entry (``BK``), every group size and output blocks sliced over programs (``BN``,
+    as the few-token tiles)."""
     n = n if axis == 1 else -(-n // 8) * 8
     lay, x, w, dy, (y_ref, dx_ref, _) = _setup(rng, bs, axis, n, "bfloat16", KB=6)
     for kind, inp, out_features, ref in (("fprop", x, lay.K, y_ref), ("bprop", dy, lay.C, dx_ref)):
         headers, entries, lut = _lut(lay, kind, max_segment, group)
         got = {}
         for prefetch in (False, True):
-            cfg = XpropConfig(BM=16, G=group, num_warps=4, num_stages=1, BK=bk, PREFETCH=prefetch)
+            cfg = XpropConfig(BM=16, G=group, num_warps=4, num_stages=1, BK=bk, BN=bn, PREFETCH=prefetch)
             with poisoned_empty():
                 got[prefetch] = _triton.xprop_tma(inp, w, headers, entries, out_features=out_features, bs=bs,
                                                   axis=axis, trans=kind == "bprop", cfg=cfg,
