@@ -175,8 +175,10 @@ def _warm(chunk):
     return fails
 
 
-#: A graph timing replays its graph for about this long (3 to 10 replays): PyTorch BSR's slowest
-#: calls (its updat at blocks of 16, tens of ms) took half of a run's timing at 10 replays each.
+#: A graph timing replays its graph for about this long (3 to 10 replays): at 10 replays each,
+#: PyTorch BSR's slow calls at N = 8192 (its updat at blocks of 16, float32 at blocks of 128: 10-90
+#: ms a call) took about half of a run's timing (estimated from the medians of
+#: ``bsmm-h200-prefetch.json``).
 GRAPH_BUDGET_MS = 40.0
 
 
