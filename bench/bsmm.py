@@ -381,6 +381,9 @@ def markdown(meta, rows, stem="bsmm-h200"):
             dense = {op: sorted(r["ms"] for r in rows if (r["impl"], r["op"], r["dtype"], r["N"]) ==
                                 ("dense", op, dt, n)) for op in OPS}
             label = "compute bound" if n > SMALL_N else "memory bound"
+            if not any((r["dtype"], r["N"]) == (dt, n) for r in rows):
+                out += [f"## N = {n} ({label}), {dt}", "", "Not reached in this run.", ""]
+                continue
             eager = n <= SMALL_N  # host time matters here: an eager column (µs per call, back to back)
             head = " | ".join(f"{op} ours | {op} ours eager µs | {op} bsr" if eager else f"{op} ours | {op} bsr"
                               for op in OPS)
@@ -398,18 +401,21 @@ def markdown(meta, rows, stem="bsmm-h200"):
                     cells = []
                     for op in OPS:
                         for impl in IMPLS:
-                            r = index.get((impl, op, dt, bs, d, n), {})
-                            if "ms" not in r:
+                            r = index.get((impl, op, dt, bs, d, n))
+                            if r is None:
+                                cells.append("–")  # not reached (a run cut short)
+                            elif "ms" not in r:
                                 cells.append("err")
                             else:
                                 mark = ("" if r.get("ok") else "!") + ("~" if r.get("spread", 0) > 0.1 else "")
                                 hbm = f" ({r['hbm_frac']:.2f} hbm)" if n <= SMALL_N else ""
                                 cells.append(f"{r['frac_of_dense']:.2f}{hbm}{mark}")
                             if eager and impl == "blocksparse":
-                                cells.append(f"{1000 * r['eager_ms']:.1f}" if "eager_ms" in r else "–")
+                                cells.append(f"{1000 * r['eager_ms']:.1f}" if r and "eager_ms" in r else "–")
                     out.append(f"| {bs} | {d} | " + " | ".join(cells) + " |")
             out.append("")
-    out += ["`!` marks a result outside the dtype's tolerance against float64 (none expected); `~` one "
+    out += ["`!` marks a result outside the dtype's tolerance against float64 (none expected); `err` a "
+            "call that raised (the row's `error`); `–` a problem the run did not reach; `~` one "
             f"whose interleaved timings spread by more than 10% (the median is shown; {meta.get('rounds', 5)} "
             "rounds, twice as many for a problem where any implementation spread so in the first ones, "
             "where the row records `rounds`).", ""]

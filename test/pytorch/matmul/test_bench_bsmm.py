@@ -127,3 +127,18 @@ def test_bsr_copies_share_the_structure_and_own_their_values():
         assert mine.values().data_ptr() != theirs.values().data_ptr()  # its own bytes to read
     other = torch.randn_like(copy)  # not a copy: converted for itself
     assert torch.equal(case.bsr(other)[1].to_dense(), case.dense(other))
+
+
+def test_the_table_tells_a_failed_call_from_a_problem_not_reached():
+    meta = dict(device="GPU", torch="t", triton="t", date="2026-01-01", hbm_gbs=4000.0, l2_gbs=9000.0,
+                dtypes=["bf16"], rounds=5)
+    rows = [dict(_row("dense", 0.35, op=op), frac_of_dense=1.0) for op in bsmm.OPS]
+    rows += [dict(_row("blocksparse", 0.3, op=op), frac_of_dense=0.61, ok=True) for op in bsmm.OPS]
+    rows += [dict(impl="torch-bsr", op=op, dtype="bf16", bs=32, density=0.5, N=8192, error="RuntimeError()")
+             for op in bsmm.OPS]
+    table = bsmm.markdown(meta, rows)
+    row = next(line for line in table.splitlines() if line.startswith("| 32 | 0.5 |"))
+    assert row.split(" | ")[2:] == ["0.61", "err"] * 2 + ["0.61", "err |"]
+    unreached = next(line for line in table.splitlines() if line.startswith("| 64 | 0.5 |"))
+    assert unreached.count("–") == 6 and "err" not in unreached
+    assert "## N = 64 (memory bound), bf16\n\nNot reached in this run." in table  # no row of that N
