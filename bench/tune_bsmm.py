@@ -226,6 +226,21 @@ def prefetch_waves_cases():
     return out
 
 
+def few16_cases():
+    """Sweep 10's blocks of 16 at few tokens on the pointer kernel: ``KB`` table entries a step
+    (a ``[64, 16 KB]`` activation gather times ``[16 KB, 16]`` weight rows), so a step is more
+    than one 512-byte block -- the TMA tile's step, one block, is what bounds it (2.5x dense's
+    time at d = 0.5) -- unsplit and split over about 4 programs per SM (tickets)."""
+    out = []
+    variants = [X(64, 1, w, st, WAVES=waves, KB=kb, TMA=False)
+                for kb in (4, 8, 16) for w, st in ((4, 3), (8, 2)) for waves in (0, 4)]
+    for d in (0.25, 0.5):
+        key = ("random", 64, C, K, 16, d, "bf16")
+        ops = ("fprop", "bprop") if d == 0.5 else ("fprop",)
+        out += [(key, op, "ptr-ticket" if c.WAVES else "ptr", c, c.WAVES or None) for op in ops for c in variants]
+    return out
+
+
 def _kb(bs, kb, w, st, bn=0):
     return X(64, 1, w, st, BN=bn, WAVES=0, KB=kb, TMA=False)
 
@@ -421,7 +436,7 @@ def main():
     if args.narrow or args.pixelfly or args.few or args.tickets or args.prefetch or args.prefetch_more:
         todo = (narrow_cases() if args.narrow else pixelfly_cases() if args.pixelfly
                 else ticket_cases() if args.tickets else prefetch_cases() if args.prefetch
-                else prefetch_cases(PREFETCH_MORE) + prefetch_waves_cases() if args.prefetch_more
+                else prefetch_cases(PREFETCH_MORE) + prefetch_waves_cases() + few16_cases() if args.prefetch_more
                 else few_cases(args.first))
         return isolated(args, todo)
     todo = cases(args.quick)
