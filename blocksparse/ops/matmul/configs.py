@@ -71,14 +71,19 @@ INTERPRETER_UPDAT = U(G=1, BK=16, num_warps=4, num_stages=1, TMA=False)
 # (TMA kernels on sm_90+, pointer kernels otherwise) x (16-bit, float32) x (many, few tokens).
 # PREFETCH where sweep 10 found it faster (bench/results/raw/tune-prefetch-h200.jsonl, H200): 16-bit
 # bs 32 / 64 at 8192 tokens 0.97 / 0.91 of the time without at d = 0.5, few tokens 0.73-0.96; bs 128
-# at many tokens was 2-5% slower with it, float32 bs 64 at few tokens mixed.
+# at many tokens was 2-5% slower with it, float32 bs 64 at few tokens mixed.  Its second part
+# (raw/tune-prefetch-more-h200.jsonl): float32 bs 16 at 8192 tokens 0.92 of the time with it (bs 32-128
+# within 2%, kept); few-token bs 32 split to ~4 programs per SM, not 8 (0.94-0.95); few-token bs 16
+# on the pointer kernel, 8 blocks a step, split to ~4 per SM: 0.70 / 0.77 of the TMA tile's time
+# (fprop / bprop, d = 0.5), 0.72 at d = 0.25.
 _XPROP = {
     ("tma", "16bit", "large"): {16: X(256, 1, 8, 6, UNROLL=2), 32: X(256, 1, 8, 4, PREFETCH=True),
                                 64: X(256, 1, 8, 5, PREFETCH=True), 128: X(128, 1, 4, 6, BK=64)},
-    ("tma", "16bit", "small"): {16: X(64, 1, 4, 2, WAVES=8), 32: X(64, 1, 4, 3, WAVES=8, PREFETCH=True),
+    ("tma", "16bit", "small"): {16: X(64, 1, 4, 3, WAVES=4, KB=8, TMA=False),
+                                32: X(64, 1, 4, 3, WAVES=4, PREFETCH=True),
                                 64: X(64, 1, 4, 3, BN=32, WAVES=4, PREFETCH=True),
                                 128: X(64, 1, 4, 6, BN=32, WAVES=0, PREFETCH=True)},
-    ("tma", "fp32", "large"): {16: X(128, 1, 4, 3), 32: X(128, 1, 4, 3), 64: X(64, 1, 4, 3),
+    ("tma", "fp32", "large"): {16: X(128, 1, 4, 3, PREFETCH=True), 32: X(128, 1, 4, 3), 64: X(64, 1, 4, 3),
                                128: X(64, 1, 4, 3, BK=32)},
     ("tma", "fp32", "small"): {16: X(64, 1, 4, 2, WAVES=8), 32: X(64, 1, 4, 3, WAVES=8, PREFETCH=True),
                                64: X(64, 1, 4, 2, WAVES=8),
