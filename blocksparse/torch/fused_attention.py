@@ -154,9 +154,9 @@ def attention(q, k, v, layout, *, block_size=None, causal=False, scale=None, seq
                          f"{bs} = {blocks * bs}, but q has S = {S}")
     scale = _check_scale(scale, D)
     seqlens = _check_seqlens(seqlens, B, q.device)
-    forward = _ops.plain_forward if plain_ops_needed(q, k, v) else _ops.attention_fwd
-    o, _ = forward(q, k, v, seqlens, handle, bool(causal), scale)
-    return o
+    if plain_ops_needed(q, k, v):
+        return _ops.plain_forward(q, k, v, seqlens, handle, bool(causal), scale)[0]
+    return _ops.attention(q, k, v, seqlens, handle, bool(causal), scale)
 
 
 # --------------------------------------------------------------------------- argument checks

@@ -6,6 +6,7 @@
 (Hopper and newer, 16-byte aligned rows), tiles move through 4-D descriptors; otherwise through
 pointer loads.
 """
+import functools
 import math
 
 import torch
@@ -94,9 +95,15 @@ def tma_ok(*tensors):
     for t in tensors:
         if t.stride(-1) != 1 or t.data_ptr() % 16 or any(s * t.element_size() % 16 for s in t.stride()[:-1]):
             return False
-        if t.is_cuda and torch.cuda.get_device_capability(t.device)[0] < 9:
+        if t.is_cuda and _major(t.device.index) < 9:
             return False
     return True
+
+
+@functools.cache
+def _major(index):
+    """The compute capability's major number of CUDA device ``index`` (asked once per device)."""
+    return torch.cuda.get_device_capability(index)[0]
 
 
 def _unit_stride(t):

@@ -8,6 +8,11 @@
 ``layout`` is an integer handle from :mod:`.state`.  Each op chooses at run time between the Triton
 kernels and the reference path (:func:`use_triton`); both give the same answer.  Fake (shape)
 functions let ``torch.compile(fullgraph=True)`` trace them.
+
+Eager calls skip the dispatcher: :func:`attention` runs the same implementations through
+:class:`AttentionFunction` (applied without ``Function.apply``'s Python wrapper), or the forward
+alone when no gradient is wanted -- a custom op's Python dispatch costs more host time than the
+launches it wraps.
 """
 
 from typing import Optional
@@ -16,6 +21,7 @@ import torch
 from torch import Tensor
 
 from ...ops.attention import configs
+from .._autograd import direct_apply
 from .._backend import kernels_serve
 from . import reference as _reference
 from . import state as _state
@@ -42,15 +48,30 @@ def plain_forward(q, k, v, seqlens, layout, causal, scale):
     return _reference.forward(q, k, v, st.dense_mask(causal, q.device), seqlens, scale)
 
 
-@torch.library.custom_op("blocksparse::attention_fwd", mutates_args=())
-def attention_fwd(q: Tensor, k: Tensor, v: Tensor, seqlens: Optional[Tensor], layout: int, causal: bool,
-                  scale: float) -> tuple[Tensor, Tensor]:
+def forward_pass(q, k, v, seqlens, layout, causal, scale):
+    """``(o, lse)`` on the kernels or the reference path."""
     st = _state.state(layout)
     if use_triton(q, st.block_size):
         from . import launch
         return launch.fwd(q, k, v, seqlens, st.tables(causal, q.device), block_size=st.block_size,
                           causal=causal, scale=scale, cfg=configs.fwd_config(q.shape[-1], st.block_size))
     return plain_forward(q, k, v, seqlens, layout, causal, scale)
+
+
+def backward_pass(do, q, k, v, o, lse, seqlens, layout, causal, scale):
+    """``(dq, dk, dv)`` of :func:`forward_pass`'s ``o`` on the kernels or the reference path."""
+    st = _state.state(layout)
+    if use_triton(q, st.block_size):
+        from . import launch
+        return launch.bwd(do, q, k, v, o, lse, seqlens, st.tables(causal, q.device), block_size=st.block_size,
+                          causal=causal, scale=scale, cfg=configs.bwd_config(q.shape[-1], st.block_size))
+    return _reference.backward(do, q, k, v, o, st.dense_mask(causal, q.device), seqlens, scale)
+
+
+@torch.library.custom_op("blocksparse::attention_fwd", mutates_args=())
+def attention_fwd(q: Tensor, k: Tensor, v: Tensor, seqlens: Optional[Tensor], layout: int, causal: bool,
+                  scale: float) -> tuple[Tensor, Tensor]:
+    return forward_pass(q, k, v, seqlens, layout, causal, scale)
 
 
 @attention_fwd.register_fake
@@ -61,12 +82,7 @@ def _(q, k, v, seqlens, layout, causal, scale):
 @torch.library.custom_op("blocksparse::attention_bwd", mutates_args=())
 def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, seqlens: Optional[Tensor],
                   layout: int, causal: bool, scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    st = _state.state(layout)
-    if use_triton(q, st.block_size):
-        from . import launch
-        return launch.bwd(do, q, k, v, o, lse, seqlens, st.tables(causal, q.device), block_size=st.block_size,
-                          causal=causal, scale=scale, cfg=configs.bwd_config(q.shape[-1], st.block_size))
-    return _reference.backward(do, q, k, v, o, st.dense_mask(causal, q.device), seqlens, scale)
+    return backward_pass(do, q, k, v, o, lse, seqlens, layout, causal, scale)
 
 
 @attention_bwd.register_fake
@@ -96,3 +112,37 @@ def _no_double_backward(ctx, *grads):
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 attention_bwd.register_autograd(_no_double_backward, setup_context=lambda ctx, inputs, output: None)
+
+
+class AttentionFunction(torch.autograd.Function):
+    """The eager path with a gradient: :func:`forward_pass` and :func:`backward_pass` called directly.  A
+    backward that builds a graph (``create_graph=True``) goes through :func:`attention_bwd`, whose
+    gradient says clearly that double backward is not implemented."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, seqlens, layout, causal, scale):
+        o, lse = forward_pass(q, k, v, seqlens, layout, causal, scale)
+        ctx.save_for_backward(q, k, v, o, lse, seqlens)
+        ctx.meta = (layout, causal, scale)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse, seqlens = ctx.saved_tensors
+        layout, causal, scale = ctx.meta
+        grads = attention_bwd if torch.is_grad_enabled() else backward_pass
+        dq, dk, dv = grads(do, q, k, v, o, lse, seqlens, layout, causal, scale)
+        return dq, dk, dv, None, None, None, None
+
+
+_apply = direct_apply(AttentionFunction)
+
+
+def attention(q, k, v, seqlens, layout, causal, scale):
+    """``o`` (checked inputs): the custom op while ``torch.compile`` traces, else the eager path --
+    :class:`AttentionFunction` when a gradient is wanted, the forward alone when not."""
+    if torch.compiler.is_compiling():
+        return attention_fwd(q, k, v, seqlens, layout, causal, scale)[0]
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _apply(q, k, v, seqlens, layout, causal, scale)
+    return forward_pass(q, k, v, seqlens, layout, causal, scale)[0]
