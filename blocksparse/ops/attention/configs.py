@@ -63,19 +63,21 @@ class BwdConfig:
 
 # From `bench/attention.py --sweep` on an H200 (bench/results/attention-sweep-h200.md: 15 forward
 # and 16 backward configs per head dim, timed on causal 4k x 4, fixed 4k x 4 and fixed 16k x 1, bf16,
-# every one checked against a float32 reference first).  D = 64 prefetches its tables since the
-# second sweep: 8% less backward time summed (7% on causal 4k, 9% on fixed 4k), 3% less forward.  Head dims 16 / 32 take the D = 64 tiles with fewer
+# every one checked against a float32 reference first).  D = 64 keeps a backward without
+# prefetching: the second sweep found prefetching 8% faster summed over those shapes (and a 64 x 64
+# forward 3%), but the eager comparison with both (bench/results/raw/attention-4k-d64-prefetch-h200.md)
+# ran BigBird 4k forward + backward 1.47x slower (1.33 against 0.90 ms), causal 4k 7% faster.  Head dims 16 / 32 take the D = 64 tiles with fewer
 # warps (not swept: their tiles are small).
 _FWD = {
     16: FwdConfig(BM=128, BN=64, num_warps=4, num_stages=3),
     32: FwdConfig(BM=128, BN=64, num_warps=4, num_stages=3),
-    64: FwdConfig(BM=64, BN=64, num_warps=4, num_stages=3, prefetch=True),
+    64: FwdConfig(BM=128, BN=64, num_warps=8, num_stages=3, prefetch=True),
     128: FwdConfig(BM=128, BN=128, num_warps=8, num_stages=3, prefetch=True),
 }
 _BWD = {
     16: BwdConfig(BM1=64, BN1=64, BM2=64, BN2=64, num_warps=4, num_stages=3),
     32: BwdConfig(BM1=64, BN1=64, BM2=64, BN2=64, num_warps=4, num_stages=3),
-    64: BwdConfig(BM1=64, BN1=64, BM2=64, BN2=64, num_warps=4, num_stages=3, prefetch=True),
+    64: BwdConfig(BM1=64, BN1=64, BM2=64, BN2=64, num_warps=4, num_stages=3),
     128: BwdConfig(BM1=64, BN1=128, BM2=128, BN2=64, num_warps=8, num_stages=3, prefetch=True),
 }
 
