@@ -150,6 +150,32 @@ def test_torch_compile_fullgraph(rng, reference):
         torch.testing.assert_close(got, want)
 
 
+def test_eager_calls_bypass_the_dispatcher(rng, reference, monkeypatch):
+    """Eager calls run the implementations directly (the custom ops are torch.compile's); a
+    backward that builds a graph still refuses double backward clearly."""
+    from blocksparse.torch._attention import ops
+
+    def refuse(*args):
+        raise AssertionError("the custom op was called eagerly")
+
+    lay = AttentionLayout(layouts.bigbird(3, 1, 1, 1, 0), 16)
+    q, k, v, do = _inputs(rng, 1, 2, 2, 48, 16, "float64")
+    monkeypatch.setattr(ops, "attention_fwd", refuse)
+    assert attention(q, k, v, lay).grad_fn is None             # no gradient wanted: no autograd
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    o = attention(*leaves, lay)
+    assert type(o.grad_fn).__name__ == "AttentionFunctionBackward"
+    monkeypatch.setattr(ops, "attention_bwd", refuse)
+    o.backward(do)
+    refs = attention_grads(q, k, v, keep_mask(element_mask(lay.layout, 16)), 0.25, do)
+    for got, ref in zip((o, *(t.grad for t in leaves)), refs):
+        assert rel_error(got, ref) < 1e-12
+    monkeypatch.undo()
+    (dq,) = torch.autograd.grad(attention(*leaves, lay).sum(), leaves[0], create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward"):
+        dq.sum().backward()
+
+
 def test_autocast(rng, reference):
     lay = AttentionLayout(layouts.sliding_window(2, 0), 16)
     q, k, v, _ = _inputs(rng, 1, 1, 1, 32, 16, "float32")
