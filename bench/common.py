@@ -184,3 +184,22 @@ def l2_bandwidth_gbs(mbytes=24, reps=20):
     fn = lambda: _l2_read_kernel[(grid,)](x, out, n, reps, BLOCK=block, num_warps=8)  # noqa: E731
     ms = triton.testing.do_bench(fn, warmup=5, rep=30, return_mode="median")
     return reps * n * 2 / ms / 1e6
+
+
+def install_literal(path, name, source):
+    """Replace the module-level ``NAME = {...}`` literal (closed by a ``}`` alone on a line) of the
+    module at ``path`` by ``source``; what ``--install`` of a tuning script writes into the package."""
+    import re
+
+    with open(path) as f:
+        text = f.read()
+    new, count = re.subn(rf"^{name} = \{{\n.*?^\}}", lambda _: source, text, flags=re.S | re.M)
+    if count != 1:
+        raise RuntimeError(f"{path}: found {count} {name} tables, expected 1")
+    with open(path, "w") as f:
+        f.write(new)
+
+
+def package_file(*parts):
+    """The path of a file of the package in this checkout."""
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "blocksparse", *parts)

@@ -35,7 +35,6 @@ that width) is at least ``RULE_MARGIN``.  ``--install`` writes that table into
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
 import traceback
@@ -48,6 +47,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+import common  # noqa: E402
 from conv import CPU_SHAPES, DENSITIES, DTYPES, SHAPES, _geomean, begin_run, bck_of, run_rows, timer  # noqa: E402
 
 from blocksparse.ops.conv.implicit import IMPLICIT_MAX_DENSITY  # noqa: E402
@@ -183,17 +183,6 @@ def rule_source(table):
     return "IMPLICIT_MAX_DENSITY = {\n" + "\n".join(lines) + "\n}"
 
 
-def install_rule(table, path):
-    """Replace the ``IMPLICIT_MAX_DENSITY`` literal of the module at ``path`` by ``table``."""
-    with open(path) as f:
-        text = f.read()
-    new, count = re.subn(r"^IMPLICIT_MAX_DENSITY = \{\n.*?\n\}", rule_source(table), text, flags=re.S | re.M)
-    if count != 1:
-        raise RuntimeError(f"{path}: found {count} IMPLICIT_MAX_DENSITY tables, expected 1")
-    with open(path, "w") as f:
-        f.write(new)
-
-
 def markdown(rows, meta):
     lines = [f"# Implicit-GEMM block-sparse convolution vs dense masked cuDNN ({meta['device']})", "",
              f"torch {meta['torch']}, {meta['when']}; N x C x H x W, C = K, balanced layouts, channels-last data "
@@ -279,9 +268,8 @@ def main(argv=None):
         if failed or args.quick or args.cpu:
             print("--install: not installed (a full GPU run without failures only)")
             return 1
-        target = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                              "blocksparse", "ops", "conv", "implicit.py")
-        install_rule(suggested_rule(rows), target)
+        target = common.package_file("ops", "conv", "implicit.py")
+        common.install_literal(target, "IMPLICIT_MAX_DENSITY", rule_source(suggested_rule(rows)))
         print(f"--install: wrote the suggested IMPLICIT_MAX_DENSITY into {target}")
     return 1 if failed else 0
 

@@ -41,18 +41,20 @@ import torch  # noqa: E402
 
 import common  # noqa: E402
 from blocksparse.ops.lstm.configs import GatesConfig, lstm_gates_config  # noqa: E402
-from blocksparse.ops.norms.configs import NormConfig, layer_norm_config  # noqa: E402
+from blocksparse.ops.norms.configs import MEASURED, NormConfig, layer_norm_config  # noqa: E402
 from blocksparse.testing import norms as ref  # noqa: E402
 from blocksparse.torch._lstm import launch as gates_launch  # noqa: E402
 from blocksparse.torch._norms import launch  # noqa: E402
 
+#: A swept tile enters ``configs.MEASURED`` (``--install``) when it is faster than the table's by this.
+MARGIN = 1.03
 SHAPES = ((16, 40),) if CPU else ((8192, 1024), (8192, 8192))
 GATE_SHAPES = ((12, 24),) if CPU else ((8192, 1024), (8192, 4096))
 
 
-def variants(axis, c, backward):
+def variants(axis, c, backward, element_size=2):
     """Tile configurations to try (the table's first)."""
-    table = layer_norm_config(axis, c, 2, backward)
+    table = layer_norm_config(axis, c, element_size, backward)
     yield table
     if CPU:
         yield NormConfig(BN=4, BC=16, num_warps=4, programs_per_sm=1)
@@ -61,27 +63,29 @@ def variants(axis, c, backward):
     if axis == 1:
         tiles = [(bn, min(row, 16384)) for bn in (1, 2, 4, 8, 16) if 1024 <= bn * min(row, 16384) <= 16384]
         warps = (4, 8, 16)
-        programs = (1, 2, 4) if backward else (0, 1, 2, 4)
+        programs = (1, 2, 4, 8) if backward else (0, 1, 2, 4, 8)
     else:
         tiles = [(bn, bc) for bn in (16, 32, 64) for bc in (128, 256, 512) if 2048 <= bn * bc <= 16384]
         warps = (4, 8)
         programs = (1, 2) if backward else (0, 2)
     for (bn, bc), w, pps in itertools.product(tiles, warps, programs):
-        if w * 32 * 64 < bn * bc:  # over 64 elements a thread: spills
+        if not 16 <= bn * bc // (w * 32) <= 64:  # over 64 elements a thread spill; under 16 idle
+            continue
+        if pps * w > 32:  # more warps than two thirds of a SM holds
             continue
         cfg = NormConfig(BN=bn, BC=bc, num_warps=w, programs_per_sm=pps)
         if cfg != table:
             yield cfg
 
 
-def _time_and_check(row, fn, tensors, refs, nbytes, hbm):
+def _time_and_check(row, fn, tensors, refs, nbytes, hbm, tol=None):
     """Check ``fn(*tensors)`` against float64 ``refs`` (fresh outputs NaN-poisoned), then time it
     over rotating copies of ``tensors``; fills ``row``."""
     try:
         with common.poisoned_empty():
             out = fn(*tensors)
         row["rel_err"] = max(common.rel_err(got, want) for got, want in zip(out, refs) if want is not None)
-        row["ok"] = row["rel_err"] <= common.tolerance(torch.bfloat16)
+        row["ok"] = row["rel_err"] <= (common.tolerance(torch.bfloat16) if tol is None else tol)
         if CPU:
             row["ms"] = float("nan")
         else:
@@ -97,16 +101,17 @@ def _time_and_check(row, fn, tensors, refs, nbytes, hbm):
     return row
 
 
-def sweep_layer_norm(hbm, rows, save, axes=(1, 0)):
+def sweep_layer_norm(hbm, rows, save, axes=(1, 0), shapes=SHAPES, dtypes=("bf16",)):
     device = "cpu" if CPU else "cuda"
     kw = dict(relu=False, segments=1)
-    for (n, c), axis, backward in itertools.product(SHAPES, axes, (False, True)):
+    for dt, (n, c), axis, backward in itertools.product(dtypes, shapes, axes, (False, True)):
+        dtype = common.DTYPES[dt]
         gen = torch.Generator(device=device).manual_seed(n + c)
         shape = (n, c) if axis == 1 else (c, n)
-        x, g, b, dy = (torch.randn(shape, device=device, generator=gen).bfloat16(),
-                       torch.randn(c, device=device, generator=gen).bfloat16(),
-                       torch.randn(c, device=device, generator=gen).bfloat16(),
-                       torch.randn(shape, device=device, generator=gen).bfloat16())
+        x, g, b, dy = (torch.randn(shape, device=device, generator=gen).to(dtype),
+                       torch.randn(c, device=device, generator=gen).to(dtype),
+                       torch.randn(c, device=device, generator=gen).to(dtype),
+                       torch.randn(shape, device=device, generator=gen).to(dtype))
         x64, g64, b64, dy64 = (t.double() for t in (x, g, b, dy))
         if backward:
             _, mean, rstd = launch.layer_norm_fwd(x, g, b, axis=axis, epsilon=1e-5, **kw)
@@ -115,15 +120,45 @@ def sweep_layer_norm(hbm, rows, save, axes=(1, 0)):
         else:
             tensors = (x, g, b)
             refs = (ref.layer_norm(x64, g64, b64, axis=axis, epsilon=1e-5, xp=torch),)
-        for i, cfg in enumerate(variants(axis, c, backward)):
+        size = x.element_size()
+        if not backward and axis == axes[0]:  # the ceiling: a plain copy of the same bytes
+            row = dict(op="copy", dtype=dt, N=n, C=c, axis=axis, kernel="fwd", table=False)
+            rows.append(_time_and_check(row, lambda x: (x.clone(),), (x,), (x64,), 2 * n * c * size, hbm))
+        for i, cfg in enumerate(variants(axis, c, backward, size)):
             if backward:
                 fn = functools.partial(launch.layer_norm_bwd, axis=axis, cfg=cfg, **kw)
             else:
                 fn = functools.partial(launch.layer_norm_fwd, axis=axis, epsilon=1e-5, cfg=cfg, **kw)
-            row = dict(op="layer_norm", N=n, C=c, axis=axis, kernel="bwd" if backward else "fwd", table=i == 0,
-                       **vars(cfg))
-            rows.append(_time_and_check(row, fn, tensors, refs, (3 if backward else 2) * n * c * 2, hbm))
+            row = dict(op="layer_norm", dtype=dt, N=n, C=c, axis=axis, kernel="bwd" if backward else "fwd",
+                       table=i == 0, **vars(cfg))
+            rows.append(_time_and_check(row, fn, tensors, refs, (3 if backward else 2) * n * c * size, hbm,
+                                        common.tolerance(dtype)))
         save(rows)
+
+
+def suggested_tiles(rows, current):
+    """``current`` (the ``MEASURED`` table) updated from the layer-norm rows: per dtype, features,
+    layout and kernel, at the largest token count swept, the fastest accurate variant where it beat
+    the table's tile by more than ``MARGIN`` (else the table's tile, if it was a measured one)."""
+    table, cases = dict(current), {}
+    for r in rows:
+        if r["op"] == "layer_norm" and r.get("ok"):
+            key = (r["axis"], 1 << (r["C"] - 1).bit_length(), common.DTYPES[r["dtype"]].itemsize, r["kernel"] == "bwd")
+            cases.setdefault(key, []).append(r)
+    for key, group in cases.items():
+        group = [r for r in group if r["N"] == max(v["N"] for v in group)]
+        ruled = next((r for r in group if r["table"]), None)
+        best = min(group, key=lambda r: r["ms"])
+        if ruled is not None and best["ms"] * MARGIN < ruled["ms"]:
+            table[key] = NormConfig(BN=best["BN"], BC=best["BC"], num_warps=best["num_warps"],
+                                    programs_per_sm=best["programs_per_sm"])
+    return table
+
+
+def measured_source(table):
+    """The Python source of ``MEASURED = {...}``, one entry a line."""
+    lines = [f"    {key!r}: {cfg!r}," for key, cfg in sorted(table.items())]
+    return "MEASURED = {\n" + "".join(line + "\n" for line in lines) + "}"
 
 
 def gates_variants(k, backward):
@@ -175,17 +210,26 @@ def main():
     ap.add_argument("--cpu", action="store_true", help="tiny shapes through Triton's interpreter")
     ap.add_argument("--ops", nargs="+", default=["layer_norm", "lstm_gates"], choices=["layer_norm", "lstm_gates"])
     ap.add_argument("--axes", nargs="+", type=int, default=[1, 0], choices=[1, 0], help="layer-norm layouts to sweep")
+    ap.add_argument("--shapes", nargs="+", metavar="NxC", help="layer-norm shapes (tokens x features) instead "
+                    "of 8192 x 1024 and 8192 x 8192")
+    ap.add_argument("--dtypes", nargs="+", default=["bf16"], choices=sorted(common.DTYPES),
+                    help="layer-norm activation dtypes (the LSTM gates: bf16)")
+    ap.add_argument("--name", default="tune-norms-h200", help="output file name (without .json)")
+    ap.add_argument("--install", action="store_true", help="write the layer-norm tiles that beat the table "
+                    f"by {MARGIN}x into blocksparse/ops/norms/configs.py (MEASURED; a GPU run without failures)")
     args = ap.parse_args()
+    shapes = SHAPES if not args.shapes else [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes]
     t0 = time.time()
     hbm = None if CPU else common.hbm_bandwidth_gbs()
     meta = dict(device="CPU" if CPU else torch.cuda.get_device_name(), torch=torch.__version__,
                 date=time.strftime("%Y-%m-%d"), hbm_gbs=hbm)
-    rows, save = [], common.result_writer(args.out, "tune-norms-h200", meta)
+    rows, save = [], common.result_writer(args.out, args.name, meta)
     if "layer_norm" in args.ops:
-        sweep_layer_norm(hbm, rows, save, args.axes)
+        sweep_layer_norm(hbm, rows, save, args.axes, shapes, args.dtypes)
     if "lstm_gates" in args.ops:
         sweep_gates(hbm, rows, save)
-    for key, group in itertools.groupby(rows, key=lambda r: (r["op"], r["N"], r["C"], r["axis"], r["kernel"])):
+    for key, group in itertools.groupby(rows, key=lambda r: (r["op"], r.get("dtype", "bf16"), r["N"], r["C"], r["axis"],
+                                                             r["kernel"])):
         group = [r for r in group if r.get("ok")]
         table = next((r for r in group if r["table"]), None)
         best = min(group, key=lambda r: r["ms"], default=None)
@@ -194,6 +238,15 @@ def main():
                   {k: best[k] for k in ("BN", "BC", "BK", "num_warps", "programs_per_sm") if k in best})
     bad = [r for r in rows if not r.get("ok")]
     print(f"{len(rows)} variants, {len(bad)} failed or inaccurate; {time.time() - t0:.0f}s")
+    if args.install and "layer_norm" in args.ops:
+        if bad or CPU:
+            print("--install: not installed (a GPU run without failures only)")
+            return 1
+        source = measured_source(suggested_tiles(rows, MEASURED))
+        common.install_literal(common.package_file("ops", "norms", "configs.py"), "MEASURED", source)
+        with open(os.path.join(args.out, args.name + "-measured.py"), "w") as f:
+            f.write(source + "\n")
+        print("--install: wrote into blocksparse/ops/norms/configs.py:\n" + source)
     return 1 if bad else 0
 
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import triton
 
-__all__ = ["NormConfig", "layer_norm_config", "TILE", "MAX_ROW", "TOKEN_BYTES", "TOKEN_TILE"]
+__all__ = ["NormConfig", "layer_norm_config", "MEASURED", "TILE", "MAX_ROW", "TOKEN_BYTES", "TOKEN_TILE"]
 
 #: Elements per ``(N, C)`` program tile (at least one segment).
 TILE = 4096
@@ -77,9 +77,24 @@ class NormConfig:
         return max(1, min(tiles, self.programs_per_sm * sms // segments))
 
 
+#: Tiles measured best on a GPU, over the rule below: ``(axis, features rounded up to a power of two,
+#: element size, backward) -> NormConfig``.  Written by ``bench/tune_norms.py --install`` (a variant
+#: enters where it beat the rule's tile by more than its margin); empty entries take the rule.
+MEASURED = {
+}
+
+
 def layer_norm_config(axis, segment_features, element_size, backward=False):
-    """The tile for segments of ``segment_features`` features of ``element_size``-byte activations."""
+    """The tile for segments of ``segment_features`` features of ``element_size``-byte activations:
+    the measured one (:data:`MEASURED`) where there is one, else the rule."""
     row = triton.next_power_of_2(segment_features)
+    measured = MEASURED.get((axis, row, element_size, bool(backward)))
+    if measured is not None:
+        return measured
+    return _rule(axis, row, element_size, backward)
+
+
+def _rule(axis, row, element_size, backward):
     if axis == 0:
         bn = TOKEN_BYTES // element_size
         bc = min(row, TOKEN_TILE // (2 if backward else 1) // bn)
