@@ -24,11 +24,14 @@ The backward folds each program's ``dg`` and ``db`` into one row of a partial bu
 ``8 P / (3 N e)`` of the backward's traffic (``P`` programs, ``N`` tokens, ``e``-byte elements):
 few programs.
 
-Measured by ``bench/tune_norms.py`` on an H200 (bf16, 8192 tokens; fraction of the HBM copy
-bandwidth, table vs the best variant swept): ``(N, C)`` forward 0.73 / 0.73 (1024 features) and
-0.85 / 0.85 (8192), backward 0.54 / 0.54 and 0.73 / 0.75; ``(C, N)`` forward 0.51 and 0.46,
-backward 0.27 / 0.32 and 0.34 / 0.35 (its best tile, ``[32, 512]``, spills when a segment fits it
-whole).
+Measured by ``bench/tune_norms.py`` on an H200 (fraction of the HBM copy bandwidth, the rule's
+tile vs the best variant swept).  8192 bf16 tokens: ``(N, C)`` forward 0.73 / 0.73 (1024
+features) and 0.85 / 0.85 (8192), backward 0.54 / 0.54 and 0.73 / 0.75; ``(C, N)`` forward 0.51
+and 0.46, backward 0.27 / 0.32 and 0.34 / 0.35 (its best tile, ``[32, 512]``, spills when a
+segment fits it whole).  16384 tokens, ``(N, C)``: bf16 forward 0.69 -> 0.72 (1024; a copy of the
+same bytes 0.74) and 0.74 -> 0.85 (4096; copy 0.88), backward 0.74 -> 0.79 (8192); float32 forward
+0.79 -> 0.87 (1024) and 0.89 -> 0.94 (4096), backward 0.77 -> 0.81 (1024).  Those winners are
+:data:`MEASURED`.
 """
 from __future__ import annotations
 
@@ -81,6 +84,12 @@ class NormConfig:
 #: element size, backward) -> NormConfig``.  Written by ``bench/tune_norms.py --install`` (a variant
 #: enters where it beat the rule's tile by more than its margin); empty entries take the rule.
 MEASURED = {
+    (1, 1024, 2, False): NormConfig(BN=2, BC=1024, num_warps=4, programs_per_sm=8),
+    (1, 1024, 4, False): NormConfig(BN=2, BC=1024, num_warps=4, programs_per_sm=0),
+    (1, 1024, 4, True): NormConfig(BN=8, BC=1024, num_warps=8, programs_per_sm=1),
+    (1, 4096, 2, False): NormConfig(BN=2, BC=4096, num_warps=4, programs_per_sm=4),
+    (1, 4096, 4, False): NormConfig(BN=2, BC=4096, num_warps=4, programs_per_sm=0),
+    (1, 8192, 2, True): NormConfig(BN=1, BC=8192, num_warps=16, programs_per_sm=1),
 }
 
 
