@@ -89,6 +89,15 @@ SWEEP_BWD += [replace(SWEEP_BWD[8], prefetch=True, num_stages=4)]
 # "fixed" at 4k x 4 too: the one comparison row that ran slower with the prefetching tiles; BigBird
 # 4k x 4: its (non-causal) rows ran 1.47x slower with the d64 tiles the causal and fixed shapes chose
 SWEEP_SHAPES = (("causal", 4096, 4), ("fixed", 16384, 1), ("fixed", 4096, 4), ("bigbird", 4096, 4))
+# the tables' configs with and without every head's heaviest tiles started first (grids (heads,
+# tiles)), and the backward's in one launch (fused) or two; alone with them under --table
+TABLE_FWD = [configs.fwd_config(D, BS) for D in HEAD_DIMS]
+TABLE_BWD = [configs.bwd_config(D, BS) for D in HEAD_DIMS]
+TABLE_FWD += [replace(c, heads_first=not c.heads_first) for c in TABLE_FWD]
+TABLE_BWD += [replace(c, heads_first=not c.heads_first) for c in TABLE_BWD]
+TABLE_BWD += [replace(c, fused=not c.fused) for c in TABLE_BWD]
+SWEEP_FWD += [c for c in TABLE_FWD if c not in SWEEP_FWD]
+SWEEP_BWD += [c for c in TABLE_BWD if c not in SWEEP_BWD]
 
 
 # --------------------------------------------------------------------------- problems
@@ -428,6 +437,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
     ap.add_argument("--sweep", action="store_true", help="time tile configs instead of comparing")
+    ap.add_argument("--table", action="store_true", help="--sweep: only the tables' configs and their twins that "
+                    "start every head's heaviest tiles first")
     ap.add_argument("--quick", action="store_true", help="one shape / few configs: a smoke run")
     ap.add_argument("--cpu", action="store_true", help="tiny shapes in Triton's interpreter (no GPU)")
     ap.add_argument("--budget-s", type=float, default=None,
@@ -455,7 +466,8 @@ def main():
     stem = os.path.join(args.out, f"attention{'-sweep' if args.sweep else ''}-{gpu}")
 
     if args.sweep:
-        fwd_cfgs, bwd_cfgs = (SWEEP_FWD[:2], SWEEP_BWD[:2]) if args.quick else (SWEEP_FWD, SWEEP_BWD)
+        fwd_cfgs, bwd_cfgs = ((SWEEP_FWD[:2], SWEEP_BWD[:2]) if args.quick else (TABLE_FWD, TABLE_BWD) if args.table
+                              else (SWEEP_FWD, SWEEP_BWD))
         cases = [("causal", 256, 1)] if args.cpu else SWEEP_SHAPES[:1] if args.quick else SWEEP_SHAPES
         dims = (64,) if args.cpu else HEAD_DIMS
         n = max(len(fwd_cfgs), len(bwd_cfgs))  # every forward and every backward config compiled once

@@ -5,6 +5,7 @@ Produces the numbers behind ``blocksparse/ops/matmul/configs.py``.  One run:
     python bench/tune_bsmm.py --out bench/results/tune-h200.json
     python bench/tune_bsmm.py --narrow --out narrow.jsonl      # sweep 6: 8192 x 1024, bs 32 (~1 min)
     python bench/tune_bsmm.py --pixelfly --out pixelfly.jsonl  # sweep 7: the large pixelfly MLP (~1 min)
+    python bench/tune_bsmm.py --native256 --out n256.jsonl     # sweep 11: its layers on their own 256-blocks
     python bench/tune_bsmm.py --prefetch --out prefetch.jsonl  # sweep 10: tables walked one step ahead (~2 min)
     python bench/tune_bsmm.py --prefetch-more --out prefetch.jsonl  # its blocks of 16 and float32 at 8192 tokens
 
@@ -87,6 +88,16 @@ PIXELFLY_XPROP = [("tma", _x(128, 1, 4, 6, BK=64)), ("tma", _x(128, 2, 8, 4, BK=
 PIXELFLY_UPDAT = [("tma", U(1, 64, 4, 5), 2), ("tma", U(1, 64, 8, 4), 2), ("tma", U(2, 64, 8, 3), 2),
                   ("tma", U(1, 32, 4, 6), 2), ("tma", U(1, 64, 4, 5), 0), ("tma", U(1, 64, 4, 5), 4)]
 PIXELFLY_LAYERS = ((2048, 8192), (8192, 4096))
+
+# Sweep 11 (``--native256``): the same layers run on their own 256-blocks (no refinement, no
+# re-blocking copies): [BM, 256] output tiles, one weight tile ``[BK, 256]`` a step (cuBLAS's
+# 128 x 256 shape), against the library's refined tile, timed in the same run.
+NATIVE256_XPROP = [("tma", _x(128, 1, 8, 3, BK=64)), ("tma", _x(128, 1, 8, 4, BK=64)),
+                   ("tma", X(128, 1, 8, 3, BK=64, PREFETCH=True)), ("tma", X(128, 1, 8, 4, BK=64, PREFETCH=True)),
+                   ("tma", _x(64, 1, 4, 4, BK=64)), ("tma", _x(128, 1, 8, 5, BK=32)),
+                   ("tma", _x(256, 1, 8, 4, BK=64, BN=128)), ("tma", _x(128, 1, 4, 6, BK=64, BN=128)),
+                   ("tma", X(128, 1, 4, 6, BK=64, BN=128, PREFETCH=True))]
+NATIVE256_UPDAT = [("tma", U(1, 64, 8, 3), 0), ("tma", U(1, 32, 8, 4), 0), ("tma", U(1, 64, 16, 3), 0)]
 
 
 # Sweep 8 (``--few``): few tokens (N = 64, C = K = 4096: memory bound), fprop and bprop: the
@@ -274,6 +285,19 @@ def pixelfly_cases():
     return out
 
 
+def native256_cases():
+    """(problem key, op, impl, cfg, waves) of sweep 11: the library's refined tiles first (the
+    baseline of the same run), then the 256-block variants."""
+    out = []
+    for layer in PIXELFLY_LAYERS:
+        ops = ("fprop", "bprop") if layer[0] != 2048 else ("fprop",)
+        refined, native = ("pixelfly", 8192, *layer), ("pixelfly256", 8192, *layer)
+        out += [(refined, op, *PIXELFLY_XPROP[0], 2) for op in ops] + [(refined, "updat", *PIXELFLY_UPDAT[0])]
+        out += [(native, op, i, c, 2) for op in ops for i, c in NATIVE256_XPROP]
+        out += [(native, "updat", i, c, w) for i, c, w in NATIVE256_UPDAT]
+    return out
+
+
 def keyed_problem(key):
     """The problem of a sweep 6 / 7 key (one kept at a time)."""
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -288,10 +312,11 @@ def keyed_problem(key):
             from blocksparse.torch import PixelflyLinear
 
             _, n, c, k = key
-            fine = refine(PixelflyLinear(c, k, 256, 64).layout, 128).layout
+            coarse = PixelflyLinear(c, k, 256, 64).layout
+            fine = coarse if key[0] == "pixelfly256" else refine(coarse, 128).layout
             p = common.Problem(c, k, n, 128, 0.5, torch.bfloat16, seed=1, device=dev)
-            p.layout = fine
-            p.w = (torch.randn(fine.w_shape, device=dev) / math.sqrt(128)).to(torch.bfloat16)
+            p.layout, p.bs = fine, fine.block_size
+            p.w = (torch.randn(fine.w_shape, device=dev) / math.sqrt(fine.block_size)).to(torch.bfloat16)
             p.coords = torch.from_numpy(np.array(fine.coords)).to(dev).long()
             _problems[key] = p
     return _problems[key]
@@ -415,6 +440,8 @@ def main():
                     "every product timed in CUDA graphs beside cuBLAS (JSON lines appended to --out)")
     ap.add_argument("--pixelfly", action="store_true", help="sweep 7 only: the large pixelfly MLP's layers, "
                     "refined to blocks of 128, bf16 (JSON lines appended to --out)")
+    ap.add_argument("--native256", action="store_true", help="sweep 11 only: the large pixelfly MLP's layers on "
+                    "their own 256-blocks against the refined tiles, bf16 (JSON lines appended to --out)")
     ap.add_argument("--few", action="store_true", help="sweep 8 only: N = 64, C = K = 4096, the few-token "
                     "tiles (JSON lines appended to --out)")
     ap.add_argument("--first", action="store_true", help="--few: the first run's variants")
@@ -433,8 +460,9 @@ def main():
     args = ap.parse_args()
     if args.smoke:
         return smoke()
-    if args.narrow or args.pixelfly or args.few or args.tickets or args.prefetch or args.prefetch_more:
+    if args.narrow or args.pixelfly or args.native256 or args.few or args.tickets or args.prefetch or args.prefetch_more:
         todo = (narrow_cases() if args.narrow else pixelfly_cases() if args.pixelfly
+                else native256_cases() if args.native256
                 else ticket_cases() if args.tickets else prefetch_cases() if args.prefetch
                 else prefetch_cases(PREFETCH_MORE) + prefetch_waves_cases() + few16_cases() if args.prefetch_more
                 else few_cases(args.first))

@@ -16,9 +16,11 @@ KERNELS = {
     "attn_bwd_dq_kernel": {"Q": "BM2", "K": "BN2", "V": "BN2", "O": "BM2", "DO": "BM2", "DQ": "BM2"},
     "attn_bwd_dkdv_kernel": {"Q": "BM1", "K": "BN1", "V": "BN1", "DO": "BM1", "DK": "BN1", "DV": "BN1"},
     "attn_bwd_delta_kernel": {"O": "BM2", "DO": "BM2"},
+    "attn_bwd_kernel": {"Q1": "BM1", "K1": "BN1", "V1": "BN1", "DO1": "BM1", "DK": "BN1", "DV": "BN1",
+                        "Q2": "BM2", "K2": "BN2", "V2": "BN2", "DO2": "BM2", "DQ": "BM2"},
 }
-_POINTERS = {"LSE": "*fp32", "DELTA": "*fp32", "SEQLENS": "*i32", "HEADERS": "*i32", "ENTRIES": "*i32",
-             "ORDER": "*i32", "MASKS": "*u8"}
+_POINTERS = {"LSE": "*fp32", "DELTA": "*fp32", "SEQLENS": "*i32", "MASKS": "*u8",
+             **{f"{lists}{table}": "*i32" for lists in ("", "ROW_", "COL_") for table in ("HEADERS", "ENTRIES", "ORDER")}}
 _FLOATS = {"qk_scale": "fp32", "sm_scale": "fp32"}
 
 
@@ -44,11 +46,16 @@ def compile_args(kernel, *, dtype, head_dim, block_size, cfg, causal=False, seql
         types["DQ"] = "*fp32" if cfg.atomic_dq else f"*{dtype}"
     flags = dict(BS=block_size, D=head_dim, CAUSAL=causal, HAS_SEQLENS=seqlens, HAS_MASKS=masks, TMA=cfg.tma)
     if kernel == "attn_fwd_kernel":
-        consts = dict(flags, BM=cfg.BM, BN=cfg.BN, WARP_SPECIALIZE=cfg.warp_specialize, PREFETCH=cfg.prefetch)
+        consts = dict(flags, BM=cfg.BM, BN=cfg.BN, WARP_SPECIALIZE=cfg.warp_specialize, PREFETCH=cfg.prefetch,
+                      HEADS_FIRST=cfg.heads_first)
     elif kernel == "attn_bwd_dq_kernel":
-        consts = dict(flags, BM=cfg.BM2, BN=cfg.BN2, PREFETCH=cfg.prefetch)
+        consts = dict(flags, BM=cfg.BM2, BN=cfg.BN2, PREFETCH=cfg.prefetch, HEADS_FIRST=cfg.heads_first)
     elif kernel == "attn_bwd_dkdv_kernel":
-        consts = dict(flags, BM=cfg.BM1, BN=cfg.BN1, ATOMIC_DQ=cfg.atomic_dq, PREFETCH=cfg.prefetch)
+        consts = dict(flags, BM=cfg.BM1, BN=cfg.BN1, ATOMIC_DQ=cfg.atomic_dq, PREFETCH=cfg.prefetch,
+                      HEADS_FIRST=cfg.heads_first)
+    elif kernel == "attn_bwd_kernel":
+        consts = dict(flags, BM1=cfg.BM1, BN1=cfg.BN1, BM2=cfg.BM2, BN2=cfg.BN2, PREFETCH=cfg.prefetch,
+                      HEADS_FIRST=cfg.heads_first)
     else:
         consts = dict(BM=cfg.BM2, D=head_dim, TMA=cfg.tma)
     signature = {n: "constexpr" if n in consts else types.get(n, "i32") for n in fn.arg_names}

@@ -10,10 +10,15 @@ With ``P = exp2(qk_scale * q k^T - lse)`` recomputed from the forward's log-sum-
                            ``dk = scale * dS^T q``, summed over the query heads of its group (GQA)
                            in registers, each head walking its own layout's column list.
 
-Two ways to run them (``BwdConfig.atomic_dq``): the dq kernel, then dk/dv (seven products per
-tile pair, no atomics: ``S`` and ``dP`` are recomputed in both); or ``attn_bwd_delta_kernel``, then
-dk/dv with ``ATOMIC_DQ``, which also adds each tile pair's ``dS k`` into a float32 ``dq`` with
-atomics (five products, and atomic traffic).  The tile-config sweep measures both.
+``attn_bwd_kernel``        both in one launch, after ``attn_bwd_delta_kernel``: the dk/dv programs,
+                           then the dq programs (``BwdConfig.fused``), so that the last wave of the
+                           one runs beside the other's instead of alone.
+
+Three ways to run them: the dq kernel, then dk/dv (seven products per tile pair, no atomics: ``S``
+and ``dP`` are recomputed in both); the delta kernel, then the fused one (the same products);
+or (``BwdConfig.atomic_dq``) the delta kernel, then dk/dv with ``ATOMIC_DQ``, which also adds each
+tile pair's ``dS k`` into a float32 ``dq`` with atomics (five products, and atomic traffic).  The
+tile-config sweep measures them.
 
 All walk full blocks without masking work, then partial ones; with ``PREFETCH`` the full blocks'
 walk reads each table entry one step ahead (:func:`.tiles.entry_ahead`).  A row that attends to nothing
@@ -23,7 +28,8 @@ walk reads each table entry one step ahead (:func:`.tiles.entry_ahead`).  A row 
 import triton
 import triton.language as tl
 
-from .tiles import block_list, entry_ahead, keep_mask, kv_step, kv_tiles, list_entry, load_rows, row_tile, store_rows
+from .tiles import (block_list, entry_ahead, keep_mask, kv_step, kv_tiles, list_entry, load_rows, program_ids,
+                    row_tile, split_program, store_rows)
 
 
 @triton.jit
@@ -65,25 +71,29 @@ def _dq_step(b_dq, b_q, b_do, lse, delta, b_k, b_v, qk_scale, keep, MASKED: tl.c
 
 
 @triton.jit
-def attn_bwd_dq_kernel(
-    Q, K, V, O, DO, DQ, LSE, DELTA, SEQLENS, HEADERS, ENTRIES, ORDER, MASKS,
+def _dq_program(
+    i_t, i_bh, Q, K, V, O, DO, DQ, LSE, DELTA, SEQLENS, HEADERS, ENTRIES, ORDER, MASKS,
     stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os,
     stride_dob, stride_doh, stride_dos, stride_dqb, stride_dqh, stride_dqs,
     S, HQ, HL, NB, GROUP, qk_scale, sm_scale,
     BS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_SEQLENS: tl.constexpr, HAS_MASKS: tl.constexpr, TMA: tl.constexpr,
-    PREFETCH: tl.constexpr = False,
+    PREFETCH: tl.constexpr, DELTA_READY: tl.constexpr,
 ):
+    """dq of query tile ``i_t`` of head ``i_bh`` (and its ``delta``, unless ``DELTA_READY``)."""
     KS: tl.constexpr = BS // BN
-    i_bh = tl.program_id(1)
-    i_b, i_hq, i_hk, i_hl, q_blk, q0 = row_tile(ORDER, tl.program_id(0), i_bh, HQ, HL, GROUP, BS, BM)
+    i_b, i_hq, i_hk, i_hl, q_blk, q0 = row_tile(ORDER, i_t, i_bh, HQ, HL, GROUP, BS, BM)
     o_m = q0 + tl.arange(0, BM)
     start, n_full, n_part, seqlen = block_list(HEADERS, SEQLENS, i_b, i_hl, q_blk, NB, q0, S, HAS_SEQLENS)
 
     b_q = load_rows(Q, i_b, i_hq, q0, stride_qb, stride_qh, stride_qs, BM, D, TMA)
-    b_do, delta = _delta_rows(O, DO, DELTA, i_b, i_hq, i_bh, q0, S, stride_ob, stride_oh, stride_os,
-                              stride_dob, stride_doh, stride_dos, BM, D, TMA)
+    if DELTA_READY:
+        b_do = load_rows(DO, i_b, i_hq, q0, stride_dob, stride_doh, stride_dos, BM, D, TMA)
+        delta = tl.load(DELTA + i_bh.to(tl.int64) * S + o_m)
+    else:
+        b_do, delta = _delta_rows(O, DO, DELTA, i_b, i_hq, i_bh, q0, S, stride_ob, stride_oh, stride_os,
+                                  stride_dob, stride_doh, stride_dos, BM, D, TMA)
     lse = _load_lse(LSE, i_bh, o_m, S)
     b_dq = tl.zeros([BM, D], dtype=tl.float32)
     kv = (K, V, ENTRIES, MASKS)
@@ -108,6 +118,26 @@ def attn_bwd_dq_kernel(
         b_dq = _dq_step(b_dq, b_q, b_do, lse, delta, b_k, b_v, qk_scale, keep, True)
 
     store_rows(DQ, b_dq * sm_scale, i_b, i_hq, q0, stride_dqb, stride_dqh, stride_dqs, BM, D, TMA)
+
+
+@triton.jit
+def attn_bwd_dq_kernel(
+    Q, K, V, O, DO, DQ, LSE, DELTA, SEQLENS, HEADERS, ENTRIES, ORDER, MASKS,
+    stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks,
+    stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os,
+    stride_dob, stride_doh, stride_dos, stride_dqb, stride_dqh, stride_dqs,
+    S, HQ, HL, NB, GROUP, qk_scale, sm_scale,
+    BS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_SEQLENS: tl.constexpr, HAS_MASKS: tl.constexpr, TMA: tl.constexpr,
+    PREFETCH: tl.constexpr = False, HEADS_FIRST: tl.constexpr = False,
+):
+    i_t, i_bh = program_ids(HEADS_FIRST)
+    _dq_program(i_t, i_bh, Q, K, V, O, DO, DQ, LSE, DELTA, SEQLENS, HEADERS, ENTRIES, ORDER, MASKS,
+                stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks,
+                stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os,
+                stride_dob, stride_doh, stride_dos, stride_dqb, stride_dqh, stride_dqs,
+                S, HQ, HL, NB, GROUP, qk_scale, sm_scale, BS, BM, BN, D, CAUSAL, HAS_SEQLENS, HAS_MASKS, TMA,
+                PREFETCH, False)
 
 
 @triton.jit
@@ -138,20 +168,19 @@ def _dkdv_step(b_dk, b_dv, b_k, b_v, Q, DO, DQ, LSE, DELTA, i_b, i_hq, i_bh, q0,
 
 
 @triton.jit
-def attn_bwd_dkdv_kernel(
-    Q, K, V, DO, DK, DV, DQ, LSE, DELTA, SEQLENS, HEADERS, ENTRIES, ORDER, MASKS,
+def _dkdv_program(
+    i_t, i_bk, Q, K, V, DO, DK, DV, DQ, LSE, DELTA, SEQLENS, HEADERS, ENTRIES, ORDER, MASKS,
     stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos,
     stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
     S, HQ, HL, NB, GROUP, qk_scale, sm_scale,
     BS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_SEQLENS: tl.constexpr, HAS_MASKS: tl.constexpr, TMA: tl.constexpr,
-    ATOMIC_DQ: tl.constexpr, PREFETCH: tl.constexpr = False,
+    ATOMIC_DQ: tl.constexpr, PREFETCH: tl.constexpr,
 ):
+    """dk and dv of key tile ``i_t`` of key/value head ``i_bk``."""
     RN: tl.constexpr = BS // BN    # key tiles per block
     MS: tl.constexpr = BS // BM    # query steps per block
-    i_t = tl.program_id(0)
-    i_bk = tl.program_id(1)
     HK = HQ // GROUP
     i_b = i_bk // HK
     i_hk = i_bk % HK
@@ -195,3 +224,57 @@ def attn_bwd_dkdv_kernel(
 
     store_rows(DK, b_dk * sm_scale, i_b, i_hk, k0, stride_dkb, stride_dkh, stride_dks, BN, D, TMA)
     store_rows(DV, b_dv, i_b, i_hk, k0, stride_dvb, stride_dvh, stride_dvs, BN, D, TMA)
+
+
+@triton.jit
+def attn_bwd_dkdv_kernel(
+    Q, K, V, DO, DK, DV, DQ, LSE, DELTA, SEQLENS, HEADERS, ENTRIES, ORDER, MASKS,
+    stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks,
+    stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos,
+    stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
+    S, HQ, HL, NB, GROUP, qk_scale, sm_scale,
+    BS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_SEQLENS: tl.constexpr, HAS_MASKS: tl.constexpr, TMA: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr, PREFETCH: tl.constexpr = False, HEADS_FIRST: tl.constexpr = False,
+):
+    i_t, i_bk = program_ids(HEADS_FIRST)
+    _dkdv_program(i_t, i_bk, Q, K, V, DO, DK, DV, DQ, LSE, DELTA, SEQLENS, HEADERS, ENTRIES, ORDER, MASKS,
+                  stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks,
+                  stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos,
+                  stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
+                  S, HQ, HL, NB, GROUP, qk_scale, sm_scale, BS, BM, BN, D, CAUSAL, HAS_SEQLENS, HAS_MASKS, TMA,
+                  ATOMIC_DQ, PREFETCH)
+
+
+@triton.jit
+def attn_bwd_kernel(
+    Q1, K1, V1, DO1, DK, DV, Q2, K2, V2, DO2, DQ, LSE, DELTA, SEQLENS,
+    COL_HEADERS, COL_ENTRIES, COL_ORDER, ROW_HEADERS, ROW_ENTRIES, ROW_ORDER, MASKS,
+    stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks,
+    stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos,
+    stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs,
+    S, HQ, HL, NB, GROUP, KV_TILES, KV_HEADS, Q_TILES, Q_HEADS, qk_scale, sm_scale,
+    BS: tl.constexpr, BM1: tl.constexpr, BN1: tl.constexpr, BM2: tl.constexpr, BN2: tl.constexpr,
+    D: tl.constexpr, CAUSAL: tl.constexpr, HAS_SEQLENS: tl.constexpr, HAS_MASKS: tl.constexpr, TMA: tl.constexpr,
+    PREFETCH: tl.constexpr = False, HEADS_FIRST: tl.constexpr = False,
+):
+    # one launch (after attn_bwd_delta_kernel): the dk/dv programs, then the dq programs, so that
+    # the tail of the one overlaps the other
+    pid = tl.program_id(0)
+    kv_programs = KV_TILES * KV_HEADS
+    if pid < kv_programs:
+        i_t, i_bk = split_program(pid, KV_TILES, KV_HEADS, HEADS_FIRST)
+        _dkdv_program(i_t, i_bk, Q1, K1, V1, DO1, DK, DV, DQ, LSE, DELTA, SEQLENS, COL_HEADERS, COL_ENTRIES,
+                      COL_ORDER, MASKS, stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks,
+                      stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos,
+                      stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
+                      S, HQ, HL, NB, GROUP, qk_scale, sm_scale, BS, BM1, BN1, D, CAUSAL, HAS_SEQLENS, HAS_MASKS, TMA,
+                      False, PREFETCH)
+    else:
+        i_t, i_bh = split_program(pid - kv_programs, Q_TILES, Q_HEADS, HEADS_FIRST)
+        _dq_program(i_t, i_bh, Q2, K2, V2, DO2, DO2, DQ, LSE, DELTA, SEQLENS, ROW_HEADERS, ROW_ENTRIES, ROW_ORDER,
+                    MASKS, stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks,
+                    stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos,
+                    stride_dob, stride_doh, stride_dos, stride_dqb, stride_dqh, stride_dqs,
+                    S, HQ, HL, NB, GROUP, qk_scale, sm_scale, BS, BM2, BN2, D, CAUSAL, HAS_SEQLENS, HAS_MASKS, TMA,
+                    PREFETCH, True)

@@ -31,6 +31,7 @@ class FwdConfig:
     warp_specialize: bool = False   # tl.range(..., warp_specialize=): producer/consumer warps
     tma: bool = True                # tensor-descriptor loads where the GPU and tensors allow
     prefetch: bool = False          # the full blocks' walk reads its table one step ahead
+    heads_first: bool = False       # grid (heads, tiles): every head's heaviest tiles start first
 
     def fit(self, block_size):
         """This config with tiles no larger than ``block_size``."""
@@ -42,7 +43,8 @@ class BwdConfig:
     """Backward: ``dq`` programs own ``BM2`` query rows and walk keys ``BN2`` at a time; ``dk``/``dv``
     programs own ``BN1`` keys and walk the query blocks that attend to them ``BM1`` rows at a time.
     ``atomic_dq``: no dq programs; the dk/dv programs add dq with float32 atomics (``BM2`` then
-    only tiles the pass that computes ``delta``)."""
+    only tiles the pass that computes ``delta``); ``fused`` (without ``atomic_dq``): the dk/dv and dq
+    programs run in one launch, after a pass that computes ``delta``."""
 
     BM1: int = 32
     BN1: int = 128
@@ -53,6 +55,8 @@ class BwdConfig:
     tma: bool = True
     atomic_dq: bool = False
     prefetch: bool = False          # the full blocks' walks read their tables one step ahead
+    heads_first: bool = False       # grids (heads, tiles): every head's heaviest tiles start first
+    fused: bool = False             # dk/dv and dq programs in one launch (after a delta pass)
 
     def fit(self, block_size):
         """This config with tiles no larger than ``block_size``."""
@@ -67,18 +71,21 @@ class BwdConfig:
 # prefetching: the second sweep found prefetching 8% faster summed over those shapes (and a 64 x 64
 # forward 3%), but the eager comparison with both (bench/results/raw/attention-4k-d64-prefetch-h200.md)
 # ran BigBird 4k forward + backward 1.47x slower (1.33 against 0.90 ms), causal 4k 7% faster.  Head dims 16 / 32 take the D = 64 tiles with fewer
-# warps (not swept: their tiles are small).
+# warps (not swept: their tiles are small).  ``heads_first`` (grids (heads, tiles)) where
+# `--sweep --table` found it faster summed over the four shapes (bench/results/raw/attention-heads-first-h200.md):
+# the D = 64 forward 0.92x (0.84-0.97x per shape) and the D = 128 backward 0.95x (0.87-1.03x); the
+# D = 128 forward took 1.04x with it and the D = 64 backward 1.00x.
 _FWD = {
     16: FwdConfig(BM=128, BN=64, num_warps=4, num_stages=3),
     32: FwdConfig(BM=128, BN=64, num_warps=4, num_stages=3),
-    64: FwdConfig(BM=128, BN=64, num_warps=8, num_stages=3, prefetch=True),
+    64: FwdConfig(BM=128, BN=64, num_warps=8, num_stages=3, prefetch=True, heads_first=True),
     128: FwdConfig(BM=128, BN=128, num_warps=8, num_stages=3, prefetch=True),
 }
 _BWD = {
     16: BwdConfig(BM1=64, BN1=64, BM2=64, BN2=64, num_warps=4, num_stages=3),
     32: BwdConfig(BM1=64, BN1=64, BM2=64, BN2=64, num_warps=4, num_stages=3),
     64: BwdConfig(BM1=64, BN1=64, BM2=64, BN2=64, num_warps=4, num_stages=3),
-    128: BwdConfig(BM1=64, BN1=128, BM2=128, BN2=64, num_warps=8, num_stages=3, prefetch=True),
+    128: BwdConfig(BM1=64, BN1=128, BM2=128, BN2=64, num_warps=8, num_stages=3, prefetch=True, heads_first=True),
 }
 
 

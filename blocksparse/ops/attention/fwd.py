@@ -16,7 +16,7 @@ together share their heads' keys and values in L2.
 import triton
 import triton.language as tl
 
-from .tiles import block_list, entry_ahead, kv_step, kv_tiles, load_rows, row_tile, store_rows
+from .tiles import block_list, entry_ahead, kv_step, kv_tiles, load_rows, program_ids, row_tile, store_rows
 
 
 @triton.jit
@@ -47,11 +47,11 @@ def attn_fwd_kernel(
     S, HQ, HL, NB, GROUP, qk_scale,
     BS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_SEQLENS: tl.constexpr, HAS_MASKS: tl.constexpr, TMA: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr, PREFETCH: tl.constexpr = False,
+    WARP_SPECIALIZE: tl.constexpr, PREFETCH: tl.constexpr = False, HEADS_FIRST: tl.constexpr = False,
 ):
     KS: tl.constexpr = BS // BN    # key steps per block
-    i_bh = tl.program_id(1)
-    i_b, i_hq, i_hk, i_hl, q_blk, q0 = row_tile(ORDER, tl.program_id(0), i_bh, HQ, HL, GROUP, BS, BM)
+    i_t, i_bh = program_ids(HEADS_FIRST)
+    i_b, i_hq, i_hk, i_hl, q_blk, q0 = row_tile(ORDER, i_t, i_bh, HQ, HL, GROUP, BS, BM)
     o_m = q0 + tl.arange(0, BM)
     start, n_full, n_part, seqlen = block_list(HEADERS, SEQLENS, i_b, i_hl, q_blk, NB, q0, S, HAS_SEQLENS)
 

@@ -62,6 +62,34 @@ def keep_mask(o_q, o_k, seqlen, q_blk, k_blk, mask_id, MASKS,
 
 
 @triton.jit
+def program_ids(HEADS_FIRST: tl.constexpr):
+    """``(tile, batch x head)`` of this program.  The grid is ``(tiles, heads)``, or with
+    ``HEADS_FIRST`` ``(heads, tiles)``: programs start in launch order, so then every head's
+    heaviest tile (the block lists' ``order``) starts before any head's lighter ones, and the last
+    wave holds the lightest tiles of all heads (with ``(tiles, heads)`` it holds the last heads'
+    tiles, heavy ones among them)."""
+    i_t = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    if HEADS_FIRST:
+        i_t = tl.program_id(1)
+        i_bh = tl.program_id(0)
+    return i_t, i_bh
+
+
+@triton.jit
+def split_program(pid, tiles, heads, HEADS_FIRST: tl.constexpr):
+    """``(tile, head)`` of program ``pid`` of a one-dimensional grid of ``tiles x heads`` programs,
+    ordered as :func:`program_ids`'s two-dimensional grids: heads fastest with ``HEADS_FIRST``."""
+    if HEADS_FIRST:
+        i_t = pid // heads
+        i_h = pid % heads
+    else:
+        i_t = pid % tiles
+        i_h = pid // tiles
+    return i_t, i_h
+
+
+@triton.jit
 def row_tile(ORDER, i_t, i_bh, HQ, HL, GROUP, BS: tl.constexpr, BM: tl.constexpr):
     """Program ``(i_t, i_bh)`` of a row-list kernel: batch, query head, key/value head, layout head,
     query block and first query row of its ``BM`` rows."""

@@ -16,7 +16,7 @@ from blocksparse.ops.attention.configs import bwd_config, fwd_config
 out = []
 for kernel, arch, d, tma, atomic, flags in json.loads(sys.argv[1]):
     cfg = (fwd_config if kernel == "attn_fwd_kernel" else bwd_config)(d, 128)
-    cfg = replace(cfg, tma=tma, prefetch=flags.pop("prefetch", False),
+    cfg = replace(cfg, tma=tma, prefetch=flags.pop("prefetch", False), heads_first=flags.pop("heads_first", False),
                   **({"atomic_dq": atomic} if hasattr(cfg, "atomic_dq") else {}))
     k = aot.compile_kernel(kernel, arch, dtype="bf16", head_dim=d, block_size=128, cfg=cfg, **flags)
     md = k.metadata
@@ -34,7 +34,9 @@ SPECS = [
     # the full blocks' walks one step ahead (deeper pipelines: the most shared memory)
     ("attn_fwd_kernel", 90, 128, True, False, dict(causal=True, prefetch=True)),
     ("attn_bwd_dq_kernel", 90, 128, True, False, dict(causal=True, seqlens=True, prefetch=True)),
-    ("attn_bwd_dkdv_kernel", 90, 128, True, False, dict(causal=True, masks=True, prefetch=True)),
+    ("attn_bwd_dkdv_kernel", 90, 128, True, False, dict(causal=True, masks=True, prefetch=True, heads_first=True)),
+    ("attn_bwd_kernel", 90, 128, True, False, dict(causal=True, seqlens=True, prefetch=True, heads_first=True)),
+    ("attn_bwd_kernel", 80, 64, False, False, dict(causal=True, masks=True)),
     ("attn_fwd_kernel", 80, 64, False, False, dict(causal=True, prefetch=True)),
 ]
 

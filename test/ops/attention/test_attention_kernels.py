@@ -29,6 +29,11 @@ CASES = {
                                  BwdConfig(BM1=16, BN1=32, BM2=32, BN2=16, tma=True, prefetch=True)),
     "bs16-ptr-atomic-prefetch": (16, FwdConfig(BM=16, BN=16, tma=False, prefetch=True),
                                  BwdConfig(BM1=16, BN1=16, BM2=16, BN2=16, tma=False, atomic_dq=True, prefetch=True)),
+    # dk/dv and dq programs in one launch, heads' heaviest tiles first
+    "bs32-fused-tma": (32, FwdConfig(BM=32, BN=16, tma=True, heads_first=True),
+                       BwdConfig(BM1=16, BN1=32, BM2=32, BN2=16, tma=True, fused=True, heads_first=True)),
+    "bs16-fused-ptr-prefetch": (16, FwdConfig(BM=16, BN=16, tma=False),
+                                BwdConfig(BM1=16, BN1=16, BM2=16, BN2=16, tma=False, fused=True, prefetch=True)),
 }
 
 
@@ -77,7 +82,7 @@ def test_configs(rng, case, causal):
 
 
 @pytest.mark.parametrize("case", ["bs32-ksteps-tma", "bs32-qtiles-ptr", "bs16-ws-atomic", "bs32-ksteps-tma-prefetch",
-                                  "bs16-ptr-atomic-prefetch"])
+                                  "bs16-ptr-atomic-prefetch", "bs32-fused-tma", "bs16-fused-ptr-prefetch"])
 def test_ragged_gqa_and_empty_rows(rng, case):
     bs = CASES[case][0]
     layout = layouts.sliding_window(64 // bs, 1)
@@ -116,10 +121,13 @@ def test_negative_scale_and_very_negative_scores(rng):
          ds_factor=6)
 
 
-@pytest.mark.parametrize("case", ["bs32-ksteps-tma-prefetch", "bs16-ptr-atomic-prefetch"])
-def test_walking_the_tables_ahead_changes_no_bit(rng, case):
-    """``prefetch`` only moves the table reads: outputs and gradients equal the plain walk's exactly
-    (GQA, a ragged batch, an empty query block row)."""
+@pytest.mark.parametrize("flag,case", [("prefetch", "bs32-ksteps-tma-prefetch"), ("prefetch", "bs16-ptr-atomic-prefetch"),
+                                       ("heads_first", "bs32-ksteps-tma"), ("heads_first", "bs16-ws-atomic"),
+                                       ("fused", "bs32-fused-tma"), ("fused", "bs16-fused-ptr-prefetch")])
+def test_schedules_change_no_bit(rng, flag, case):
+    """``prefetch`` only moves the table reads, ``heads_first`` only the order in which programs
+    start, ``fused`` only the launches: outputs and gradients equal those without exactly (GQA, a
+    ragged batch, an empty query block row)."""
     from dataclasses import replace
 
     bs, fcfg, bcfg = CASES[case]
@@ -128,7 +136,7 @@ def test_walking_the_tables_ahead_changes_no_bit(rng, case):
     seed = int(rng.integers(1 << 30))
     runs = []
     for on in (True, False):
-        CASES["plain"] = (bs, replace(fcfg, prefetch=on), replace(bcfg, prefetch=on))
+        CASES["plain"] = (bs, replace(fcfg, **{f: on for f in (flag,) if hasattr(fcfg, f)}), replace(bcfg, **{flag: on}))
         try:
             o, lse, grads, _ = _run(np.random.default_rng(seed), case="plain", layout=layout, B=2, HQ=2, HK=1,
                                     D=16, dtype=torch.bfloat16, seqlens=[70, 96], causal=True)
