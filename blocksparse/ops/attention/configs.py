@@ -71,10 +71,12 @@ class BwdConfig:
 # prefetching: the second sweep found prefetching 8% faster summed over those shapes (and a 64 x 64
 # forward 3%), but the eager comparison with both (bench/results/raw/attention-4k-d64-prefetch-h200.md)
 # ran BigBird 4k forward + backward 1.47x slower (1.33 against 0.90 ms), causal 4k 7% faster.  Head dims 16 / 32 take the D = 64 tiles with fewer
-# warps (not swept: their tiles are small).  ``heads_first`` (grids (heads, tiles)) where
-# `--sweep --table` found it faster summed over the four shapes (bench/results/raw/attention-heads-first-h200.md):
-# the D = 64 forward 0.92x (0.84-0.97x per shape) and the D = 128 backward 0.95x (0.87-1.03x); the
-# D = 128 forward took 1.04x with it and the D = 64 backward 1.00x.
+# warps (not swept: their tiles are small).  `--sweep --table` (bench/results/raw/attention-heads-first-h200.md,
+# attention-fused-bwd-h200.md) chose ``heads_first`` (grids (heads, tiles)) for the D = 64 forward
+# (0.92x summed over its four shapes, 0.84-0.97x each; the D = 128 forward took 1.04x with it) and
+# the one-launch backward (``fused``) for D = 128: 0.91x the two launches summed, 0.93-0.94x at 4k and
+# 0.83x at fixed 16k (with heads_first too 0.96x).  The D = 64 backward keeps two launches (fused
+# 1.02x; 0.94x at 16k only).
 _FWD = {
     16: FwdConfig(BM=128, BN=64, num_warps=4, num_stages=3),
     32: FwdConfig(BM=128, BN=64, num_warps=4, num_stages=3),
@@ -85,7 +87,7 @@ _BWD = {
     16: BwdConfig(BM1=64, BN1=64, BM2=64, BN2=64, num_warps=4, num_stages=3),
     32: BwdConfig(BM1=64, BN1=64, BM2=64, BN2=64, num_warps=4, num_stages=3),
     64: BwdConfig(BM1=64, BN1=64, BM2=64, BN2=64, num_warps=4, num_stages=3),
-    128: BwdConfig(BM1=64, BN1=128, BM2=128, BN2=64, num_warps=8, num_stages=3, prefetch=True, heads_first=True),
+    128: BwdConfig(BM1=64, BN1=128, BM2=128, BN2=64, num_warps=8, num_stages=3, prefetch=True, fused=True),
 }
 
 
