@@ -141,7 +141,8 @@ def flex_fns(case):
                                    BLOCK_SIZE=min(128, case.seq))
     global _flex_compiled
     if _flex_compiled is None:  # one compiled function: cases of equal shapes share its compilations
-        _flex_compiled = flex_attention if CPU else torch.compile(flex_attention)
+        # static kernels per shape (as bench/attention.py: dynamic ones ran slower after a second shape)
+        _flex_compiled = flex_attention if CPU else torch.compile(flex_attention, dynamic=False)
     compiled = _flex_compiled
 
     def forward(q, k, v):
