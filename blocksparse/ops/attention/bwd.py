@@ -3,22 +3,21 @@
 With ``P = exp2(qk_scale * q k^T - lse)`` recomputed from the forward's log-sum-exp,
 ``delta = rowsum(o * do)``, ``dS = P * (do v^T - delta)``:
 
-``attn_bwd_dq_kernel``     per query tile (row lists, like the forward): ``delta`` (written for the
-                           next kernel) and ``dq = scale * dS k``.  Computing ``delta`` here, where
-                           ``o`` and ``do`` tiles are loaded anyway, saves a separate pass over them.
-``attn_bwd_dkdv_kernel``   per key tile of a key/value head (column lists): ``dv = P^T do`` and
-                           ``dk = scale * dS^T q``, summed over the query heads of its group (GQA)
-                           in registers, each head walking its own layout's column list.
+``attn_bwd_kernel`` runs two kinds of program:
 
-``attn_bwd_kernel``        both in one launch, after ``attn_bwd_delta_kernel``: the dk/dv programs,
-                           then the dq programs (``BwdConfig.fused``), so that the last wave of the
-                           one runs beside the other's instead of alone.
+* dq programs, per query tile (row lists, like the forward): ``dq = scale * dS k``, and, when they
+  run first, ``delta`` for the dk/dv programs (where ``o`` and ``do`` tiles are loaded anyway: no
+  separate pass over them);
+* dk/dv programs, per key tile of a key/value head (column lists): ``dv = P^T do`` and
+  ``dk = scale * dS^T q``, summed over the query heads of its group (GQA) in registers, each head
+  walking its own layout's column list.
 
-Three ways to run them: the dq kernel, then dk/dv (seven products per tile pair, no atomics: ``S``
-and ``dP`` are recomputed in both); the delta kernel, then the fused one (the same products);
-or (``BwdConfig.atomic_dq``) the delta kernel, then dk/dv with ``ATOMIC_DQ``, which also adds each
-tile pair's ``dS k`` into a float32 ``dq`` with atomics (five products, and atomic traffic).  The
-tile-config sweep measures them.
+Three ways to run them: a dq launch, then a dk/dv launch (seven products per tile pair, no
+atomics: ``S`` and ``dP`` are recomputed in both); ``attn_bwd_delta_kernel``, then both kinds in
+one launch, dk/dv programs first (``BwdConfig.fused``: the same products, and the last wave of the
+one runs beside the other's instead of alone); or (``BwdConfig.atomic_dq``) the delta kernel, then
+a dk/dv launch with ``ATOMIC_DQ``, which also adds each tile pair's ``dS k`` into a float32 ``dq``
+with atomics (five products, and atomic traffic).  The tile-config sweep measures them.
 
 All walk full blocks without masking work, then partial ones; with ``PREFETCH`` the full blocks'
 walk reads each table entry one step ahead (:func:`.tiles.entry_ahead`).  A row that attends to nothing
@@ -28,8 +27,8 @@ walk reads each table entry one step ahead (:func:`.tiles.entry_ahead`).  A row 
 import triton
 import triton.language as tl
 
-from .tiles import (block_list, entry_ahead, keep_mask, kv_step, kv_tiles, list_entry, load_rows, program_ids,
-                    row_tile, split_program, store_rows)
+from .tiles import (block_list, entry_ahead, keep_mask, kv_step, kv_tiles, list_entry, load_rows, row_tile,
+                    split_program, store_rows)
 
 
 @triton.jit
@@ -121,26 +120,6 @@ def _dq_program(
 
 
 @triton.jit
-def attn_bwd_dq_kernel(
-    Q, K, V, O, DO, DQ, LSE, DELTA, SEQLENS, HEADERS, ENTRIES, ORDER, MASKS,
-    stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks,
-    stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os,
-    stride_dob, stride_doh, stride_dos, stride_dqb, stride_dqh, stride_dqs,
-    S, HQ, HL, NB, GROUP, qk_scale, sm_scale,
-    BS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_SEQLENS: tl.constexpr, HAS_MASKS: tl.constexpr, TMA: tl.constexpr,
-    PREFETCH: tl.constexpr = False, HEADS_FIRST: tl.constexpr = False,
-):
-    i_t, i_bh = program_ids(HEADS_FIRST)
-    _dq_program(i_t, i_bh, Q, K, V, O, DO, DQ, LSE, DELTA, SEQLENS, HEADERS, ENTRIES, ORDER, MASKS,
-                stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks,
-                stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os,
-                stride_dob, stride_doh, stride_dos, stride_dqb, stride_dqh, stride_dqs,
-                S, HQ, HL, NB, GROUP, qk_scale, sm_scale, BS, BM, BN, D, CAUSAL, HAS_SEQLENS, HAS_MASKS, TMA,
-                PREFETCH, False)
-
-
-@triton.jit
 def _dkdv_step(b_dk, b_dv, b_k, b_v, Q, DO, DQ, LSE, DELTA, i_b, i_hq, i_bh, q0, S,
                stride_qb, stride_qh, stride_qs, stride_dob, stride_doh, stride_dos,
                qk_scale, sm_scale, keep, BM: tl.constexpr, D: tl.constexpr, TMA: tl.constexpr,
@@ -227,54 +206,42 @@ def _dkdv_program(
 
 
 @triton.jit
-def attn_bwd_dkdv_kernel(
-    Q, K, V, DO, DK, DV, DQ, LSE, DELTA, SEQLENS, HEADERS, ENTRIES, ORDER, MASKS,
-    stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks,
-    stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos,
-    stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
-    S, HQ, HL, NB, GROUP, qk_scale, sm_scale,
-    BS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_SEQLENS: tl.constexpr, HAS_MASKS: tl.constexpr, TMA: tl.constexpr,
-    ATOMIC_DQ: tl.constexpr, PREFETCH: tl.constexpr = False, HEADS_FIRST: tl.constexpr = False,
-):
-    i_t, i_bk = program_ids(HEADS_FIRST)
-    _dkdv_program(i_t, i_bk, Q, K, V, DO, DK, DV, DQ, LSE, DELTA, SEQLENS, HEADERS, ENTRIES, ORDER, MASKS,
-                  stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks,
-                  stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos,
-                  stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
-                  S, HQ, HL, NB, GROUP, qk_scale, sm_scale, BS, BM, BN, D, CAUSAL, HAS_SEQLENS, HAS_MASKS, TMA,
-                  ATOMIC_DQ, PREFETCH)
-
-
-@triton.jit
 def attn_bwd_kernel(
-    Q1, K1, V1, DO1, DK, DV, Q2, K2, V2, DO2, DQ, LSE, DELTA, SEQLENS,
+    Q1, K1, V1, DO1, DK, DV, Q2, K2, V2, O, DO2, DQ, LSE, DELTA, SEQLENS,
     COL_HEADERS, COL_ENTRIES, COL_ORDER, ROW_HEADERS, ROW_ENTRIES, ROW_ORDER, MASKS,
     stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks,
-    stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos,
+    stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os, stride_dob, stride_doh, stride_dos,
     stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs,
     S, HQ, HL, NB, GROUP, KV_TILES, KV_HEADS, Q_TILES, Q_HEADS, qk_scale, sm_scale,
     BS: tl.constexpr, BM1: tl.constexpr, BN1: tl.constexpr, BM2: tl.constexpr, BN2: tl.constexpr,
     D: tl.constexpr, CAUSAL: tl.constexpr, HAS_SEQLENS: tl.constexpr, HAS_MASKS: tl.constexpr, TMA: tl.constexpr,
+    DKDV: tl.constexpr = True, DQ_PASS: tl.constexpr = True, ATOMIC_DQ: tl.constexpr = False,
     PREFETCH: tl.constexpr = False, HEADS_FIRST: tl.constexpr = False,
 ):
-    # one launch (after attn_bwd_delta_kernel): the dk/dv programs, then the dq programs, so that
-    # the tail of the one overlaps the other
+    # a one-dimensional grid: KV_TILES x KV_HEADS dk/dv programs (with DKDV), then Q_TILES x Q_HEADS
+    # dq programs (with DQ_PASS); *1 operands are the dk/dv programs' tiles, *2 the dq programs'
     pid = tl.program_id(0)
     kv_programs = KV_TILES * KV_HEADS
-    if pid < kv_programs:
-        i_t, i_bk = split_program(pid, KV_TILES, KV_HEADS, HEADS_FIRST)
-        _dkdv_program(i_t, i_bk, Q1, K1, V1, DO1, DK, DV, DQ, LSE, DELTA, SEQLENS, COL_HEADERS, COL_ENTRIES,
-                      COL_ORDER, MASKS, stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks,
-                      stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos,
-                      stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
-                      S, HQ, HL, NB, GROUP, qk_scale, sm_scale, BS, BM1, BN1, D, CAUSAL, HAS_SEQLENS, HAS_MASKS, TMA,
-                      False, PREFETCH)
+    # the operands of each kind of program (constexprs stay out: a tuple would make them values)
+    kv = (Q1, K1, V1, DO1, DK, DV, DQ, LSE, DELTA, SEQLENS, COL_HEADERS, COL_ENTRIES, COL_ORDER, MASKS,
+          stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
+          stride_dob, stride_doh, stride_dos, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
+          S, HQ, HL, NB, GROUP, qk_scale, sm_scale)
+    q = (Q2, K2, V2, O, DO2, DQ, LSE, DELTA, SEQLENS, ROW_HEADERS, ROW_ENTRIES, ROW_ORDER, MASKS,
+         stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
+         stride_ob, stride_oh, stride_os, stride_dob, stride_doh, stride_dos, stride_dqb, stride_dqh, stride_dqs,
+         S, HQ, HL, NB, GROUP, qk_scale, sm_scale)
+    # alone (the dk/dv launch comes after them), the dq programs compute delta themselves
+    if DKDV and DQ_PASS:
+        if pid < kv_programs:
+            _dkdv_program(*split_program(pid, KV_TILES, KV_HEADS, HEADS_FIRST), *kv, BS, BM1, BN1, D, CAUSAL,
+                          HAS_SEQLENS, HAS_MASKS, TMA, ATOMIC_DQ, PREFETCH)
+        else:
+            _dq_program(*split_program(pid - kv_programs, Q_TILES, Q_HEADS, HEADS_FIRST), *q, BS, BM2, BN2, D,
+                        CAUSAL, HAS_SEQLENS, HAS_MASKS, TMA, PREFETCH, True)
+    elif DKDV:
+        _dkdv_program(*split_program(pid, KV_TILES, KV_HEADS, HEADS_FIRST), *kv, BS, BM1, BN1, D, CAUSAL,
+                      HAS_SEQLENS, HAS_MASKS, TMA, ATOMIC_DQ, PREFETCH)
     else:
-        i_t, i_bh = split_program(pid - kv_programs, Q_TILES, Q_HEADS, HEADS_FIRST)
-        _dq_program(i_t, i_bh, Q2, K2, V2, DO2, DO2, DQ, LSE, DELTA, SEQLENS, ROW_HEADERS, ROW_ENTRIES, ROW_ORDER,
-                    MASKS, stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks,
-                    stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos,
-                    stride_dob, stride_doh, stride_dos, stride_dqb, stride_dqh, stride_dqs,
-                    S, HQ, HL, NB, GROUP, qk_scale, sm_scale, BS, BM2, BN2, D, CAUSAL, HAS_SEQLENS, HAS_MASKS, TMA,
-                    PREFETCH, True)
+        _dq_program(*split_program(pid, Q_TILES, Q_HEADS, HEADS_FIRST), *q, BS, BM2, BN2, D,
+                    CAUSAL, HAS_SEQLENS, HAS_MASKS, TMA, PREFETCH, False)

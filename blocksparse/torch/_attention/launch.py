@@ -14,7 +14,7 @@ import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ... import _env
-from ...ops.attention.bwd import attn_bwd_delta_kernel, attn_bwd_dkdv_kernel, attn_bwd_dq_kernel, attn_bwd_kernel
+from ...ops.attention.bwd import attn_bwd_delta_kernel, attn_bwd_kernel
 from ...ops.attention.fwd import attn_fwd_kernel
 
 if _env.triton_interpret():
@@ -62,41 +62,31 @@ def bwd(do, q, k, v, o, lse, seqlens, tables, *, block_size, causal, scale, cfg)
     delta = lse.new_empty(lse.shape)
     rows, cols = tables.rows, tables.cols
     tma = cfg.tma and tma_ok(q, k, v, o, do)
-    common = dict(BS=block_size, D=D, CAUSAL=causal, HAS_SEQLENS=seqlens is not None,
-                  HAS_MASKS=tables.has_masks, TMA=tma, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     nb = rows.order.shape[0]
-    if cfg.fused and not cfg.atomic_dq:
-        _delta(o, do, delta, S, B, HQ, tma, cfg)
-        kv_tiles, q_tiles = nb * (block_size // cfg.BN1), nb * (block_size // cfg.BM2)
-        attn_bwd_kernel[(kv_tiles * B * HK + q_tiles * B * HQ,)](
-            *_operands(tma, (q, cfg.BM1), (k, cfg.BN1), (v, cfg.BN1), (do, cfg.BM1), (dk, cfg.BN1), (dv, cfg.BN1),
-                       (q, cfg.BM2), (k, cfg.BN2), (v, cfg.BN2), (do, cfg.BM2), (dq, cfg.BM2)),
-            lse, delta, _seqlens_arg(seqlens, rows), cols.headers, cols.entries, cols.order,
-            rows.headers, rows.entries, rows.order, tables.masks,
-            *_strides(q, k, v, do, dk, dv, dq),
+    kv_tiles, q_tiles = nb * (block_size // cfg.BN1), nb * (block_size // cfg.BM2)
+    kv_operands = _operands(tma, (q, cfg.BM1), (k, cfg.BN1), (v, cfg.BN1), (do, cfg.BM1), (dk, cfg.BN1), (dv, cfg.BN1))
+    q_operands = _operands(tma, (q, cfg.BM2), (k, cfg.BN2), (v, cfg.BN2), (o, cfg.BM2), (do, cfg.BM2))
+    dq_operand = dq if cfg.atomic_dq else _operands(tma, (dq, cfg.BM2))[0]  # atomics add through a pointer
+
+    def launch(dkdv, dq_pass):
+        programs = kv_tiles * B * HK * dkdv + q_tiles * B * HQ * dq_pass
+        attn_bwd_kernel[(programs,)](
+            *kv_operands, *q_operands, dq_operand, lse, delta, _seqlens_arg(seqlens, rows),
+            cols.headers, cols.entries, cols.order, rows.headers, rows.entries, rows.order, tables.masks,
+            *_strides(q, k, v, o, do, dk, dv, dq),
             S, HQ, rows.heads, nb, HQ // HK, kv_tiles, B * HK, q_tiles, B * HQ, scale * LOG2E, scale,
-            BM1=cfg.BM1, BN1=cfg.BN1, BM2=cfg.BM2, BN2=cfg.BN2, PREFETCH=cfg.prefetch, HEADS_FIRST=cfg.heads_first,
-            **common,
+            BS=block_size, BM1=cfg.BM1, BN1=cfg.BN1, BM2=cfg.BM2, BN2=cfg.BN2, D=D, CAUSAL=causal,
+            HAS_SEQLENS=seqlens is not None, HAS_MASKS=tables.has_masks, TMA=tma, DKDV=dkdv, DQ_PASS=dq_pass,
+            ATOMIC_DQ=cfg.atomic_dq, PREFETCH=cfg.prefetch, HEADS_FIRST=cfg.heads_first,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
-        return dq, dk, dv
-    if cfg.atomic_dq:
+
+    if cfg.atomic_dq or cfg.fused:  # delta first, then the dk/dv programs (and the dq ones, fused)
         _delta(o, do, delta, S, B, HQ, tma, cfg)
-    else:
-        attn_bwd_dq_kernel[_grid(nb * (block_size // cfg.BM2), B * HQ, cfg)](
-            *_operands(tma, (q, cfg.BM2), (k, cfg.BN2), (v, cfg.BN2), (o, cfg.BM2), (do, cfg.BM2), (dq, cfg.BM2)),
-            lse, delta, _seqlens_arg(seqlens, rows), rows.headers, rows.entries, rows.order, tables.masks,
-            *_strides(q, k, v, o, do, dq),
-            S, HQ, rows.heads, nb, HQ // HK, scale * LOG2E, scale,
-            BM=cfg.BM2, BN=cfg.BN2, PREFETCH=cfg.prefetch, HEADS_FIRST=cfg.heads_first, **common,
-        )
-    attn_bwd_dkdv_kernel[_grid(nb * (block_size // cfg.BN1), B * HK, cfg)](
-        *_operands(tma, (q, cfg.BM1), (k, cfg.BN1), (v, cfg.BN1), (do, cfg.BM1), (dk, cfg.BN1), (dv, cfg.BN1)),
-        dq, lse, delta, _seqlens_arg(seqlens, cols), cols.headers, cols.entries, cols.order, tables.masks,
-        *_strides(q, k, v, do, dk, dv),
-        S, HQ, cols.heads, nb, HQ // HK, scale * LOG2E, scale,
-        BM=cfg.BM1, BN=cfg.BN1, ATOMIC_DQ=cfg.atomic_dq, PREFETCH=cfg.prefetch, HEADS_FIRST=cfg.heads_first,
-        **common,
-    )
+        launch(True, not cfg.atomic_dq)
+    else:  # the dq programs write delta, then the dk/dv programs read it
+        launch(False, True)
+        launch(True, False)
     return (dq.to(q.dtype) if cfg.atomic_dq else dq), dk, dv
 
 
@@ -109,7 +99,7 @@ def _delta(o, do, delta, S, B, HQ, tma, cfg):
 
 
 def _grid(tiles, heads, cfg):
-    """The grid of a row- or column-list kernel (:func:`blocksparse.ops.attention.tiles.program_ids`)."""
+    """The grid of the forward (:func:`blocksparse.ops.attention.tiles.program_ids`)."""
     return (heads, tiles) if cfg.heads_first else (tiles, heads)
 
 

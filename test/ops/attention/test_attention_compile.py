@@ -27,14 +27,16 @@ print(json.dumps(out))
 
 SPECS = [
     ("attn_fwd_kernel", 90, 64, True, False, dict(causal=True, seqlens=True, masks=True)),
-    ("attn_bwd_dq_kernel", 90, 64, True, False, dict(causal=True)),
-    ("attn_bwd_dkdv_kernel", 90, 64, True, True, dict(causal=False, seqlens=True)),
+    ("attn_bwd_kernel", 90, 64, True, False, dict(causal=True, dkdv=False)),             # dq programs alone
+    ("attn_bwd_kernel", 90, 64, True, True, dict(causal=False, seqlens=True, dq=False)),  # dk/dv, atomic dq
     ("attn_bwd_delta_kernel", 90, 64, True, True, dict()),
     ("attn_fwd_kernel", 80, 64, False, False, dict(causal=False, masks=True)),
     # the full blocks' walks one step ahead (deeper pipelines: the most shared memory)
     ("attn_fwd_kernel", 90, 128, True, False, dict(causal=True, prefetch=True)),
-    ("attn_bwd_dq_kernel", 90, 128, True, False, dict(causal=True, seqlens=True, prefetch=True)),
-    ("attn_bwd_dkdv_kernel", 90, 128, True, False, dict(causal=True, masks=True, prefetch=True, heads_first=True)),
+    ("attn_bwd_kernel", 90, 128, True, False, dict(causal=True, seqlens=True, prefetch=True, dkdv=False)),
+    ("attn_bwd_kernel", 90, 128, True, False, dict(causal=True, masks=True, prefetch=True, heads_first=True,
+                                                   dq=False)),
+    # both kinds of program in one launch
     ("attn_bwd_kernel", 90, 128, True, False, dict(causal=True, seqlens=True, prefetch=True, heads_first=True)),
     ("attn_bwd_kernel", 80, 64, False, False, dict(causal=True, masks=True)),
     ("attn_fwd_kernel", 80, 64, False, False, dict(causal=True, prefetch=True)),
@@ -52,15 +54,16 @@ def test_kernels_compile_for_sm90_and_sm80():
         assert b["shared"] <= 227 * 1024, b       # fits one SM's shared memory
 
 
-@pytest.mark.parametrize("kernel", list(aot.KERNELS))
-def test_compile_args_name_every_parameter(kernel):
-    cfg = FwdConfig() if kernel == "attn_fwd_kernel" else BwdConfig(atomic_dq=True)
+@pytest.mark.parametrize("kernel,atomic", [(k, False) for k in aot.KERNELS] + [("attn_bwd_kernel", True)])
+def test_compile_args_name_every_parameter(kernel, atomic):
+    cfg = FwdConfig() if kernel == "attn_fwd_kernel" else BwdConfig(atomic_dq=atomic)
     signature, consts = aot.compile_args(kernel, dtype="fp16", head_dim=128, block_size=128, cfg=cfg, causal=True)
     fn = aot._function(kernel)
     assert list(signature) == list(fn.arg_names)
     assert {n for n, t in signature.items() if t == "constexpr"} == set(consts)
     for name, rows in aot.KERNELS[kernel].items():
-        assert signature[name] == f"tensordesc<fp16[1, 1, {getattr(cfg, rows)}, 128]>"
+        want = "*fp32" if atomic and name == "DQ" else f"tensordesc<fp16[1, 1, {getattr(cfg, rows)}, 128]>"
+        assert signature[name] == want, name
     assert all(t in ("constexpr", "i32", "fp32") or t.startswith(("*", "tensordesc")) for t in signature.values())
 
 
