@@ -1,6 +1,9 @@
 """GPU time per kernel in one bf16 training step of the large pixelfly MLP (``bench/pixelfly.py``'s
 2048 -> 8192 -> 4096, block 256, butterfly 64, input [16, 512, 2048], ``impl="kernels"``) and of the
-same MLP of ``nn.Linear``: ``torch.profiler`` over 10 steps after 5 warm-up steps.
+same MLP of ``nn.Linear``: ``torch.profiler`` over 10 steps after 5 warm-up steps.  The input
+requires its gradient, as in ``pixelfly.py`` (the runs in ``results/raw/`` before 2026-12-04 did
+not: they lack the first layer's bprop); the wall time of a step, outside the profiler, is
+printed too.
 
     python bench/profile_pixelfly.py     # on a GPU, about 15 s; prints the tables, writes $OUT/prof-pixelfly.json
 
@@ -30,10 +33,17 @@ def mlp(kind):
 out = {}
 for kind in ("sparse", "dense"):
     m = mlp(kind)
-    x = torch.randn(16, 512, 2048, device="cuda", dtype=torch.bfloat16, requires_grad=False)
+    x = torch.randn(16, 512, 2048, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     for _ in range(5):
         m(x).sum().backward()
     torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(20):
+        m(x).sum().backward()
+    end.record()
+    torch.cuda.synchronize()
+    print(kind, "wall us/step", round(start.elapsed_time(end) * 1000 / 20, 1))
     steps = 10
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):

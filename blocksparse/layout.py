@@ -266,18 +266,29 @@ class Layout:
 
     #: Numbered by :meth:`numbered` (else: row-major or Morton order, from the mask).
     custom_order = False
+    #: Blocks stored ``packing x packing`` as one block (see :meth:`numbered`); 1: each stored alone.
+    packing = 1
 
     @classmethod
-    def numbered(cls, layout, block_size, coords, *, any_block_size=False):
+    def numbered(cls, layout, block_size, coords, *, any_block_size=False, packing=1):
         """A layout whose block ``b`` is ``coords[b]``: the mask's blocks, each once, in any order
-        (e.g. a refined layout numbered block by block of the coarse one)."""
+        (e.g. a refined layout numbered block by block of the coarse one).
+
+        ``packing`` ``p``: the packed weight stores every run of ``p**2`` consecutive blocks as one
+        block of ``p * block_size`` -- block ``g * p**2 + i * p + j`` is part ``(i, j)`` of stored
+        block ``g`` (a refined layout's weight kept in the coarse layout's storage:
+        :func:`blocksparse.ops.matmul.refine.refine`); :attr:`w_shape` is the stored shape."""
         lay = cls(layout, block_size, any_block_size=any_block_size)
         coords = np.asarray(coords, dtype=lay.coords.dtype)
         ordered = coords[np.lexsort((coords[:, 1], coords[:, 0]))] if coords.ndim == 2 else coords
         if coords.shape != lay.coords.shape or not np.array_equal(ordered, lay.coords):
             raise ValueError(f"coords must list the layout's {lay.blocks} blocks (c, k) once each; got "
                              f"shape {coords.shape}")
-        lay.coords, lay.custom_order = _readonly(coords), True
+        p = packing
+        if isinstance(p, bool) or not isinstance(p, numbers.Integral) or p < 1 or lay.blocks % (p * p):
+            raise ValueError(f"packing must be a positive int whose square divides the {lay.blocks} blocks; "
+                             f"got {p!r}")
+        lay.coords, lay.custom_order, lay.packing = _readonly(coords), True, int(p)
         return lay
 
     def __repr__(self):
@@ -286,7 +297,8 @@ class Layout:
 
     def __eq__(self, other):
         return (isinstance(other, Layout) and self.block_size == other.block_size
-                and self.z_order == other.z_order and np.array_equal(self.mask, other.mask)
+                and self.z_order == other.z_order and self.packing == other.packing
+                and np.array_equal(self.mask, other.mask)
                 and (not (self.custom_order or other.custom_order)
                      or np.array_equal(self.coords, other.coords)))
 
@@ -300,8 +312,10 @@ class Layout:
 
     @property
     def w_shape(self):
-        """Shape of the packed weight: ``(blocks, block_size, block_size)``."""
-        return (self.blocks, self.block_size, self.block_size)
+        """Shape of the packed weight: ``(blocks, block_size, block_size)`` (with :attr:`packing`
+        ``p > 1``: ``(blocks / p**2, p * block_size, p * block_size)``)."""
+        p = self.packing
+        return (self.blocks // (p * p), p * self.block_size, p * self.block_size)
 
     def block_coord(self, block):
         """Layout coordinate ``(c, k)`` of block id ``block``."""
@@ -362,23 +376,28 @@ class Layout:
         return self._tables[key]
 
     def dense(self, w):
-        """Scatter packed blocks ``w`` (``(blocks, bs, bs)`` array) into the dense ``(C, K)`` matrix.
+        """Scatter packed blocks ``w`` (a :attr:`w_shape` array) into the dense ``(C, K)`` matrix.
 
         A numpy helper for tests, initialisers and debugging; kernels never densify.
         """
         w = np.asarray(w)
         if w.shape != self.w_shape:
             raise ValueError(f"w must have shape {self.w_shape}; got {w.shape}")
-        bs = self.block_size
+        bs, p = self.block_size, self.packing
+        if p > 1:  # the stored blocks' parts, in block order
+            w = w.reshape(-1, p, bs, p, bs).transpose(0, 1, 3, 2, 4).reshape(self.blocks, bs, bs)
         out = np.zeros((self.CB, bs, self.KB, bs), dtype=w.dtype)
         out[self.coords[:, 0], :, self.coords[:, 1], :] = w
         return out.reshape(self.C, self.K)
 
     def pack(self, dense):
-        """Gather the blocks of a dense ``(C, K)`` matrix into packed ``(blocks, bs, bs)`` form."""
+        """Gather the blocks of a dense ``(C, K)`` matrix into packed (:attr:`w_shape`) form."""
         dense = np.asarray(dense)
         if dense.shape != (self.C, self.K):
             raise ValueError(f"dense must have shape {(self.C, self.K)}; got {dense.shape}")
-        bs = self.block_size
+        bs, p = self.block_size, self.packing
         tiles = dense.reshape(self.CB, bs, self.KB, bs)
-        return np.ascontiguousarray(tiles[self.coords[:, 0], :, self.coords[:, 1], :])
+        w = tiles[self.coords[:, 0], :, self.coords[:, 1], :]
+        if p > 1:  # parts (i, j) of each stored block side by side
+            w = w.reshape(-1, p, p, bs, bs).transpose(0, 1, 3, 2, 4).reshape(self.w_shape)
+        return np.ascontiguousarray(w)

@@ -64,9 +64,14 @@ _SIGNATURES = (
 )
 
 
+#: Fields a library built before them does not record, and what they read as there.
+_FIELD_DEFAULTS = {"pack": 1}
+
+
 def _field(spec, key, wanted):
-    """``spec[key]``; a missing boolean flag (a library built before it) reads as False."""
-    return spec.get(key, False if isinstance(wanted, bool) else None)
+    """``spec[key]``; a missing boolean flag (a library built before it) reads as False, a missing
+    field of :data:`_FIELD_DEFAULTS` as its default."""
+    return spec.get(key, False if isinstance(wanted, bool) else _FIELD_DEFAULTS.get(key))
 
 
 class KernelLibrary(BuiltImages):

@@ -125,7 +125,7 @@ def add_record(plan):
     return torch.ops.blocksparse_native.add_record(
         _address(kernels.raw_launch), _address(kernels.raw_memset32), runner.spec_index, list(runner.grid), words,
         runner._argv[3], slots, list(plan.out_shape), plan.out_dtype, bool(runner._zero), plan.cast_to,
-        plan.pretranspose, plan.bias, plan.transpose_inputs, *(plan.scratch or (0, 0)))
+        plan.pretranspose, plan.bias, plan.transpose_inputs, *(plan.scratch or (0, 0)), plan.pack)
 
 
 def records(fprop, make_backward):

@@ -39,6 +39,7 @@ typedef struct {
   int n16;        /* a pointer kernel for token counts that are multiples of 16 */
   int dw16;       /* an updat writing 16-bit dW (the PyTorch plans'; these ops take float32 dW) */
   int ticket;     /* split reductions finished in the kernel (the PyTorch plans'; they need scratch) */
+  int pack;       /* the weight's packing (Layout.packing: the PyTorch plans' refined layers); 1 here */
   int nargs, slots[MAX_ARGS]; /* value of each argument (V_*) */
   const char *name;
   const char *problem; /* why it cannot run (a static string), or NULL */
@@ -79,6 +80,7 @@ static void read_spec(int index, mm_spec *m) {
   if (!int_key(index, "n16", &m->n16)) m->n16 = 0;                      /* builds before n16 kernels */
   if (!int_key(index, "dw16", &m->dw16)) m->dw16 = 0;                   /* builds before dw16 kernels */
   if (!int_key(index, "ticket", &m->ticket)) m->ticket = 0;             /* builds before tickets */
+  if (!int_key(index, "pack", &m->pack)) m->pack = 1;                   /* builds before packings */
   m->nargs = bsk_spec_nargs(index);
   if (m->nargs > MAX_ARGS) m->problem = "it takes more arguments than src/ops/matmul.c handles";
   for (int i = 0; i < m->nargs && i < MAX_ARGS; ++i) {
@@ -141,7 +143,8 @@ int bsk_matmul_select(const bsk_matmul_call *call, int arch, int atomic) {
   for (int i = 0; i < table_count; ++i) {
     const mm_spec *s = &table[i];
     int rank = bsk_spec_rank(s->index, arch);
-    if (s->problem || s->dw16 || s->ticket || !matches(s, call) || s->atomic != !!atomic || !rank) continue;
+    if (s->problem || s->dw16 || s->ticket || s->pack != 1 || !matches(s, call) || s->atomic != !!atomic || !rank)
+      continue;
     if ((s->tma && !rows_aligned(call)) || (s->n16 && call->n_tokens % 16) || !fits(s, call)) continue;
     if (better(s, rank, best, best_rank)) best = s, best_rank = rank;
   }
@@ -176,6 +179,10 @@ static int check_call(const mm_spec *s, const bsk_matmul_call *call, char *messa
     return bsk_fail(message, size, BSK_ERR_INVALID,
                     "spec %s finishes split reductions in the kernel: it needs a zeroed workspace, which "
                     "these calls do not give", s->name);
+  if (s->pack != 1)
+    return bsk_fail(message, size, BSK_ERR_INVALID,
+                    "spec %s reads weights packed %d x %d blocks a stored block; these calls pass (blocks, bs, "
+                    "bs) weights", s->name, s->pack, s->pack);
   if (!matches(s, call))
     return bsk_fail(message, size, BSK_ERR_INVALID,
                     "specialisation %s serves %s %s bs=%d axis=%d G=%d; the call is %s %s bs=%d "

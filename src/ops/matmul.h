@@ -44,7 +44,8 @@ typedef struct {
 } bsk_matmul_call;
 
 /* The matmul spec serving `call` on a GPU of compute capability `arch` (10 * major + minor), with
- * float32 atomics or without, or -1; never a `dw16` updat (dW is float32 here).  Pure: touches no GPU. */
+ * float32 atomics or without, or -1; never a `dw16` updat (dW is float32 here), nor a spec of packed
+ * weights (the PyTorch plans' refined layers).  Pure: touches no GPU. */
 BSK_API int bsk_matmul_select(const bsk_matmul_call *call, int arch, int atomic);
 /* Token slices of an updat call on spec `spec` for a GPU with `sms` multiprocessors. */
 BSK_API int bsk_matmul_updat_split(int spec, int64_t n_tokens, int64_t table_rows, int sms);

@@ -42,7 +42,7 @@ def fields(spec: AotSpec):
     ``max_tokens`` (the few-token tiles: calls of at most this many tokens; 0: any), ``n16`` (token
     counts that are multiples of 16),
     ``dw16`` (updat writing the activations' 16-bit dtype), ``ticket`` (split reductions finished in
-    the kernel) and the whole ``config``."""
+    the kernel), ``pack`` (the weight's packing) and the whole ``config``."""
     cfg, bs = spec.config, spec.block_size
     if spec.product == "updat":
         bm, bk, bn = 0, cfg.BK, 0
@@ -51,7 +51,7 @@ def fields(spec: AotSpec):
     return {"product": spec.product, "dtype": spec.dtype, "block_size": bs, "axis": spec.axis,
             "kernel": spec.kernel, "atomic": spec.atomic, "group": spec.group, "trans_w": spec.trans_w,
             "tma": spec.tma, "bm": bm, "bk": bk, "bn": bn, "waves": cfg.WAVES, "max_tokens": spec.max_tokens,
-            "n16": spec.n16, "dw16": spec.dw16, "ticket": spec.ticket, "config": asdict(cfg)}
+            "n16": spec.n16, "dw16": spec.dw16, "ticket": spec.ticket, "pack": spec.pack, "config": asdict(cfg)}
 
 
 def leaner(spec: AotSpec):
@@ -107,7 +107,7 @@ def _xprop(spec):
     out = "fp32" if spec.atomic else t
     trans = spec.trans_w
     consts = dict(BS=bs, G=cfg.G, BM=cfg.BM, TRANS_W=trans, ATOMIC=spec.atomic, PRECISION=PRECISION,
-                  TICKET=spec.ticket)
+                  TICKET=spec.ticket, PACK=spec.pack)
     if spec.kernel == "xprop_kernel":
         types = {"X": f"*{t}", "W": f"*{t}", "Y": f"*{out}", "HEADERS": "*i32", "ENTRIES": "*i32",
                  "N": "i32", "OUT_FEATURES": "i32", "num_segments": "i32",
@@ -133,7 +133,8 @@ def _xprop(spec):
 
 def _updat(spec):
     t, cfg, bs = spec.dtype, spec.config, spec.block_size
-    consts = dict(BS=bs, G=cfg.G, BK=cfg.BK, ATOMIC=spec.atomic, PRECISION=PRECISION, TICKET=spec.ticket)
+    consts = dict(BS=bs, G=cfg.G, BK=cfg.BK, ATOMIC=spec.atomic, PRECISION=PRECISION, TICKET=spec.ticket,
+                  PACK=spec.pack)
     dw = f"*{t}" if spec.dw16 or spec.ticket else "*fp32"
     tickets = {"WS": "*fp32", "COUNTERS": "*i32"}
     if spec.kernel == "updat_kernel":

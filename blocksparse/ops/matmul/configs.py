@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-__all__ = ["XpropConfig", "UpdatConfig", "xprop_config", "updat_config", "updat_split", "output_slice",
+__all__ = ["AOT_PACKINGS", "XpropConfig", "UpdatConfig", "xprop_config", "updat_config", "updat_split", "output_slice",
            "bprop_pretransposes_weight", "KERNEL_BLOCK_SIZES",
            "INTERPRETER_XPROP", "INTERPRETER_UPDAT", "SMALL_N", "AotSpec", "AOT_DTYPES",
            "aot_specializations"]
@@ -184,6 +184,11 @@ def updat_split(cfg, n_tokens, groups, sms):
 
 #: Dtypes of the ahead-of-time kernels, by Triton's names (activations and weight alike).
 AOT_DTYPES = ("fp16", "bf16", "fp32")
+#: Packings (:attr:`blocksparse.layout.Layout.packing`) the kernel library also compiles, by block
+#: size: layers of blocks of 48 (refined to 16) and 256 (refined to 128), the pixelfly discussion's,
+#: whose refined layouts then read and write the weight in its own storage.  Their specs are the
+#: ``(N, F)`` ones the PyTorch plans choose (no float32 atomics).  Other packings run on the JIT.
+AOT_PACKINGS = {16: (3,), 128: (2,)}
 
 
 @dataclass(frozen=True)
@@ -208,7 +213,8 @@ class AotSpec:
     the PyTorch plans: one launch and one op less in every backward.  ``ticket``: the split
     reduction finished in the kernel (:mod:`.ticket`: a zeroed workspace and counters the caller
     keeps; the output in the activations' dtype, the bias added by fprop), for the PyTorch plans:
-    no zero fill and no cast around the launch.
+    no zero fill and no cast around the launch.  ``pack``: the weight's packing
+    (:attr:`blocksparse.layout.Layout.packing`; :data:`AOT_PACKINGS`).
     """
 
     arch: int
@@ -223,6 +229,7 @@ class AotSpec:
     n16: bool = False
     dw16: bool = False
     ticket: bool = False
+    pack: int = 1
 
     @property
     def name(self):
@@ -233,8 +240,9 @@ class AotSpec:
         n16 = "_n16" if self.n16 else ""
         dw16 = "_dw16" if self.dw16 else ""
         ticket = "_ticket" if self.ticket else ""
+        pack = f"_pack{self.pack}" if self.pack > 1 else ""
         return (f"{self.product}_{self.dtype}_bs{self.block_size}_ax{self.axis}_{kernel}{atomic}{few}{n16}{dw16}"
-                f"{ticket}_sm{self.arch}")
+                f"{ticket}{pack}_sm{self.arch}")
 
     @property
     def group(self):
@@ -339,4 +347,8 @@ def aot_specializations(archs=(80, 90), *, dtypes=AOT_DTYPES, block_sizes=KERNEL
     specs += [replace(s, atomic=False, ticket=True) for s in specs if s.atomic]
     # a few-token spec identical to a many-token one adds nothing: that one serves every count
     many = {replace(s, max_tokens=SMALL_N) for s in specs if not s.max_tokens}
-    return tuple(s for s in specs if s not in many)
+    specs = [s for s in specs if s not in many]
+    # packed weights (refined layers) for the PyTorch plans
+    specs += [replace(s, pack=p) for s in specs if s.axis == 1 and not s.atomic
+              for p in AOT_PACKINGS.get(s.block_size, ())]
+    return tuple(specs)

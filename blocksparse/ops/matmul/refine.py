@@ -9,8 +9,11 @@ by block of the coarse layout -- fine block ``b*r*r + i*r + j`` is part ``(i, j)
     w_fine = w.reshape(blocks, r, s, r, s).transpose(0, 1, 3, 2, 4).reshape(blocks * r * r, s, s)
 
 and ``refined.dense(w_fine) == layout.dense(w)`` exactly; gradients flow back through the same
-ops.  The parameter keeps the user's block size (one storage format whatever runs it); the
-re-blocking costs one pass over the weight per call, small next to the activations.  A refined
+ops.  The parameter keeps the user's block size (one storage format whatever runs it).  Better
+still, a *packed* refinement (``refine(..., packed=True)``: ``Layout.packing = r``) needs no copy:
+fine block ``f`` is rows ``(f // r) * s ..`` and columns ``(f % r) * s ..`` of the coarse weight
+viewed as ``(blocks * r * s, r * s)``, and the kernels read (fprop, bprop) and write (updat) it
+there (their ``PACK`` constant; ``tests``: ``refined.dense(w) == layout.dense(w)``).  A refined
 structured layout also groups well: the ``r`` fine columns of one block column have the same rows,
 so output groups of ``G <= r`` adjacent columns carry no empty slots
 (:mod:`blocksparse.ops.matmul.grouping`).
@@ -46,8 +49,10 @@ class Refinement:
     factor: int
 
 
-def refine(layout, block_size):
-    """The :class:`Refinement` of ``layout`` into blocks of ``block_size`` (a divisor)."""
+def refine(layout, block_size, *, packed=False):
+    """The :class:`Refinement` of ``layout`` into blocks of ``block_size`` (a divisor).  ``packed``:
+    the refined layout addresses its weight in the coarse storage itself (``packing = factor``:
+    the kernels read and write each part in place, no re-blocking copies)."""
     bs = layout.block_size
     if block_size < 1 or bs % block_size:
         raise ValueError(f"block_size must divide the layout's block size {bs}; got {block_size}")
@@ -57,6 +62,7 @@ def refine(layout, block_size):
     i, j = np.divmod(np.arange(r * r), r)
     # coarse block b, part (i, j): fine block b*r*r + i*r + j at (c*r + i, k*r + j)
     coords = np.stack([(c[:, None] * r + i[None, :]).ravel(), (k[:, None] * r + j[None, :]).ravel()], axis=1)
-    fine = Layout.numbered(mask, block_size, coords, any_block_size=block_size not in BLOCK_SIZES)
+    fine = Layout.numbered(mask, block_size, coords, any_block_size=block_size not in BLOCK_SIZES,
+                           packing=r if packed else 1)
     return Refinement(fine, r)
 

@@ -5,6 +5,7 @@ one layout row ``c`` -- and one slice of the tokens.  It computes the transposed
 along rows, ``[G*BS, BS] = dy[:, k_0..k_{G-1}].T @ x[:, c]``, so the ``[BK, BS]`` tile of ``x``
 it loads serves ``G`` blocks and the matrix units see ``M = G*BS`` rows.
 
+``PACK``: the weight's packing (:mod:`.packing`): where ``dw`` is written.
 Token slices (``tokens_per_split < N``) are reduced by float32 atomics into a zeroed buffer
 (``ATOMIC``), or in the kernel (``TICKET``: through ``WS`` / ``COUNTERS``, one ticket per table row;
 see :mod:`.ticket`), which writes ``DW`` in its own dtype.
@@ -12,6 +13,7 @@ see :mod:`.ticket`), which writes ``DW`` in its own dtype.
 import triton
 import triton.language as tl
 
+from .packing import block_offset
 from .ticket import add_part
 
 
@@ -21,7 +23,7 @@ def updat_kernel(
     N, tokens_per_split,
     stride_xn, stride_xf, stride_dn, stride_df, WS, COUNTERS,
     BS: tl.constexpr, G: tl.constexpr, BK: tl.constexpr,
-    ATOMIC: tl.constexpr, PRECISION: tl.constexpr, TICKET: tl.constexpr = False,
+    ATOMIC: tl.constexpr, PRECISION: tl.constexpr, TICKET: tl.constexpr = False, PACK: tl.constexpr = 1,
 ):
     i_g = tl.program_id(0)
     i_s = tl.program_id(1)
@@ -50,13 +52,14 @@ def updat_kernel(
 
     # acc[j*BS + kk, cc] = dw[blk_j][cc, kk]
     o_cc = tl.arange(0, BS)
-    p_dw = DW + blk[:, None] * BS * BS + o_cc[None, :] * BS + (o_o % BS)[:, None]
+    offsets = block_offset(blk, BS, PACK)[:, None] + o_cc[None, :] * (PACK * BS) + (o_o % BS)[:, None]
+    p_dw = DW + offsets
     if ATOMIC:
         tl.atomic_add(p_dw, acc, mask=m_o[:, None], sem="relaxed")
     else:
         last = True
         if TICKET:  # the last slice to finish writes dW (see .ticket)
-            p_ws = WS + blk[:, None] * BS * BS + o_cc[None, :] * BS + (o_o % BS)[:, None]
+            p_ws = WS + offsets
             last, acc = add_part(acc, p_ws, m_o[:, None], COUNTERS + i_g, tl.num_programs(1))
         if last:
             tl.store(p_dw, acc.to(DW.dtype.element_ty), mask=m_o[:, None])

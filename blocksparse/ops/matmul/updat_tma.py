@@ -3,7 +3,8 @@
 Same work split as :mod:`.updat` (one run of ``updat_groups(G)`` x one token slice per program),
 with the ``[BK, BS]`` tiles of ``x`` and ``dy`` moved by tensor descriptors; each of the ``G``
 blocks has its own ``[BS, BS]`` accumulator (``G`` in 1, 2, 4).  A padding entry (``k = -1``)
-reads zeros and is never stored.
+reads zeros and is never stored.  ``PACK``: the weight's packing (:mod:`.packing`): where ``dw`` is
+written.
 
 Descriptors: ``x_desc`` / ``dy_desc`` over the activations in storage order, block ``[BK, BS]``
 for (N, F) or ``[BS, BK]`` for (F, N) (``X_T``).  The gradient is written through pointers;
@@ -12,6 +13,7 @@ token slices are reduced as in :mod:`.updat` (``TICKET``: one ticket per block, 
 import triton
 import triton.language as tl
 
+from .packing import block_offset
 from .ticket import add_part
 
 
@@ -25,9 +27,10 @@ def _tile(desc, n0, f, BK: tl.constexpr, BS: tl.constexpr, X_T: tl.constexpr):
 
 
 @triton.jit
-def _put(DW, acc, blk, WS, COUNTERS, ticket, BS: tl.constexpr, ATOMIC: tl.constexpr, TICKET: tl.constexpr):
+def _put(DW, acc, blk, WS, COUNTERS, ticket, BS: tl.constexpr, ATOMIC: tl.constexpr, TICKET: tl.constexpr,
+         PACK: tl.constexpr):
     o = tl.arange(0, BS)
-    offsets = blk.to(tl.int64) * BS * BS + o[:, None] * BS + o[None, :]
+    offsets = block_offset(blk.to(tl.int64), BS, PACK) + o[:, None] * (PACK * BS) + o[None, :]
     if blk >= 0:
         if ATOMIC:
             tl.atomic_add(DW + offsets, acc, sem="relaxed")
@@ -44,7 +47,7 @@ def _put(DW, acc, blk, WS, COUNTERS, ticket, BS: tl.constexpr, ATOMIC: tl.conste
 def updat_tma_kernel(
     x_desc, dy_desc, DW, GROUPS, tokens_per_split, N, WS, COUNTERS,
     BS: tl.constexpr, G: tl.constexpr, BK: tl.constexpr, X_T: tl.constexpr,
-    ATOMIC: tl.constexpr, PRECISION: tl.constexpr, TICKET: tl.constexpr = False,
+    ATOMIC: tl.constexpr, PRECISION: tl.constexpr, TICKET: tl.constexpr = False, PACK: tl.constexpr = 1,
 ):
     i_g = tl.program_id(0)
     i_s = tl.program_id(1)
@@ -76,10 +79,10 @@ def updat_tma_kernel(
             acc3 = tl.dot(b_xt, _tile(dy_desc, n0, k3, BK, BS, X_T), acc3, input_precision=PRECISION)
 
     # one ticket per block of the run (a padding block takes none)
-    _put(DW, acc0, tl.load(row + 1 + G), WS, COUNTERS, i_g * G, BS, ATOMIC, TICKET)
+    _put(DW, acc0, tl.load(row + 1 + G), WS, COUNTERS, i_g * G, BS, ATOMIC, TICKET, PACK)
     if G > 1:
-        _put(DW, acc1, tl.load(row + 2 + G), WS, COUNTERS, i_g * G + 1, BS, ATOMIC, TICKET)
+        _put(DW, acc1, tl.load(row + 2 + G), WS, COUNTERS, i_g * G + 1, BS, ATOMIC, TICKET, PACK)
     if G > 2:
-        _put(DW, acc2, tl.load(row + 3 + G), WS, COUNTERS, i_g * G + 2, BS, ATOMIC, TICKET)
-        _put(DW, acc3, tl.load(row + 4 + G), WS, COUNTERS, i_g * G + 3, BS, ATOMIC, TICKET)
+        _put(DW, acc2, tl.load(row + 3 + G), WS, COUNTERS, i_g * G + 2, BS, ATOMIC, TICKET, PACK)
+        _put(DW, acc3, tl.load(row + 4 + G), WS, COUNTERS, i_g * G + 3, BS, ATOMIC, TICKET, PACK)
 

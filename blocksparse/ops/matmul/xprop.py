@@ -8,7 +8,8 @@ blocks, so the ``[BM, BS]`` input tile it loads feeds ``G`` output blocks at onc
 
 Both activation layouts are served by strides: token ``n``, feature ``f`` lives at
 ``n * stride_n + f * stride_f``  ((N, C): ``stride_f == 1``; (C, N): ``stride_n == 1``).
-The weight is packed ``(blocks, BS, BS)``; ``TRANS_W`` multiplies by each block's transpose (bprop).
+The weight is packed ``(blocks, BS, BS)`` (or ``PACK x PACK`` blocks a stored block:
+:mod:`.packing`); ``TRANS_W`` multiplies by each block's transpose (bprop).
 Where ``has_bias`` (fprop into a non-atomic output), ``BIAS`` (per output feature, in the
 activations' dtype) is added to the float32 sums before they are rounded and stored: no separate
 pass over the output.
@@ -25,21 +26,23 @@ bytes in flight per dependent table load instead of one; and each output block m
 import triton
 import triton.language as tl
 
+from .packing import block_offset
 from .ticket import add_part
 
 
 @triton.jit
 def _weight_slab(W, entry, offs_r, i_n, BS: tl.constexpr, BN: tl.constexpr, G: tl.constexpr,
-                 TRANS_W: tl.constexpr):
+                 TRANS_W: tl.constexpr, PACK: tl.constexpr):
     """Load the ``[BS, G*BN]`` slab of weight blocks named by one table entry (zeros for -1):
     columns ``i_n*BN ..`` of its one block (``G == 1``), or its ``G`` whole blocks."""
+    RS: tl.constexpr = PACK * BS  # elements between a block's rows
     if G == 1:
         blk = tl.load(entry + 1).to(tl.int64)
         offs_c = i_n * BN + tl.arange(0, BN)
         if TRANS_W:
-            ptrs = W + blk * BS * BS + offs_c[None, :] * BS + offs_r[:, None]
+            ptrs = W + block_offset(blk, BS, PACK) + offs_c[None, :] * RS + offs_r[:, None]
         else:
-            ptrs = W + blk * BS * BS + offs_r[:, None] * BS + offs_c[None, :]
+            ptrs = W + block_offset(blk, BS, PACK) + offs_r[:, None] * RS + offs_c[None, :]
         slab = tl.load(ptrs)
     else:
         offs_o = tl.arange(0, G * BS)
@@ -47,18 +50,18 @@ def _weight_slab(W, entry, offs_r, i_n, BS: tl.constexpr, BN: tl.constexpr, G: t
         col = offs_o % BS
         # hints: each block's columns form a run of BS, starting at a multiple of BS
         if TRANS_W:
-            base = tl.multiple_of(blk * BS * BS + col * BS, BS)
+            base = tl.multiple_of(block_offset(blk, BS, PACK) + col * RS, BS)
             ptrs = W + base[None, :] + offs_r[:, None]
         else:
-            base = tl.max_contiguous(tl.multiple_of(blk * BS * BS + col, BS), BS)
-            ptrs = W + base[None, :] + offs_r[:, None] * BS
+            base = tl.max_contiguous(tl.multiple_of(block_offset(blk, BS, PACK) + col, BS), BS)
+            ptrs = W + base[None, :] + offs_r[:, None] * RS
         slab = tl.load(ptrs, mask=blk[None, :] >= 0, other=0.0)
     return slab
 
 
 @triton.jit
 def _wide_step(X, W, ENTRIES, e0, end, o_m, m_m, o_c, stride_xn, stride_xf,
-               BS: tl.constexpr, KB: tl.constexpr, TRANS_W: tl.constexpr):
+               BS: tl.constexpr, KB: tl.constexpr, TRANS_W: tl.constexpr, PACK: tl.constexpr):
     """The ``[BM, KB*BS]`` activations and ``[KB*BS, BN]`` weight rows of entries ``e0 .. e0+KB``
     (``G == 1``; entries past ``end`` read as zeros)."""
     o_k = tl.arange(0, KB * BS)
@@ -70,11 +73,12 @@ def _wide_step(X, W, ENTRIES, e0, end, o_m, m_m, o_c, stride_xn, stride_xf,
     feat = tl.max_contiguous(tl.multiple_of(inp * BS + r, BS), BS)
     b_x = tl.load(X + o_m[:, None].to(tl.int64) * stride_xn + feat[None, :] * stride_xf,
                   mask=m_m[:, None] & valid[None, :], other=0.0)
+    RS: tl.constexpr = PACK * BS  # elements between a block's rows
     if TRANS_W:
-        rows = tl.max_contiguous(tl.multiple_of(blk * BS * BS + r, BS), BS)
-        ptrs = W + rows[:, None] + o_c[None, :] * BS
+        rows = tl.max_contiguous(tl.multiple_of(block_offset(blk, BS, PACK) + r, BS), BS)
+        ptrs = W + rows[:, None] + o_c[None, :] * RS
     else:
-        ptrs = W + (blk * BS * BS + r * BS)[:, None] + o_c[None, :]
+        ptrs = W + (block_offset(blk, BS, PACK) + r * RS)[:, None] + o_c[None, :]
     b_w = tl.load(ptrs, mask=(blk >= 0)[:, None], other=0.0)
     return b_x, b_w
 
@@ -86,7 +90,7 @@ def xprop_kernel(
     stride_xn, stride_xf, stride_yn, stride_yf, BIAS, has_bias, WS, COUNTERS, OFFSETS,
     BS: tl.constexpr, G: tl.constexpr, BM: tl.constexpr,
     TRANS_W: tl.constexpr, ATOMIC: tl.constexpr, PRECISION: tl.constexpr,
-    KB: tl.constexpr, BN: tl.constexpr, TICKET: tl.constexpr = False,
+    KB: tl.constexpr, BN: tl.constexpr, TICKET: tl.constexpr = False, PACK: tl.constexpr = 1,
 ):
     # segments vary fastest, then output slices: programs running together share a token tile of x
     NS: tl.constexpr = BS // BN
@@ -109,7 +113,7 @@ def xprop_kernel(
         o_c = i_n * BN + tl.arange(0, BN)
         for e0 in range(start, start + count, KB):
             b_x, b_w = _wide_step(X, W, ENTRIES, e0, start + count, o_m, m_m, o_c, stride_xn, stride_xf,
-                                  BS, KB, TRANS_W)
+                                  BS, KB, TRANS_W, PACK)
             # [BM, KB*BS] @ [KB*BS, BN] -> [BM, BN]
             acc = tl.dot(b_x, b_w, acc, input_precision=PRECISION)
     else:
@@ -118,7 +122,7 @@ def xprop_kernel(
             entry = ENTRIES + e * (1 + G)
             inp = tl.load(entry).to(tl.int64)
             b_x = tl.load(p_x + inp * BS * stride_xf, mask=m_m[:, None], other=0.0)
-            b_w = _weight_slab(W, entry, o_r, i_n, BS, BN, G, TRANS_W)
+            b_w = _weight_slab(W, entry, o_r, i_n, BS, BN, G, TRANS_W, PACK)
             # [BM, BS] @ [BS, G*BN] -> [BM, G*BN]
             acc = tl.dot(b_x, b_w, acc, input_precision=PRECISION)
 

@@ -113,7 +113,7 @@ def _lane_dot(acc, b_x, w_desc, blk, h, BS: tl.constexpr, BK: tl.constexpr, TRAN
               SKIP: tl.constexpr, PRECISION: tl.constexpr):
     # the weight load stays outside the branch so that the pipeliner prefetches it (a missing
     # block's load is zero-filled by the copy engine without touching memory)
-    b_w = _w_tile(w_desc, blk, h, 0, BS, BK, BS, TRANS_W)
+    b_w = _w_tile(w_desc, blk, h, 0, BS, BK, BS, TRANS_W, 1)
     if SKIP:
         if blk >= 0:
             acc = tl.dot(b_x, b_w, acc, input_precision=PRECISION)  # [BM, BK] @ [BK, BS] -> [BM, BS]

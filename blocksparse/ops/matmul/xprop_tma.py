@@ -12,7 +12,8 @@ calls), without the atomics a split reduction needs.
 
 Descriptors (built by the launcher): ``x_desc`` over the activations in storage order, block
 ``[BM, BK]`` for (N, F) or ``[BK, BM]`` for (F, N) (``X_T``); ``w_desc`` over the packed weight
-viewed as ``(blocks * BS, BS)``, block ``[BK, BN]`` (``[BN, BK]`` with ``TRANS_W``); ``y_desc``
+viewed as ``(blocks * BS // PACK, PACK * BS)`` (:mod:`.packing`), block ``[BK, BN]`` (``[BN, BK]``
+with ``TRANS_W``); ``y_desc``
 over the output, block ``[BM, BN]`` (``[BN, BM]``)
 (``Y`` with its strides serves the float32 atomics of split groups instead).  ``BIAS`` /
 ``has_bias``: as in :mod:`.xprop`, added before the store; ``ATOMIC`` / ``TICKET`` split reductions
@@ -27,6 +28,7 @@ buffer in flight at ``num_stages`` 2-4); with the entry carried in registers it 
 import triton
 import triton.language as tl
 
+from .packing import block_origin
 from .ticket import add_part
 from .xprop import ticket_index
 
@@ -43,12 +45,13 @@ def _x_tile(x_desc, i_m, col, BM: tl.constexpr, X_T: tl.constexpr):
 
 @triton.jit
 def _w_tile(w_desc, blk, h, i_n, BS: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr,
-            TRANS_W: tl.constexpr):
+            TRANS_W: tl.constexpr, PACK: tl.constexpr):
     """Rows ``h*BK ..`` x columns ``i_n*BN ..`` of block ``blk`` (or of its transpose): [BK, BN]."""
+    row, col = block_origin(blk, BS, PACK)
     if TRANS_W:
-        b = w_desc.load([blk * BS + i_n * BN, h * BK]).T   # [BN, BK] -> [BK, BN]
+        b = w_desc.load([row + i_n * BN, col + h * BK]).T   # [BN, BK] -> [BK, BN]
     else:
-        b = w_desc.load([blk * BS + h * BK, i_n * BN])     # a missing block (-1) reads as zeros
+        b = w_desc.load([row + h * BK, col + i_n * BN])     # a missing block (-1) reads as zeros
     return b
 
 
@@ -70,14 +73,14 @@ def _entry(ENTRIES, e, valid, G: tl.constexpr):
 
 @triton.jit
 def _dots(b_x, w_desc, b0, b1, b2, b3, h, i_n, acc0, acc1, acc2, acc3, BS: tl.constexpr, G: tl.constexpr,
-          BK: tl.constexpr, BN: tl.constexpr, TRANS_W: tl.constexpr, PRECISION: tl.constexpr):
+          BK: tl.constexpr, BN: tl.constexpr, TRANS_W: tl.constexpr, PRECISION: tl.constexpr, PACK: tl.constexpr):
     """``acc_j += b_x @ (step h of weight block b_j)`` for the group's ``G`` output blocks."""
-    acc0 = tl.dot(b_x, _w_tile(w_desc, b0, h, i_n, BS, BK, BN, TRANS_W), acc0, input_precision=PRECISION)
+    acc0 = tl.dot(b_x, _w_tile(w_desc, b0, h, i_n, BS, BK, BN, TRANS_W, PACK), acc0, input_precision=PRECISION)
     if G > 1:
-        acc1 = tl.dot(b_x, _w_tile(w_desc, b1, h, i_n, BS, BK, BN, TRANS_W), acc1, input_precision=PRECISION)
+        acc1 = tl.dot(b_x, _w_tile(w_desc, b1, h, i_n, BS, BK, BN, TRANS_W, PACK), acc1, input_precision=PRECISION)
     if G > 2:
-        acc2 = tl.dot(b_x, _w_tile(w_desc, b2, h, i_n, BS, BK, BN, TRANS_W), acc2, input_precision=PRECISION)
-        acc3 = tl.dot(b_x, _w_tile(w_desc, b3, h, i_n, BS, BK, BN, TRANS_W), acc3, input_precision=PRECISION)
+        acc2 = tl.dot(b_x, _w_tile(w_desc, b2, h, i_n, BS, BK, BN, TRANS_W, PACK), acc2, input_precision=PRECISION)
+        acc3 = tl.dot(b_x, _w_tile(w_desc, b3, h, i_n, BS, BK, BN, TRANS_W, PACK), acc3, input_precision=PRECISION)
     return acc0, acc1, acc2, acc3
 
 
@@ -115,6 +118,7 @@ def xprop_tma_kernel(
     X_T: tl.constexpr,
     TRANS_W: tl.constexpr, ATOMIC: tl.constexpr, PRECISION: tl.constexpr,
     UNROLL: tl.constexpr = 1, TICKET: tl.constexpr = False, PREFETCH: tl.constexpr = False,
+    PACK: tl.constexpr = 1,
 ):
     # segments vary fastest, then output slices: programs running together share a token tile
     NS: tl.constexpr = BS // BN
@@ -147,22 +151,22 @@ def xprop_tma_kernel(
             e_row, e_b0, e_b1, e_b2, e_b3 = _entry(ENTRIES, (t + 1) // KS, t + 1 < hi, G)
             acc0, acc1, acc2, acc3 = _dots(_x_tile(x_desc, i_m, row * BS + (t % KS) * BK, BM, X_T), w_desc,
                                            b0, b1, b2, b3, t % KS, i_n, acc0, acc1, acc2, acc3,
-                                           BS, G, BK, BN, TRANS_W, PRECISION)
+                                           BS, G, BK, BN, TRANS_W, PRECISION, PACK)
     else:  # the table loads where used: the tiles get (num_stages - 1) // 2 steps of lead
         for t in tl.range(start * KS, (start + count) * KS, loop_unroll_factor=UNROLL):
             entry = ENTRIES + (t // KS) * (1 + G)
             h = t % KS
             b_x = _x_tile(x_desc, i_m, tl.load(entry) * BS + h * BK, BM, X_T)
             # [BM, BK] @ [BK, BN] -> [BM, BN], once per output block of the group
-            acc0 = tl.dot(b_x, _w_tile(w_desc, tl.load(entry + 1), h, i_n, BS, BK, BN, TRANS_W), acc0,
+            acc0 = tl.dot(b_x, _w_tile(w_desc, tl.load(entry + 1), h, i_n, BS, BK, BN, TRANS_W, PACK), acc0,
                           input_precision=PRECISION)
             if G > 1:
-                acc1 = tl.dot(b_x, _w_tile(w_desc, tl.load(entry + 2), h, i_n, BS, BK, BN, TRANS_W), acc1,
+                acc1 = tl.dot(b_x, _w_tile(w_desc, tl.load(entry + 2), h, i_n, BS, BK, BN, TRANS_W, PACK), acc1,
                               input_precision=PRECISION)
             if G > 2:
-                acc2 = tl.dot(b_x, _w_tile(w_desc, tl.load(entry + 3), h, i_n, BS, BK, BN, TRANS_W), acc2,
+                acc2 = tl.dot(b_x, _w_tile(w_desc, tl.load(entry + 3), h, i_n, BS, BK, BN, TRANS_W, PACK), acc2,
                               input_precision=PRECISION)
-                acc3 = tl.dot(b_x, _w_tile(w_desc, tl.load(entry + 4), h, i_n, BS, BK, BN, TRANS_W), acc3,
+                acc3 = tl.dot(b_x, _w_tile(w_desc, tl.load(entry + 4), h, i_n, BS, BK, BN, TRANS_W, PACK), acc3,
                               input_precision=PRECISION)
 
     # columns past the last output block are clipped by the descriptor's shape

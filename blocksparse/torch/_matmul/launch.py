@@ -79,15 +79,25 @@ def tma_ok(*tensors):
     return True
 
 
+def transpose_blocks(w, pack=1):
+    """Every block of the packed weight ``w`` transposed in place (``pack``: the layout's
+    :attr:`~blocksparse.layout.Layout.packing`; each part of a stored block transposed where it lies)."""
+    if pack == 1:
+        return w.transpose(1, 2).contiguous()
+    bs = w.shape[1] // pack
+    return w.view(-1, pack, bs, pack, bs).transpose(2, 4).contiguous().view(w.shape)
+
+
 def xprop_launch(variant, x_shape, x_strides, dtype, headers, entries, *, blocks, out_features, bs, axis, trans,
-                 cfg, atomic, precision, bias=False, offsets=None):
+                 cfg, atomic, precision, bias=False, offsets=None, pack=1):
     """fprop (``trans=False``) or bprop of ``dtype`` activations ``x_shape`` / ``x_strides``
     through the ``"ptr"`` or ``"tma"`` kernel; ``headers`` / ``entries``: the xprop table built
     with ``cfg.G``.  The output is float32 where ``atomic``.  ``bias``: the kernel adds a fourth
     operand (per output feature, ``dtype``) before storing (not with ``atomic``).  ``offsets``
     (the table's CSR over headers, on the device): split segments are reduced in the kernel
     through operands 4 and 5 (:data:`WS`, :data:`COUNTERS`, zeroed; :func:`xprop_scratch`), and
-    the output takes ``dtype``."""
+    the output takes ``dtype``.  ``blocks``: the layout's; ``pack``: its packing (the weight is
+    ``(blocks / pack**2, pack * bs, pack * bs)``)."""
     if bias and atomic:
         raise ValueError("a split (atomic) product cannot add the bias: its sums are not final in the kernel")
     if atomic and offsets is not None:
@@ -100,7 +110,8 @@ def xprop_launch(variant, x_shape, x_strides, dtype, headers, entries, *, blocks
     y_strides = dense_strides(y_shape)
     y_dtype = torch.float32 if atomic else dtype
     segments = headers.shape[0]
-    consts = dict(BS=bs, G=cfg.G, BM=cfg.BM, TRANS_W=trans, ATOMIC=atomic, PRECISION=precision, TICKET=ticket)
+    consts = dict(BS=bs, G=cfg.G, BM=cfg.BM, TRANS_W=trans, ATOMIC=atomic, PRECISION=precision, TICKET=ticket,
+                  PACK=pack)
     # without a bias the kernel never reads BIAS: the input stands in (a valid pointer of its type)
     fused = dict(BIAS=Operand(BIAS if bias else X, dtype), has_bias=int(bias), **tickets)
     if variant == "ptr":
@@ -114,7 +125,8 @@ def xprop_launch(variant, x_shape, x_strides, dtype, headers, entries, *, blocks
         grid = (segments * (bs // bn) * triton.cdiv(n, cfg.BM),)
     else:
         bk, bn = cfg.BK or bs, configs.output_slice(cfg, bs, tma=True)
-        w_desc = Descriptor(B, (blocks * bs, bs), (bs, 1), (bn, bk) if trans else (bk, bn), dtype)
+        rows = pack * bs  # the weight viewed 2-D (blocks.packing)
+        w_desc = Descriptor(B, (blocks * bs // pack, rows), (rows, 1), (bn, bk) if trans else (bk, bn), dtype)
         y_n, y_f = _token_feature(y_strides, axis)
         args = dict(x_desc=_desc(X, dtype, x_shape, x_strides, axis, cfg.BM, bk), w_desc=w_desc,
                     y_desc=_desc(OUT, y_dtype, y_shape, y_strides, axis, cfg.BM, bn), Y=Operand(OUT, y_dtype),
@@ -127,17 +139,18 @@ def xprop_launch(variant, x_shape, x_strides, dtype, headers, entries, *, blocks
 
 
 def updat_launch(variant, x_shape, x_strides, dy_shape, dy_strides, dtype, groups, *, bs, axis, cfg, split,
-                 precision, dw_dtype=torch.float32, ticket=False):
+                 precision, dw_dtype=torch.float32, ticket=False, pack=1):
     """updat of ``dtype`` activations ``x`` and ``dy`` through the ``"ptr"`` or ``"tma"`` kernel
     into a ``dw_dtype`` buffer; ``groups`` is ``Layout.updat_groups(cfg.G)``.  Token slices
     (``split > 1``) are reduced by atomics into a zeroed float32 buffer, or where ``ticket`` in the
-    kernel through operands 4 and 5 (:data:`WS`, :data:`COUNTERS`, zeroed; :func:`updat_scratch`)."""
+    kernel through operands 4 and 5 (:data:`WS`, :data:`COUNTERS`, zeroed; :func:`updat_scratch`).
+    ``pack``: the layout's packing (where the kernel writes each block)."""
     n = x_shape[0] if axis == 1 else x_shape[1]
     per_split = triton.cdiv(triton.cdiv(n, split), cfg.BK) * cfg.BK
     grid = (groups.shape[0], triton.cdiv(n, per_split))
     ticket = ticket and split > 1
     atomic = split > 1 and not ticket
-    consts = dict(BS=bs, G=cfg.G, BK=cfg.BK, ATOMIC=atomic, PRECISION=precision, TICKET=ticket)
+    consts = dict(BS=bs, G=cfg.G, BK=cfg.BK, ATOMIC=atomic, PRECISION=precision, TICKET=ticket, PACK=pack)
     tickets = dict(WS=Operand(WS, torch.float32) if ticket else None,
                    COUNTERS=Operand(COUNTERS, torch.int32) if ticket else None)
     if variant == "ptr":
@@ -158,25 +171,25 @@ def updat_launch(variant, x_shape, x_strides, dy_shape, dy_strides, dtype, group
 # --- direct calls: allocate, launch through Triton (kernel tests, GPU verification) ------------
 
 
-def xprop(x, w, headers, entries, *, out_features, bs, axis, trans, cfg, atomic, precision):
+def xprop(x, w, headers, entries, *, out_features, bs, axis, trans, cfg, atomic, precision, pack=1):
     """fprop (``trans=False``) or bprop; the TMA kernel where ``cfg`` asks for it and descriptors
     can address the tensors.  ``atomic`` must be true when any output group has several segments."""
     if trans and configs.bprop_pretransposes_weight(x.dtype == torch.float32):
-        w, trans = w.transpose(1, 2).contiguous(), False
+        w, trans = transpose_blocks(w, pack), False
     launch = xprop_tma if cfg.TMA and tma_ok(x, w) else xprop_ptr
     return launch(x, w, headers, entries, out_features=out_features, bs=bs, axis=axis, trans=trans,
-                  cfg=cfg, atomic=atomic, precision=precision)
+                  cfg=cfg, atomic=atomic, precision=precision, pack=pack)
 
 
-def updat(x, dy, groups, *, w_shape, bs, axis, cfg, split, precision, dw_dtype):
+def updat(x, dy, groups, *, w_shape, bs, axis, cfg, split, precision, dw_dtype, pack=1):
     """updat; ``groups`` is ``Layout.updat_groups(cfg.G)``, ``split`` the token slices."""
     launch = updat_tma if cfg.TMA and tma_ok(x, dy) else updat_ptr
     return launch(x, dy, groups, w_shape=w_shape, bs=bs, axis=axis, cfg=cfg, split=split,
-                  precision=precision, dw_dtype=dw_dtype)
+                  precision=precision, dw_dtype=dw_dtype, pack=pack)
 
 
 def _xprop_direct(variant, x, w, headers, entries, *, out_features, bs, axis, trans, cfg, atomic, precision,
-                  bias=None, offsets=None):
+                  bias=None, offsets=None, pack=1):
     """``bias`` (fprop, per output feature): added by the kernel, after it where ``atomic``.
     ``offsets`` (the table's, on ``x``'s device): split segments reduced in the kernel instead of
     by atomics (``atomic`` False)."""
@@ -187,9 +200,10 @@ def _xprop_direct(variant, x, w, headers, entries, *, out_features, bs, axis, tr
         operands = (x, w, out) + ((bias.to(x.dtype).contiguous(),) if fused else (x,))
         if offsets is not None:
             operands += scratch(x.device, *xprop_scratch(n, out_features, bs, cfg, variant == "tma"))
-        JitLaunch(xprop_launch(variant, tuple(x.shape), x.stride(), x.dtype, headers, entries, blocks=w.shape[0],
-                               out_features=out_features, bs=bs, axis=axis, trans=trans, cfg=cfg, atomic=atomic,
-                               precision=precision, bias=fused, offsets=offsets))(operands)
+        JitLaunch(xprop_launch(variant, tuple(x.shape), x.stride(), x.dtype, headers, entries,
+                               blocks=w.shape[0] * pack * pack, out_features=out_features, bs=bs, axis=axis,
+                               trans=trans, cfg=cfg, atomic=atomic, precision=precision, bias=fused, offsets=offsets,
+                               pack=pack))(operands)
     elif fused:
         fused = False  # nothing launched: the (empty) output takes the bias below
     out = _cast(out, x.dtype)
@@ -198,7 +212,8 @@ def _xprop_direct(variant, x, w, headers, entries, *, out_features, bs, axis, tr
     return out + (bias.to(out.dtype) if axis == 1 else bias.to(out.dtype)[:, None])
 
 
-def _updat_direct(variant, x, dy, groups, *, w_shape, bs, axis, cfg, split, precision, dw_dtype, ticket=False):
+def _updat_direct(variant, x, dy, groups, *, w_shape, bs, axis, cfg, split, precision, dw_dtype, ticket=False,
+                  pack=1):
     """``ticket``: token slices reduced in the kernel instead of by atomics."""
     n = tokens(x, axis)
     atomic = (split > 1 and not ticket) or n == 0
@@ -206,10 +221,10 @@ def _updat_direct(variant, x, dy, groups, *, w_shape, bs, axis, cfg, split, prec
     if n:  # the launch zero-fills a float32 buffer first
         operands = (x, dy, dw, x)
         if ticket:
-            operands += scratch(x.device, *updat_scratch(w_shape[0], bs, groups.shape[0], cfg))
+            operands += scratch(x.device, *updat_scratch(w_shape[0] * pack * pack, bs, groups.shape[0], cfg))
         JitLaunch(updat_launch(variant, tuple(x.shape), x.stride(), tuple(dy.shape), dy.stride(), x.dtype, groups,
                                bs=bs, axis=axis, cfg=cfg, split=split, precision=precision,
-                               dw_dtype=dw.dtype, ticket=ticket))(operands)
+                               dw_dtype=dw.dtype, ticket=ticket, pack=pack))(operands)
     else:
         dw.zero_()  # no tokens: the gradient is zero
     return _cast(dw, dw_dtype)

@@ -59,7 +59,8 @@ class Plan:
     operands 4 and 5); ``pretranspose``: bprop reads the weight's blocks transposed beforehand;
     ``bias``: the kernel adds a bias (per output feature, in ``a``'s dtype) before it stores
     (fprop; not with atomics); ``transpose_inputs``: updat of ``(F, N)`` activations copied to
-    ``(N, F)`` first, and run as that layout's product.
+    ``(N, F)`` first, and run as that layout's product; ``pack``: the layout's packing (the
+    weight's blocks as they lie in its storage).
     """
 
     kind: str
@@ -76,6 +77,7 @@ class Plan:
     bias: bool = False
     transpose_inputs: bool = False
     scratch: tuple | None = None
+    pack: int = 1
 
     @property
     def path(self):
@@ -91,7 +93,7 @@ class Plan:
 
     def __call__(self, a, b, bias=None):
         if self.pretranspose:
-            b = b.transpose(1, 2).contiguous()
+            b = _kernels.transpose_blocks(b, self.pack)
         if self.transpose_inputs:
             a, b = a.t().contiguous(), b.t().contiguous()
         if self.runner is not None:
@@ -157,14 +159,15 @@ def _to(array, device):
     return torch.from_numpy(np.array(array, dtype=np.int32)).to(device)
 
 
-def _aot_spec(kernels, arch, product, dtype, bs, axis, tma, atomic, n, max_tokens=None, dw16=False, ticket=False):
+def _aot_spec(kernels, arch, product, dtype, bs, axis, tma, atomic, n, max_tokens=None, dw16=False, ticket=False,
+              pack=1):
     """Index of the library's spec for this product (the few-token tile for a few tokens, the TMA
     kernel first where it can run), or None.  ``max_tokens``: only specs of that token class;
     ``dw16``: an updat writing the activations' 16-bit dtype (else float32); ``ticket``: a split
-    reduction finished in the kernel."""
+    reduction finished in the kernel; ``pack``: the layout's packing."""
     names = _KERNEL_NAMES["updat" if product == "updat" else "xprop"]
     fields = dict(product=product, dtype=_DTYPE_NAMES.get(dtype), block_size=bs, axis=axis, atomic=atomic,
-                  ticket=ticket)
+                  ticket=ticket, pack=pack)
     classes = (max_tokens,) if max_tokens is not None else ((configs.SMALL_N, 0) if n <= configs.SMALL_N else (0,))
     # pointer kernels: the one compiled for multiples of 16 tokens first, where n is one
     n16 = (True, False) if n % 16 == 0 and (axis == 0 or product == "updat") else (False,)  # where compiled
@@ -188,11 +191,11 @@ def _aot_choice(kernels, arch, sms, layout, kind, a, b, axis, dw_dtype=None):
     if kernels is None or a.dtype not in _DTYPE_NAMES or not (a.is_contiguous() and b.is_contiguous()):
         return None
     n, bs, tma = _kernels.tokens(a, axis), layout.block_size, _kernels.tma_ok(a, b)
-    index = _aot_spec(kernels, arch, kind, a.dtype, bs, axis, tma, False, n)
+    index = _aot_spec(kernels, arch, kind, a.dtype, bs, axis, tma, False, n, pack=layout.packing)
     if index is None:
         return None
     spec = kernels.specs[index]
-    same = dict(tma=spec["tma"], n=n, max_tokens=spec["max_tokens"])
+    same = dict(tma=spec["tma"], n=n, max_tokens=spec["max_tokens"], pack=layout.packing)
 
     def split_spec():  # (index, ticket) of the spec finishing a split, or (None, False)
         # a ticket updat writes the activations' dtype: not for a float32 gradient of 16-bit activations
@@ -298,7 +301,7 @@ def _build(state, kind, a, b, axis, precision, dw_dtype, aligned, target=None, b
         buffer = torch.float32 if zero or compiled32 else buffer
         launch = _kernels.updat_launch(variant, tuple(a.shape), a.stride(), tuple(b.shape), b.stride(), a.dtype,
                                        groups, bs=bs, axis=axis, cfg=cfg, split=split,
-                                       precision=precision, dw_dtype=buffer, ticket=ticket)
+                                       precision=precision, dw_dtype=buffer, ticket=ticket, pack=layout.packing)
         scratch = _kernels.updat_scratch(layout.blocks, bs, groups.shape[0], cfg) if ticket else None
         out = dict(out_shape=layout.w_shape, out_dtype=buffer, zero=zero, scratch=scratch,
                    cast_to=dw_dtype if buffer != dw_dtype else None)
@@ -314,11 +317,11 @@ def _build(state, kind, a, b, axis, precision, dw_dtype, aligned, target=None, b
         launch = _kernels.xprop_launch(variant, tuple(a.shape), a.stride(), a.dtype, headers, entries,
                                        blocks=layout.blocks, out_features=out_features, bs=bs, axis=axis,
                                        trans=trans and not pretranspose, cfg=cfg, atomic=atomic, precision=precision,
-                                       bias=fused, offsets=offsets)
+                                       bias=fused, offsets=offsets, pack=layout.packing)
         scratch = _kernels.xprop_scratch(n, out_features, bs, cfg, tma) if ticket else None
         out = dict(out_shape=_kernels.activation_shape(n, out_features, axis),
                    out_dtype=torch.float32 if atomic else a.dtype, zero=atomic, cast_to=a.dtype if atomic else None,
-                   pretranspose=pretranspose, bias=fused, scratch=scratch)
+                   pretranspose=pretranspose, bias=fused, scratch=scratch, pack=layout.packing)
     runner = _launch.prepare(launch, a.get_device(), kernels, spec_index) if n else None
     return Plan(kind, cfg, runner, device, max_segment=max_segment, split=split, **out)
 

@@ -57,7 +57,7 @@ def _xprop(kind, x, w, layout_handle, axis, precision):
     coords = st.coords(x.device)
     inp, out = (coords[:, 1], coords[:, 0]) if trans else (coords[:, 0], coords[:, 1])
     return _reference.xprop(x, w, inp, out, (lay.C if trans else lay.K) // lay.block_size, lay.block_size, axis,
-                            trans)
+                            trans, lay.packing)
 
 
 def fprop(x, w, layout_handle, axis, precision):
@@ -78,4 +78,4 @@ def updat(x, dy, layout_handle, axis, precision, dw_dtype):
         x, dy = _strided(x), _strided(dy)
         return plan_of("updat", x, dy, layout_handle, axis, precision, dw_dtype)(x, dy)
     coords = st.coords(x.device)
-    return _reference.updat(x, dy, coords[:, 0], coords[:, 1], lay.block_size, axis, dw_dtype)
+    return _reference.updat(x, dy, coords[:, 0], coords[:, 1], lay.block_size, axis, dw_dtype, lay.packing)

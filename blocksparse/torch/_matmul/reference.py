@@ -24,8 +24,26 @@ def _unblocks(t, axis):
     return flat if axis == 1 else flat.t().contiguous()
 
 
-def xprop(x, w, inp_idx, out_idx, out_blocks, bs, axis, trans):
+def unpacked(w, pack):
+    """The ``(blocks, bs, bs)`` blocks of a weight stored with packing ``pack``
+    (:attr:`blocksparse.layout.Layout.packing`)."""
+    if pack == 1:
+        return w
+    bs = w.shape[1] // pack
+    return w.reshape(-1, pack, bs, pack, bs).transpose(2, 3).reshape(-1, bs, bs)
+
+
+def packed(w, pack):
+    """Inverse of :func:`unpacked`."""
+    if pack == 1:
+        return w
+    bs = w.shape[1]
+    return w.reshape(-1, pack, pack, bs, bs).transpose(2, 3).reshape(-1, pack * bs, pack * bs)
+
+
+def xprop(x, w, inp_idx, out_idx, out_blocks, bs, axis, trans, pack=1):
     """``y[:, out] += x[:, inp] @ w[b]`` (``w[b].T`` if ``trans``) for every block ``b``."""
+    w = unpacked(w, pack)
     acc = _acc_dtype(x.dtype)
     xb = _blocks(x, axis, bs).index_select(1, inp_idx).to(acc)      # (N, blocks, bs)
     eq = "nbk,bjk->nbj" if trans else "nbj,bjk->nbk"
@@ -34,9 +52,9 @@ def xprop(x, w, inp_idx, out_idx, out_blocks, bs, axis, trans):
     return _unblocks(y, axis).to(x.dtype)
 
 
-def updat(x, dy, c_idx, k_idx, bs, axis, dw_dtype):
-    """``dw[b] = x[:, c_b].T @ dy[:, k_b]`` for every block ``b``."""
+def updat(x, dy, c_idx, k_idx, bs, axis, dw_dtype, pack=1):
+    """``dw[b] = x[:, c_b].T @ dy[:, k_b]`` for every block ``b`` (stored with packing ``pack``)."""
     acc = _acc_dtype(x.dtype)
     xb = _blocks(x, axis, bs).index_select(1, c_idx).to(acc)
     db = _blocks(dy, axis, bs).index_select(1, k_idx).to(acc)
-    return torch.einsum("nbi,nbj->bij", xb, db).to(dw_dtype)
+    return packed(torch.einsum("nbi,nbj->bij", xb, db).to(dw_dtype), pack)

@@ -27,7 +27,7 @@ from ...layout import Layout
 from ...ops.matmul.grouping import groups_well
 from ...ops.matmul.portable import row_tables
 from ...ops.matmul.refine import refine, refined_block_size
-from ...ops.matmul.configs import KERNEL_BLOCK_SIZES
+from ...ops.matmul.configs import AOT_PACKINGS, KERNEL_BLOCK_SIZES
 from .. import _native
 from .._autograd import functorch_active as _functorch_active
 from .._backend import KERNEL_DTYPES, autocast_dtype_of
@@ -58,13 +58,15 @@ def _new_handle(dispatcher):
 def kernel_layout(layout):
     """``(layout the kernels / reference path run, Refinement or None)``: ``layout`` itself when its
     block size is one of theirs, else its refinement to the largest one that divides it, else
-    ``(None, None)`` (e.g. block size 3: only the portable and dense paths)."""
+    ``(None, None)`` (e.g. block size 3: only the portable and dense paths).  A refinement the
+    kernel library compiles packed (:data:`~blocksparse.ops.matmul.configs.AOT_PACKINGS`) is
+    packed: the kernels address the layer's weight where it lies, no re-blocking copies."""
     fine = refined_block_size(layout.block_size)
     if fine is None:
         return None, None
     if fine == layout.block_size:
         return layout, None
-    ref = refine(layout, fine)
+    ref = refine(layout, fine, packed=layout.block_size // fine in AOT_PACKINGS.get(fine, ()))
     return ref.layout, ref
 
 
@@ -120,7 +122,7 @@ class LinearDispatch(nn.Module):
         self._choices = {}
         self._structured = None
         self._native = {}
-        self._fast = _native.FastPath(layout.K, 1 if refinement is None else refinement.factor)
+        self._fast = _native.FastPath(layout.K, self._copy_factor)
         self.handle = _new_handle(self)
 
     def reset_buffers(self):
@@ -268,7 +270,7 @@ class LinearDispatch(nn.Module):
         self.__dict__["last_tokens"] = x.shape[0]
         if cast is not None:  # ids exist for kernel dtypes only: no float64 here
             x, w = x.to(cast), w.to(cast)
-        return _native.linear(x, w, bias, ids, 1 if self.refinement is None else self.refinement.factor)
+        return _native.linear(x, w, bias, ids, self._copy_factor)
 
     def _native_ids(self, x, w, bias=False):
         """The native op's record ids for calls like this one (``bias``: with a bias), or None."""
@@ -284,10 +286,16 @@ class LinearDispatch(nn.Module):
         bsmm = self.bsmm
         return _ops.native_ids(x, w, bsmm._handle, bsmm.axis, bsmm._precision, bias)
 
-    def kernel_weight(self, w):
-        """The layer's weight as ``bsmm``'s weight: re-blocked when the layout was refined."""
+    @property
+    def _copy_factor(self):
+        """The factor of a refinement the weight is re-blocked for (copied), else 1."""
         ref = self.refinement
-        if ref is None:
+        return 1 if ref is None or ref.layout.packing > 1 else ref.factor
+
+    def kernel_weight(self, w):
+        """The layer's weight as ``bsmm``'s weight: re-blocked when the layout was refined (unpacked)."""
+        ref = self.refinement
+        if ref is None or ref.layout.packing > 1:
             return w
         s, r = ref.layout.block_size, ref.factor  # the refined layout is numbered coarse block by block
         return w.reshape(w.shape[0], r, s, r, s).transpose(2, 3).reshape(-1, s, s)

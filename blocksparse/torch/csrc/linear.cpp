@@ -10,8 +10,9 @@
 // Each record carries the addresses of its kernel library's bsk_launch and bsk_memset32, so this
 // file links against nothing but torch.
 //
-// A layer whose block size the kernels do not take passes the factor of its refinement: the op
-// re-blocks the kernels' weight and the gradient itself.
+// A layer whose block size the kernels do not take runs on its layout refined into theirs: packed
+// (the records' kernels read and write the weight's parts where they lie: factor 1 here), or
+// passing the factor of its refinement, when the op re-blocks the weight and the gradient itself.
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/DeviceGuard.h>
@@ -48,6 +49,7 @@ struct Record {
   bool zero = false;
   std::optional<at::ScalarType> cast_to;
   bool pretranspose = false;                  // bprop: the weight's blocks transposed first
+  int64_t pack = 1;                           // the layout's packing (Layout.packing): blocks in the weight
   bool fused_bias = false;                    // fprop: the kernel adds the bias (operand 3)
   bool transpose_inputs = false;              // updat of (F, N) activations: run on (N, F) copies
   int64_t ws_elements = 0, counter_elements = 0;  // split reductions finished in the kernel: the
@@ -90,11 +92,19 @@ std::pair<at::Tensor, at::Tensor> scratch(const at::Tensor &like, void *stream, 
   return pair;
 }
 
+// Every block of the weight transposed where it lies: with packing p > 1, each of the p x p parts of
+// every stored block (blocksparse/torch/_matmul/launch.py transpose_blocks).
+at::Tensor transpose_blocks(const at::Tensor &w, int64_t pack) {
+  if (pack == 1) return w.transpose(1, 2).contiguous();
+  const int64_t bs = w.size(1) / pack;
+  return w.view({-1, pack, bs, pack, bs}).transpose(2, 4).contiguous().view(w.sizes());
+}
+
 // One product: allocate, (zero-fill,) launch, (cast,) (add the bias per output feature: in the
 // kernel where the record says, else in the same pass as the cast where there is one).
 at::Tensor run(const Record &r, at::Tensor a, at::Tensor b, const std::optional<at::Tensor> &bias = {}) {
   const c10::DeviceGuard guard(a.device());  // the default stream launches in the current device's context
-  if (r.pretranspose) b = b.transpose(1, 2).contiguous();
+  if (r.pretranspose) b = transpose_blocks(b, r.pack);
   if (r.transpose_inputs) {
     a = a.t().contiguous();
     b = b.t().contiguous();
@@ -365,12 +375,13 @@ void fast_clear(int64_t layer) {
 int64_t add_record(int64_t launch, int64_t memset32, int64_t spec, at::IntArrayRef grid, const at::Tensor &words, int64_t nargs,
                    at::IntArrayRef slots, at::IntArrayRef out_shape, at::ScalarType out_dtype, bool zero,
                    std::optional<at::ScalarType> cast_to, bool pretranspose, bool fused_bias,
-                   bool transpose_inputs, int64_t ws_elements, int64_t counter_elements) {
+                   bool transpose_inputs, int64_t ws_elements, int64_t counter_elements, int64_t pack) {
   TORCH_CHECK(grid.size() == 3, "grid must have 3 dimensions");
   TORCH_CHECK(words.scalar_type() == at::kLong && words.dim() == 1 && words.is_contiguous() && !words.is_cuda(),
               "words must be a contiguous 1-D int64 CPU tensor");
   TORCH_CHECK(slots.size() % 2 == 0, "slots must hold (word, operand) pairs");
   TORCH_CHECK(launch && memset32, "launch and memset32 must be the addresses of bsk_launch and bsk_memset32");
+  TORCH_CHECK(pack >= 1, "pack must be >= 1; got ", pack);
   Record r;
   r.launch = reinterpret_cast<LaunchFn>(launch);
   r.memset32 = reinterpret_cast<MemsetFn>(memset32);
@@ -395,6 +406,7 @@ int64_t add_record(int64_t launch, int64_t memset32, int64_t spec, at::IntArrayR
   r.zero = zero;
   r.cast_to = cast_to;
   r.pretranspose = pretranspose;
+  r.pack = pack;
   r.fused_bias = fused_bias;
   r.transpose_inputs = transpose_inputs;
   r.ws_elements = ws_elements;
@@ -411,7 +423,7 @@ TORCH_LIBRARY(blocksparse_native, m) {
   m.impl("linear", c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(linear));
   m.def("add_record(int launch, int memset32, int spec, int[] grid, Tensor words, int nargs, int[] slots, int[] out_shape, "
         "ScalarType out_dtype, bool zero, ScalarType? cast_to, bool pretranspose, bool fused_bias=False, "
-        "bool transpose_inputs=False, int ws_elements=0, int counter_elements=0) -> int",
+        "bool transpose_inputs=False, int ws_elements=0, int counter_elements=0, int pack=1) -> int",
         add_record);
   m.def("fast(Tensor x, Tensor w, Tensor? bias, int layer) -> Tensor");
   m.impl("fast", c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(fast));

@@ -130,10 +130,11 @@ def test_a_strided_gradient_is_made_dense_first(native, rng):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("block_size, large", [(48, False), (256, False), (96, True), (256, True)])
+@pytest.mark.parametrize("block_size, large", [(96, False), (192, False), (96, True), (384, True)])
 def test_a_refined_weight_is_reblocked_and_its_gradient_back(native, rng, block_size, large, dtype):
-    """With a factor, the op hands the kernels the refined weight (compared with the Python
-    re-blocking, :meth:`LinearDispatch.kernel_weight`) and returns the gradient of the coarse one --
+    """With a factor (a refinement the kernel library does not compile packed), the op hands the
+    kernels the refined weight (compared with the Python re-blocking,
+    :meth:`LinearDispatch.kernel_weight`) and returns the gradient of the coarse one --
     exactly, whether the copies move elements (small weights) or 8-byte words (weights of 2^20
     elements or more, rows of 16 or 32 elements of 2 or 4 bytes) -- also for a weight that does not
     start on an 8-byte boundary of its storage."""
@@ -144,6 +145,7 @@ def test_a_refined_weight_is_reblocked_and_its_gradient_back(native, rng, block_
     mask = np.ones((side, side), dtype=bool) if large else rng.random((3, 2)) < 0.6
     mask[0, 0] = True
     dispatch = for_layout(Layout(mask, block_size, any_block_size=True))
+    assert dispatch.refinement.layout.packing == 1
     factor = dispatch.refinement.factor
     s = block_size // factor
     coarse = dispatch.layout.blocks
@@ -445,3 +447,19 @@ def test_a_ticket_record_gets_zeroed_scratch_kept_per_stream(native, rng):
     with pytest.raises(RuntimeError, match="both be positive"):
         torch.ops.blocksparse_native.add_record(1, 1, 0, [1, 1, 1], words, 10, [6, 4], [1], torch.float32,
                                                 False, None, False, False, False, 10, 0)
+
+
+@pytest.mark.parametrize("block_size, fine", [(48, 16), (256, 128)])
+def test_packed_refinements_need_no_copies(block_size, fine):
+    """Blocks of 48 and 256 run on their refined layout packed (the kernel library compiles those
+    packings): the kernels take the layer's weight itself, and the op gets no factor to copy by."""
+    from blocksparse.layout import Layout
+    from blocksparse.ops.matmul.configs import AOT_PACKINGS
+    from blocksparse.torch._portable.dispatch import for_layout
+
+    assert block_size // fine in AOT_PACKINGS[fine]
+    dispatch = for_layout(Layout(np.eye(3, dtype=bool), block_size, any_block_size=True))
+    lay = dispatch.bsmm.layout
+    assert (lay.block_size, lay.packing, lay.w_shape) == (fine, block_size // fine, dispatch.layout.w_shape)
+    w = torch.randn(dispatch.layout.w_shape)
+    assert dispatch.kernel_weight(w) is w and dispatch._copy_factor == 1 and dispatch._fast.factor == 1
