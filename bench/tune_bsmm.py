@@ -8,6 +8,7 @@ Produces the numbers behind ``blocksparse/ops/matmul/configs.py``.  One run:
     python bench/tune_bsmm.py --native256 --out n256.jsonl     # sweep 11: its layers on their own 256-blocks
     python bench/tune_bsmm.py --prefetch --out prefetch.jsonl  # sweep 10: tables walked one step ahead (~2 min)
     python bench/tune_bsmm.py --prefetch-more --out prefetch.jsonl  # its blocks of 16 and float32 at 8192 tokens
+    python bench/tune_bsmm.py --updat --out updat.jsonl        # sweep 12: bf16 updat tiles at blocks of 32 / 64
 
 (Sweeps 6 and 7 append a JSON line per variant; ``--start N`` resumes after a variant that lost the
 CUDA context.)
@@ -98,6 +99,19 @@ NATIVE256_XPROP = [("tma", _x(128, 1, 8, 3, BK=64)), ("tma", _x(128, 1, 8, 4, BK
                    ("tma", _x(256, 1, 8, 4, BK=64, BN=128)), ("tma", _x(128, 1, 4, 6, BK=64, BN=128)),
                    ("tma", X(128, 1, 4, 6, BK=64, BN=128, PREFETCH=True))]
 NATIVE256_UPDAT = [("tma", U(1, 64, 8, 3), 0), ("tma", U(1, 32, 8, 4), 0), ("tma", U(1, 64, 16, 3), 0)]
+
+# Sweep 12 (``--updat``): the bf16 updat at N = 8192, C = K = 4096, blocks of 32 and 64, d = 0.25 and
+# 0.5 (issue 16: the updat within 10% of fprop's speed; 0.29 against 0.34 at bs 32, 0.45 against 0.60
+# at bs 64): the tables' tiles first, fprop's as the yardstick of the same run, then output groups
+# G (one activation tile for G blocks of a layout row), warps, stages and token steps.
+UPDAT_SWEEP = {32: [("ptr", U(8, 64, 8, 3), 2), ("tma", U(1, 64, 4, 3), 2), ("tma", U(2, 64, 4, 3), 2),
+                    ("tma", U(4, 64, 8, 3), 2), ("tma", U(2, 64, 8, 4), 2), ("tma", U(4, 32, 8, 4), 2),
+                    ("ptr", U(4, 64, 8, 3), 2), ("ptr", U(16, 64, 8, 3), 2), ("ptr", U(8, 64, 8, 3), 4)],
+               64: [("tma", U(1, 64, 4, 4), 2), ("tma", U(1, 64, 4, 3), 2), ("tma", U(1, 64, 8, 4), 2),
+                    ("tma", U(2, 64, 4, 3), 2), ("tma", U(2, 64, 8, 3), 2), ("tma", U(2, 64, 8, 4), 2),
+                    ("tma", U(4, 64, 8, 3), 2), ("tma", U(2, 32, 8, 5), 2), ("tma", U(1, 128, 4, 3), 2),
+                    ("tma", U(1, 64, 4, 4), 4), ("ptr", U(2, 64, 4, 4), 2), ("ptr", U(4, 64, 8, 3), 2)]}
+UPDAT_FPROP = {32: ("tma", X(256, 1, 8, 4, PREFETCH=True)), 64: ("tma", X(256, 1, 8, 5, PREFETCH=True))}
 
 
 # Sweep 8 (``--few``): few tokens (N = 64, C = K = 4096: memory bound), fprop and bprop: the
@@ -271,6 +285,17 @@ def narrow_cases():
     key = ("random", 8192, 1024, 1024, 32, 0.25)
     out = [(key, op, i, c, 2) for op in ("fprop", "bprop") for i, c in NARROW_XPROP]
     return out + [(key, "updat", i, c, w) for i, c, w in NARROW_UPDAT]
+
+
+def updat_cases():
+    """(problem key, op, impl, cfg, waves) of sweep 12."""
+    out = []
+    for bs, variants in UPDAT_SWEEP.items():
+        for d in (0.25, 0.5):
+            key = ("random", 8192, 4096, 4096, bs, d)
+            out.append((key, "fprop", *UPDAT_FPROP[bs], 2))
+            out += [(key, "updat", i, c, w) for i, c, w in variants]
+    return out
 
 
 def pixelfly_cases():
@@ -452,6 +477,7 @@ def main():
                     "(JSON lines appended to --out)")
     ap.add_argument("--prefetch", action="store_true", help="sweep 10 only: the TMA xprop kernel walking its "
                     "table one step ahead, N = 8192 and 64, bf16, and float32 at N = 64 (JSON lines appended to --out)")
+    ap.add_argument("--updat", action="store_true", help="sweep 12 only: bf16 updat tiles at blocks of 32 and 64")
     ap.add_argument("--profile", action="store_true", help="isolated sweeps: also each variant's GPU time per "
                     "kernel (torch.profiler over the rotating calls, launched eagerly)")
     ap.add_argument("--start", type=int, default=0, help="--narrow / --pixelfly / --few: the first variant to run")
@@ -460,8 +486,9 @@ def main():
     args = ap.parse_args()
     if args.smoke:
         return smoke()
-    if args.narrow or args.pixelfly or args.native256 or args.few or args.tickets or args.prefetch or args.prefetch_more:
-        todo = (narrow_cases() if args.narrow else pixelfly_cases() if args.pixelfly
+    if (args.narrow or args.pixelfly or args.native256 or args.few or args.tickets or args.prefetch or args.prefetch_more
+            or args.updat):
+        todo = (narrow_cases() if args.narrow else pixelfly_cases() if args.pixelfly else updat_cases() if args.updat
                 else native256_cases() if args.native256
                 else ticket_cases() if args.tickets else prefetch_cases() if args.prefetch
                 else prefetch_cases(PREFETCH_MORE) + prefetch_waves_cases() + few16_cases() if args.prefetch_more

@@ -8,6 +8,7 @@ GPU, which tiles spill registers):
     python bench/tune_norms.py --out bench/results/raw      # about 5 minutes on an H200 (~300 variants)
     python bench/tune_norms.py --out /tmp/cpu --cpu         # a few variants on tiny shapes (interpreter)
     python bench/tune_norms.py --ops layer_norm --axes 0    # one family, one layout
+    python bench/tune_norms.py --ops layer_norm --axes 0 --one-chunk   # (C, N) also whole segments a tile
 
 For bfloat16 activations of 8192 tokens x 1024 and x 8192 features, both layouts: the forward and
 the backward over tokens x features per tile (``BN`` x ``BC``), warps and programs per SM (0: one
@@ -31,6 +32,7 @@ import sys
 import time
 
 CPU = "--cpu" in sys.argv
+ONE_CHUNK = "--one-chunk" in sys.argv
 if CPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -67,6 +69,9 @@ def variants(axis, c, backward, element_size=2):
     else:
         tiles = [(bn, bc) for bn in (16, 32, 64) for bc in (128, 256, 512) if 2048 <= bn * bc <= 16384]
         warps = (4, 8)
+        if ONE_CHUNK:  # whole segments of up to 4096 features a tile (x read once), a few tokens wide
+            tiles += [(bn, row) for bn in (4, 8, 16, 32) if 512 < row <= 4096 and 4096 <= bn * row <= 32768]
+            warps = (4, 8, 16, 32)
         programs = (1, 2) if backward else (0, 2)
     for (bn, bc), w, pps in itertools.product(tiles, warps, programs):
         if not 16 <= bn * bc // (w * 32) <= 64:  # over 64 elements a thread spill; under 16 idle
@@ -214,6 +219,8 @@ def main():
                     "of 8192 x 1024 and 8192 x 8192")
     ap.add_argument("--dtypes", nargs="+", default=["bf16"], choices=sorted(common.DTYPES),
                     help="layer-norm activation dtypes (the LSTM gates: bf16)")
+    ap.add_argument("--one-chunk", action="store_true", help="(C, N): also tiles holding whole segments of up to "
+                    "4096 features (x read once; 4-32 tokens wide, up to 32 warps)")
     ap.add_argument("--name", default="tune-norms-h200", help="output file name (without .json)")
     ap.add_argument("--install", action="store_true", help="write the layer-norm tiles that beat the table "
                     f"by {MARGIN}x into blocksparse/ops/norms/configs.py (MEASURED; a GPU run without failures)")
