@@ -261,7 +261,10 @@ def begin_run(doc, stem, argv, quick_help, cpu_help, install=None):
         name = "cpu"
     tag = args.tag or ("h200" if "H200" in name else "".join(ch for ch in name.lower() if ch.isalnum()) or "gpu")
     os.makedirs(args.out, exist_ok=True)
-    meta = {"device": name, "torch": torch.__version__, "when": time.strftime("%Y-%m-%d %H:%M")}
+    from blocksparse._kernels import describe
+
+    meta = {"device": name, "torch": torch.__version__, "when": time.strftime("%Y-%m-%d %H:%M"),
+            "kernels": describe()}
     return args, device, meta, os.path.join(args.out, f"{stem}-{tag}.json")
 
 

@@ -14,8 +14,10 @@ sides, as cuDNN's default) on the 3x3 stride-1 shapes.  Most of the time goes to
 tuning the kernel (3 configs x tile sizes x dtype x direction) on first use.
 
 * ``implicit``  ``BlocksparseConv(..., path="implicit")`` called as a user does, channels-last
-                input: the Triton kernel for the output and the input gradient, the dense masked
-                cuDNN filter gradient.
+                input: the Triton kernel for the output and the input gradient (launched from the
+                kernel library that ``BLOCKSPARSE_KERNELS`` names where it compiles the call, as
+                installed wheels do: ``blocksparse/ops/conv/aot.py``), the dense masked cuDNN filter
+                gradient.  The JSON's ``meta`` says which library served.
 * ``grouped``   the grouped cuDNN path (``path="grouped"``), channels-last input.
 * ``dense``     ``F.conv2d`` with a ready dense filter that is zero outside the blocks (cuDNN),
                 NCHW and channels-last timed once per shape and dtype; the faster is the baseline.
@@ -38,6 +40,8 @@ import os
 import sys
 import time
 import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 if "--cpu" in sys.argv:  # the kernels on CPU tensors: the interpreter must be on before Triton loads
     os.environ.setdefault("TRITON_INTERPRET", "1")

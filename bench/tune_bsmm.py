@@ -9,6 +9,7 @@ Produces the numbers behind ``blocksparse/ops/matmul/configs.py``.  One run:
     python bench/tune_bsmm.py --prefetch --out prefetch.jsonl  # sweep 10: tables walked one step ahead (~2 min)
     python bench/tune_bsmm.py --prefetch-more --out prefetch.jsonl  # its blocks of 16 and float32 at 8192 tokens
     python bench/tune_bsmm.py --updat --out updat.jsonl        # sweep 12: bf16 updat tiles at blocks of 32 / 64
+    python bench/tune_bsmm.py --pixelfly2 --out px2.jsonl      # sweep 13: fewer stages, two programs a SM (~2 min)
 
 (Sweeps 6 and 7 append a JSON line per variant; ``--start N`` resumes after a variant that lost the
 CUDA context.)
@@ -89,6 +90,17 @@ PIXELFLY_XPROP = [("tma", _x(128, 1, 4, 6, BK=64)), ("tma", _x(128, 2, 8, 4, BK=
 PIXELFLY_UPDAT = [("tma", U(1, 64, 4, 5), 2), ("tma", U(1, 64, 8, 4), 2), ("tma", U(2, 64, 8, 3), 2),
                   ("tma", U(1, 32, 4, 6), 2), ("tma", U(1, 64, 4, 5), 0), ("tma", U(1, 64, 4, 5), 4)]
 PIXELFLY_LAYERS = ((2048, 8192), (8192, 4096))
+
+# Sweep 13 (``--pixelfly2``): the same layers (the first one's bprop too: the benchmark's input needs
+# its gradient), tiles of bs 128 with fewer stages, so that two or more programs share a SM and one's
+# epilogue overlaps another's loads (the tables' 6-stage tile holds a SM alone), against the tables'.
+PIXELFLY2_XPROP = [("tma", _x(128, 1, 4, 6, BK=64)), ("tma", _x(128, 1, 4, 3, BK=64)),
+                   ("tma", _x(128, 1, 4, 2, BK=64)), ("tma", X(128, 1, 4, 3, BK=64, PREFETCH=True)),
+                   ("tma", X(128, 1, 4, 4, BK=64, PREFETCH=True)), ("tma", _x(64, 1, 4, 4, BK=64)),
+                   ("tma", _x(64, 1, 4, 3, BK=64)), ("tma", X(64, 1, 4, 4, BK=64, PREFETCH=True)),
+                   ("tma", _x(128, 1, 8, 3, BK=64)), ("tma", _x(128, 1, 4, 5, BK=64))]
+PIXELFLY2_UPDAT = [("tma", U(1, 64, 4, 5), 2), ("tma", U(1, 64, 4, 3), 2), ("tma", U(1, 64, 4, 4), 2),
+                   ("tma", U(2, 64, 8, 3), 2), ("tma", U(1, 64, 8, 3), 2), ("tma", U(1, 32, 4, 4), 2)]
 
 # Sweep 11 (``--native256``): the same layers run on their own 256-blocks (no refinement, no
 # re-blocking copies): [BM, 256] output tiles, one weight tile ``[BK, 256]`` a step (cuBLAS's
@@ -310,6 +322,16 @@ def pixelfly_cases():
     return out
 
 
+def pixelfly2_cases():
+    """(problem key, op, impl, cfg, waves) of sweep 13: both layers' fprop, bprop and updat."""
+    out = []
+    for layer in PIXELFLY_LAYERS:
+        key = ("pixelfly", 8192, *layer)
+        out += [(key, op, i, c, 2) for op in ("fprop", "bprop") for i, c in PIXELFLY2_XPROP]
+        out += [(key, "updat", i, c, w) for i, c, w in PIXELFLY2_UPDAT]
+    return out
+
+
 def native256_cases():
     """(problem key, op, impl, cfg, waves) of sweep 11: the library's refined tiles first (the
     baseline of the same run), then the 256-block variants."""
@@ -477,6 +499,8 @@ def main():
                     "(JSON lines appended to --out)")
     ap.add_argument("--prefetch", action="store_true", help="sweep 10 only: the TMA xprop kernel walking its "
                     "table one step ahead, N = 8192 and 64, bf16, and float32 at N = 64 (JSON lines appended to --out)")
+    ap.add_argument("--pixelfly2", action="store_true", help="sweep 13 only: the large pixelfly MLP's layers, "
+                    "bs 128 tiles with fewer stages")
     ap.add_argument("--updat", action="store_true", help="sweep 12 only: bf16 updat tiles at blocks of 32 and 64")
     ap.add_argument("--profile", action="store_true", help="isolated sweeps: also each variant's GPU time per "
                     "kernel (torch.profiler over the rotating calls, launched eagerly)")
@@ -487,8 +511,9 @@ def main():
     if args.smoke:
         return smoke()
     if (args.narrow or args.pixelfly or args.native256 or args.few or args.tickets or args.prefetch or args.prefetch_more
-            or args.updat):
-        todo = (narrow_cases() if args.narrow else pixelfly_cases() if args.pixelfly else updat_cases() if args.updat
+            or args.updat or args.pixelfly2):
+        todo = (narrow_cases() if args.narrow else pixelfly_cases() if args.pixelfly
+                else pixelfly2_cases() if args.pixelfly2 else updat_cases() if args.updat
                 else native256_cases() if args.native256
                 else ticket_cases() if args.tickets else prefetch_cases() if args.prefetch
                 else prefetch_cases(PREFETCH_MORE) + prefetch_waves_cases() + few16_cases() if args.prefetch_more

@@ -7,6 +7,7 @@
 :mod:`.pointwise`  1x1 convolutions on a block grid as a block-sparse matmul (a GPU path)
 :mod:`.implicit`   the tables of the implicit-GEMM kernel (a GPU path), and when it pays
 :mod:`.implicit_gemm` that Triton kernel (the convolution and its input gradient)
+:mod:`.aot`        its ahead-of-time specs in the kernel library (the PyTorch eager launches)
 :mod:`.spec`       :class:`~.spec.ConvSpec` (all of the above for one op) and the shape helpers
                    both frontends share
 

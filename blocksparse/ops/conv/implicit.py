@@ -46,8 +46,9 @@ __all__ = ["ImplicitPlan", "implicit_plan", "worth_implicit", "IMPLICIT_MAX_DENS
 #: largest width of the table not above its narrowest block (narrower than all: never); 0.0 means
 #: never.  ``bench/conv_implicit.py`` prints this table as its measurements suggest (``--install``
 #: writes it here); all zeros -- as measured on an H200, where the kernel was slower than cuDNN's
-#: dense masked convolution on every shape (``bench/results/conv-implicit-h200.md``) -- leaves the
-#: measured choice of :mod:`.grouping` and the dense masked convolution as it was.
+#: dense masked convolution on the geometric mean of every block width and density
+#: (``bench/results/conv-implicit-h200.md``) -- leaves the measured choice of :mod:`.grouping` and
+#: the dense masked convolution as it was.
 IMPLICIT_MAX_DENSITY = {
     (32, "fwd"): 0.0, (32, "fwd+bwd"): 0.0,
     (64, "fwd"): 0.0, (64, "fwd+bwd"): 0.0,

@@ -18,6 +18,7 @@ input, since the backward (traced by the compiler) builds the dense filter from 
 """
 
 import itertools
+import math
 import weakref
 
 import torch
@@ -25,13 +26,15 @@ import triton
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from ...ops.conv import aot as _aot
 from ...ops.conv.implicit_gemm import conv_implicit_kernel
 from .._autograd import direct_apply
 from .._backend import kernels_serve
+from .._launch import TRITON_TYPES, KernelLaunch, Operand, device_info, library, prepare
 from .dense import dense_grads
 
-__all__ = ["implicit", "register", "serves", "conv_implicit_fwd", "conv_implicit_dx", "ImplicitConvFunction",
-           "conv_implicit_op", "conv_implicit_dx_op"]
+__all__ = ["implicit", "register", "serves", "launch_path", "compiled_launch", "conv_implicit_fwd", "conv_implicit_dx",
+           "ImplicitConvFunction", "conv_implicit_op", "conv_implicit_dx_op"]
 
 _HANDLES = weakref.WeakValueDictionary()  # handle -> Tables; an op's handle lives as long as the op
 _NEXT = itertools.count()
@@ -62,9 +65,67 @@ def _spatial3(values, fill):
     return (fill,) * (3 - len(values)) + tuple(values)
 
 
-def _launch(a, w, plan, steps, tiles, spec, written, transposed, precision):
+def _scalars(spec, n, pixels, count, written, a5, transposed):
+    """The kernel's integer arguments by name (see :mod:`blocksparse.ops.conv.implicit_gemm`)."""
+    geometry = spec.geometry
+    image, out = [x.image for x in geometry.axes], [x.out for x in geometry.axes]
+    size_in, size_out = (out, image) if transposed else (image, out)
+    names = ("ID", "IH", "IW", "OD", "OH", "OW", "stride_n", "stride_d", "stride_h", "stride_w", "step_d", "step_h",
+             "step_w", "dil_d", "dil_h", "dil_w", "pad_d", "pad_h", "pad_w", "taps_h", "taps_w")
+    values = (*_spatial3(size_in, 1), *_spatial3(size_out, 1), *a5.stride()[:4], *_spatial3(geometry.strides, 1),
+              *_spatial3(geometry.dilates, 1), *_spatial3([x.pad for x in geometry.axes], 0),
+              *_spatial3(geometry.TRS, 1)[1:])
+    return {"tiles": count, "pixels": pixels, "K": written, **dict(zip(names, values))}
+
+
+def compiled_launch(kernels, arch, sms, plan, spec, a5, written, transposed, precision, steps, tiles):
+    """``(KernelLaunch, spec index)`` of the kernel library's spec for a call reading ``a5`` (the
+    5-D channels-last view of the read tensor), or None where the library has none
+    (:mod:`blocksparse.ops.conv.aot` says which calls it compiles)."""
+    dtype = TRITON_TYPES.get(a5.dtype)
+    if plan.align != 16 or dtype not in _aot.DTYPES:
+        return None
+    n, count = a5.shape[0], plan.tiles.shape[0]
+    pixels = n * math.prod(x.image if transposed else x.out for x in spec.geometry.axes)
+    if not pixels:
+        return None
+    scalars = _scalars(spec, n, pixels, count, written, a5, transposed)
+    tile = _aot.tile_for(plan.block_n, count * triton.cdiv(pixels, 128), sms)
+    index = kernels.find("conv", arch, dtype=dtype, transposed=transposed, bn=plan.block_n, bk=plan.block_k,
+                         tile=tile, window=_aot.window_of(scalars))
+    if index is None:
+        return None
+    bm, num_warps, num_stages = _aot.TILES[tile]
+    args = {"X": Operand(0, a5.dtype), "W": Operand(1, a5.dtype), "Y": Operand(2, a5.dtype), "STEPS": steps,
+            "TILES": tiles, **scalars}
+    consts = {"BM": bm, "BN": plan.block_n, "BK": plan.block_k, "ALIGN": plan.align, "PRECISION": precision,
+              "TRANSPOSED": transposed, "PREFETCH": True}
+    return KernelLaunch(conv_implicit_kernel, (count * triton.cdiv(pixels, bm),), args, consts, num_warps,
+                        num_stages), index
+
+
+def _compiled(plan, spec, a5, written, transposed, precision, steps, tiles, runs):
+    """The prepared launch of the kernel library for this call shape (cached in ``runs``), or None
+    where no compiled spec serves it (the JIT does)."""
+    key = (transposed, precision, a5.dtype, a5.device.index, tuple(a5.shape), a5.stride(), written)
+    if key not in runs:
+        runs[key] = None
+        kernels = library()
+        if kernels is not None and a5.is_cuda:
+            info = device_info(a5.device.index)
+            found = compiled_launch(kernels, info.arch, info.sms, plan, spec, a5, written, transposed, precision,
+                                    steps, tiles)
+            if found is not None:
+                prepared = prepare(found[0], a5.device.index, kernels, found[1])
+                runs[key] = prepared if prepared.path == "aot" else None  # a mismatch: the JIT's autotuner
+    return runs[key]
+
+
+def _launch(a, w, plan, steps, tiles, spec, written, transposed, precision, runs=None):
     """The kernel reading ``a`` (``(N, channels) + spatial``) into an ``(N, written) + spatial``
-    tensor with channels-last strides; ``w``: the plan's packed filter."""
+    tensor with channels-last strides; ``w``: the plan's packed filter.  A compiled spec of the
+    kernel library launches it where one serves the call (``runs``: the prepared launches of the
+    op's tables on this device), else Triton's JIT with its autotuner."""
     geometry = spec.geometry
     n = a.shape[0]
     image, out = [x.image for x in geometry.axes], [x.out for x in geometry.axes]
@@ -74,16 +135,27 @@ def _launch(a, w, plan, steps, tiles, spec, written, transposed, precision):
     alloc = torch.empty if plan.covers else torch.zeros  # channels no block writes stay zero
     y = alloc((n, *size_out, written), dtype=a.dtype, device=a.device)
     pixels, count = y.numel() // max(written, 1), plan.tiles.shape[0]
-    if pixels:
+    run = None if runs is None else _compiled(plan, spec, a5, written, transposed, precision, steps, tiles, runs)
+    if run is not None:
+        run([a5, w, y])
+    elif pixels:
         conv_implicit_kernel[lambda meta: (count * triton.cdiv(pixels, meta["BM"]),)](
-            a5, w, y, steps, tiles,
-            count, pixels, written,
-            *_spatial3(size_in, 1), *_spatial3(size_out, 1), *a5.stride()[:4],
-            *_spatial3(geometry.strides, 1), *_spatial3(geometry.dilates, 1),
-            *_spatial3([x.pad for x in geometry.axes], 0), *_spatial3(geometry.TRS, 1)[1:],
+            a5, w, y, steps, tiles, **_scalars(spec, n, pixels, count, written, a5, transposed),
             BN=plan.block_n, BK=plan.block_k, ALIGN=plan.align, PRECISION=precision, TRANSPOSED=transposed,
         )
     return y.movedim(-1, 1)
+
+
+def launch_path(device_tables, transposed=False):
+    """``"aot"`` where the op's calls so far launched from the kernel library in direction
+    ``transposed`` (the input gradient), ``"jit"`` where they took Triton's JIT, None before any."""
+    paths = {run is not None for key, run in _runs(device_tables).items() if key[0] == transposed}
+    return None if not paths else "aot" if paths == {True} else "jit"
+
+
+def _runs(device_tables):
+    """The prepared launches of an op's tables on one device (:class:`~.tables.Tables`)."""
+    return device_tables.implicit_runs
 
 
 def conv_implicit_fwd(x, flat, spec, device_tables, precision):
@@ -91,14 +163,14 @@ def conv_implicit_fwd(x, flat, spec, device_tables, precision):
     filter, both of one kernel dtype."""
     t = device_tables
     return _launch(x, flat.index_select(0, t.implicit_weight), spec.implicit, t.implicit_steps,
-                   t.implicit_tiles, spec, spec.blocks.K, False, precision)
+                   t.implicit_tiles, spec, spec.blocks.K, False, precision, _runs(t))
 
 
 def conv_implicit_dx(dy, flat, spec, device_tables, precision):
     """The input gradient (``(N, C) + DHW``, channels-last strides) for output gradient ``dy``."""
     t = device_tables
     return _launch(dy, flat.index_select(0, t.implicit_grad_weight), spec.implicit_grad, t.implicit_grad_steps,
-                   t.implicit_grad_tiles, spec, spec.blocks.C, True, precision)
+                   t.implicit_grad_tiles, spec, spec.blocks.C, True, precision, _runs(t))
 
 
 class ImplicitConvFunction(torch.autograd.Function):

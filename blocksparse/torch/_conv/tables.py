@@ -27,8 +27,9 @@ class Tables:
     when the op has a :class:`~blocksparse.ops.conv.pointwise.PointwisePlan`) and ``matmul_handle``
     (the layout handle of the matmul ops, or None); ``implicit_steps`` / ``implicit_tiles`` /
     ``implicit_weight`` and ``implicit_grad_*`` (the tables of the implicit-GEMM kernel, forward and
-    input gradient, when the op has :class:`~blocksparse.ops.conv.implicit.ImplicitPlan` s) and
-    ``implicit_handle`` (this object's handle for that path's custom ops, or None).  ``spec``: the op's
+    input gradient, when the op has :class:`~blocksparse.ops.conv.implicit.ImplicitPlan` s),
+    ``implicit_handle`` (this object's handle for that path's custom ops, or None) and
+    ``implicit_runs`` (that path's launches prepared on the device, by call shape).  ``spec``: the op's
     :class:`~blocksparse.ops.conv.ConvSpec`."""
 
     def __init__(self, spec):
@@ -53,6 +54,7 @@ class Tables:
                 setattr(self._cpu, f"{name}_weight", _tensor(plan.weight))
         if spec.implicit is not None:
             self._cpu.implicit_handle = _implicit.register(self)
+        self._cpu.implicit_runs = {}
         self._devices = {}
 
     # Copies and unpickled ops rebuild their tables: the handles are this process's, of this object.
@@ -68,6 +70,7 @@ class Tables:
         tables = self._devices.get(device)
         if tables is None:
             tables = SimpleNamespace(**{name: _to(value, device) for name, value in vars(self._cpu).items()})
+            tables.implicit_runs = {}  # the implicit path's prepared launches on this device
             self._devices[device] = tables
         return tables
 

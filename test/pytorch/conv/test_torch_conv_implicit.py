@@ -233,3 +233,44 @@ def test_cuda_aligned_blocks(rng, bs, stride, dtype):
         y.backward(torch.tensor(dy, device="cuda").to(dtype))
         for got, ref_value in zip((y, xt.grad, Ft.grad), want):
             assert got.dtype == dtype and rel_error(got, ref_value) < bound
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+def test_cuda_launches_from_the_kernel_library(rng, aot, monkeypatch, dtype):
+    """With the kernel library, block-aligned 2-D layers of 16-bit dtypes launch its compiled specs
+    in both directions (one call each, no Triton launcher), with the values of float64 and of the
+    JIT; float32 and 3-D layers, which the library does not compile, keep the JIT."""
+    dtype = {"fp32": torch.float32, **DTYPES}[dtype]
+    mask = rng.random((4, 4)) < 0.5
+    mask[rng.permutation(4), np.arange(4)] = True
+    bck = [(range(c * 64, (c + 1) * 64), range(k * 64, (k + 1) * 64)) for c, k in np.argwhere(mask)]
+    make = lambda: BlocksparseConv(bck, TRS=(3, 3), DHW=(9, 10), strides=2, path="implicit")  # noqa: E731
+    F, x, dy, _ = random_inputs(rng, make(), N=4)
+    cuda = lambda a: torch.tensor(a, device="cuda").to(dtype)  # noqa: E731
+    results = {}
+    for kernels in ("library", "jit"):
+        if kernels == "jit":
+            monkeypatch.setenv("BLOCKSPARSE_KERNELS", "jit")
+        op = make()
+        Ft, xt = cuda(F).requires_grad_(), cuda(x).to(memory_format=torch.channels_last).requires_grad_()
+        with torch.no_grad():
+            first = op(Ft, xt)  # prepares the launches
+        y = op(Ft, xt)
+        y.backward(cuda(dy))
+        assert torch.equal(first, y)
+        results[kernels] = (y, xt.grad, Ft.grad)
+        device_tables = op._tables.on(xt.device)
+        want = "aot" if kernels == "library" and dtype != torch.float32 else "jit"
+        assert implicit_glue.launch_path(device_tables, False) == implicit_glue.launch_path(device_tables, True) == want
+        if kernels == "library":
+            op3 = BlocksparseConv(bck, TRS=(3, 3, 3), DHW=(4, 5, 6), path="implicit")
+            x3 = torch.randn(op3.i_shape(2), device="cuda", dtype=dtype)
+            op3(torch.randn(op3.f_shape(), device="cuda", dtype=dtype), x3)
+            assert implicit_glue.launch_path(op3._tables.on(x3.device), False) == "jit"
+    ref = case_of(make(), bck, "SAME", False)
+    as64 = lambda t: torch.tensor(t).to(dtype).double().numpy()  # noqa: E731
+    want = conv_products(ref, as64(F), as64(x), as64(dy))
+    bound = tolerance(dtype, tf32=dtype == torch.float32 and torch.backends.cudnn.allow_tf32)
+    for got, jit, ref_value in zip(*results.values(), want):
+        assert rel_error(got, ref_value) < bound and rel_error(got, jit) < bound / 4

@@ -1,0 +1,132 @@
+"""The implicit-GEMM convolution's launches: the kernel library's compiled tiles against the JIT's
+autotuned kernel, per layer, and the eager calls they make.
+
+    BLOCKSPARSE_KERNELS=build/aot/_kernels.so python bench/conv_launch.py --out DIR   (H200: ~1.5 min)
+
+The bf16 layers of ``bench/conv_implicit.py`` on 56x56x256 (3x3, 3x3 stride 2), 28x28x512 (1x1) and
+14x14x1024 (3x3), blocks of 32 / 64 / 128 channels at densities 0.25 and 0.5.  Per layer and
+direction (``fwd``: the output; ``dx``: the input gradient), GPU microseconds of one kernel call
+(a CUDA graph of it, replayed): ``jit`` (Triton's JIT, the autotuner's pick, ``jit_cfg``), and the
+library's ``m128`` and ``m64`` tiles (``blocksparse/ops/conv/aot.py``; ``*_err``: the largest
+difference to the JIT's output over its largest value), with ``rule`` the tile
+:func:`~blocksparse.ops.conv.aot.tile_for` picks.  Then the public call as a user makes it
+(``path="implicit"``, channels-last input), eager microseconds a call, forward and forward +
+backward, with the path its launches took (``path_fwd`` / ``path_dx``: ``aot`` or ``jit``), and
+the dense masked cuDNN convolution's.  Writes ``conv-launch.json`` into ``--out``.
+
+``results/raw/conv-launch-h200.json`` (2026-12-04) was measured by this script's first form, which
+timed each kernel as the median of three rounds of 20 replays of its graph (here: the median of 20
+single replays, :class:`common.GraphTimer`); the rows are otherwise the same.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+import common  # noqa: E402
+import conv_implicit as ci  # noqa: E402
+from blocksparse.ops.conv import aot as conv_aot  # noqa: E402
+from blocksparse.torch._conv import implicit as glue  # noqa: E402
+from blocksparse.torch._launch import device_info, library, prepare  # noqa: E402
+
+SHAPES = ("56x56x256-3x3", "14x14x1024-3x3", "56x56x256-3x3-s2", "28x28x512-1x1")
+
+
+def eager_us(fn, calls=40):
+    """Median over three rounds of the wall microseconds a call, synchronised after each round."""
+    for _ in range(5):
+        fn()
+    rounds = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        rounds.append((time.perf_counter() - start) / calls * 1e6)
+    return round(sorted(rounds)[1], 1)
+
+
+def graph_us(fn):
+    return round(common.GraphTimer(lambda: [fn]).median_ms(20) * 1e3, 1)
+
+
+def directions(case):
+    """``(name, read tensor, plan, packed filter, steps, tiles, written channels)`` of both kernels."""
+    op = case.ops["implicit"]
+    spec, t = op.spec, op._tables.on(case.x.device)
+    flat = case.F.detach().reshape(-1)
+    return [("fwd", case.x.detach(), spec.implicit, flat.index_select(0, t.implicit_weight), t.implicit_steps,
+             t.implicit_tiles, spec.blocks.K),
+            ("dx", case.dy, spec.implicit_grad, flat.index_select(0, t.implicit_grad_weight), t.implicit_grad_steps,
+             t.implicit_grad_tiles, spec.blocks.C)]
+
+
+def measure(case, kernels, info):
+    op = case.ops["implicit"]
+    spec, row = op.spec, {}
+    precision = glue._precision(case.x)
+    for name, a, plan, w, steps, tiles, written in directions(case):
+        transposed = name == "dx"
+        jit = lambda: glue._launch(a, w, plan, steps, tiles, spec, written, transposed, precision)  # noqa: E731
+        row[f"{name}_jit"] = graph_us(jit)
+        row[f"{name}_jit_cfg"] = str(glue.conv_implicit_kernel.best_config)
+        ref = jit().float()
+        a5 = a.movedim(1, -1).contiguous().view(a.shape[0], 1, *a.shape[2:], a.shape[1])
+        rule = conv_aot.tile_for
+        for tile in conv_aot.TILES:
+            conv_aot.tile_for = lambda *_, tile=tile: tile
+            try:
+                found = glue.compiled_launch(kernels, info.arch, info.sms, plan, spec, a5, written, transposed,
+                                             precision, steps, tiles)
+            finally:
+                conv_aot.tile_for = rule
+            run = None if found is None else prepare(found[0], a.device.index, kernels, found[1])
+            if run is None or run.path != "aot":
+                row[f"{name}_{tile}"] = "no spec" if run is None else run.reason
+                continue
+            y = torch.full_like(ref.movedim(1, -1), float("nan"), dtype=a.dtype).contiguous()
+            run([a5, w, y])
+            row[f"{name}_{tile}_err"] = float((y.movedim(-1, 1).float() - ref).abs().max() / ref.abs().max())
+            row[f"{name}_{tile}"] = graph_us(lambda: run([a5, w, y]))  # noqa: B023
+        pixels = a.shape[0] * (case.x if transposed else case.dy)[0, 0].numel()
+        row[f"{name}_rule"] = conv_aot.tile_for(plan.block_n, plan.tiles.shape[0] * -(-pixels // 128), info.sms)
+    row["eager_fwd"] = eager_us(case.run("implicit", False))
+    row["eager_fwdbwd"] = eager_us(case.run("implicit", True))
+    device_tables = op._tables.on(case.x.device)
+    row["path_fwd"], row["path_dx"] = glue.launch_path(device_tables, False), glue.launch_path(device_tables, True)
+    row["dense_fwd"] = eager_us(ci.dense_run(case, True, False))
+    row["dense_fwdbwd"] = eager_us(ci.dense_run(case, True, True))
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=".")
+    args = ap.parse_args()
+    kernels, info = library(), device_info(torch.cuda.current_device())
+    if kernels is None:
+        sys.exit("no kernel library: set BLOCKSPARSE_KERNELS (python -m blocksparse.aot --out DIR --library)")
+    rows = []
+    for dt, shape, bs, d in ci.cases(False, False):
+        if dt != "bf16" or shape not in SHAPES:
+            continue
+        row = dict(dtype=dt, shape=shape, bs=bs, d=d)
+        try:
+            row |= measure(ci.Case(dt, shape, bs, d, "cuda", 0), kernels, info)
+        except Exception as exc:  # a failing layer must not stop the others
+            row["error"] = repr(exc)[:300]
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+        with open(os.path.join(args.out, "conv-launch.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
