@@ -67,14 +67,17 @@ def dense(x, flat, spec, tables):
 def dense_grads(dy, x, flat, spec, index, need_x, need_flat):
     """``(dx, dflat)`` of a convolution (not transposed) for output gradient ``dy``, from one
     ``convolution_backward`` with the dense filter (None where not needed); ``index``: as for
-    :func:`dense_filter`."""
+    :func:`dense_filter`.  The filter gradient alone reads no filter values: the dense filter is
+    then only allocated (its shape and layout), not built."""
     geometry = spec.geometry
     tail = _tail(geometry)
     x_padded = pad(x, tail)
     full = [(x_padded.shape[2 + i] + 2 * a.pad - a.extent) // a.stride + 1 for i, a in enumerate(geometry.axes)]
     dy = pad(dy, [(0, f - a.out) for f, a in zip(full, geometry.axes)])  # the cropped extra outputs
+    blocks = spec.blocks
+    w = dense_filter(flat, spec, index) if need_x else flat.new_empty((*blocks.dense_shape[:2], *geometry.TRS))
     dx, dw, _ = torch.ops.aten.convolution_backward(
-        dy, x_padded, dense_filter(flat, spec, index), None, list(geometry.strides),
+        dy, x_padded, w, None, list(geometry.strides),
         [a.pad for a in geometry.axes], list(geometry.dilates), False, [0] * geometry.ndim, 1,
         [need_x, need_flat, False])
     if need_x:

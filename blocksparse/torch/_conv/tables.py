@@ -51,7 +51,8 @@ class Tables:
             if plan is not None:
                 setattr(self._cpu, f"{name}_steps", _tensor(plan.steps, "int32"))
                 setattr(self._cpu, f"{name}_tiles", _tensor(plan.tiles, "int32"))
-                setattr(self._cpu, f"{name}_weight", _tensor(plan.weight))
+                # int32 gathers: the index is most of the bytes a gather of the packed filter moves
+                setattr(self._cpu, f"{name}_weight", _tensor(plan.weight, _index_dtype(plan.weight)))
         if spec.implicit is not None:
             self._cpu.implicit_handle = _implicit.register(self)
         self._cpu.implicit_runs = {}
@@ -73,6 +74,11 @@ class Tables:
             tables.implicit_runs = {}  # the implicit path's prepared launches on this device
             self._devices[device] = tables
         return tables
+
+
+def _index_dtype(index):
+    """int32 for indices below 2**31 (``index_select`` takes them), else int64."""
+    return "int32" if index.size == 0 or int(index.max()) < 2 ** 31 else "int64"
 
 
 def _to(value, device):
