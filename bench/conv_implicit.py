@@ -58,6 +58,7 @@ from blocksparse.ops.conv.implicit import IMPLICIT_MAX_DENSITY  # noqa: E402
 from blocksparse.testing import rel_error, tolerance  # noqa: E402
 from blocksparse.testing.poison import poisoned_empty  # noqa: E402
 from blocksparse.torch import BlocksparseConv  # noqa: E402
+from blocksparse.torch._conv import implicit as implicit_glue  # noqa: E402
 
 BLOCKS, CPU_BLOCKS = (32, 64, 128), (16, 32)
 PATHS = ("implicit", "grouped")
@@ -190,7 +191,9 @@ def rule_source(table):
 def markdown(rows, meta):
     lines = [f"# Implicit-GEMM block-sparse convolution vs dense masked cuDNN ({meta['device']})", "",
              f"torch {meta['torch']}, {meta['when']}; N x C x H x W, C = K, balanced layouts, channels-last data "
-             "for ours; ms = median; speedup = dense baseline ms / path ms (> 1: faster than cuDNN dense).", ""]
+             "for ours; ms = median; speedup = dense baseline ms / path ms (> 1: faster than cuDNN dense); "
+             f"kernel library: {(meta.get('kernels') or {}).get('library') or 'none'} (the implicit rows' launches "
+             "of the output / the input gradient in brackets: `aot` from it, `jit` through Triton's JIT).", ""]
     lines += ["Geometric-mean speedup over dense, fwd / fwd+bwd (rows):", "",
               "| dtype | bs | path | " + " | ".join(f"density {d}" for d in DENSITIES) + " |",
               "|---|---|---|" + "---|" * len(DENSITIES)]
@@ -222,8 +225,9 @@ def markdown(rows, meta):
             if "error" in p:
                 cells += [f"FAILED: {p['error'][:80]}", ""]
             else:
+                launch = f" [{p['launch']}]" if "launch" in p else ""
                 cells += [f"{p['fwd_ms']:.3f} / {p['fwd+bwd_ms']:.3f} ({p['speedup_fwd']:.2f} / "
-                          f"{p['speedup_fwd+bwd']:.2f})", f"{p['max_rel_err']:.1e}"]
+                          f"{p['speedup_fwd+bwd']:.2f}){launch}", f"{p['max_rel_err']:.1e}"]
         lines.append(f"{head} " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -243,6 +247,9 @@ def measure(case, ms, dense_ms, key):
             for mode in ("fwd", "fwd+bwd"):
                 result[f"{mode}_ms"] = ms(case.run(path, mode == "fwd+bwd"))
                 result[f"speedup_{mode}"] = row[f"dense_{mode}_ms"] / result[f"{mode}_ms"]
+            if path == "implicit":  # which launches served the output and the input gradient
+                tables = case.ops[path]._tables.on(case.x.device)
+                result["launch"] = "/".join(str(implicit_glue.launch_path(tables, t)) for t in (False, True))
         except Exception as exc:  # keep going: the cell says what failed
             result = {"error": f"{type(exc).__name__}: {exc}"}
             traceback.print_exc()
