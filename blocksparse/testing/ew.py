@@ -2,13 +2,16 @@
 
 :data:`UNARY` maps each op of ``blocksparse.ew`` to ``(f, df)`` with ``df(x) = f'(x)``; ops with a
 parameter take it as a second argument.  :data:`BINARY` maps each binary op to ``(f, dfdx, dfdy)``
-elementwise; :func:`unbroadcast` sums a broadcast gradient back to an operand's shape.
+elementwise; :func:`unbroadcast` sums a broadcast gradient back to an operand's shape, and
+:func:`unbroadcast_error` measures a gradient against that sum.
 """
 import math
 
 import numpy as np
 
-__all__ = ["BINARY", "UNARY", "dropout", "sigmoid", "unbroadcast"]
+from .numerics import rel_error
+
+__all__ = ["BINARY", "UNARY", "dropout", "sigmoid", "unbroadcast", "unbroadcast_error"]
 
 _K = math.sqrt(2.0 / math.pi)
 
@@ -71,6 +74,16 @@ def unbroadcast(grad, shape):
     grad = grad.sum(axis=tuple(range(extra))) if extra else grad
     axes = tuple(i for i, n in enumerate(shape) if n == 1 and grad.shape[i] != 1)
     return grad.sum(axis=axes, keepdims=True) if axes else grad
+
+
+def unbroadcast_error(got, terms, shape):
+    """The error of ``got`` against ``unbroadcast(terms, shape)`` relative to the summed magnitudes
+    ``unbroadcast(|terms|, shape)``: a sum's rounding error grows with its terms, not with the sum,
+    which cancellation can make arbitrarily small.  Equal to ``rel_error`` where nothing is summed."""
+    ref = unbroadcast(terms, shape)
+    absolute = rel_error(got, ref) * (np.linalg.norm(ref) or 1.0)
+    scale = np.linalg.norm(unbroadcast(np.abs(terms), shape))
+    return float(absolute / (scale if scale > 0 else 1.0))
 
 
 def dropout(x, mask, keep_prob):
