@@ -95,7 +95,7 @@ setup(
     packages=find_packages(include=["blocksparse", "blocksparse.*"]),
     # the dispatch cost model's measured tables (bench/dispatch.py) ship with the package
     package_data={"blocksparse": ["*.so", "_build_info.json"], "blocksparse.dispatch": ["tables/*.json"],
-                  "blocksparse.torch": ["csrc/*.cpp"]},
+                  "blocksparse.torch": ["csrc/*.cpp", "csrc/*.h"]},
     install_requires=["numpy>=1.26"],
     extras_require={
         # Users hold either distribution; neither is a hard dependency (see README).

@@ -1,16 +1,19 @@
-"""The eager linear as one C++ autograd node (``csrc/linear.cpp``): built here, fed from the plans.
+"""The eager linear and the eager implicit-GEMM convolution as C++ autograd nodes (``csrc/``):
+built here, fed from the plans.
 
-Where the kernel library serves all three products of a call, :func:`records` turns their
+Where the kernel library serves all three products of a linear call, :func:`records` turns their
 prepared launches (:class:`~blocksparse.torch._launch.AotLaunch`) into records of the native op
 once per plan, and the call is ``torch.ops.blocksparse_native.linear`` -- no Python in the
 backward, which autograd runs on its CUDA worker thread (about 100 µs a step for a Python
-``autograd.Function``, measured in ``bench/README.md``).
+``autograd.Function``, measured in ``bench/README.md``).  The convolution's glue
+(:mod:`blocksparse.torch._conv.implicit`) registers its two launches alike (:func:`add_launch`)
+with the geometry of its filter gradient (:func:`add_conv`), and calls :func:`conv`.
 
-The op is compiled against the installed torch on first use (about 30 s; ``$CXX``, else c++ / g++)
-into ``BLOCKSPARSE_CACHE_DIR`` and reused; ``BLOCKSPARSE_TORCH_NATIVE=off`` switches it off.  It
-needs torch :data:`MIN_TORCH` or newer (older releases have no stream handle in their C++ API):
-before that the Python path serves, silently.  Where it cannot be built, one
-:class:`NativeBuildWarning` says why and the Python path serves.
+The ops are compiled against the installed torch on first use into one library (about 30 s;
+``$CXX``, else c++ / g++) in ``BLOCKSPARSE_CACHE_DIR`` and reused; ``BLOCKSPARSE_TORCH_NATIVE=off``
+switches them off.  They need torch :data:`MIN_TORCH` or newer (older releases have no stream
+handle in their C++ API): before that the Python paths serve, silently.  Where they cannot be
+built, one :class:`NativeBuildWarning` says why and the Python paths serve.
 """
 from __future__ import annotations
 
@@ -30,10 +33,13 @@ import torch
 
 from .. import _env
 
-__all__ = ["NativeBuildWarning", "MIN_TORCH", "available", "supported", "build", "records", "linear", "SOURCE",
-           "FastPath"]
+__all__ = ["NativeBuildWarning", "MIN_TORCH", "available", "supported", "build", "records", "linear", "SOURCES",
+           "FastPath", "add_record", "add_launch", "add_conv", "conv"]
 
-SOURCE = Path(__file__).with_name("csrc") / "linear.cpp"
+CSRC = Path(__file__).with_name("csrc")
+#: The op library's translation units: the records and the linear (``linear.cpp``), the implicit-GEMM
+#: convolution (``conv.cpp``); compiled with the headers of :data:`CSRC` into one shared library.
+SOURCES = (CSRC / "linear.cpp", CSRC / "conv.cpp")
 #: The oldest torch whose C++ API the op builds against (``c10::Stream::native_handle``).
 MIN_TORCH = (2, 5)
 _log = logging.getLogger("blocksparse")
@@ -42,7 +48,7 @@ _state = {}  # "loaded": bool, "why": str
 
 
 class NativeBuildWarning(RuntimeWarning):
-    """The native op could not be built or loaded; the Python autograd path serves (the message says why)."""
+    """The native ops could not be built or loaded; the Python autograd paths serve (the message says why)."""
 
 
 def _compiler():
@@ -53,35 +59,52 @@ def _compiler():
     return None
 
 
-def _command(compiler, source, target):
+def _commands(compiler, sources, objects, target):
+    """The compile command of each source (into ``objects``) and the link command of ``target``."""
     from torch.utils import cpp_extension
 
-    includes = [f"-I{p}" for p in cpp_extension.include_paths()]
+    includes = [f"-I{p}" for p in (CSRC, *cpp_extension.include_paths())]
     libdir = cpp_extension.library_paths()[0]
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    return [compiler, "-O2", "-std=c++17", "-shared", "-fPIC", "-w", *includes, f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-            str(source), "-o", str(target), f"-L{libdir}", "-lc10", "-ltorch_cpu", "-ltorch", f"-Wl,-rpath,{libdir}"]
+    compile_ = [[compiler, "-O2", "-std=c++17", "-fPIC", "-w", *includes, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-c",
+                 str(source), "-o", str(obj)] for source, obj in zip(sources, objects)]
+    link = [compiler, "-shared", *map(str, objects), "-o", str(target), f"-L{libdir}", "-lc10", "-ltorch_cpu",
+            "-ltorch", f"-Wl,-rpath,{libdir}"]
+    return compile_, link
+
+
+def _digest(compiler):
+    """What the library depends on: its sources and headers, torch's version, the compiler."""
+    text = b"".join(p.name.encode() + p.read_bytes() for p in (*SOURCES, *sorted(CSRC.glob("*.h"))))
+    return hashlib.sha256(text + torch.__version__.encode() + compiler.encode()).hexdigest()[:16]
 
 
 def build(cache=None):
-    """Path of the op's shared library for the installed torch, compiled if not cached
-    (``RuntimeError`` with the compiler's output where it fails)."""
+    """Path of the ops' shared library (:data:`SOURCES`) for the installed torch, compiled if not
+    cached -- the sources in parallel, then linked (``RuntimeError`` with the compiler's output where
+    it fails)."""
     compiler = _compiler()
     if compiler is None:
         raise RuntimeError("no C++ compiler found: set CXX or install g++")
-    text = SOURCE.read_bytes()
-    digest = hashlib.sha256(text + torch.__version__.encode() + compiler.encode()).hexdigest()[:16]
-    target = Path(cache or _env.cache_dir()) / "native" / f"linear-{torch.__version__}-{digest}.so"
+    target = Path(cache or _env.cache_dir()) / "native" / f"native-{torch.__version__}-{_digest(compiler)}.so"
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    _log.info("blocksparse: compiling the native linear op for torch %s (once, about 30 s)", torch.__version__)
+    _log.info("blocksparse: compiling the native ops for torch %s (once, about 30 s)", torch.__version__)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         partial = Path(tmp) / target.name
-        done = subprocess.run(_command(compiler, SOURCE, partial), capture_output=True, text=True)
+        objects = [Path(tmp) / f"{source.stem}.o" for source in SOURCES]
+        compile_, link = _commands(compiler, SOURCES, objects, partial)
+        running = [(source, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+                   for source, command in zip(SOURCES, compile_)]
+        outputs = [process.communicate()[1] for _, process in running]  # every compile finishes first
+        for (source, process), stderr in zip(running, outputs):
+            if process.returncode:
+                raise RuntimeError(f"compiling {source.name} failed:\n{stderr[-4000:]}")
+        done = subprocess.run(link, capture_output=True, text=True)
         if done.returncode:
-            raise RuntimeError(f"compiling {SOURCE.name} failed:\n{done.stderr[-4000:]}")
-        os.replace(partial, target)  # atomic: a concurrent build of the same source is harmless
+            raise RuntimeError(f"linking {target.name} failed:\n{done.stderr[-4000:]}")
+        os.replace(partial, target)  # atomic: a concurrent build of the same sources is harmless
     return target
 
 
@@ -91,7 +114,7 @@ def supported():
 
 
 def available():
-    """Whether the native op is loaded (built and loaded on the first call; False where switched off,
+    """Whether the native ops are loaded (built and loaded on the first call; False where switched off,
     on a torch older than :data:`MIN_TORCH`, or where it cannot be built, with one warning)."""
     if not _env.torch_native() or not supported():
         return False
@@ -105,8 +128,8 @@ def available():
                     loaded = True
                 except Exception as exc:  # noqa: BLE001 -- any failure leaves the Python path
                     loaded, _state["why"] = False, str(exc)
-                    warnings.warn(f"blocksparse: the native linear op is not used ({exc}); the Python "
-                                  "autograd path serves", NativeBuildWarning, stacklevel=3)
+                    warnings.warn(f"blocksparse: the native ops are not used ({exc}); the Python "
+                                  "autograd paths serve", NativeBuildWarning, stacklevel=3)
                 _state["loaded"] = loaded
     return loaded
 
@@ -115,17 +138,27 @@ def _address(function):
     return ctypes.cast(function, ctypes.c_void_p).value
 
 
-def add_record(plan):
-    """Register ``plan`` (a :class:`~blocksparse.torch._matmul.plan.Plan` whose runner is an
-    ``AotLaunch``) with the native op; its integer id."""
-    runner = plan.runner
+def add_launch(runner, out_shape, out_dtype, zero=None, cast_to=None, pretranspose=False, fused_bias=False,
+               transpose_inputs=False, scratch=None, pack=1):
+    """Register the prepared launch ``runner`` (an ``AotLaunch``) with the native ops as a record
+    writing an ``out_shape`` tensor of ``out_dtype``, zero-filled first where ``zero`` says (None:
+    where the launch zero-fills a tensor); its integer id.  The rest: the fields of a matmul plan
+    (:func:`add_record`)."""
     kernels = runner.kernels
     words = torch.from_numpy(np.frombuffer(bytes(memoryview(runner.args)), dtype=np.int64).copy())
     slots = [v for slot in runner.slots for v in slot]
     return torch.ops.blocksparse_native.add_record(
         _address(kernels.raw_launch), _address(kernels.raw_memset32), runner.spec_index, list(runner.grid), words,
-        runner._argv[3], slots, list(plan.out_shape), plan.out_dtype, bool(runner._zero), plan.cast_to,
-        plan.pretranspose, plan.bias, plan.transpose_inputs, *(plan.scratch or (0, 0)), plan.pack)
+        runner._argv[3], slots, list(out_shape), out_dtype, bool(runner._zero) if zero is None else zero, cast_to,
+        pretranspose, fused_bias, transpose_inputs, *(scratch or (0, 0)), pack)
+
+
+def add_record(plan):
+    """Register ``plan`` (a :class:`~blocksparse.torch._matmul.plan.Plan` whose runner is an
+    ``AotLaunch``) with the native op; its integer id."""
+    return add_launch(plan.runner, plan.out_shape, plan.out_dtype, cast_to=plan.cast_to,
+                      pretranspose=plan.pretranspose, fused_bias=plan.bias, transpose_inputs=plan.transpose_inputs,
+                      scratch=plan.scratch, pack=plan.pack)
 
 
 def records(fprop, make_backward):
@@ -145,6 +178,29 @@ def linear(x, w, bias, ids, factor=1):
     passes the factor of its refinement (:mod:`blocksparse.ops.matmul.refine`) and its coarse
     weight."""
     return torch.ops.blocksparse_native.linear(x, w, bias, *ids, factor)
+
+
+def add_conv(fprop, bprop, x_shape, dtype, strides, pads, dilations, x_pad, dy_pad, w_shape):
+    """Register an implicit-GEMM convolution's call shape with the native op: the launch records of
+    its output and its input gradient (:func:`add_launch`), the input's shape and dtype, and the
+    geometry of its filter gradient -- strides, symmetric pads and dilations of the dense
+    convolution, ``F.pad`` widths of the input and of the output gradient (``()``: none), the
+    dense filter's shape; its integer id (see ``csrc/conv.cpp``)."""
+    return torch.ops.blocksparse_native.add_conv(fprop, bprop, list(x_shape), dtype, list(strides), list(pads),
+                                                 list(dilations), list(x_pad), list(dy_pad), list(w_shape))
+
+
+def conv(x, flat, weight_index, grad_index, dense_index, conv_id):
+    """The implicit-GEMM convolution of ``x`` and the flat filter through the native op, a record of
+    :func:`add_conv` (``weight_index`` / ``grad_index``: the packed filters' gathers of the output
+    and of the input gradient; ``dense_index``: the dense filter's positions)."""
+    return _conv(x, flat, weight_index, grad_index, dense_index, conv_id)
+
+
+def _conv(*args):
+    global _conv
+    _conv = torch.ops.blocksparse_native.conv_implicit.default  # the overload itself: no per-call resolution
+    return _conv(*args)
 
 
 class FastPath:

@@ -8,7 +8,8 @@
 // pointers, the output's shape and dtype, whether it is zero-filled first (float32 atomics) and
 // cast after, or the scratch its split reduction finishes in the kernel with.  Records are registered once and named by an integer; the op takes three of them.
 // Each record carries the addresses of its kernel library's bsk_launch and bsk_memset32, so this
-// file links against nothing but torch.
+// file links against nothing but torch.  The other native ops built into the same library (the
+// implicit-GEMM convolution, conv.cpp) launch records through the two functions of records.h.
 //
 // A layer whose block size the kernels do not take runs on its layout refined into theirs: packed
 // (the records' kernels read and write the weight's parts where they lie: factor 1 here), or
@@ -19,6 +20,8 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
+
+#include "records.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -56,14 +59,9 @@ struct Record {
                                                   // zeroed scratch (operands 4 and 5) they need
 };
 
-std::mutex registry_lock;
-std::vector<Record> registry;  // append-only; records are never removed
+blocksparse_native::Registry<Record> registry("launch record");
 
-const Record &record(int64_t id) {
-  std::lock_guard<std::mutex> guard(registry_lock);
-  TORCH_CHECK(id >= 0 && id < static_cast<int64_t>(registry.size()), "blocksparse: unknown launch record ", id);
-  return registry[id];
-}
+const Record &record(int64_t id) { return registry.get(id); }
 
 void *current_stream(const at::Tensor &t) {
   if (!t.is_cuda()) return nullptr;  // CPU tensors: the tests' stand-in runtime
@@ -411,12 +409,18 @@ int64_t add_record(int64_t launch, int64_t memset32, int64_t spec, at::IntArrayR
   r.transpose_inputs = transpose_inputs;
   r.ws_elements = ws_elements;
   r.counter_elements = counter_elements;
-  std::lock_guard<std::mutex> guard(registry_lock);
-  registry.push_back(std::move(r));
-  return static_cast<int64_t>(registry.size()) - 1;
+  return registry.add(std::move(r));
 }
 
 }  // namespace
+
+namespace blocksparse_native {
+
+at::Tensor launch(int64_t id, const at::Tensor &a, const at::Tensor &b) { return run(record(id), a, b); }
+
+at::Tensor aligned(const at::Tensor &t) { return ::aligned(t); }
+
+}  // namespace blocksparse_native
 
 TORCH_LIBRARY(blocksparse_native, m) {
   m.def("linear(Tensor x, Tensor w, Tensor? bias, int fprop, int bprop, int updat, int factor=1) -> Tensor");

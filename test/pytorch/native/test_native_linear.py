@@ -1,5 +1,5 @@
 """The native linear op (``blocksparse/torch/csrc/linear.cpp``) on the CPU, with a stand-in for the
-kernel library's runtime: a C function that records each launch and computes a known function
+kernel library's runtime (``stand_in.py``): a C function that records each launch and computes a known function
 of the pointers it was given.  Checks the op's plumbing -- which record each product runs, that
 each operand's pointer lands in its slot, allocation, zero fill, casts, the bias and its gradient,
 ``needs_input_grad``, errors -- and that the backward is a C++ node.  The kernels themselves are
@@ -8,8 +8,6 @@ checked against float64 on the GPU (``test/pytorch/matmul/test_torch_aot_gpu.py`
 Also: :func:`blocksparse.torch._native.add_record` packs exactly the arguments an ahead-of-time
 launch of the toy family holds."""
 import ctypes
-import shutil
-import subprocess
 import warnings
 
 import numpy as np
@@ -18,73 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from blocksparse.torch import _native  # noqa: E402
-
-FAKE_RUNTIME = r"""
-#include <stdint.h>
-#include <stdio.h>
-#include <string.h>
-/* words: [0] elements to write, [1] input (float*), [2] second operand (float*), [3] output
- * (float*), [4] input elements, [5] 1: add to the output (it must have been zero-filled), 2: copy
- * the second operand */
-int launches[64], n_launches;
-uint64_t memset_counts[64]; int n_memsets;
-int fake_launch(int spec, const unsigned *grid, const uint64_t *w, int nargs, void *stream, char *msg, size_t size) {
-  if (spec == 99) { snprintf(msg, size, "boom"); return 5; }
-  launches[n_launches++ % 64] = spec;
-  const float *in = (const float *)w[1], *b = (const float *)w[2];
-  float *out = (float *)w[3];
-  for (uint64_t i = 0; i < w[0]; ++i)
-    out[i] = w[5] == 2 ? b[i] : (w[5] ? out[i] : 0.0f) + in[i % w[4]] * (float)spec + b[0];
-  return 0;
-}
-/* tickets: words [0]-[5] as above (mode 0), [6] workspace (float*), [7] counters (int*), [8] / [9]
- * the elements the record asks for; counts a launch whose scratch was not all zero, remembers the
- * workspace's address, and dirties nothing (a real kernel leaves them zero) */
-int dirty_scratch; uint64_t last_ws;
-int fake_ticket_launch(int spec, const unsigned *grid, const uint64_t *w, int nargs, void *stream, char *msg,
-                       size_t size) {
-  const float *ws = (const float *)w[6];
-  const int *counters = (const int *)w[7];
-  for (uint64_t i = 0; i < w[8]; ++i) dirty_scratch += ws[i] != 0.0f;
-  for (uint64_t i = 0; i < w[9]; ++i) dirty_scratch += counters[i] != 0;
-  last_ws = w[6];
-  return fake_launch(spec, grid, w, nargs, stream, msg, size);
-}
-int fake_memset(uint64_t address, uint32_t value, size_t count, void *stream, char *msg, size_t size) {
-  uint32_t *p = (uint32_t *)address;
-  for (size_t i = 0; i < count; ++i) p[i] = value;
-  memset_counts[n_memsets++ % 64] = count;
-  return 0;
-}
-"""
-
-
-@pytest.fixture(scope="module")
-def native(tmp_path_factory):
-    """The op built into a fresh cache, loaded, and the stand-in runtime."""
-    if _native._compiler() is None or shutil.which("cc") is None:
-        pytest.skip("needs C and C++ compilers")
-    if not _native.supported():
-        pytest.skip(f"the native op needs torch {_native.MIN_TORCH} or newer; this is {torch.__version__}")
-    cache = tmp_path_factory.mktemp("native-cache")
-    torch.ops.load_library(str(_native.build(cache)))
-    src = cache / "fake.c"
-    src.write_text(FAKE_RUNTIME)
-    subprocess.run(["cc", "-O1", "-shared", "-fPIC", str(src), "-o", str(cache / "fake.so")], check=True)
-    return ctypes.CDLL(str(cache / "fake.so"))
-
-
-def _record(lib, spec, out_shape, out_elems, in_elems, *, zero=False, dtype=torch.float32, cast_to=None, copy=False):
-    words = torch.tensor([out_elems, 0, 0, 0, in_elems, 2 if copy else int(zero)], dtype=torch.int64)
-    return torch.ops.blocksparse_native.add_record(
-        _native._address(lib.fake_launch), _native._address(lib.fake_memset), spec, [3, 1, 1], words, 6,
-        [1, 0, 2, 1, 3, 2], list(out_shape), dtype, zero, cast_to, False)
-
-
-def _expected(a, b, spec, shape):
-    flat = a.detach().reshape(-1)
-    n = int(np.prod(shape))
-    return (flat[torch.arange(n) % flat.numel()] * spec + b.detach().reshape(-1)[0]).reshape(shape)
+from stand_in import expected as _expected, record as _record  # noqa: E402
 
 
 def test_forward_backward_bias_and_the_cpp_node(native, rng):
