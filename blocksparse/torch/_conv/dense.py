@@ -11,17 +11,22 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["dense", "dense_filter", "dense_grads", "pad", "convolution", "transposed"]
+__all__ = ["dense", "dense_filter", "dense_grads", "grad_frame", "pad", "pad_widths", "convolution", "transposed"]
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 
 
+def pad_widths(pairs):
+    """``F.pad``'s widths (last axis first) of ``(before, after)`` pairs per spatial axis; ``[]``
+    where all are zero."""
+    return [v for pair in reversed(pairs) for v in pair] if any(map(any, pairs)) else []
+
+
 def pad(x, pairs):
     """``x`` with ``(before, after)`` zeros around each spatial axis (negative amounts crop)."""
-    if not any(map(any, pairs)):
-        return x
-    return F.pad(x, [v for pair in reversed(pairs) for v in pair])
+    widths = pad_widths(pairs)
+    return F.pad(x, widths) if widths else x
 
 
 def _tail(geometry):
@@ -64,16 +69,24 @@ def dense(x, flat, spec, tables):
     return convolution(x, w, spec.geometry, 1)
 
 
+def grad_frame(geometry):
+    """``(x pairs, dy pairs)`` of a convolution (not transposed): the zeros after the input beyond the
+    symmetric padding, and after the output gradient for the extra outputs the forward cropped, that
+    make one ``convolution_backward`` with the symmetric padding compute the op's gradients."""
+    tail = _tail(geometry)
+    full = [(a.image + after + 2 * a.pad - a.extent) // a.stride + 1 for (_, after), a in zip(tail, geometry.axes)]
+    return tail, [(0, f - a.out) for f, a in zip(full, geometry.axes)]
+
+
 def dense_grads(dy, x, flat, spec, index, need_x, need_flat):
     """``(dx, dflat)`` of a convolution (not transposed) for output gradient ``dy``, from one
     ``convolution_backward`` with the dense filter (None where not needed); ``index``: as for
     :func:`dense_filter`.  The filter gradient alone reads no filter values: the dense filter is
     then only allocated (its shape and layout), not built."""
     geometry = spec.geometry
-    tail = _tail(geometry)
+    tail, dy_pairs = grad_frame(geometry)
     x_padded = pad(x, tail)
-    full = [(x_padded.shape[2 + i] + 2 * a.pad - a.extent) // a.stride + 1 for i, a in enumerate(geometry.axes)]
-    dy = pad(dy, [(0, f - a.out) for f, a in zip(full, geometry.axes)])  # the cropped extra outputs
+    dy = pad(dy, dy_pairs)  # the cropped extra outputs
     blocks = spec.blocks
     w = dense_filter(flat, spec, index) if need_x else flat.new_empty((*blocks.dense_shape[:2], *geometry.TRS))
     dx, dw, _ = torch.ops.aten.convolution_backward(

@@ -8,9 +8,17 @@ shaped tensor with channels-last strides, as cuDNN returns for channels-last inp
 gradient is the dense masked convolution's (:func:`.dense.dense_grads`, one cuDNN
 ``convolution_backward`` for the weight), gathered back to the blocks.
 
+Eager calls whose two launches (the output and the input gradient) both come from the kernel
+library run as one C++ autograd node, ``blocksparse_native::conv_implicit``
+(``csrc/conv.cpp``, built by :mod:`blocksparse.torch._native`): the two prepared launches and the
+filter gradient's geometry registered once per call shape (:func:`native_path` says whether an
+op's calls were served so), nothing but the op call per call, and a backward in C++ -- which
+autograd runs on its CUDA worker thread, where :class:`ImplicitConvFunction`'s Python costs several
+times its GPU time.  Every other eager call (a launch through Triton's JIT, float32, an input not
+on a 16-byte boundary, ``BLOCKSPARSE_TORCH_NATIVE=off``, the op not built) takes
+:class:`ImplicitConvFunction` directly (no dispatcher), or for inference its forward.
 ``blocksparse::conv_implicit`` (with a fake function and registered autograd) and
-``blocksparse::conv_implicit_dx`` serve ``torch.compile``; eager calls take
-:class:`ImplicitConvFunction` directly (no dispatcher).  The op
+``blocksparse::conv_implicit_dx`` serve ``torch.compile``.  The op
 receives a string *handle* of the op's :class:`~.tables.Tables` (see :func:`register`), so that
 the compiler sees only tensors and constants at its boundary (an integer attribute may be made
 symbolic when a second op's call recompiles the same code); the dense filter's index is an
@@ -26,15 +34,17 @@ import triton
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from ... import _env
 from ...ops.conv import aot as _aot
 from ...ops.conv.implicit_gemm import conv_implicit_kernel
-from .._autograd import direct_apply
+from .. import _native
+from .._autograd import direct_apply, functorch_active
 from .._backend import kernels_serve
 from .._launch import TRITON_TYPES, KernelLaunch, Operand, device_info, library, prepare
-from .dense import dense_grads
+from .dense import dense_grads, grad_frame, pad_widths
 
-__all__ = ["implicit", "register", "serves", "launch_path", "compiled_launch", "conv_implicit_fwd", "conv_implicit_dx",
-           "ImplicitConvFunction", "conv_implicit_op", "conv_implicit_dx_op"]
+__all__ = ["implicit", "register", "serves", "launch_path", "native_path", "register_conv", "compiled_launch",
+           "conv_implicit_fwd", "conv_implicit_dx", "ImplicitConvFunction", "conv_implicit_op", "conv_implicit_dx_op"]
 
 _HANDLES = weakref.WeakValueDictionary()  # handle -> Tables; an op's handle lives as long as the op
 _NEXT = itertools.count()
@@ -243,11 +253,71 @@ def _backward_op(ctx, dy):
 conv_implicit_op.register_autograd(_backward_op, setup_context=_setup_context)
 
 
+def native_path(device_tables):
+    """``"native"`` where the op's eager call shapes so far were registered with the native op (their
+    calls on 16-byte aligned inputs run as its C++ node), ``"python"`` where some were not (their
+    calls take :class:`ImplicitConvFunction`), None before any CUDA call with the native op on."""
+    ids = set(device_tables.implicit_native.values())
+    return None if not ids else "python" if False in ids else "native"
+
+
+def _native_conv(x, spec, t, precision):
+    """The native op's conv record for calls like ``x`` (registered on the first CUDA call with the op
+    on, cached in ``t.implicit_native``), or None where the call takes the Python path: a launch not
+    from the kernel library, ``x`` not on a 16-byte boundary, the op off or not built."""
+    key = (precision, x.dtype, x.shape)
+    conv = t.implicit_native.get(key)
+    if conv is None:
+        if not x.is_cuda or not _native.available():  # nothing cached: the op may be switched on later
+            return None
+        conv = t.implicit_native[key] = _native_record(x, spec, t, precision)
+    return conv if conv is not False and not x.data_ptr() % 16 and _env.torch_native() else None
+
+
+def _native_record(x, spec, t, precision):
+    """Register the call shape of ``x`` with the native op: its id, or False where the kernel library
+    does not serve both launches (or an output to zero-fill is not a whole number of 32-bit words)."""
+    geometry, blocks, runs = spec.geometry, spec.blocks, t.implicit_runs
+    n, image, out = x.shape[0], [a.image for a in geometry.axes], [a.out for a in geometry.axes]
+    # the tensors the launches read, channels-last: the input, the output gradient
+    read = x.new_empty((n, *_spatial3(image, 1), blocks.C)), x.new_empty((n, *_spatial3(out, 1), blocks.K))
+    fwd = _compiled(spec.implicit, spec, read[0], blocks.K, False, precision, t.implicit_steps, t.implicit_tiles,
+                    runs)
+    dx = _compiled(spec.implicit_grad, spec, read[1], blocks.C, True, precision, t.implicit_grad_steps,
+                   t.implicit_grad_tiles, runs)
+    if fwd is None or dx is None:
+        return False
+    ids = []
+    for run, shape, plan in ((fwd, (n, *out, blocks.K), spec.implicit),
+                             (dx, (n, *image, blocks.C), spec.implicit_grad)):
+        if not plan.covers and math.prod(shape) * x.element_size() % 4:  # the runtime's fill writes words
+            return False
+        ids.append(_native.add_launch(run, shape, x.dtype, zero=not plan.covers))
+    return register_conv(spec, *ids, x.shape, x.dtype)
+
+
+def register_conv(spec, fprop, bprop, x_shape, dtype):
+    """The native op's conv record of ``spec`` on inputs of ``x_shape`` and ``dtype``, launching the
+    records ``fprop`` (the output) and ``bprop`` (the input gradient): the geometry of its filter
+    gradient (:func:`.dense.dense_grads`'s) registered with them."""
+    geometry = spec.geometry
+    x_pairs, dy_pairs = grad_frame(geometry)
+    return _native.add_conv(fprop, bprop, x_shape, dtype, geometry.strides, [a.pad for a in geometry.axes],
+                            geometry.dilates, pad_widths(x_pairs), pad_widths(dy_pairs),
+                            (*spec.blocks.dense_shape[:2], *geometry.TRS))
+
+
 def implicit(x, flat, spec, device_tables):
-    """The implicit path's output (the custom op while ``torch.compile`` traces)."""
+    """The implicit path's output (the custom op while ``torch.compile`` traces; the native op where
+    it serves the call)."""
     precision = _precision(x)
     if torch.compiler.is_compiling():
         return conv_implicit_op(x, flat, device_tables.dense, device_tables.implicit_handle, precision)
+    if not functorch_active():
+        conv = _native_conv(x, spec, device_tables, precision)
+        if conv is not None:
+            t = device_tables
+            return _native.conv(x, flat, t.implicit_weight, t.implicit_grad_weight, t.dense, conv)
     if torch.is_grad_enabled() and (x.requires_grad or flat.requires_grad):
         return _apply(x, flat, device_tables.dense, device_tables.implicit_handle, precision)
     return conv_implicit_fwd(x, flat, spec, device_tables, precision)

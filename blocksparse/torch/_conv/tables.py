@@ -29,7 +29,8 @@ class Tables:
     ``implicit_weight`` and ``implicit_grad_*`` (the tables of the implicit-GEMM kernel, forward and
     input gradient, when the op has :class:`~blocksparse.ops.conv.implicit.ImplicitPlan` s),
     ``implicit_handle`` (this object's handle for that path's custom ops, or None) and
-    ``implicit_runs`` (that path's launches prepared on the device, by call shape).  ``spec``: the op's
+    ``implicit_runs`` (that path's launches prepared on the device, by call shape) and
+    ``implicit_native`` (its native op's records by call shape, False where none).  ``spec``: the op's
     :class:`~blocksparse.ops.conv.ConvSpec`."""
 
     def __init__(self, spec):
@@ -55,7 +56,7 @@ class Tables:
                 setattr(self._cpu, f"{name}_weight", _tensor(plan.weight, _index_dtype(plan.weight)))
         if spec.implicit is not None:
             self._cpu.implicit_handle = _implicit.register(self)
-        self._cpu.implicit_runs = {}
+        self._cpu.implicit_runs, self._cpu.implicit_native = {}, {}
         self._devices = {}
 
     # Copies and unpickled ops rebuild their tables: the handles are this process's, of this object.
@@ -72,6 +73,7 @@ class Tables:
         if tables is None:
             tables = SimpleNamespace(**{name: _to(value, device) for name, value in vars(self._cpu).items()})
             tables.implicit_runs = {}  # the implicit path's prepared launches on this device
+            tables.implicit_native = {}  # and its native op's records (they hold those launches' tables)
             self._devices[device] = tables
         return tables
 
