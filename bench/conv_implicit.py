@@ -17,7 +17,10 @@ tuning the kernel (3 configs x tile sizes x dtype x direction) on first use.
                 input: the Triton kernel for the output and the input gradient (launched from the
                 kernel library that ``BLOCKSPARSE_KERNELS`` names where it compiles the call, as
                 installed wheels do: ``blocksparse/ops/conv/aot.py``), the dense masked cuDNN filter
-                gradient.  The JSON's ``meta`` says which library served.
+                gradient; where the library serves both launches, one C++ autograd node runs the call
+                (``blocksparse/torch/csrc/conv.cpp``; ``BLOCKSPARSE_TORCH_NATIVE=off``: the Python
+                path).  The JSON's ``meta`` says which library served, each row's ``native``
+                whether the node ran.
 * ``grouped``   the grouped cuDNN path (``path="grouped"``), channels-last input.
 * ``dense``     ``F.conv2d`` with a ready dense filter that is zero outside the blocks (cuDNN),
                 NCHW and channels-last timed once per shape and dtype; the faster is the baseline.
@@ -193,7 +196,8 @@ def markdown(rows, meta):
              f"torch {meta['torch']}, {meta['when']}; N x C x H x W, C = K, balanced layouts, channels-last data "
              "for ours; ms = median; speedup = dense baseline ms / path ms (> 1: faster than cuDNN dense); "
              f"kernel library: {(meta.get('kernels') or {}).get('library') or 'none'} (the implicit rows' launches "
-             "of the output / the input gradient in brackets: `aot` from it, `jit` through Triton's JIT).", ""]
+             "of the output / the input gradient in brackets: `aot` from it, `jit` through Triton's JIT; `native` where "
+             "the C++ autograd node ran them, `python` where the Python autograd function did).", ""]
     lines += ["Geometric-mean speedup over dense, fwd / fwd+bwd (rows):", "",
               "| dtype | bs | path | " + " | ".join(f"density {d}" for d in DENSITIES) + " |",
               "|---|---|---|" + "---|" * len(DENSITIES)]
@@ -225,7 +229,7 @@ def markdown(rows, meta):
             if "error" in p:
                 cells += [f"FAILED: {p['error'][:80]}", ""]
             else:
-                launch = f" [{p['launch']}]" if "launch" in p else ""
+                launch = f" [{p['launch']}{', ' + p['native'] if p.get('native') else ''}]" if "launch" in p else ""
                 cells += [f"{p['fwd_ms']:.3f} / {p['fwd+bwd_ms']:.3f} ({p['speedup_fwd']:.2f} / "
                           f"{p['speedup_fwd+bwd']:.2f}){launch}", f"{p['max_rel_err']:.1e}"]
         lines.append(f"{head} " + " | ".join(cells) + " |")
@@ -247,9 +251,10 @@ def measure(case, ms, dense_ms, key):
             for mode in ("fwd", "fwd+bwd"):
                 result[f"{mode}_ms"] = ms(case.run(path, mode == "fwd+bwd"))
                 result[f"speedup_{mode}"] = row[f"dense_{mode}_ms"] / result[f"{mode}_ms"]
-            if path == "implicit":  # which launches served the output and the input gradient
-                tables = case.ops[path]._tables.on(case.x.device)
+            if path == "implicit":  # which launches served the output and the input gradient, and whether
+                tables = case.ops[path]._tables.on(case.x.device)  # the native node ran them
                 result["launch"] = "/".join(str(implicit_glue.launch_path(tables, t)) for t in (False, True))
+                result["native"] = implicit_glue.native_path(tables)
         except Exception as exc:  # keep going: the cell says what failed
             result = {"error": f"{type(exc).__name__}: {exc}"}
             traceback.print_exc()

@@ -274,3 +274,69 @@ def test_cuda_launches_from_the_kernel_library(rng, aot, monkeypatch, dtype):
     bound = tolerance(dtype, tf32=dtype == torch.float32 and torch.backends.cudnn.allow_tf32)
     for got, jit, ref_value in zip(*results.values(), want):
         assert rel_error(got, ref_value) < bound and rel_error(got, jit) < bound / 4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("layer", ["s2", "s1-unwritten"])
+def test_cuda_native_node(rng, aot, monkeypatch, layer, dtype):
+    """With the kernel library and the native op, eager calls of block-aligned 2-D layers in 16-bit
+    dtypes run as one C++ autograd node (``csrc/conv.cpp``; ``native_path`` says so): the output and
+    the gradients of the input and the filter against float64 and against the Python path
+    (``BLOCKSPARSE_TORCH_NATIVE=off``), for two batch sizes, under ``no_grad`` too, also where a
+    block column is empty (outputs and input gradients zero-filled); an input not on a 16-byte
+    boundary and float32 keep the Python path."""
+    from blocksparse.torch import _native
+
+    if not _native.available():
+        pytest.skip(f"the native op cannot be built here: {_native._state.get('why')}")
+    dtype = DTYPES[dtype]
+    mask = rng.random((4, 4)) < 0.5
+    mask[rng.permutation(4), np.arange(4)] = True
+    if layer == "s1-unwritten":  # output block 1 and input block 2 empty: written by no block
+        mask[:, 1] = mask[2, :] = False
+        mask[0, 0] = mask[3, 3] = True
+    bck = [(range(c * 64, (c + 1) * 64), range(k * 64, (k + 1) * 64)) for c, k in np.argwhere(mask)]
+    op = BlocksparseConv(bck, TRS=(3, 3), DHW=(9, 10), strides=2 if layer == "s2" else 1, path="implicit")
+    assert op.spec.implicit.covers == op.spec.implicit_grad.covers == (layer == "s2")
+    ref = case_of(op, bck, "SAME", False)
+    bound = tolerance(dtype)
+    cuda = lambda a: torch.tensor(a, device="cuda").to(dtype)  # noqa: E731
+    as64 = lambda t: t.detach().double().cpu().numpy()  # noqa: E731
+    device_tables = op._tables.on(torch.device("cuda"))
+    for n in (4, 3):
+        F, x, dy, _ = random_inputs(rng, op, N=n)
+        results = {}
+        for setting in ("auto", "off"):
+            monkeypatch.setenv("BLOCKSPARSE_TORCH_NATIVE", setting)
+            Ft, xt = cuda(F).requires_grad_(), cuda(x).to(memory_format=torch.channels_last).requires_grad_()
+            y = op(Ft, xt)
+            node = type(y.grad_fn).__name__
+            assert node == ("CppFunction" if setting == "auto" else "ImplicitConvFunctionBackward"), setting
+            with torch.no_grad():
+                assert torch.equal(op(Ft, xt), y)
+            y.backward(cuda(dy))
+            results[setting] = (y, xt.grad, Ft.grad)
+        want = conv_products(ref, as64(Ft), as64(xt), as64(cuda(dy)))
+        for name, native, python, ref_value in zip(("y", "dx", "dF"), *results.values(), want):
+            assert native.dtype == dtype and native.shape == python.shape, name
+            assert rel_error(native, ref_value) < bound and rel_error(native, python) < bound / 4, name
+    assert glue_paths(device_tables) == ("native", "aot", "aot")
+    monkeypatch.setenv("BLOCKSPARSE_TORCH_NATIVE", "auto")
+    storage = torch.empty(x.size + 1, device="cuda", dtype=dtype)
+    unaligned = storage[1:].view(x.shape).copy_(cuda(x)).requires_grad_()
+    Ft = cuda(F).requires_grad_()
+    y = op(Ft, unaligned)
+    assert type(y.grad_fn).__name__ == "ImplicitConvFunctionBackward"
+    assert rel_error(y, conv_products(ref, as64(Ft), as64(unaligned), as64(cuda(dy)))[0]) < bound
+    op32 = BlocksparseConv(bck, TRS=(3, 3), DHW=(9, 10), path="implicit")
+    x32 = torch.randn(op32.i_shape(2), device="cuda", requires_grad=True)
+    y = op32(torch.randn(op32.f_shape(), device="cuda"), x32)
+    assert type(y.grad_fn).__name__ == "ImplicitConvFunctionBackward"
+    assert implicit_glue.native_path(op32._tables.on(x32.device)) == "python"
+
+
+def glue_paths(device_tables):
+    """``native_path`` and ``launch_path`` of both directions."""
+    return (implicit_glue.native_path(device_tables), implicit_glue.launch_path(device_tables, False),
+            implicit_glue.launch_path(device_tables, True))
