@@ -11,8 +11,9 @@ library's ``m128`` and ``m64`` tiles (``blocksparse/ops/conv/aot.py``; ``*_err``
 difference to the JIT's output over its largest value), with ``rule`` the tile
 :func:`~blocksparse.ops.conv.aot.tile_for` picks.  Then the public call as a user makes it
 (``path="implicit"``, channels-last input), eager microseconds a call, forward and forward +
-backward, with the path its launches took (``path_fwd`` / ``path_dx``: ``aot`` or ``jit``), and
-the dense masked cuDNN convolution's.  Writes ``conv-launch.json`` into ``--out``.
+backward, with the path its launches took (``path_fwd`` / ``path_dx``: ``aot`` or ``jit``) and
+whether the C++ autograd node ran them (``native``: ``native`` / ``python``), and the dense masked
+cuDNN convolution's.  Writes ``conv-launch.json`` into ``--out``.
 
 ``results/raw/conv-launch-h200.json`` (2026-12-04) was measured by this script's first form, which
 timed each kernel as the median of three rounds of 20 replays of its graph (here: the median of 20
@@ -101,6 +102,7 @@ def measure(case, kernels, info):
     row["eager_fwdbwd"] = eager_us(case.run("implicit", True))
     device_tables = op._tables.on(case.x.device)
     row["path_fwd"], row["path_dx"] = glue.launch_path(device_tables, False), glue.launch_path(device_tables, True)
+    row["native"] = glue.native_path(device_tables)  # "native": the calls ran as the C++ autograd node
     row["dense_fwd"] = eager_us(ci.dense_run(case, True, False))
     row["dense_fwdbwd"] = eager_us(ci.dense_run(case, True, True))
     return row
