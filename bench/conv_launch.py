@@ -13,7 +13,9 @@ difference to the JIT's output over its largest value), with ``rule`` the tile
 (``path="implicit"``, channels-last input), eager microseconds a call, forward and forward +
 backward, with the path its launches took (``path_fwd`` / ``path_dx``: ``aot`` or ``jit``) and
 whether the C++ autograd node ran them (``native``: ``native`` / ``python``), and the dense masked
-cuDNN convolution's.  Writes ``conv-launch.json`` into ``--out``.
+cuDNN convolution's.  ``--eager`` measures only the eager calls, each both ways in the same run:
+through the C++ node where it serves (``eager_*``) and through the Python ``autograd.Function``
+(``eager_*_python``, ``BLOCKSPARSE_TORCH_NATIVE=off``).  Writes ``conv-launch.json`` into ``--out``.
 
 ``results/raw/conv-launch-h200.json`` (2026-12-04) was measured by this script's first form, which
 timed each kernel as the median of three rounds of 20 replays of its graph (here: the median of 20
@@ -69,11 +71,33 @@ def directions(case):
              t.implicit_grad_tiles, spec.blocks.C)]
 
 
-def measure(case, kernels, info):
+def eager(case):
+    """The eager calls, forward and forward + backward: the op's (the native node where it serves),
+    the Python path's and the dense masked cuDNN convolution's; with the paths the op's took."""
+    op = case.ops["implicit"]
+    row = dict(eager_fwd=eager_us(case.run("implicit", False)), eager_fwdbwd=eager_us(case.run("implicit", True)))
+    device_tables = op._tables.on(case.x.device)
+    row["path_fwd"], row["path_dx"] = glue.launch_path(device_tables, False), glue.launch_path(device_tables, True)
+    row["native"] = glue.native_path(device_tables)  # "native": the calls ran as the C++ autograd node
+    saved = os.environ.get("BLOCKSPARSE_TORCH_NATIVE")
+    os.environ["BLOCKSPARSE_TORCH_NATIVE"] = "off"
+    try:
+        row["eager_fwd_python"] = eager_us(case.run("implicit", False))
+        row["eager_fwdbwd_python"] = eager_us(case.run("implicit", True))
+    finally:
+        os.environ.pop("BLOCKSPARSE_TORCH_NATIVE")
+        if saved is not None:
+            os.environ["BLOCKSPARSE_TORCH_NATIVE"] = saved
+    row["dense_fwd"] = eager_us(ci.dense_run(case, True, False))
+    row["dense_fwdbwd"] = eager_us(ci.dense_run(case, True, True))
+    return row
+
+
+def measure(case, kernels, info, eager_only=False):
     op = case.ops["implicit"]
     spec, row = op.spec, {}
     precision = glue._precision(case.x)
-    for name, a, plan, w, steps, tiles, written in directions(case):
+    for name, a, plan, w, steps, tiles, written in [] if eager_only else directions(case):
         transposed = name == "dx"
         jit = lambda: glue._launch(a, w, plan, steps, tiles, spec, written, transposed, precision)  # noqa: E731
         row[f"{name}_jit"] = graph_us(jit)
@@ -98,19 +122,13 @@ def measure(case, kernels, info):
             row[f"{name}_{tile}"] = graph_us(lambda: run([a5, w, y]))  # noqa: B023
         pixels = a.shape[0] * (case.x if transposed else case.dy)[0, 0].numel()
         row[f"{name}_rule"] = conv_aot.tile_for(plan.block_n, plan.tiles.shape[0] * -(-pixels // 128), info.sms)
-    row["eager_fwd"] = eager_us(case.run("implicit", False))
-    row["eager_fwdbwd"] = eager_us(case.run("implicit", True))
-    device_tables = op._tables.on(case.x.device)
-    row["path_fwd"], row["path_dx"] = glue.launch_path(device_tables, False), glue.launch_path(device_tables, True)
-    row["native"] = glue.native_path(device_tables)  # "native": the calls ran as the C++ autograd node
-    row["dense_fwd"] = eager_us(ci.dense_run(case, True, False))
-    row["dense_fwdbwd"] = eager_us(ci.dense_run(case, True, True))
-    return row
+    return row | eager(case)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=".")
+    ap.add_argument("--eager", action="store_true", help="only the eager calls, native node and Python path")
     args = ap.parse_args()
     kernels, info = library(), device_info(torch.cuda.current_device())
     if kernels is None:
@@ -121,7 +139,7 @@ def main():
             continue
         row = dict(dtype=dt, shape=shape, bs=bs, d=d)
         try:
-            row |= measure(ci.Case(dt, shape, bs, d, "cuda", 0), kernels, info)
+            row |= measure(ci.Case(dt, shape, bs, d, "cuda", 0), kernels, info, args.eager)
         except Exception as exc:  # a failing layer must not stop the others
             row["error"] = repr(exc)[:300]
         print(json.dumps(row), flush=True)
