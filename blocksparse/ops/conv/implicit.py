@@ -164,6 +164,16 @@ def _frozen_int32(rows, width):
     return array
 
 
+def dense_input_grad(geometry):
+    """Whether the implicit path takes its input gradient from the dense masked convolution (cuDNN)
+    rather than the transposed kernel: strided layers.  The transposed kernel runs every tap for
+    every input pixel and masks those that land between strided positions -- ``prod(strides)``
+    times the useful work.  Measured on an H200 (bf16 3x3 stride 2,
+    ``bench/results/raw/conv-launch-h200.json``): 5.6-6.0x its own forward's GPU time and 4.5-13x
+    the dense cuDNN forward's, against 0.99-1.02x its forward's at stride 1."""
+    return any(a.stride > 1 for a in geometry.axes)
+
+
 def worth_implicit(plan, density, training):
     """Whether the implicit-GEMM kernel is expected to beat the other GPU paths
     (:data:`IMPLICIT_MAX_DENSITY`); ``training``: a gradient will be taken."""

@@ -1,14 +1,16 @@
 """The implicit-GEMM path of the PyTorch convolution: launchers, autograd, custom ops.
 
 Forward and input gradient: the Triton kernel of :mod:`blocksparse.ops.conv.implicit_gemm` on
-channels-last activations.  The input (backward: the output gradient) is read channels-last (a
+channels-last activations (strided layers take their input gradient from the dense masked
+convolution instead, with the filter gradient in one cuDNN call:
+:func:`~blocksparse.ops.conv.implicit.dense_input_grad`).  The input (backward: the output gradient) is read channels-last (a
 channels-last tensor as it is; any other is copied once, which costs one pass but makes every
 chunk of channels one coalesced load), and the result is written channels-last: a channels-first
 shaped tensor with channels-last strides, as cuDNN returns for channels-last inputs.  The filter
 gradient is the dense masked convolution's (:func:`.dense.dense_grads`, one cuDNN
 ``convolution_backward`` for the weight), gathered back to the blocks.
 
-Eager calls whose two launches (the output and the input gradient) both come from the kernel
+Eager calls whose launches (the output and, unless strided, the input gradient) come from the kernel
 library run as one C++ autograd node, ``blocksparse_native::conv_implicit``
 (``csrc/conv.cpp``, built by :mod:`blocksparse.torch._native`): the two prepared launches and the
 filter gradient's geometry registered once per call shape (:func:`native_path` says whether an
@@ -36,6 +38,7 @@ from torch.autograd.function import once_differentiable
 
 from ... import _env
 from ...ops.conv import aot as _aot
+from ...ops.conv.implicit import dense_input_grad
 from ...ops.conv.implicit_gemm import conv_implicit_kernel
 from .. import _native
 from .._autograd import direct_apply, functorch_active
@@ -203,10 +206,13 @@ def _grads(ctx, dy, input_grad):
     """``(dx, dflat)``: ``input_grad(dy, flat, handle, precision)`` and the dense filter gradient."""
     x, flat, dense_index = ctx.saved_tensors
     need_x, need_flat = ctx.needs_input_grad[:2]
+    spec = _tables(ctx.handle).spec
+    if dense_input_grad(spec.geometry):  # strided: both from one cuDNN call
+        return dense_grads(dy, x, flat, spec, dense_index, need_x, need_flat) if need_x or need_flat else (None, None)
     dx = input_grad(dy, flat, ctx.handle, ctx.precision) if need_x else None
     if not need_flat:
         return dx, None
-    return dx, dense_grads(dy, x, flat, _tables(ctx.handle).spec, dense_index, False, True)[1]
+    return dx, dense_grads(dy, x, flat, spec, dense_index, False, True)[1]
 
 
 def _eager_dx(dy, flat, handle, precision):
@@ -283,23 +289,27 @@ def _native_record(x, spec, t, precision):
     read = x.new_empty((n, *_spatial3(image, 1), blocks.C)), x.new_empty((n, *_spatial3(out, 1), blocks.K))
     fwd = _compiled(spec.implicit, spec, read[0], blocks.K, False, precision, t.implicit_steps, t.implicit_tiles,
                     runs)
-    dx = _compiled(spec.implicit_grad, spec, read[1], blocks.C, True, precision, t.implicit_grad_steps,
-                   t.implicit_grad_tiles, runs)
-    if fwd is None or dx is None:
+    launches = [(fwd, (n, *out, blocks.K), spec.implicit)]
+    if not dense_input_grad(spec.geometry):
+        dx = _compiled(spec.implicit_grad, spec, read[1], blocks.C, True, precision, t.implicit_grad_steps,
+                       t.implicit_grad_tiles, runs)
+        launches.append((dx, (n, *image, blocks.C), spec.implicit_grad))
+    if any(run is None for run, _, _ in launches):
         return False
     ids = []
-    for run, shape, plan in ((fwd, (n, *out, blocks.K), spec.implicit),
-                             (dx, (n, *image, blocks.C), spec.implicit_grad)):
+    for run, shape, plan in launches:
         if not plan.covers and math.prod(shape) * x.element_size() % 4:  # the runtime's fill writes words
             return False
         ids.append(_native.add_launch(run, shape, x.dtype, zero=not plan.covers))
-    return register_conv(spec, *ids, x.shape, x.dtype)
+    bprop = ids[1] if len(ids) > 1 else -1  # -1: the dense input gradient (strided layers)
+    return register_conv(spec, ids[0], bprop, x.shape, x.dtype)
 
 
 def register_conv(spec, fprop, bprop, x_shape, dtype):
     """The native op's conv record of ``spec`` on inputs of ``x_shape`` and ``dtype``, launching the
-    records ``fprop`` (the output) and ``bprop`` (the input gradient): the geometry of its filter
-    gradient (:func:`.dense.dense_grads`'s) registered with them."""
+    records ``fprop`` (the output) and ``bprop`` (the input gradient; -1: the input gradient is the
+    dense masked convolution's, from the filter gradient's cuDNN call): the geometry of the dense
+    gradients (:func:`.dense.dense_grads`'s) registered with them."""
     geometry = spec.geometry
     x_pairs, dy_pairs = grad_frame(geometry)
     return _native.add_conv(fprop, bprop, x_shape, dtype, geometry.strides, [a.pad for a in geometry.axes],

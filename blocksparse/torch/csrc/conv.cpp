@@ -6,17 +6,19 @@
 //
 // Python registers a *conv record* per op and call shape (add_conv): the two launch records (the
 // forward, reading the input channels-last; the transposed launch, reading the output gradient
-// channels-last), the input's shape and dtype, and the geometry of the filter gradient (strides,
+// channels-last, or -1 where the input gradient is the dense convolution's, strided layers), the input's shape and dtype, and the geometry of the filter gradient (strides,
 // symmetric pads, dilations, the zeros after the input and the output gradient's pad / crop that
 // make the dense convolution's frame, the dense filter's shape).  A call passes the flat filter and
 // the op's three index tables (the packed filters' gathers and the dense filter's positions).
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
+#include <c10/util/accumulate.h>
 #include <torch/library.h>
 
 #include "records.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <tuple>
@@ -43,18 +45,34 @@ at::Tensor launch_last(int64_t id, const at::Tensor &a, const at::Tensor &w) {
   return blocksparse_native::launch(id, blocksparse_native::aligned(a.movedim(1, -1)), w).movedim(-1, 1);
 }
 
-// The filter gradient (dense_grads(..., need_x=False, need_flat=True) of _conv/dense.py): one
-// convolution_backward for the weight on the padded input and output gradient, the dense filter only
-// allocated (the weight's gradient reads no filter values), gathered back to the flat filter.
-at::Tensor filter_grad(const ConvRecord &c, const at::Tensor &dy, const at::Tensor &x, const at::Tensor &flat,
-                       const at::Tensor &dense_index) {
+// The dense gradients (dense_grads of _conv/dense.py): one convolution_backward on the padded input
+// and output gradient for the filter's gradient and, where `need_x` (strided layers, c.bprop < 0),
+// the input's; the dense filter built for the latter, else only allocated (the filter's gradient
+// reads no filter values).  The filter gradient gathered back to the flat filter, the input
+// gradient cropped to the input.
+std::pair<at::Tensor, at::Tensor> dense_grads(const ConvRecord &c, const at::Tensor &dy, const at::Tensor &x,
+                                              const at::Tensor &flat, const at::Tensor &dense_index, bool need_x,
+                                              bool need_flat) {
   const at::Tensor xp = c.x_pad.empty() ? x : at::constant_pad_nd(x, c.x_pad, 0);
   const at::Tensor dyp = c.dy_pad.empty() ? dy : at::constant_pad_nd(dy, c.dy_pad, 0);
-  const at::Tensor w = at::empty(c.w_shape, flat.options());
+  const at::Tensor w = need_x ? at::zeros({c10::multiply_integers(c.w_shape)}, flat.options())
+                                    .scatter_(0, dense_index, flat)
+                                    .view(c.w_shape)
+                              : at::empty(c.w_shape, flat.options());
   const std::vector<int64_t> output_padding(c.strides.size(), 0);
   auto grads = at::convolution_backward(dyp, xp, w, std::nullopt, c.strides, c.pads, c.dilations, false,
-                                        output_padding, 1, {false, true, false});
-  return std::get<1>(grads).reshape(-1).index_select(0, dense_index);
+                                        output_padding, 1, {need_x, need_flat, false});
+  at::Tensor dx, dflat;
+  if (need_x) {
+    dx = std::get<0>(grads);
+    if (!c.x_pad.empty()) {
+      std::vector<int64_t> crop(c.x_pad.size());
+      std::transform(c.x_pad.begin(), c.x_pad.end(), crop.begin(), [](int64_t v) { return -v; });
+      dx = at::constant_pad_nd(dx, crop, 0);
+    }
+  }
+  if (need_flat) dflat = std::get<1>(grads).reshape(-1).index_select(0, dense_index);
+  return {dx, dflat};
 }
 
 template <typename Pointer, typename T, typename... Args>
@@ -105,8 +123,14 @@ struct ImplicitConvFunction : public torch::autograd::Function<ImplicitConvFunct
     at::Tensor dx, dflat;
     {
       const at::NoGradGuard no_grad;
-      if (ctx->needs_input_grad(0)) dx = launch_last(c.bprop, dy, flat.index_select(0, grad_index));
-      if (ctx->needs_input_grad(1)) dflat = filter_grad(c, dy, x, flat, dense_index);
+      const bool need_x = ctx->needs_input_grad(0), need_flat = ctx->needs_input_grad(1);
+      const bool dense_x = need_x && c.bprop < 0;  // strided layers: the dense input gradient
+      if (need_x && !dense_x) dx = launch_last(c.bprop, dy, flat.index_select(0, grad_index));
+      if (dense_x || need_flat) {
+        auto dense = dense_grads(c, dy, x, flat, dense_index, dense_x, need_flat);
+        if (dense_x) dx = dense.first;
+        dflat = dense.second;
+      }
     }
     return once_differentiable({dx, dflat, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()});
   }
@@ -129,7 +153,8 @@ int64_t add_conv(int64_t fprop, int64_t bprop, at::IntArrayRef x_shape, at::Scal
   TORCH_CHECK(x_pad.size() % 2 == 0 && x_pad.size() <= 2 * ndim && dy_pad.size() % 2 == 0 &&
                   dy_pad.size() <= 2 * ndim,
               "x_pad and dy_pad must hold (before, after) pairs of at most ", ndim, " axes");
-  TORCH_CHECK(fprop >= 0 && bprop >= 0, "fprop and bprop must be launch record ids");
+  TORCH_CHECK(fprop >= 0 && bprop >= -1, "fprop must be a launch record id and bprop one or -1 (the dense "
+              "input gradient)");
   ConvRecord c;
   c.fprop = fprop;
   c.bprop = bprop;

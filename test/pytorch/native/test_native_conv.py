@@ -54,7 +54,7 @@ class Setup:
     spec 2 (the output, zero-filled first and added to where ``zero``) and spec 3 (the input
     gradient).  ``Setup.of(lib, rng, case)``: an op of a test case (no edge bias)."""
 
-    def __init__(self, lib, op, ref, inputs, zero=False):
+    def __init__(self, lib, op, ref, inputs, zero=False, dense_dx=False):
         self.op, self.ref, spec = op, ref, op.spec
         self.t = op._tables.on(torch.device("cpu"))
         F, x, dy = inputs[:3]
@@ -63,13 +63,13 @@ class Setup:
         n = self.x.shape[0]
         y_last, dx_last = (n, *self.out, spec.blocks.K), (n, *self.image, spec.blocks.C)
         fprop = record(lib, 2, y_last, math.prod(y_last), self.x.numel(), zero=zero)
-        bprop = record(lib, 3, dx_last, math.prod(dx_last), self.dy.numel())
+        bprop = -1 if dense_dx else record(lib, 3, dx_last, math.prod(dx_last), self.dy.numel())
         self.conv = glue.register_conv(spec, fprop, bprop, self.x.shape, torch.float32)
 
     @classmethod
-    def of(cls, lib, rng, case, zero=False):
+    def of(cls, lib, rng, case, zero=False, dense_dx=False):
         op, ref = make_op(BlocksparseConv, rng, case, layout="random", edge_bias=False)
-        return cls(lib, op, ref, random_inputs(rng, op), zero)
+        return cls(lib, op, ref, random_inputs(rng, op), zero, dense_dx)
 
     def __call__(self, x, flat):
         t = self.t
@@ -114,6 +114,24 @@ def test_forward_backward_and_the_filter_gradient(native, rng, case):
     torch.testing.assert_close(dx, s.stand_in_dx(s.dy, flat), rtol=0, atol=0)
     _, _, want = s.reference(x, flat, s.dy)
     assert dflat.shape == flat.shape and rel_error(dflat, want) < 1e-5
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_dense_input_gradient(native, rng, case):
+    """A record without a transposed launch (strided layers): the input gradient comes from the
+    filter gradient's ``convolution_backward`` with the dense filter built, cropped to the input --
+    against float64, for every geometry; asked for alone, too."""
+    s = Setup.of(native, rng, case, dense_dx=True)
+    x, flat = s.x.clone().requires_grad_(), s.F.clone().requires_grad_()
+    since = _count(native, "n_launches")
+    with PoisonedAllocations():
+        dx, dflat = torch.autograd.grad(s(x, flat), (x, flat), s.dy)
+    assert _launched(native, since) == [2]
+    _, dx_want, dflat_want = s.reference(x, flat, s.dy)
+    assert dx.shape == x.shape and rel_error(dx, dx_want) < 1e-5
+    assert dflat.shape == flat.shape and rel_error(dflat, dflat_want) < 1e-5
+    (dx_alone,) = torch.autograd.grad(s(x, s.F), (x,), s.dy)
+    torch.testing.assert_close(dx_alone, dx)
 
 
 def test_only_the_gradients_asked_for(native, rng):
@@ -255,12 +273,24 @@ def test_cpu_calls_register_nothing_and_build_nothing(rng, monkeypatch):
 def test_a_launch_not_from_the_kernel_library_keeps_the_python_path(native, rng, monkeypatch, served):
     """A call shape registers only where both launches are prepared from the library (float32, for
     one, has no compiled spec: ``test/ops/conv/test_conv_aot.py``)."""
-    op, _ = make_op(BlocksparseConv, rng, "2d-same-stride-dilate", layout="random", edge_bias=False)
+    op, _ = make_op(BlocksparseConv, rng, "2d-same-even-filter", layout="random", edge_bias=False)
     t = op._tables.on(torch.device("cpu"))
     monkeypatch.setattr(glue, "_compiled", lambda plan, spec, a5, written, transposed, *rest:
                         None if transposed == (served == "forward only") else object())
     monkeypatch.setattr(_native, "add_launch", lambda *a, **k: pytest.fail("registered"))
     assert glue._native_record(torch.randn(op.i_shape(2)), op.spec, t, "ieee") is False
+
+
+def test_a_strided_layer_registers_its_forward_alone(rng, monkeypatch):
+    """Strided layers take the dense input gradient: their record holds the forward's launch and -1,
+    and the transposed launch is not even prepared."""
+    op, _ = make_op(BlocksparseConv, rng, "2d-same-stride-dilate", layout="random", edge_bias=False)
+    t = op._tables.on(torch.device("cpu"))
+    monkeypatch.setattr(glue, "_compiled", lambda plan, spec, a5, written, transposed, *rest:
+                        pytest.fail("prepared the transposed launch") if transposed else object())
+    monkeypatch.setattr(_native, "add_launch", lambda *a, **k: 7)
+    monkeypatch.setattr(glue, "register_conv", lambda spec, fprop, bprop, *rest: (fprop, bprop))
+    assert glue._native_record(torch.randn(op.i_shape(2)), op.spec, t, "ieee") == (7, -1)
 
 
 def test_an_output_to_zero_fill_in_half_words_keeps_the_python_path(native, rng, monkeypatch):
