@@ -82,13 +82,17 @@ def dense_grads(dy, x, flat, spec, index, need_x, need_flat):
     """``(dx, dflat)`` of a convolution (not transposed) for output gradient ``dy``, from one
     ``convolution_backward`` with the dense filter (None where not needed); ``index``: as for
     :func:`dense_filter`.  The filter gradient alone reads no filter values: the dense filter is
-    then only allocated (its shape and layout), not built."""
+    then only allocated (its shape and layout), not built (zero-filled where traced)."""
     geometry = spec.geometry
     tail, dy_pairs = grad_frame(geometry)
     x_padded = pad(x, tail)
     dy = pad(dy, dy_pairs)  # the cropped extra outputs
     blocks = spec.blocks
-    w = dense_filter(flat, spec, index) if need_x else flat.new_empty((*blocks.dense_shape[:2], *geometry.TRS))
+    shape = (*blocks.dense_shape[:2], *geometry.TRS)
+    if need_x:
+        w = dense_filter(flat, spec, index)
+    else:  # traced (torch.compile), a plain zero fill: an unread empty tensor is no graph value
+        w = flat.new_zeros(shape) if torch.compiler.is_compiling() else flat.new_empty(shape)
     dx, dw, _ = torch.ops.aten.convolution_backward(
         dy, x_padded, w, None, list(geometry.strides),
         [a.pad for a in geometry.axes], list(geometry.dilates), False, [0] * geometry.ndim, 1,
