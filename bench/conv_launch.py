@@ -15,7 +15,9 @@ backward, with the path its launches took (``path_fwd`` / ``path_dx``: ``aot`` o
 whether the C++ autograd node ran them (``native``: ``native`` / ``python``), and the dense masked
 cuDNN convolution's.  ``--eager`` measures only the eager calls, each both ways in the same run:
 through the C++ node where it serves (``eager_*``) and through the Python ``autograd.Function``
-(``eager_*_python``, ``BLOCKSPARSE_TORCH_NATIVE=off``).  Writes ``conv-launch.json`` into ``--out``.
+(``eager_*_python``, ``BLOCKSPARSE_TORCH_NATIVE=off``), the dense convolution's beside them, in
+interleaved rounds (:func:`interleaved_us`: the calls are mostly bound by host time, which
+drifts).  Writes ``conv-launch.json`` into ``--out``.
 
 ``results/raw/conv-launch-h200.json`` (2026-12-04) was measured by this script's first form, which
 timed each kernel as the median of three rounds of 20 replays of its graph (here: the median of 20
@@ -41,21 +43,6 @@ from blocksparse.torch._launch import device_info, library, prepare  # noqa: E40
 SHAPES = ("56x56x256-3x3", "14x14x1024-3x3", "56x56x256-3x3-s2", "28x28x512-1x1")
 
 
-def eager_us(fn, calls=40):
-    """Median over three rounds of the wall microseconds a call, synchronised after each round."""
-    for _ in range(5):
-        fn()
-    rounds = []
-    for _ in range(3):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        rounds.append((time.perf_counter() - start) / calls * 1e6)
-    return round(sorted(rounds)[1], 1)
-
-
 def graph_us(fn):
     return round(common.GraphTimer(lambda: [fn]).median_ms(20) * 1e3, 1)
 
@@ -71,25 +58,51 @@ def directions(case):
              t.implicit_grad_tiles, spec.blocks.C)]
 
 
+def _native_off(fn):
+    """``fn`` run with the native node switched off (the Python path)."""
+    def run():
+        saved = os.environ.get("BLOCKSPARSE_TORCH_NATIVE")
+        os.environ["BLOCKSPARSE_TORCH_NATIVE"] = "off"
+        try:
+            fn()
+        finally:
+            os.environ.pop("BLOCKSPARSE_TORCH_NATIVE")
+            if saved is not None:
+                os.environ["BLOCKSPARSE_TORCH_NATIVE"] = saved
+    return run
+
+
+def interleaved_us(fns, calls=40, rounds=5):
+    """``{name: median wall µs a call}``: rounds of ``calls`` calls of each of ``fns`` in turn
+    (synchronised around each), so a drift of clocks or host load meets every one alike."""
+    for fn in fns.values():
+        for _ in range(5):
+            fn()
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            times[name].append((time.perf_counter() - start) / calls * 1e6)
+    return {name: round(sorted(v)[len(v) // 2], 1) for name, v in times.items()}
+
+
 def eager(case):
-    """The eager calls, forward and forward + backward: the op's (the native node where it serves),
-    the Python path's and the dense masked cuDNN convolution's; with the paths the op's took."""
+    """The eager calls, forward and forward + backward, timed in interleaved rounds: the op's (the
+    native node where it serves), the Python path's and the dense masked cuDNN convolution's; with
+    the paths the op's took."""
     op = case.ops["implicit"]
-    row = dict(eager_fwd=eager_us(case.run("implicit", False)), eager_fwdbwd=eager_us(case.run("implicit", True)))
+    row = {}
+    for mode, backward in (("fwd", False), ("fwdbwd", True)):
+        fn = case.run("implicit", backward)
+        row |= {f"{name}_{mode}" if name == "dense" else f"eager_{mode}{name}": us for name, us in interleaved_us(
+            {"": fn, "_python": _native_off(fn), "dense": ci.dense_run(case, True, backward)}).items()}
     device_tables = op._tables.on(case.x.device)
     row["path_fwd"], row["path_dx"] = glue.launch_path(device_tables, False), glue.launch_path(device_tables, True)
     row["native"] = glue.native_path(device_tables)  # "native": the calls ran as the C++ autograd node
-    saved = os.environ.get("BLOCKSPARSE_TORCH_NATIVE")
-    os.environ["BLOCKSPARSE_TORCH_NATIVE"] = "off"
-    try:
-        row["eager_fwd_python"] = eager_us(case.run("implicit", False))
-        row["eager_fwdbwd_python"] = eager_us(case.run("implicit", True))
-    finally:
-        os.environ.pop("BLOCKSPARSE_TORCH_NATIVE")
-        if saved is not None:
-            os.environ["BLOCKSPARSE_TORCH_NATIVE"] = saved
-    row["dense_fwd"] = eager_us(ci.dense_run(case, True, False))
-    row["dense_fwdbwd"] = eager_us(ci.dense_run(case, True, True))
     return row
 
 
