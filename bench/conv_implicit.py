@@ -196,7 +196,8 @@ def markdown(rows, meta):
              f"torch {meta['torch']}, {meta['when']}; N x C x H x W, C = K, balanced layouts, channels-last data "
              "for ours; ms = median; speedup = dense baseline ms / path ms (> 1: faster than cuDNN dense); "
              f"kernel library: {(meta.get('kernels') or {}).get('library') or 'none'} (the implicit rows' launches "
-             "of the output / the input gradient in brackets: `aot` from it, `jit` through Triton's JIT; `native` where "
+             "of the output / the input gradient in brackets: `aot` from it, `jit` through Triton's JIT, `dense` "
+             "the dense convolution's (strided layers' input gradient); `native` where "
              "the C++ autograd node ran them, `python` where the Python autograd function did).", ""]
     lines += ["Geometric-mean speedup over dense, fwd / fwd+bwd (rows):", "",
               "| dtype | bs | path | " + " | ".join(f"density {d}" for d in DENSITIES) + " |",
@@ -253,7 +254,7 @@ def measure(case, ms, dense_ms, key):
                 result[f"speedup_{mode}"] = row[f"dense_{mode}_ms"] / result[f"{mode}_ms"]
             if path == "implicit":  # which launches served the output and the input gradient, and whether
                 tables = case.ops[path]._tables.on(case.x.device)  # the native node ran them
-                result["launch"] = "/".join(str(implicit_glue.launch_path(tables, t)) for t in (False, True))
+                result["launch"] = "/".join(implicit_glue.launch_path(tables, t) or "dense" for t in (False, True))
                 result["native"] = implicit_glue.native_path(tables)
         except Exception as exc:  # keep going: the cell says what failed
             result = {"error": f"{type(exc).__name__}: {exc}"}

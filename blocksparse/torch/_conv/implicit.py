@@ -3,8 +3,8 @@
 Forward and input gradient: the Triton kernel of :mod:`blocksparse.ops.conv.implicit_gemm` on
 channels-last activations (strided layers take their input gradient from the dense masked
 convolution instead, with the filter gradient in one cuDNN call:
-:func:`~blocksparse.ops.conv.implicit.dense_input_grad`).  The input (backward: the output gradient) is read channels-last (a
-channels-last tensor as it is; any other is copied once, which costs one pass but makes every
+:func:`~blocksparse.ops.conv.implicit.dense_input_grad`).  The input (backward: the output
+gradient) is read channels-last (a channels-last tensor as it is; any other is copied once, which costs one pass but makes every
 chunk of channels one coalesced load), and the result is written channels-last: a channels-first
 shaped tensor with channels-last strides, as cuDNN returns for channels-last inputs.  The filter
 gradient is the dense masked convolution's (:func:`.dense.dense_grads`, one cuDNN
