@@ -17,7 +17,9 @@ cuDNN convolution's.  ``--eager`` measures only the eager calls, each both ways 
 through the C++ node where it serves (``eager_*``) and through the Python ``autograd.Function``
 (``eager_*_python``, ``BLOCKSPARSE_TORCH_NATIVE=off``), the dense convolution's beside them, in
 interleaved rounds (:func:`interleaved_us`: the calls are mostly bound by host time, which
-drifts).  Writes ``conv-launch.json`` into ``--out``.
+drifts).  ``--wgrad`` times only the filter gradient: the kernel over the present blocks
+(:func:`~blocksparse.torch._conv.implicit.conv_implicit_wgrad`) against cuDNN's dense masked one.
+Writes ``conv-launch.json`` into ``--out``.
 
 ``results/raw/conv-launch-h200.json`` (2026-12-04) was measured by this script's first form, which
 timed each kernel as the median of three rounds of 20 replays of its graph (here: the median of 20
@@ -38,6 +40,7 @@ import common  # noqa: E402
 import conv_implicit as ci  # noqa: E402
 from blocksparse.ops.conv import aot as conv_aot  # noqa: E402
 from blocksparse.torch._conv import implicit as glue  # noqa: E402
+from blocksparse.torch._conv.dense import dense_grads  # noqa: E402
 from blocksparse.torch._launch import device_info, library, prepare  # noqa: E402
 
 SHAPES = ("56x56x256-3x3", "14x14x1024-3x3", "56x56x256-3x3-s2", "28x28x512-1x1")
@@ -106,6 +109,21 @@ def eager(case):
     return row
 
 
+def wgrad(case):
+    """GPU µs of the filter gradient: over the present blocks (``ops/conv/wgrad.py``, ``wgrad_sparse``)
+    and cuDNN's dense masked one (``wgrad_dense``, what the path takes today); ``wgrad_err``: their
+    largest difference over the dense one's largest value."""
+    op = case.ops["implicit"]
+    spec, t = op.spec, op._tables.on(case.x.device)
+    x, dy, flat = case.x.detach(), case.dy, case.F.detach().reshape(-1)
+    precision = glue._precision(x)
+    sparse = lambda: glue.conv_implicit_wgrad(x, dy, spec, t, precision)  # noqa: E731
+    dense = lambda: dense_grads(dy, x, flat, spec, t.dense, False, True)[1]  # noqa: E731
+    want = dense().float()
+    return dict(wgrad_sparse=graph_us(sparse), wgrad_dense=graph_us(dense),
+                wgrad_err=float((sparse().float() - want).abs().max() / want.abs().max()))
+
+
 def measure(case, kernels, info, eager_only=False):
     op = case.ops["implicit"]
     spec, row = op.spec, {}
@@ -142,9 +160,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=".")
     ap.add_argument("--eager", action="store_true", help="only the eager calls, native node and Python path")
+    ap.add_argument("--wgrad", action="store_true", help="only the filter gradient: over the present blocks "
+                    "against cuDNN's dense one")
     args = ap.parse_args()
     kernels, info = library(), device_info(torch.cuda.current_device())
-    if kernels is None:
+    if kernels is None and not args.wgrad:
         sys.exit("no kernel library: set BLOCKSPARSE_KERNELS (python -m blocksparse.aot --out DIR --library)")
     rows = []
     for dt, shape, bs, d in ci.cases(False, False):
@@ -152,7 +172,8 @@ def main():
             continue
         row = dict(dtype=dt, shape=shape, bs=bs, d=d)
         try:
-            row |= measure(ci.Case(dt, shape, bs, d, "cuda", 0), kernels, info, args.eager)
+            case = ci.Case(dt, shape, bs, d, "cuda", 0)
+            row |= wgrad(case) if args.wgrad else measure(case, kernels, info, args.eager)
         except Exception as exc:  # a failing layer must not stop the others
             row["error"] = repr(exc)[:300]
         print(json.dumps(row), flush=True)

@@ -1,4 +1,4 @@
-"""The block-sparse convolution family, framework-neutral (numpy; Triton for the one kernel).
+"""The block-sparse convolution family, framework-neutral (numpy; Triton for the kernels).
 
 :mod:`.blocks`     ``BCK`` validated, the filter's layout (block shapes, flat offsets, dense index)
 :mod:`.geometry`   spatial arithmetic: padding modes, output sizes, transposed-size ranges
@@ -7,6 +7,7 @@
 :mod:`.pointwise`  1x1 convolutions on a block grid as a block-sparse matmul (a GPU path)
 :mod:`.implicit`   the tables of the implicit-GEMM kernel (a GPU path), and when it pays
 :mod:`.implicit_gemm` that Triton kernel (the convolution and its input gradient)
+:mod:`.wgrad`      the filter gradient over the present blocks on those tables (not the default yet)
 :mod:`.aot`        its ahead-of-time specs in the kernel library (the PyTorch eager launches)
 :mod:`.spec`       :class:`~.spec.ConvSpec` (all of the above for one op) and the shape helpers
                    both frontends share

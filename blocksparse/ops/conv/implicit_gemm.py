@@ -64,11 +64,9 @@ def _step(STEPS, i_s, valid, ALIGN: tl.constexpr):
 
 
 @triton.jit
-def _tap_product(X, W, p_n, tap, c_first, c_count, w_row, position, width, o_c, o_k, m_k, m_m,
-                 o_id, o_ih, o_iw, ID, IH, IW, stride_d, stride_h, stride_w, step_d, step_h, step_w,
-                 dil_d, dil_h, dil_w, taps_h, taps_w, PRECISION: tl.constexpr, TRANSPOSED: tl.constexpr):
-    """One step's product: the ``[BM, BK]`` input pixels of ``tap`` (channels
-    ``c_first ..``, masked in the padding) times the ``[BK, BN]`` filter rows from ``w_row``."""
+def _tap_pixels(X, p_n, tap, c_first, c_count, o_c, m_m, o_id, o_ih, o_iw, ID, IH, IW, stride_d, stride_h,
+                stride_w, step_d, step_h, step_w, dil_d, dil_h, dil_w, taps_h, taps_w, TRANSPOSED: tl.constexpr):
+    """The ``[BM, BK]`` read pixels of ``tap``: channels ``c_first ..``, zeros in the padding."""
     t_d, t_h, t_w = (tap // (taps_h * taps_w)) * dil_d, ((tap // taps_w) % taps_h) * dil_h, (tap % taps_w) * dil_w
     if TRANSPOSED:
         j_d, j_h, j_w = o_id - t_d, o_ih - t_h, o_iw - t_w
@@ -81,10 +79,40 @@ def _tap_product(X, W, p_n, tap, c_first, c_count, w_row, position, width, o_c, 
     m_x = m_x & (i_id < ID) & (i_ih < IH) & (i_iw < IW)
     p_x = p_n + i_id.to(tl.int64) * stride_d + i_ih.to(tl.int64) * stride_h + i_iw.to(tl.int64) * stride_w
     m_c = o_c < c_count
-    b_x = tl.load(p_x[:, None] + (c_first + o_c)[None, :], mask=m_x[:, None] & m_c[None, :], other=0.0)
+    return tl.load(p_x[:, None] + (c_first + o_c)[None, :], mask=m_x[:, None] & m_c[None, :], other=0.0)
+
+
+@triton.jit
+def _tap_product(X, W, p_n, tap, c_first, c_count, w_row, position, width, o_c, o_k, m_k, m_m,
+                 o_id, o_ih, o_iw, ID, IH, IW, stride_d, stride_h, stride_w, step_d, step_h, step_w,
+                 dil_d, dil_h, dil_w, taps_h, taps_w, PRECISION: tl.constexpr, TRANSPOSED: tl.constexpr):
+    """One step's product: the ``[BM, BK]`` input pixels of ``tap`` (channels
+    ``c_first ..``, masked in the padding) times the ``[BK, BN]`` filter rows from ``w_row``."""
+    b_x = _tap_pixels(X, p_n, tap, c_first, c_count, o_c, m_m, o_id, o_ih, o_iw, ID, IH, IW, stride_d, stride_h,
+                      stride_w, step_d, step_h, step_w, dil_d, dil_h, dil_w, taps_h, taps_w, TRANSPOSED)
+    m_c = o_c < c_count
     p_w = W + w_row + position + o_c[:, None] * width + o_k[None, :]
     b_w = tl.load(p_w, mask=m_c[:, None] & m_k[None, :], other=0.0)
     return tl.dot(b_x, b_w, input_precision=PRECISION)  # [BM, BK] @ [BK, BN] -> [BM, BN]
+
+
+@triton.jit
+def _pixel_tile(X, i_m, pixels, OD, OH, OW, stride_n, step_d, step_h, step_w, pad_d, pad_h, pad_w,
+                BM: tl.constexpr, TRANSPOSED: tl.constexpr):
+    """Written pixel tile ``i_m``: its pixels and mask, the read tensor's image of each pixel, and the
+    read position of tap 0 (transposed: before the division by the step); tap ``(t, r, s)`` moves it
+    by ``(t * dil_d, r * dil_h, s * dil_w)``, forward (transposed: backward)."""
+    o_m = i_m * BM + tl.arange(0, BM)
+    m_m = o_m < pixels
+    o_w = o_m % OW
+    o_h = (o_m // OW) % OH
+    o_d = (o_m // (OW * OH)) % OD
+    o_n = o_m // (OW * OH * OD)
+    if TRANSPOSED:
+        o_id, o_ih, o_iw = o_d + pad_d, o_h + pad_h, o_w + pad_w
+    else:
+        o_id, o_ih, o_iw = o_d * step_d - pad_d, o_h * step_h - pad_h, o_w * step_w - pad_w
+    return o_m, m_m, X + o_n.to(tl.int64) * stride_n, o_id, o_ih, o_iw
 
 
 @triton.autotune(CONFIGS, key=["pixels", "tiles", "K", "BN", "BK"], do_bench=_tuning_bench)
@@ -106,19 +134,8 @@ def conv_implicit_kernel(
     k_first, k_count = tl.multiple_of(tl.load(p_tile + 2), ALIGN), tl.multiple_of(tl.load(p_tile + 3), ALIGN)
     position, width = tl.multiple_of(tl.load(p_tile + 4), ALIGN), tl.multiple_of(tl.load(p_tile + 5), ALIGN)
 
-    o_m = i_m * BM + tl.arange(0, BM)
-    m_m = o_m < pixels
-    o_w = o_m % OW
-    o_h = (o_m // OW) % OH
-    o_d = (o_m // (OW * OH)) % OD
-    o_n = o_m // (OW * OH * OD)
-    # read position of tap 0 (transposed: before the division by the step); tap (t, r, s) moves it
-    # by (t * dil_d, r * dil_h, s * dil_w), forward (transposed: backward)
-    if TRANSPOSED:
-        o_id, o_ih, o_iw = o_d + pad_d, o_h + pad_h, o_w + pad_w
-    else:
-        o_id, o_ih, o_iw = o_d * step_d - pad_d, o_h * step_h - pad_h, o_w * step_w - pad_w
-    p_n = X + o_n.to(tl.int64) * stride_n
+    o_m, m_m, p_n, o_id, o_ih, o_iw = _pixel_tile(X, i_m, pixels, OD, OH, OW, stride_n, step_d, step_h, step_w,
+                                                  pad_d, pad_h, pad_w, BM, TRANSPOSED)
 
     o_k = tl.arange(0, BN)
     m_k = o_k < k_count

@@ -4,11 +4,13 @@ Forward and input gradient: the Triton kernel of :mod:`blocksparse.ops.conv.impl
 channels-last activations (strided layers take their input gradient from the dense masked
 convolution instead, with the filter gradient in one cuDNN call:
 :func:`~blocksparse.ops.conv.implicit.dense_input_grad`).  The input (backward: the output
-gradient) is read channels-last (a channels-last tensor as it is; any other is copied once, which costs one pass but makes every
-chunk of channels one coalesced load), and the result is written channels-last: a channels-first
-shaped tensor with channels-last strides, as cuDNN returns for channels-last inputs.  The filter
-gradient is the dense masked convolution's (:func:`.dense.dense_grads`, one cuDNN
-``convolution_backward`` for the weight), gathered back to the blocks.
+gradient) is read channels-last (a channels-last tensor as it is; any other is copied once, which
+costs one pass but makes every chunk of channels one coalesced load), and the result is written
+channels-last: a channels-first shaped tensor with channels-last strides, as cuDNN returns for
+channels-last inputs.  The filter gradient is the dense masked convolution's
+(:func:`.dense.dense_grads`, one cuDNN ``convolution_backward`` for the weight), gathered back to the blocks -- or, where
+:func:`~blocksparse.ops.conv.wgrad.worth_sparse_wgrad` says (not yet by default), the kernel of
+:mod:`blocksparse.ops.conv.wgrad` over the present blocks (:func:`conv_implicit_wgrad`).
 
 Eager calls whose launches (the output and, unless strided, the input gradient) come from the kernel
 library run as one C++ autograd node, ``blocksparse_native::conv_implicit``
@@ -39,15 +41,18 @@ from torch.autograd.function import once_differentiable
 from ... import _env
 from ...ops.conv import aot as _aot
 from ...ops.conv.implicit import dense_input_grad
+from ...ops.conv.wgrad import WGRAD_BM, conv_wgrad_kernel, wgrad_items, wgrad_splits, worth_sparse_wgrad
 from ...ops.conv.implicit_gemm import conv_implicit_kernel
 from .. import _native
 from .._autograd import direct_apply, functorch_active
-from .._backend import kernels_serve
+from .._backend import kernels_serve, sm_count
+from .._reduce import sum_rows
 from .._launch import TRITON_TYPES, KernelLaunch, Operand, device_info, library, prepare
 from .dense import dense_grads, grad_frame, pad_widths
 
 __all__ = ["implicit", "register", "serves", "launch_path", "native_path", "register_conv", "compiled_launch",
-           "conv_implicit_fwd", "conv_implicit_dx", "ImplicitConvFunction", "conv_implicit_op", "conv_implicit_dx_op"]
+           "conv_implicit_fwd", "conv_implicit_dx", "conv_implicit_wgrad", "ImplicitConvFunction", "conv_implicit_op",
+           "conv_implicit_dx_op"]
 
 _HANDLES = weakref.WeakValueDictionary()  # handle -> Tables; an op's handle lives as long as the op
 _NEXT = itertools.count()
@@ -186,6 +191,31 @@ def conv_implicit_dx(dy, flat, spec, device_tables, precision):
                    t.implicit_grad_tiles, spec, spec.blocks.C, True, precision, _runs(t))
 
 
+def conv_implicit_wgrad(x, dy, spec, device_tables, precision):
+    """The flat filter's gradient over the present blocks only (:mod:`blocksparse.ops.conv.wgrad`),
+    for input ``x`` and output gradient ``dy`` of one kernel dtype, in that dtype."""
+    plan, t, geometry = spec.implicit, device_tables, spec.geometry
+    if not hasattr(t, "implicit_wgrad"):  # (items, int64 packed -> flat index), made on first use
+        t.implicit_wgrad = (torch.from_numpy(wgrad_items(plan)).to(x.device), t.implicit_weight.long())
+    items, index = t.implicit_wgrad
+    n, image = x.shape[0], [a.image for a in geometry.axes]
+    x5 = x.movedim(1, -1).contiguous().view(n, *_spatial3(image, 1), x.shape[1])  # no copy if channels-last
+    dy_last = dy.movedim(1, -1).contiguous()
+    pixels, size = dy_last.numel() // max(spec.blocks.K, 1), plan.weight.size
+    splits = wgrad_splits(items.shape[0], pixels, sm_count(x.device))
+    part = torch.empty((splits, size), dtype=torch.float32, device=x.device)
+    if pixels and items.shape[0]:
+        scalars = _scalars(spec, n, pixels, 0, spec.blocks.K, x5, False)
+        del scalars["tiles"]
+        conv_wgrad_kernel[(items.shape[0], splits)](
+            x5, dy_last, part, t.implicit_steps, t.implicit_tiles, items, size, **scalars,
+            BM=WGRAD_BM, BN=plan.block_n, BK=plan.block_k, ALIGN=plan.align, PRECISION=precision, num_warps=4)
+    else:
+        part.zero_()
+    (packed,) = sum_rows([(part, x.dtype)])
+    return torch.empty_like(packed).index_copy_(0, index, packed)
+
+
 class ImplicitConvFunction(torch.autograd.Function):
     """``y`` and the input gradient from the kernel; the dense masked convolution's filter gradient."""
 
@@ -199,20 +229,31 @@ class ImplicitConvFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):
-        return (*_grads(ctx, dy, _eager_dx), None, None, None)
+        return (*_grads(ctx, dy, _eager_dx, _eager_wgrad), None, None, None)
 
 
-def _grads(ctx, dy, input_grad):
-    """``(dx, dflat)``: ``input_grad(dy, flat, handle, precision)`` and the dense filter gradient."""
+def _grads(ctx, dy, input_grad, filter_grad=None):
+    """``(dx, dflat)``: ``input_grad(dy, flat, handle, precision)`` (strided layers: the dense
+    convolution's) and the filter gradient -- ``filter_grad(x, dy, handle, precision)`` where given
+    and :func:`~blocksparse.ops.conv.wgrad.worth_sparse_wgrad` says, else the dense convolution's."""
     x, flat, dense_index = ctx.saved_tensors
     need_x, need_flat = ctx.needs_input_grad[:2]
     spec = _tables(ctx.handle).spec
-    if dense_input_grad(spec.geometry):  # strided: both from one cuDNN call
-        return dense_grads(dy, x, flat, spec, dense_index, need_x, need_flat) if need_x or need_flat else (None, None)
-    dx = input_grad(dy, flat, ctx.handle, ctx.precision) if need_x else None
-    if not need_flat:
-        return dx, None
-    return dx, dense_grads(dy, x, flat, spec, dense_index, False, True)[1]
+    sparse_w = need_flat and filter_grad is not None and worth_sparse_wgrad(spec.implicit, spec.blocks.density)
+    dense_x, dense_w = need_x and dense_input_grad(spec.geometry), need_flat and not sparse_w
+    dx = dflat = None
+    if dense_x or dense_w:  # one cuDNN call for what the dense convolution gives
+        dx, dflat = dense_grads(dy, x, flat, spec, dense_index, dense_x, dense_w)
+    if need_x and not dense_x:
+        dx = input_grad(dy, flat, ctx.handle, ctx.precision)
+    if sparse_w:
+        dflat = filter_grad(x, dy, ctx.handle, ctx.precision)
+    return dx, dflat
+
+
+def _eager_wgrad(x, dy, handle, precision):
+    tables = _tables(handle)
+    return conv_implicit_wgrad(x, dy, tables.spec, tables.on(dy.device), precision)
 
 
 def _eager_dx(dy, flat, handle, precision):
@@ -287,6 +328,8 @@ def _native_record(x, spec, t, precision):
     n, image, out = x.shape[0], [a.image for a in geometry.axes], [a.out for a in geometry.axes]
     # the tensors the launches read, channels-last: the input, the output gradient
     read = x.new_empty((n, *_spatial3(image, 1), blocks.C)), x.new_empty((n, *_spatial3(out, 1), blocks.K))
+    if worth_sparse_wgrad(spec.implicit, blocks.density):  # the Python path computes that filter gradient
+        return False
     fwd = _compiled(spec.implicit, spec, read[0], blocks.K, False, precision, t.implicit_steps, t.implicit_tiles,
                     runs)
     launches = [(fwd, (n, *out, blocks.K), spec.implicit)]

@@ -303,3 +303,15 @@ def test_an_output_to_zero_fill_in_half_words_keeps_the_python_path(native, rng,
     monkeypatch.setattr(_native, "add_launch", lambda *a, **k: pytest.fail("registered"))
     x = torch.zeros(op.i_shape(1), dtype=torch.float16)  # 1 x 5 x 5 outputs: 50 bytes
     assert glue._native_record(x, op.spec, t, "ieee") is False
+
+
+def test_a_sparse_filter_gradient_keeps_the_python_path(rng, monkeypatch):
+    """Where the rule takes the filter gradient over the present blocks (``ops/conv/wgrad.py``, a Triton
+    kernel the node does not launch), the call shape is not registered: the Python path computes it."""
+    from blocksparse.ops.conv import wgrad
+
+    monkeypatch.setattr(wgrad, "SPARSE_WGRAD_MAX_DENSITY", {1: 1.0})
+    op, _ = make_op(BlocksparseConv, rng, "2d-same-even-filter", layout="random", edge_bias=False)
+    t = op._tables.on(torch.device("cpu"))
+    monkeypatch.setattr(glue, "_compiled", lambda *a: pytest.fail("prepared a launch"))
+    assert glue._native_record(torch.randn(op.i_shape(2)), op.spec, t, "ieee") is False
