@@ -8,9 +8,10 @@ gradient) is read channels-last (a channels-last tensor as it is; any other is c
 costs one pass but makes every chunk of channels one coalesced load), and the result is written
 channels-last: a channels-first shaped tensor with channels-last strides, as cuDNN returns for
 channels-last inputs.  The filter gradient is the dense masked convolution's
-(:func:`.dense.dense_grads`, one cuDNN ``convolution_backward`` for the weight), gathered back to the blocks -- or, where
-:func:`~blocksparse.ops.conv.wgrad.worth_sparse_wgrad` says (not yet by default), the kernel of
-:mod:`blocksparse.ops.conv.wgrad` over the present blocks (:func:`conv_implicit_wgrad`).
+(:func:`.dense.dense_grads`, one cuDNN ``convolution_backward`` for the weight), gathered back to
+the blocks -- or, where :func:`~blocksparse.ops.conv.wgrad.worth_sparse_wgrad` says (not yet by
+default), the kernel of :mod:`blocksparse.ops.conv.wgrad` over the present blocks
+(:func:`conv_implicit_wgrad`).
 
 Eager calls whose launches (the output and, unless strided, the input gradient) come from the kernel
 library run as one C++ autograd node, ``blocksparse_native::conv_implicit``
