@@ -15,6 +15,10 @@
     the kernel library serves run as one C++ autograd node (``blocksparse/torch/csrc``, compiled
     against the installed torch on first use, about 30 s, and cached) instead of a Python
     ``autograd.Function``.
+``BLOCKSPARSE_CONV_WGRAD``  ``auto`` (default) | ``sparse`` | ``dense`` -- the filter gradient of
+    the convolution's implicit-GEMM path: the measured table's choice
+    (:data:`blocksparse.ops.conv.wgrad.SPARSE_WGRAD_MAX_DENSITY`), the Triton kernel over the present
+    blocks, or cuDNN's dense masked one.
 ``BLOCKSPARSE_CACHE_DIR``  where compiled artefacts are cached (default ``~/.cache/blocksparse``).
 ``TRITON_INTERPRET``  Triton's own switch; read here only to know that kernels may run on CPU.
 ``BLOCKSPARSE_CUDA_ARCHS``  build time only: the targets the kernel library's kernels are compiled
@@ -88,6 +92,18 @@ def kernels_path():
 def torch_native():
     """``BLOCKSPARSE_TORCH_NATIVE``: True unless ``off`` (or ``0`` / ``false``)."""
     return getenv("BLOCKSPARSE_TORCH_NATIVE", "auto").strip().lower() not in ("off", "0", "false")
+
+
+#: ``BLOCKSPARSE_CONV_WGRAD`` values.
+CONV_WGRAD = ("auto", "sparse", "dense")
+
+
+def conv_wgrad():
+    """``BLOCKSPARSE_CONV_WGRAD``, validated (read at every call)."""
+    value = getenv("BLOCKSPARSE_CONV_WGRAD", "auto").strip().lower() or "auto"
+    if value not in CONV_WGRAD:
+        raise ValueError(f"BLOCKSPARSE_CONV_WGRAD must be one of {CONV_WGRAD}; got {value!r}")
+    return value
 
 
 def cache_dir():

@@ -19,6 +19,7 @@ import numpy as np
 import triton
 import triton.language as tl
 
+from ... import _env
 from .implicit_gemm import _pixel_tile, _tap_pixels
 
 __all__ = ["SPARSE_WGRAD_MAX_DENSITY", "conv_wgrad_kernel", "wgrad_items", "wgrad_splits", "worth_sparse_wgrad",
@@ -33,7 +34,11 @@ WGRAD_BM = 64
 
 
 def worth_sparse_wgrad(plan, density):
-    """Whether the implicit path computes its filter gradient with :func:`conv_wgrad_kernel`."""
+    """Whether the implicit path computes its filter gradient with :func:`conv_wgrad_kernel`: as
+    ``BLOCKSPARSE_CONV_WGRAD`` says (``sparse`` / ``dense``), else (``auto``) as the table says."""
+    choice = _env.conv_wgrad()
+    if choice != "auto":
+        return plan is not None and choice == "sparse"
     widths = [w for w in SPARSE_WGRAD_MAX_DENSITY if plan is not None and w <= plan.width]
     return bool(widths) and density <= SPARSE_WGRAD_MAX_DENSITY[max(widths)]
 

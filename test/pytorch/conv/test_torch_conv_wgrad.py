@@ -78,8 +78,9 @@ def test_the_op_takes_it_where_the_rule_says(rng, kernels, monkeypatch, case):
     assert rel_error(dx, dx_want) < 1e-5 and rel_error(dF, dF_want) < 1e-5
 
 
-def test_rule():
-    """Never by default (unmeasured); a table entry applies from its width up, to its density."""
+def test_rule(monkeypatch):
+    """Never by default (unmeasured); a table entry applies from its width up, to its density;
+    ``BLOCKSPARSE_CONV_WGRAD`` overrides the table."""
     op = BlocksparseConv([(range(0, 32), range(0, 32)), (range(32, 64), range(32, 64))], TRS=(3, 3), DHW=(4, 4))
     plan, density = op.spec.implicit, op.spec.blocks.density
     assert not wgrad.worth_sparse_wgrad(plan, density)
@@ -90,3 +91,24 @@ def test_rule():
         assert not wgrad.worth_sparse_wgrad(None, 0.1)
     finally:
         wgrad.SPARSE_WGRAD_MAX_DENSITY = saved
+    monkeypatch.setenv("BLOCKSPARSE_CONV_WGRAD", "sparse")
+    assert wgrad.worth_sparse_wgrad(plan, 1.0) and not wgrad.worth_sparse_wgrad(None, 0.1)
+    monkeypatch.setenv("BLOCKSPARSE_CONV_WGRAD", "dense")
+    monkeypatch.setattr(wgrad, "SPARSE_WGRAD_MAX_DENSITY", {1: 1.0})
+    assert not wgrad.worth_sparse_wgrad(plan, 0.1)
+    monkeypatch.setenv("BLOCKSPARSE_CONV_WGRAD", "fast")
+    with pytest.raises(ValueError, match="BLOCKSPARSE_CONV_WGRAD must be one of"):
+        wgrad.worth_sparse_wgrad(plan, 0.1)
+
+
+def test_the_environment_takes_it_for_the_op(rng, kernels, monkeypatch):
+    """``BLOCKSPARSE_CONV_WGRAD=sparse``: the public op's filter gradient from the kernel, as float64."""
+    monkeypatch.setenv("BLOCKSPARSE_CONV_WGRAD", "sparse")
+    calls = []
+    kernel = glue.conv_implicit_wgrad
+    monkeypatch.setattr(glue, "conv_implicit_wgrad", lambda *a: calls.append(1) or kernel(*a))
+    op, ref = make_op(BlocksparseConv, rng, "3d-same", layout="uniform", edge_bias=False, path="implicit")
+    F, x, dy = random_inputs(rng, op)[:3]
+    Ft = torch.tensor(F, requires_grad=True)
+    (dF,) = torch.autograd.grad(op(Ft, torch.tensor(x)), (Ft,), torch.tensor(dy))
+    assert calls == [1] and rel_error(dF, conv_products(ref, F, x, dy)[2]) < 1e-5
