@@ -22,9 +22,9 @@ autograd runs on its CUDA worker thread, where :class:`ImplicitConvFunction`'s P
 times its GPU time.  Every other eager call (a launch through Triton's JIT, float32, an input not
 on a 16-byte boundary, ``BLOCKSPARSE_TORCH_NATIVE=off``, the op not built) takes
 :class:`ImplicitConvFunction` directly (no dispatcher), or for inference its forward.
-``blocksparse::conv_implicit`` (with a fake function and registered autograd) and
-``blocksparse::conv_implicit_dx`` serve ``torch.compile``.  The op
-receives a string *handle* of the op's :class:`~.tables.Tables` (see :func:`register`), so that
+``blocksparse::conv_implicit`` (with a fake function and registered autograd),
+``blocksparse::conv_implicit_dx`` and ``blocksparse::conv_implicit_wgrad`` serve ``torch.compile``.
+The op receives a string *handle* of the op's :class:`~.tables.Tables` (see :func:`register`), so that
 the compiler sees only tensors and constants at its boundary (an integer attribute may be made
 symbolic when a second op's call recompiles the same code); the dense filter's index is an
 input, since the backward (traced by the compiler) builds the dense filter from it.
@@ -53,7 +53,7 @@ from .dense import dense_grads, grad_frame, pad_widths
 
 __all__ = ["implicit", "register", "serves", "launch_path", "native_path", "register_conv", "compiled_launch",
            "conv_implicit_fwd", "conv_implicit_dx", "conv_implicit_wgrad", "ImplicitConvFunction", "conv_implicit_op",
-           "conv_implicit_dx_op"]
+           "conv_implicit_dx_op", "conv_implicit_wgrad_op"]
 
 _HANDLES = weakref.WeakValueDictionary()  # handle -> Tables; an op's handle lives as long as the op
 _NEXT = itertools.count()
@@ -288,6 +288,16 @@ def _(dy, flat, handle, precision):
     return dy.new_empty((dy.shape[0], *spec.geometry.DHW, spec.blocks.C)).movedim(-1, 1)
 
 
+@torch.library.custom_op("blocksparse::conv_implicit_wgrad", mutates_args=())
+def conv_implicit_wgrad_op(x: Tensor, dy: Tensor, handle: str, precision: str) -> Tensor:
+    return _eager_wgrad(x, dy, handle, precision)
+
+
+@conv_implicit_wgrad_op.register_fake
+def _(x, dy, handle, precision):
+    return x.new_empty((_tables(handle).spec.blocks.size,))
+
+
 def _setup_context(ctx, inputs, output):
     x, flat, dense_index, handle, precision = inputs
     ctx.save_for_backward(x, flat, dense_index)
@@ -295,7 +305,7 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward_op(ctx, dy):
-    return (*_grads(ctx, dy, conv_implicit_dx_op), None, None, None)
+    return (*_grads(ctx, dy, conv_implicit_dx_op, conv_implicit_wgrad_op), None, None, None)
 
 
 conv_implicit_op.register_autograd(_backward_op, setup_context=_setup_context)

@@ -112,3 +112,18 @@ def test_the_environment_takes_it_for_the_op(rng, kernels, monkeypatch):
     Ft = torch.tensor(F, requires_grad=True)
     (dF,) = torch.autograd.grad(op(Ft, torch.tensor(x)), (Ft,), torch.tensor(dy))
     assert calls == [1] and rel_error(dF, conv_products(ref, F, x, dy)[2]) < 1e-5
+
+
+def test_traced(rng, kernels, monkeypatch):
+    """Under ``torch.compile`` the backward takes the kernel through its custom op."""
+    monkeypatch.setenv("BLOCKSPARSE_CONV_WGRAD", "sparse")
+    calls = []
+    kernel = glue.conv_implicit_wgrad
+    monkeypatch.setattr(glue, "conv_implicit_wgrad", lambda *a: calls.append(1) or kernel(*a))
+    op, ref = make_op(BlocksparseConv, rng, "2d-same-even-filter", layout="random", edge_bias=False, path="implicit")
+    F, x, dy = random_inputs(rng, op)[:3]
+    fn = torch.compile(lambda F, x: op(F, x), fullgraph=True, backend="aot_eager")
+    Ft, xt = torch.tensor(F, requires_grad=True), torch.tensor(x, requires_grad=True)
+    dx, dF = torch.autograd.grad(fn(Ft, xt), (xt, Ft), torch.tensor(dy))
+    _, dx_want, dF_want = conv_products(ref, F, x, dy)[:3]
+    assert calls and rel_error(dx, dx_want) < 1e-5 and rel_error(dF, dF_want) < 1e-5
