@@ -322,7 +322,10 @@ def native_path(device_tables):
 def _native_conv(x, spec, t, precision):
     """The native op's conv record for calls like ``x`` (registered on the first CUDA call with the op
     on, cached in ``t.implicit_native``), or None where the call takes the Python path: a launch not
-    from the kernel library, ``x`` not on a 16-byte boundary, the op off or not built."""
+    from the kernel library, ``x`` not on a 16-byte boundary, the op off or not built, a filter
+    gradient over the present blocks (which the node does not launch)."""
+    if worth_sparse_wgrad(spec.implicit, spec.blocks.density):  # the Python path computes that filter gradient
+        return None
     key = (precision, x.dtype, x.shape)
     conv = t.implicit_native.get(key)
     if conv is None:
@@ -339,8 +342,6 @@ def _native_record(x, spec, t, precision):
     n, image, out = x.shape[0], [a.image for a in geometry.axes], [a.out for a in geometry.axes]
     # the tensors the launches read, channels-last: the input, the output gradient
     read = x.new_empty((n, *_spatial3(image, 1), blocks.C)), x.new_empty((n, *_spatial3(out, 1), blocks.K))
-    if worth_sparse_wgrad(spec.implicit, blocks.density):  # the Python path computes that filter gradient
-        return False
     fwd = _compiled(spec.implicit, spec, read[0], blocks.K, False, precision, t.implicit_steps, t.implicit_tiles,
                     runs)
     launches = [(fwd, (n, *out, blocks.K), spec.implicit)]

@@ -307,11 +307,13 @@ def test_an_output_to_zero_fill_in_half_words_keeps_the_python_path(native, rng,
 
 def test_a_sparse_filter_gradient_keeps_the_python_path(rng, monkeypatch):
     """Where the rule takes the filter gradient over the present blocks (``ops/conv/wgrad.py``, a Triton
-    kernel the node does not launch), the call shape is not registered: the Python path computes it."""
+    kernel the node does not launch), calls take the Python path, which computes it."""
     from blocksparse.ops.conv import wgrad
 
-    monkeypatch.setattr(wgrad, "SPARSE_WGRAD_MAX_DENSITY", {1: 1.0})
     op, _ = make_op(BlocksparseConv, rng, "2d-same-even-filter", layout="random", edge_bias=False)
     t = op._tables.on(torch.device("cpu"))
-    monkeypatch.setattr(glue, "_compiled", lambda *a: pytest.fail("prepared a launch"))
-    assert glue._native_record(torch.randn(op.i_shape(2)), op.spec, t, "ieee") is False
+    x = torch.randn(op.i_shape(2))
+    t.implicit_native[("ieee", x.dtype, x.shape)] = 5  # a registered call shape
+    assert glue._native_conv(x, op.spec, t, "ieee") == 5
+    monkeypatch.setattr(wgrad, "SPARSE_WGRAD_MAX_DENSITY", {1: 1.0})  # at once, for registered shapes too
+    assert glue._native_conv(x, op.spec, t, "ieee") is None
