@@ -78,11 +78,12 @@ def grad_frame(geometry):
     return tail, [(0, f - a.out) for f, a in zip(full, geometry.axes)]
 
 
-def dense_grads(dy, x, flat, spec, index, need_x, need_flat):
+def dense_grads(dy, x, flat, spec, index, need_x, need_flat, traced=False):
     """``(dx, dflat)`` of a convolution (not transposed) for output gradient ``dy``, from one
     ``convolution_backward`` with the dense filter (None where not needed); ``index``: as for
     :func:`dense_filter`.  The filter gradient alone reads no filter values: the dense filter is
-    then only allocated (its shape and layout), not built (zero-filled where traced)."""
+    then only allocated (its shape and layout), not built -- zero-filled where ``traced``
+    (``torch.compile``'s backward graph: an unread empty tensor written to is no functional value)."""
     geometry = spec.geometry
     tail, dy_pairs = grad_frame(geometry)
     x_padded = pad(x, tail)
@@ -91,8 +92,8 @@ def dense_grads(dy, x, flat, spec, index, need_x, need_flat):
     shape = (*blocks.dense_shape[:2], *geometry.TRS)
     if need_x:
         w = dense_filter(flat, spec, index)
-    else:  # traced (torch.compile), a plain zero fill: an unread empty tensor is no graph value
-        w = flat.new_zeros(shape) if torch.compiler.is_compiling() else flat.new_empty(shape)
+    else:
+        w = flat.new_zeros(shape) if traced or torch.compiler.is_compiling() else flat.new_empty(shape)
     dx, dw, _ = torch.ops.aten.convolution_backward(
         dy, x_padded, w, None, list(geometry.strides),
         [a.pad for a in geometry.axes], list(geometry.dilates), False, [0] * geometry.ndim, 1,

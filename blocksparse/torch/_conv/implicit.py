@@ -233,10 +233,11 @@ class ImplicitConvFunction(torch.autograd.Function):
         return (*_grads(ctx, dy, _eager_dx, _eager_wgrad), None, None, None)
 
 
-def _grads(ctx, dy, input_grad, filter_grad=None):
+def _grads(ctx, dy, input_grad, filter_grad=None, traced=False):
     """``(dx, dflat)``: ``input_grad(dy, flat, handle, precision)`` (strided layers: the dense
     convolution's) and the filter gradient -- ``filter_grad(x, dy, handle, precision)`` where given
-    and :func:`~blocksparse.ops.conv.wgrad.worth_sparse_wgrad` says, else the dense convolution's."""
+    and :func:`~blocksparse.ops.conv.wgrad.worth_sparse_wgrad` says, else the dense convolution's;
+    ``traced``: the custom ops' backward (``torch.compile``)."""
     x, flat, dense_index = ctx.saved_tensors
     need_x, need_flat = ctx.needs_input_grad[:2]
     spec = _tables(ctx.handle).spec
@@ -244,7 +245,7 @@ def _grads(ctx, dy, input_grad, filter_grad=None):
     dense_x, dense_w = need_x and dense_input_grad(spec.geometry), need_flat and not sparse_w
     dx = dflat = None
     if dense_x or dense_w:  # one cuDNN call for what the dense convolution gives
-        dx, dflat = dense_grads(dy, x, flat, spec, dense_index, dense_x, dense_w)
+        dx, dflat = dense_grads(dy, x, flat, spec, dense_index, dense_x, dense_w, traced)
     if need_x and not dense_x:
         dx = input_grad(dy, flat, ctx.handle, ctx.precision)
     if sparse_w:
@@ -305,7 +306,7 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward_op(ctx, dy):
-    return (*_grads(ctx, dy, conv_implicit_dx_op, conv_implicit_wgrad_op), None, None, None)
+    return (*_grads(ctx, dy, conv_implicit_dx_op, conv_implicit_wgrad_op, traced=True), None, None, None)
 
 
 conv_implicit_op.register_autograd(_backward_op, setup_context=_setup_context)
