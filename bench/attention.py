@@ -477,8 +477,11 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="comparison: interleaved timing rounds per case")
     ints = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
     ap.add_argument("--seqs", type=ints, default=[], help="comparison: only these sequence lengths, e.g. 65536")
-    ap.add_argument("--dims", type=ints, default=[], help="comparison: only these head dims, e.g. 128")
+    ap.add_argument("--dims", type=ints, default=[], help="only these head dims, e.g. 128")
     ap.add_argument("--workers", type=int, default=12, help="parallel kernel compilation (GPU)")
+    shapes = lambda text: [(n, int(s), int(b)) for n, s, b in (x.split(":") for x in text.split(",") if x)]  # noqa: E731
+    ap.add_argument("--sweep-shapes", type=shapes, default=None,
+                    help="--sweep: these problems instead of SWEEP_SHAPES, e.g. bigbird:65536:1,fixed:16384:1")
     args = ap.parse_args()
     if args.budget_s is None:
         args.budget_s = float("inf") if args.cpu else 285.0
@@ -499,8 +502,9 @@ def main():
     if args.sweep:
         fwd_cfgs, bwd_cfgs = ((SWEEP_FWD[:2], SWEEP_BWD[:2]) if args.quick else (TABLE_FWD, TABLE_BWD) if args.table
                               else (SWEEP_FWD, SWEEP_BWD))
-        cases = [("causal", 256, 1)] if args.cpu else SWEEP_SHAPES[:1] if args.quick else SWEEP_SHAPES
-        dims = (64,) if args.cpu else HEAD_DIMS
+        cases = ([("causal", 256, 1)] if args.cpu else args.sweep_shapes or (SWEEP_SHAPES[:1] if args.quick
+                                                                            else SWEEP_SHAPES))
+        dims = (64,) if args.cpu else tuple(D for D in HEAD_DIMS if not args.dims or D in args.dims)
         n = max(len(fwd_cfgs), len(bwd_cfgs))  # every forward and every backward config compiled once
         jobs = [(D, True, fwd_cfgs[i % len(fwd_cfgs)], bwd_cfgs[i % len(bwd_cfgs)]) for D in dims for i in range(n)]
         todo = [(name, S, B, D) for D in dims for name, S, B in cases]

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-__all__ = ["HEAD_DIMS", "KERNEL_BLOCK_SIZES", "BwdConfig", "FwdConfig", "bwd_config", "fwd_config"]
+__all__ = ["HEAD_DIMS", "KERNEL_BLOCK_SIZES", "SPARSE_HEADS_FIRST", "BwdConfig", "FwdConfig", "bwd_config",
+           "fwd_config"]
 
 #: Head dims the kernels serve (powers of two: a tile's feature axis is one ``tl.arange``).
 HEAD_DIMS = (16, 32, 64, 128)
@@ -96,6 +97,18 @@ def fwd_config(head_dim, block_size):
     return _FWD[head_dim].fit(block_size)
 
 
-def bwd_config(head_dim, block_size):
-    """The backward config for ``head_dim``, fitted to ``block_size``."""
-    return _BWD[head_dim].fit(block_size)
+#: Head dim -> the largest kept fraction of a layout (after ``causal`` drops the blocks above the
+#: diagonal) at which the backward's grids start every head's heaviest tiles first
+#: (``heads_first``).  From ``bench/attention.py`` on an H200 (bench/results/raw/attention-d64-bwd-heads-first-h200.md):
+#: at head dim 64 it took forward + backward of BigBird 16k from 1.31 to 1.04 ms and 64k from 5.43 to
+#: 3.95 ms, "fixed" 16k from 1.30 to 1.20 ms, but causal layouts (half the blocks) 4-6% longer.
+SPARSE_HEADS_FIRST = {64: 0.25}
+
+
+def bwd_config(head_dim, block_size, density=None):
+    """The backward config for ``head_dim``, fitted to ``block_size``; ``density``, the kept fraction
+    of the layout, where known, picks the grid order (:data:`SPARSE_HEADS_FIRST`)."""
+    cfg = _BWD[head_dim].fit(block_size)
+    if density is not None and density <= SPARSE_HEADS_FIRST.get(head_dim, -1.0):
+        cfg = replace(cfg, heads_first=True)
+    return cfg

@@ -64,7 +64,8 @@ def backward_pass(do, q, k, v, o, lse, seqlens, layout, causal, scale):
     if use_triton(q, st.block_size):
         from . import launch
         return launch.bwd(do, q, k, v, o, lse, seqlens, st.tables(causal, q.device), block_size=st.block_size,
-                          causal=causal, scale=scale, cfg=configs.bwd_config(q.shape[-1], st.block_size))
+                          causal=causal, scale=scale,
+                          cfg=configs.bwd_config(q.shape[-1], st.block_size, st.density(causal)))
     return _reference.backward(do, q, k, v, o, st.dense_mask(causal, q.device), seqlens, scale)
 
 

@@ -58,6 +58,14 @@ class LayoutState:
     def seq_len(self):
         return self.layout.shape[1] * self.block_size
 
+    def density(self, causal):
+        """The kept fraction of the layout's blocks (above the diagonal dropped where ``causal``)."""
+        key = ("density", causal)
+        if key not in self._device:
+            kept = np.tril(self.layout) if causal else self.layout
+            self._device[key] = float(kept.mean())
+        return self._device[key]
+
     def lists(self, causal):
         """``(rows, cols)`` :class:`~blocksparse.ops.attention.blocklist.BlockList` (numpy)."""
         with self._lock:

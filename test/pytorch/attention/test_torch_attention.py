@@ -108,6 +108,25 @@ def test_kernels_every_layout(rng, kernels, name, causal):
 
 
 @pytest.mark.interpreter
+@pytest.mark.parametrize("causal", [False, True])
+def test_kernels_sparse_layout_backward_by_head_first(rng, kernels, monkeypatch, causal):
+    """At head dim 64 a layout kept at most ``SPARSE_HEADS_FIRST`` runs its backward on the grid
+    ordered by head (``heads_first``), with float64's values; a denser one keeps the table's grid."""
+    from blocksparse.ops.attention.configs import SPARSE_HEADS_FIRST
+    from blocksparse.torch._attention import launch
+
+    seen, bwd = [], launch.bwd
+    monkeypatch.setattr(launch, "bwd", lambda *a, cfg, **kw: seen.append(cfg) or bwd(*a, cfg=cfg, **kw))
+    sparse = np.eye(8, dtype=bool)
+    sparse[:, 0] = True                                 # a global key block: 15 of 64 blocks
+    assert sparse.mean() <= SPARSE_HEADS_FIRST[64]
+    _check(rng, sparse, bs=16, HQ=2, HK=1, D=64, causal=causal, dtype="bfloat16")
+    dense = np.tril(np.ones((4, 4), bool))
+    _check(rng, dense, bs=16, HQ=2, HK=2, D=64, causal=True, dtype="bfloat16")
+    assert [c.heads_first for c in seen] == [True, False]
+
+
+@pytest.mark.interpreter
 def test_kernels_gqa_ragged_empty(rng, kernels):
     layout = layouts.fixed(4, 2, causal=False, heads=2)
     layout[1, 3] = 0                                   # head 1, query block 3: nothing
