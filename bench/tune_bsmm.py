@@ -10,6 +10,7 @@ Produces the numbers behind ``blocksparse/ops/matmul/configs.py``.  One run:
     python bench/tune_bsmm.py --prefetch-more --out prefetch.jsonl  # its blocks of 16 and float32 at 8192 tokens
     python bench/tune_bsmm.py --updat --out updat.jsonl        # sweep 12: bf16 updat tiles at blocks of 32 / 64
     python bench/tune_bsmm.py --pixelfly2 --out px2.jsonl      # sweep 13: fewer stages, two programs a SM (~2 min)
+    python bench/tune_bsmm.py --bias-grad --out bias.jsonl     # sweep 14: the bias gradient in the updat (~1 min)
 
 (Sweeps 6 and 7 append a JSON line per variant; ``--start N`` resumes after a variant that lost the
 CUDA context.)
@@ -345,6 +346,40 @@ def native256_cases():
     return out
 
 
+def bias_grad_rows(args):
+    """Sweep 14 (``--bias-grad``): the large pixelfly MLP's layers (refined to blocks of 128, 8192
+    tokens, bf16), their table's updat tile: GPU ms of the updat alone (``updat``), with the bias
+    gradient's column sums (``updat_bias``: ``BIAS_GRAD``, :mod:`blocksparse.ops.matmul.bias_grad`),
+    and of the column sums as the native op computes them today (``ones @ dy`` through cuBLAS,
+    ``cublas_bias``), each in a CUDA graph; ``saved_ms`` = updat + cublas_bias - updat_bias.  The
+    fused call is checked first: ``db`` against float64 sums, ``dw`` equal to the plain updat's."""
+    from blocksparse.ops.matmul.bias_grad import bias_first
+
+    impl, cfg, waves = PIXELFLY_UPDAT[0]
+    rows = []
+    for layer in PIXELFLY_LAYERS:
+        p = keyed_problem(("pixelfly", 8192, *layer))
+        lay = p.layout
+        marks, complete = bias_first(lay.updat_groups(cfg.G), cfg.G, lay.K // lay.block_size)
+        marks = torch.from_numpy(marks).to(p.dy.device)
+        plain = make_call(p, "updat", impl, cfg, waves)
+        fused = make_call(p, "updat", impl, cfg, waves, bias_first=marks)
+        ones = torch.ones(1, p.N, device=p.dy.device, dtype=p.dy.dtype)
+        cublas = lambda: ones @ p.dy  # noqa: E731
+        dw, db = fused()
+        want = p.dy.double().sum(0)
+        row = dict(layer=list(layer), cfg=asdict(cfg), complete=bool(complete), dw_equal=bool(torch.equal(dw, plain())),
+                   db_err=float((db.double() - want).abs().max() / want.abs().max()))
+        for name, fn in (("updat", plain), ("updat_bias", fused), ("cublas_bias", cublas)):
+            row[name] = common.GraphTimer(lambda fn=fn: [fn]).median_ms(20)
+        row["saved_ms"] = row["updat"] + row["cublas_bias"] - row["updat_bias"]
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+        with open(args.out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+    return rows
+
+
 def keyed_problem(key):
     """The problem of a sweep 6 / 7 key (one kept at a time)."""
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -391,8 +426,9 @@ def problem(n, bs, density, dtype):
     return _problems[key]
 
 
-def make_call(p, op, impl, cfg, waves, tensors=None):
-    """A zero-argument launch of one variant on problem ``p`` (or on ``tensors`` = (x, w, dy))."""
+def make_call(p, op, impl, cfg, waves, tensors=None, bias_first=None):
+    """A zero-argument launch of one variant on problem ``p`` (or on ``tensors`` = (x, w, dy));
+    ``bias_first``: an updat that also gives the bias gradient (returns ``(dw, db)``)."""
     from blocksparse.torch._matmul import launch as _triton
 
     from blocksparse.ops.matmul.configs import output_slice
@@ -408,8 +444,9 @@ def make_call(p, op, impl, cfg, waves, tensors=None):
         # waves 0: one slice, dW in x's dtype; tickets write it there too
         dw_dtype = torch.float32 if waves and not ticket else x.dtype
         fn = _triton.updat_ptr if impl == "ptr" else _triton.updat_tma
+        extra = {} if bias_first is None else dict(bias_first=bias_first)
         return lambda: fn(x, dy, groups, w_shape=lay.w_shape, bs=bs, axis=1, cfg=cfg, split=split,
-                          precision="ieee", dw_dtype=dw_dtype, ticket=ticket)
+                          precision="ieee", dw_dtype=dw_dtype, ticket=ticket, **extra)
     lut = getattr(lay, op)(None, group=cfg.G)
     max_segment = None
     if waves is not None:  # split long reductions until ~waves programs per SM
@@ -502,6 +539,8 @@ def main():
     ap.add_argument("--pixelfly2", action="store_true", help="sweep 13 only: the large pixelfly MLP's layers, "
                     "bs 128 tiles with fewer stages")
     ap.add_argument("--updat", action="store_true", help="sweep 12 only: bf16 updat tiles at blocks of 32 and 64")
+    ap.add_argument("--bias-grad", action="store_true", help="sweep 14 only: the pixelfly layers' updat with the "
+                    "bias gradient against the updat and cuBLAS's column sums (JSON lines appended to --out)")
     ap.add_argument("--profile", action="store_true", help="isolated sweeps: also each variant's GPU time per "
                     "kernel (torch.profiler over the rotating calls, launched eagerly)")
     ap.add_argument("--start", type=int, default=0, help="--narrow / --pixelfly / --few: the first variant to run")
@@ -510,6 +549,8 @@ def main():
     args = ap.parse_args()
     if args.smoke:
         return smoke()
+    if args.bias_grad:
+        return bias_grad_rows(args)
     if (args.narrow or args.pixelfly or args.native256 or args.few or args.tickets or args.prefetch or args.prefetch_more
             or args.updat or args.pixelfly2):
         todo = (narrow_cases() if args.narrow else pixelfly_cases() if args.pixelfly

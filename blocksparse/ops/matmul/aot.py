@@ -148,7 +148,8 @@ def _updat(spec):
         x_t = spec.axis == 0
         types = {"x_desc": _desc(t, [cfg.BK, bs], x_t), "dy_desc": _desc(t, [cfg.BK, bs], x_t),
                  "DW": dw, "GROUPS": "*i32", "tokens_per_split": "i32", "N": "i32", **tickets}
-        consts.update(X_T=x_t)
+        # the library's updat leaves the bias gradient to its caller (no BIAS_GRAD operands)
+        consts.update(X_T=x_t, DB=None, DB_FIRST=None, out_features=None, BIAS_GRAD=False)
         divisible = {"DW", "GROUPS", "tokens_per_split", *tickets}
     return types, consts, divisible
 

@@ -29,6 +29,7 @@ KERNELS = {("xprop", "ptr"): xprop_kernel, ("xprop", "tma"): xprop_tma_kernel,
            ("updat", "ptr"): updat_kernel, ("updat", "tma"): updat_tma_kernel}
 X, B, OUT, BIAS = 0, 1, 2, 3  # the operands' positions (the bias: fprop plans that add it)
 WS, COUNTERS = 4, 5  # split reductions finished in the kernel: the zeroed workspace and ticket counters
+DB = 6  # updat with the bias gradient: its per-slice column sums
 
 
 def xprop_scratch(n, out_features, bs, cfg, tma):
@@ -139,12 +140,15 @@ def xprop_launch(variant, x_shape, x_strides, dtype, headers, entries, *, blocks
 
 
 def updat_launch(variant, x_shape, x_strides, dy_shape, dy_strides, dtype, groups, *, bs, axis, cfg, split,
-                 precision, dw_dtype=torch.float32, ticket=False, pack=1):
+                 precision, dw_dtype=torch.float32, ticket=False, pack=1, bias_first=None, out_features=None):
     """updat of ``dtype`` activations ``x`` and ``dy`` through the ``"ptr"`` or ``"tma"`` kernel
     into a ``dw_dtype`` buffer; ``groups`` is ``Layout.updat_groups(cfg.G)``.  Token slices
     (``split > 1``) are reduced by atomics into a zeroed float32 buffer, or where ``ticket`` in the
     kernel through operands 4 and 5 (:data:`WS`, :data:`COUNTERS`, zeroed; :func:`updat_scratch`).
-    ``pack``: the layout's packing (where the kernel writes each block)."""
+    ``pack``: the layout's packing (where the kernel writes each block).  ``bias_first`` (the TMA
+    kernel only; :func:`~blocksparse.ops.matmul.bias_grad.bias_first` of ``groups``, on the device):
+    the bias gradient's token sums of every slice into operand 6 (:data:`DB`, float32
+    ``(slices, out_features)``, written whole)."""
     n = x_shape[0] if axis == 1 else x_shape[1]
     per_split = triton.cdiv(triton.cdiv(n, split), cfg.BK) * cfg.BK
     grid = (groups.shape[0], triton.cdiv(n, per_split))
@@ -154,6 +158,8 @@ def updat_launch(variant, x_shape, x_strides, dy_shape, dy_strides, dtype, group
     tickets = dict(WS=Operand(WS, torch.float32) if ticket else None,
                    COUNTERS=Operand(COUNTERS, torch.int32) if ticket else None)
     if variant == "ptr":
+        if bias_first is not None:
+            raise ValueError("the bias gradient comes with the TMA updat kernel only (variant 'tma')")
         x_n, x_f = _token_feature(x_strides, axis)
         d_n, d_f = _token_feature(dy_strides, axis)
         args = dict(X=Operand(X, dtype), DY=Operand(B, dtype), DW=Operand(OUT, dw_dtype), GROUPS=groups, N=n,
@@ -162,8 +168,10 @@ def updat_launch(variant, x_shape, x_strides, dy_shape, dy_strides, dtype, group
     else:
         args = dict(x_desc=_desc(X, dtype, x_shape, x_strides, axis, cfg.BK, bs),
                     dy_desc=_desc(B, dtype, dy_shape, dy_strides, axis, cfg.BK, bs), DW=Operand(OUT, dw_dtype),
-                    GROUPS=groups, tokens_per_split=per_split, N=n, **tickets)
-        consts.update(X_T=axis == 0)
+                    GROUPS=groups, tokens_per_split=per_split, N=n, **tickets,
+                    DB=Operand(DB, torch.float32) if bias_first is not None else None, DB_FIRST=bias_first,
+                    out_features=out_features if bias_first is not None else None)
+        consts.update(X_T=axis == 0, BIAS_GRAD=bias_first is not None)
     return KernelLaunch(KERNELS[("updat", variant)], grid, args, consts, cfg.num_warps, cfg.num_stages,
                         zero=(OUT,) if atomic else ())
 
@@ -213,21 +221,32 @@ def _xprop_direct(variant, x, w, headers, entries, *, out_features, bs, axis, tr
 
 
 def _updat_direct(variant, x, dy, groups, *, w_shape, bs, axis, cfg, split, precision, dw_dtype, ticket=False,
-                  pack=1):
-    """``ticket``: token slices reduced in the kernel instead of by atomics."""
+                  pack=1, bias_first=None):
+    """``ticket``: token slices reduced in the kernel instead of by atomics.  ``bias_first``
+    (:func:`~blocksparse.ops.matmul.bias_grad.bias_first`'s marks, on the device; the TMA kernel):
+    also the bias gradient, float32 -- ``(dw, db)``."""
     n = tokens(x, axis)
     atomic = (split > 1 and not ticket) or n == 0
     dw = x.new_empty(w_shape, dtype=torch.float32 if atomic else dw_dtype)
+    out_features = dy.shape[1] if axis == 1 else dy.shape[0]
+    db = None
     if n:  # the launch zero-fills a float32 buffer first
         operands = (x, dy, dw, x)
-        if ticket:
-            operands += scratch(x.device, *updat_scratch(w_shape[0] * pack * pack, bs, groups.shape[0], cfg))
-        JitLaunch(updat_launch(variant, tuple(x.shape), x.stride(), tuple(dy.shape), dy.stride(), x.dtype, groups,
-                               bs=bs, axis=axis, cfg=cfg, split=split, precision=precision,
-                               dw_dtype=dw.dtype, ticket=ticket, pack=pack))(operands)
+        operands += (scratch(x.device, *updat_scratch(w_shape[0] * pack * pack, bs, groups.shape[0], cfg)) if ticket
+                     else (None, None))
+        launch = updat_launch(variant, tuple(x.shape), x.stride(), tuple(dy.shape), dy.stride(), x.dtype, groups,
+                              bs=bs, axis=axis, cfg=cfg, split=split, precision=precision, dw_dtype=dw.dtype,
+                              ticket=ticket, pack=pack, bias_first=bias_first, out_features=out_features)
+        if bias_first is not None:  # a row of column sums per token slice, each element written once
+            db = x.new_empty((launch.grid[1], out_features), dtype=torch.float32)
+            operands += (db,)
+        JitLaunch(launch)(operands)
+        db = None if db is None else db.sum(0)
     else:
         dw.zero_()  # no tokens: the gradient is zero
-    return _cast(dw, dw_dtype)
+        db = None if bias_first is None else x.new_zeros((out_features,), dtype=torch.float32)
+    dw = _cast(dw, dw_dtype)
+    return dw if bias_first is None else (dw, db)
 
 
 def xprop_ptr(x, w, headers, entries, **kwargs):

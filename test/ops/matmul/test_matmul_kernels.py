@@ -200,3 +200,49 @@ def test_updat_tma(rng, dtype, axis, bs, group, n, split):
                             split=split,
                             precision="ieee", dw_dtype=torch.float32)
     assert rel_err(got.double().numpy(), dw_ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("axis", [1, 0])
+@pytest.mark.parametrize("bs, group, n, split, ticket", [(16, 1, 8, 1, False), (16, 2, 40, 2, False),
+                                                         (16, 2, 40, 3, True), (32, 4, 24, 1, False)],
+                         ids=["bs16-G1", "bs16-G2-split2", "bs16-G2-split3-ticket", "bs32-G4"])
+def test_updat_tma_bias_gradient(rng, dtype, axis, bs, group, n, split, ticket):
+    """With the bias gradient the updat gives ``dy``'s column sums over the tokens too (every column
+    marked once, each token slice a row), and the same weight gradient, bit for bit."""
+    from blocksparse.ops.matmul.bias_grad import bias_first
+
+    CB, KB = 4, 6
+    mask = rng.random((CB, KB)) < 0.4
+    mask[rng.integers(CB, size=KB), np.arange(KB)] = True          # every output column has a block
+    lay = Layout(mask, bs)
+    x = rng.standard_normal((n, lay.C) if axis == 1 else (lay.C, n))
+    dy = rng.standard_normal((n, lay.K) if axis == 1 else (lay.K, n))
+    t = lambda a: torch.from_numpy(a).to(DTYPES[dtype])  # noqa: E731
+    rows = np.array(lay.updat_groups(group))
+    marks, complete = bias_first(rows, group, KB)
+    assert complete and marks.sum() == KB
+    kw = dict(w_shape=lay.w_shape, bs=bs, axis=axis, cfg=UpdatConfig(G=group, BK=16, num_warps=4, num_stages=1),
+              split=split, precision="ieee", dw_dtype=torch.float32, ticket=ticket)
+    groups = torch.from_numpy(rows)
+    with poisoned_empty():
+        dw, db = _triton._updat_direct("tma", t(x), t(dy), groups, bias_first=torch.from_numpy(marks), **kw)
+        plain = _triton._updat_direct("tma", t(x), t(dy), groups, **kw)
+    want = t(dy).double().numpy().sum(axis=0 if axis == 1 else 1)
+    assert db.dtype == torch.float32 and db.shape == (lay.K,)
+    assert rel_err(db.double().numpy(), want) < TOL[dtype]
+    assert torch.equal(dw, plain)
+
+
+def test_bias_first_marks():
+    """One mark per output block column, at its first entry; padding entries never; a column
+    without a block makes the marks incomplete."""
+    from blocksparse.ops.matmul.bias_grad import bias_first
+
+    rows = np.array([[0, 2, 5, 10, 11], [1, 5, -1, 12, -1], [2, 0, 2, 13, 14]], np.int32)  # G = 2
+    marks, complete = bias_first(rows, 2, 6)
+    assert marks.tolist() == [1, 1, 0, 0, 1, 0] and not complete
+    marks, complete = bias_first(rows, 2, 3)
+    assert not complete
+    marks, complete = bias_first(rows[[0, 2]], 2, 3)
+    assert marks.tolist() == [1, 1, 1, 0] and not complete
