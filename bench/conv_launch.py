@@ -39,6 +39,7 @@ import torch  # noqa: E402
 import common  # noqa: E402
 import conv_implicit as ci  # noqa: E402
 from blocksparse.ops.conv import aot as conv_aot  # noqa: E402
+from blocksparse.ops.conv import wgrad as wgrad_module  # noqa: E402
 from blocksparse.torch._conv import implicit as glue  # noqa: E402
 from blocksparse.torch._conv.dense import dense_grads  # noqa: E402
 from blocksparse.torch._launch import device_info, library, prepare  # noqa: E402
@@ -109,10 +110,15 @@ def eager(case):
     return row
 
 
+#: ``--wgrad``'s launch variants of the sparse filter gradient: (pixels a step, warps, stages).
+WGRAD_VARIANTS = [(128, 4, 3), (128, 8, 3), (64, 8, 3), (64, 4, 4), (128, 8, 4), (32, 4, 3), (256, 8, 3)]
+
+
 def wgrad(case):
-    """GPU µs of the filter gradient: over the present blocks (``ops/conv/wgrad.py``, ``wgrad_sparse``)
-    and cuDNN's dense masked one (``wgrad_dense``, what the path takes today); ``wgrad_err``: their
-    largest difference over the dense one's largest value."""
+    """GPU µs of the filter gradient: over the present blocks (``ops/conv/wgrad.py``, ``wgrad_sparse``:
+    its module's launch; ``wgrad_BM_W_S``: :data:`WGRAD_VARIANTS`, each checked first) and cuDNN's
+    dense masked one (``wgrad_dense``, what the path takes today); ``wgrad_err``: the largest
+    difference of the first to the dense one over the dense one's largest value."""
     op = case.ops["implicit"]
     spec, t = op.spec, op._tables.on(case.x.device)
     x, dy, flat = case.x.detach(), case.dy, case.F.detach().reshape(-1)
@@ -120,8 +126,20 @@ def wgrad(case):
     sparse = lambda: glue.conv_implicit_wgrad(x, dy, spec, t, precision)  # noqa: E731
     dense = lambda: dense_grads(dy, x, flat, spec, t.dense, False, True)[1]  # noqa: E731
     want = dense().float()
-    return dict(wgrad_sparse=graph_us(sparse), wgrad_dense=graph_us(dense),
-                wgrad_err=float((sparse().float() - want).abs().max() / want.abs().max()))
+    error = lambda: float((sparse().float() - want).abs().max() / want.abs().max())  # noqa: E731
+    row = dict(wgrad_sparse=graph_us(sparse), wgrad_dense=graph_us(dense), wgrad_err=error())
+    saved = wgrad_module.WGRAD_BM, wgrad_module.WGRAD_WARPS, wgrad_module.WGRAD_STAGES
+    for bm, warps, stages in WGRAD_VARIANTS:
+        name = f"wgrad_{bm}_{warps}_{stages}"
+        wgrad_module.WGRAD_BM, wgrad_module.WGRAD_WARPS, wgrad_module.WGRAD_STAGES = bm, warps, stages
+        try:
+            err = error()
+            row[name] = graph_us(sparse) if err < 0.02 else f"err {err:.3g}"
+        except Exception as exc:  # a variant the GPU cannot run (resources)
+            row[name] = repr(exc)[:120]
+        finally:
+            wgrad_module.WGRAD_BM, wgrad_module.WGRAD_WARPS, wgrad_module.WGRAD_STAGES = saved
+    return row
 
 
 def measure(case, kernels, info, eager_only=False):

@@ -23,7 +23,7 @@ from ... import _env
 from .implicit_gemm import _pixel_tile, _tap_pixels
 
 __all__ = ["SPARSE_WGRAD_MAX_DENSITY", "conv_wgrad_kernel", "wgrad_items", "wgrad_splits", "worth_sparse_wgrad",
-           "WGRAD_BM"]
+           "WGRAD_BM", "WGRAD_STAGES", "WGRAD_WARPS"]
 
 #: The filter gradient's choice: ``narrowest block width -> largest channel density`` at which the
 #: implicit path takes this kernel rather than cuDNN's dense masked ``convolution_backward``.  All
@@ -31,6 +31,8 @@ __all__ = ["SPARSE_WGRAD_MAX_DENSITY", "conv_wgrad_kernel", "wgrad_items", "wgra
 SPARSE_WGRAD_MAX_DENSITY = {32: 0.0, 64: 0.0, 128: 0.0}
 #: Written pixels a step of the reduction.
 WGRAD_BM = 64
+#: Warps and pipeline stages of a program.
+WGRAD_WARPS, WGRAD_STAGES = 4, 3
 
 
 def worth_sparse_wgrad(plan, density):

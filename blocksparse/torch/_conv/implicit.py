@@ -42,7 +42,8 @@ from torch.autograd.function import once_differentiable
 from ... import _env
 from ...ops.conv import aot as _aot
 from ...ops.conv.implicit import dense_input_grad
-from ...ops.conv.wgrad import WGRAD_BM, conv_wgrad_kernel, wgrad_items, wgrad_splits, worth_sparse_wgrad
+from ...ops.conv import wgrad as _wgrad
+from ...ops.conv.wgrad import conv_wgrad_kernel, wgrad_items, wgrad_splits, worth_sparse_wgrad
 from ...ops.conv.implicit_gemm import conv_implicit_kernel
 from .. import _native
 from .._autograd import direct_apply, functorch_active
@@ -203,14 +204,16 @@ def conv_implicit_wgrad(x, dy, spec, device_tables, precision):
     x5 = x.movedim(1, -1).contiguous().view(n, *_spatial3(image, 1), x.shape[1])  # no copy if channels-last
     dy_last = dy.movedim(1, -1).contiguous()
     pixels, size = dy_last.numel() // max(spec.blocks.K, 1), plan.weight.size
-    splits = wgrad_splits(items.shape[0], pixels, sm_count(x.device))
+    bm = _wgrad.WGRAD_BM
+    splits = wgrad_splits(items.shape[0], pixels, sm_count(x.device), bm)
     part = torch.empty((splits, size), dtype=torch.float32, device=x.device)
     if pixels and items.shape[0]:
         scalars = _scalars(spec, n, pixels, 0, spec.blocks.K, x5, False)
         del scalars["tiles"]
         conv_wgrad_kernel[(items.shape[0], splits)](
             x5, dy_last, part, t.implicit_steps, t.implicit_tiles, items, size, **scalars,
-            BM=WGRAD_BM, BN=plan.block_n, BK=plan.block_k, ALIGN=plan.align, PRECISION=precision, num_warps=4)
+            BM=bm, BN=plan.block_n, BK=plan.block_k, ALIGN=plan.align, PRECISION=precision,
+            num_warps=_wgrad.WGRAD_WARPS, num_stages=_wgrad.WGRAD_STAGES)
     else:
         part.zero_()
     (packed,) = sum_rows([(part, x.dtype)])

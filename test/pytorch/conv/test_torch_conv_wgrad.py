@@ -46,6 +46,17 @@ def test_pixel_splits(rng, kernels, monkeypatch, splits):
     assert rel_error(_wgrad(op, x, dy), conv_products(ref, F, x, dy)[2].reshape(-1)) < 1e-5
 
 
+@pytest.mark.parametrize("bm", [16, 128])
+def test_pixel_tile_sizes(rng, kernels, monkeypatch, bm):
+    """The launch reads its pixels a step (and warps, stages) from the module at call time; any
+    tile size gives the same gradient."""
+    monkeypatch.setattr(wgrad, "WGRAD_BM", bm)
+    monkeypatch.setattr(wgrad, "WGRAD_WARPS", 8)
+    op, ref = make_op(BlocksparseConv, rng, "2d-same-stride-dilate", layout="random", edge_bias=False)
+    F, x, dy = random_inputs(rng, op, N=2)[:3]
+    assert rel_error(_wgrad(op, x, dy), conv_products(ref, F, x, dy)[2].reshape(-1)) < 1e-5
+
+
 def test_half_type(rng, kernels):
     op, ref = make_op(BlocksparseConv, rng, "2d-same-even-filter", layout="uniform", edge_bias=False)
     F, x, dy = random_inputs(rng, op)[:3]
