@@ -18,8 +18,8 @@ common       what several families share (the interpreter fix, deterministic par
 A family's frontends live beside the public modules: ``blocksparse/torch/_<family>/`` (PyTorch
 plans and call paths) and ``blocksparse/_tf/<family>/`` (TensorFlow glue and reference path).
 Families whose kernels are compiled ahead of time into the kernel library (launched by the PyTorch
-frontend and the TensorFlow op library alike) are listed in :data:`AOT_FAMILIES`, each registering
-them in ``blocksparse/ops/<family>/aot.py`` (:mod:`blocksparse.aot.family`); see the README's
+frontend, and by the TensorFlow op library where an op serves them) are listed in
+:data:`AOT_FAMILIES`, each registering them in ``blocksparse/ops/<family>/aot.py`` (:mod:`blocksparse.aot.family`); see the README's
 "Adding an op family".
 """
 import importlib
@@ -27,7 +27,7 @@ import importlib
 __all__ = ["AOT_FAMILIES", "family"]
 
 #: Families whose kernels are compiled ahead of time (each has an ``aot`` module).
-AOT_FAMILIES = ("matmul", "norms", "lstm", "conv")
+AOT_FAMILIES = ("matmul", "norms", "lstm", "conv", "attention")
 
 
 def family(name):

@@ -1,14 +1,30 @@
-"""What ``triton.compile`` gets for the fused attention kernels, without a GPU: signature and
-constexprs of one specialisation, mirroring the JIT call sites in
+"""The fused attention kernels' ahead-of-time registration (see :mod:`blocksparse.aot.family`), and
+what ``triton.compile`` gets for one specialisation without a GPU, mirroring the launches of
 :mod:`blocksparse.torch._attention.launch` (same kernels, tiles and tensor-descriptor blocks).
 
-Not listed in :data:`blocksparse.ops.AOT_FAMILIES` yet (no TensorFlow op serves attention); the
-tests compile a few specialisations for sm_90 and sm_80 so that a kernel that the interpreter runs
-but the GPU compiler rejects fails on the CPU.
+The kernel library holds what most models run, on Hopper and newer (tensor-descriptor tiles): 16-bit
+inputs, head dims :data:`AOT_HEAD_DIMS`, block sizes :data:`AOT_BLOCK_SIZES`, causal or not, each
+with the tile tables' configs (the backward's at both grid orders where the kept fraction picks one,
+:data:`.configs.SPARSE_HEADS_FIRST`).  Ragged batches, element masks and other sizes launch through
+Triton's JIT.  PyTorch launches the compiled specs through :mod:`blocksparse.torch._launch`: one C
+call a launch instead of Triton's Python launcher.
 """
 from __future__ import annotations
 
-__all__ = ["KERNELS", "compile_args", "compile_kernel"]
+from dataclasses import asdict, dataclass, replace
+
+from ...aot.family import CompileArgs
+from .configs import SPARSE_HEADS_FIRST, bwd_config, fwd_config
+
+__all__ = ["AOT_BLOCK_SIZES", "AOT_HEAD_DIMS", "AttentionSpec", "DTYPES", "KERNELS", "backward_launches",
+           "compile_args", "compile_kernel", "fields", "kernel", "specializations", "triton_args"]
+
+DTYPES = ("bf16", "fp16")
+#: Head dims and layout block sizes compiled into the kernel library.
+AOT_HEAD_DIMS = (64, 128)
+AOT_BLOCK_SIZES = (64, 128)
+#: The oldest GPU the compiled specs serve: their tiles move through tensor descriptors.
+MIN_ARCH = 90
 
 #: kernel name -> (tensor parameters with the tile whose rows their descriptor block holds)
 KERNELS = {
@@ -28,14 +44,15 @@ def _function(name):
     return getattr(fwd if name == "attn_fwd_kernel" else bwd, name)
 
 
-def compile_args(kernel, *, dtype, head_dim, block_size, cfg, causal=False, seqlens=False, masks=False,
-                 dkdv=True, dq=True):
+def triton_args(kernel, *, dtype, head_dim, block_size, cfg, causal=False, seqlens=False, masks=False,
+                dkdv=True, dq=True, unit=False):
     """``(signature, constexprs)`` of ``kernel`` for one specialisation.
 
     ``dtype`` is Triton's name (``"bf16"``, ``"fp16"``); ``cfg`` a
     :class:`~blocksparse.ops.attention.configs.FwdConfig` (forward) or ``BwdConfig`` (the others),
     already fitted to the block size; ``dkdv`` / ``dq``: the kinds of program an ``attn_bwd_kernel``
-    launch runs; every other integer parameter is an ``i32``.
+    launch runs; ``unit``: one query head a key/value head and one layout head for all heads
+    (``GROUP = HL = 1``, compiled in); every other integer parameter is an ``i32``.
     """
     fn = _function(kernel)
     tiles = {name: getattr(cfg, tile) for name, tile in KERNELS[kernel].items()}
@@ -53,12 +70,14 @@ def compile_args(kernel, *, dtype, head_dim, block_size, cfg, causal=False, seql
                       ATOMIC_DQ=cfg.atomic_dq, PREFETCH=cfg.prefetch, HEADS_FIRST=cfg.heads_first)
     else:
         consts = dict(BM=cfg.BM2, D=head_dim, TMA=cfg.tma)
+    if unit and kernel != "attn_bwd_delta_kernel":
+        consts |= dict(GROUP=1, HL=1)
     signature = {n: "constexpr" if n in consts else types.get(n, "i32") for n in fn.arg_names}
     return signature, consts
 
 
 def compile_kernel(kernel, arch, **spec):
-    """``triton.compile`` of ``kernel`` for ``sm_{arch}`` (see :func:`compile_args` for ``spec``)."""
+    """``triton.compile`` of ``kernel`` for ``sm_{arch}`` (see :func:`triton_args` for ``spec``)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -67,7 +86,113 @@ def compile_kernel(kernel, arch, **spec):
     if not hasattr(fn, "cache_key"):  # an InterpretedFunction
         raise RuntimeError("TRITON_INTERPRET is set: the kernels were loaded for Triton's CPU interpreter; "
                            "compiling for a GPU needs it unset")
-    signature, consts = compile_args(kernel, **spec)
+    signature, consts = triton_args(kernel, **spec)
     cfg = spec["cfg"]
     return triton.compile(ASTSource(fn, signature, consts), target=GPUTarget("cuda", arch, 32),
-                          options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+                          options={"num_warps": cfg.num_warps, "num_stages": _stages(kernel, cfg)})
+
+
+def _stages(kernel, cfg):
+    """Pipeline stages of a launch: the config's, Triton's default (3) for the delta pass."""
+    return 3 if kernel == "attn_bwd_delta_kernel" else cfg.num_stages
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """One compiled launch: ``kernel`` (a name of :data:`KERNELS`) with ``config`` (fitted to
+    ``block_size``); ``dkdv`` / ``dq``: the kinds of program an ``attn_bwd_kernel`` launch runs.
+    ``unit``: for launches with ``GROUP = HL = 1`` (no grouped-query heads, one layout shared by all
+    heads), compiled in as Triton's JIT specialises them.  The delta pass depends on neither
+    ``block_size`` nor ``causal`` beyond its tile (``config.BM2``)."""
+
+    arch: int
+    kernel: str
+    dtype: str
+    head_dim: int
+    block_size: int
+    config: object
+    causal: bool = False
+    dkdv: bool = True
+    dq: bool = True
+    unit: bool = False
+
+    @property
+    def product(self):
+        return {"attn_fwd_kernel": "fwd", "attn_bwd_kernel": "bwd", "attn_bwd_delta_kernel": "delta"}[self.kernel]
+
+    @property
+    def name(self):
+        cfg = self.config
+        if self.product == "delta":
+            return f"attn_delta_{self.dtype}_d{self.head_dim}_m{cfg.BM2}_w{cfg.num_warps}_sm{self.arch}"
+        kinds = "" if self.product == "fwd" else "_" + "_".join(k for k, on in (("dkdv", self.dkdv), ("dq", self.dq))
+                                                                 if on)
+        flags = "".join(f for f, on in (("_causal", self.causal), ("_hf", cfg.heads_first)) if on)
+        return (f"attn_{self.product}_{self.dtype}_d{self.head_dim}_b{self.block_size}{flags}{kinds}"
+                f"{'_u' if self.unit else ''}_sm{self.arch}")
+
+
+def backward_launches(cfg):
+    """``(dkdv, dq)`` of each ``attn_bwd_kernel`` launch of a backward with ``cfg``, in order, and
+    whether a delta pass runs first (see :mod:`.bwd`)."""
+    if cfg.atomic_dq or cfg.fused:
+        return [(True, not cfg.atomic_dq)], True
+    return [(False, True), (True, False)], False
+
+
+def _backward_configs(head_dim, block_size):
+    """The backward configs a layout may take: the table's, at both grid orders where the layout's
+    kept fraction picks one (:func:`.configs.bwd_config`)."""
+    cfg = bwd_config(head_dim, block_size)
+    if head_dim in SPARSE_HEADS_FIRST:
+        return [cfg, replace(cfg, heads_first=not cfg.heads_first)]
+    return [cfg]
+
+
+def specializations(archs):
+    """Every spec for ``archs`` (none below :data:`MIN_ARCH`)."""
+    specs = {}
+    for arch in (a for a in archs if a >= MIN_ARCH):
+        for dtype in DTYPES:
+            for d in AOT_HEAD_DIMS:
+                for bs in AOT_BLOCK_SIZES:
+                    for causal in (False, True):
+                        found = [AttentionSpec(arch, "attn_fwd_kernel", dtype, d, bs, fwd_config(d, bs), causal,
+                                               unit=unit) for unit in (False, True)]
+                        for cfg in _backward_configs(d, bs):
+                            launches, delta = backward_launches(cfg)
+                            found += [AttentionSpec(arch, "attn_bwd_kernel", dtype, d, bs, cfg, causal, dkdv, dq,
+                                                    unit) for dkdv, dq in launches for unit in (False, True)]
+                            if delta:
+                                found.append(AttentionSpec(arch, "attn_bwd_delta_kernel", dtype, d, bs, cfg))
+                        specs.update((s.name, s) for s in found)
+    return list(specs.values())
+
+
+def kernel(spec):
+    return _function(spec.kernel)
+
+
+def fields(spec):
+    """What selects a spec at run time: product, dtype, head dim, and for the forward and backward
+    launches block size, ``causal``, the kinds of program and the whole config; the delta pass its
+    tile (``bm``) and warps."""
+    cfg = spec.config
+    if spec.product == "delta":
+        return {"product": "delta", "dtype": spec.dtype, "head_dim": spec.head_dim, "bm": cfg.BM2,
+                "num_warps": cfg.num_warps}
+    return {"product": spec.product, "dtype": spec.dtype, "head_dim": spec.head_dim, "block_size": spec.block_size,
+            "causal": spec.causal, "dkdv": spec.dkdv, "dq": spec.dq, "unit": spec.unit,
+            "heads_first": cfg.heads_first, "config": asdict(cfg)}
+
+
+def compile_args(spec) -> CompileArgs:
+    """The :class:`CompileArgs` of ``spec``: what :func:`triton_args` gives, compiled as Triton's JIT
+    specialises the launches' values: the sequence length (a multiple of the block size) a multiple
+    of 16, every pointer 16-byte aligned (the launcher's own buffers and tables)."""
+    signature, consts = triton_args(spec.kernel, dtype=spec.dtype, head_dim=spec.head_dim,
+                                    block_size=spec.block_size, cfg=spec.config, causal=spec.causal,
+                                    dkdv=spec.dkdv, dq=spec.dq, unit=spec.unit)
+    divisible = {"S"} | {name for name, ty in signature.items() if ty.startswith("*")}
+    return CompileArgs(signature, consts, frozenset(divisible), spec.config.num_warps,
+                       _stages(spec.kernel, spec.config))

@@ -1,4 +1,9 @@
-"""Launchers of the fused attention kernels on torch tensors: read dims, allocate, grid, launch.
+"""Launchers of the fused attention kernels on torch tensors: read dims, allocate, launch.
+
+What a call launches is described once per call shape (:class:`~blocksparse.torch._launch.KernelLaunch`:
+:func:`fwd_launch`, :func:`bwd_launches`) and kept ready (:func:`runners`): on a GPU the kernel
+library's compiled spec where one serves the launch (one C call; :mod:`blocksparse.ops.attention.aot`
+says which), else Triton's JIT (any GPU, and Triton's CPU interpreter).
 
 ``tables`` are the layout's device tables (:meth:`.state.LayoutState.tables`): the row lists
 (forward, dq) and column lists (dk/dv) of :mod:`blocksparse.ops.attention.blocklist`, and the
@@ -8,14 +13,16 @@ pointer loads.
 """
 import functools
 import math
+from dataclasses import asdict
 
 import torch
-import triton
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ... import _env
+from ...ops.attention.aot import backward_launches
 from ...ops.attention.bwd import attn_bwd_delta_kernel, attn_bwd_kernel
 from ...ops.attention.fwd import attn_fwd_kernel
+from .. import _launch
+from .._launch import TRITON_TYPES, Descriptor, JitLaunch, KernelLaunch, Operand
 
 if _env.triton_interpret():
     from ...ops.common.interpreter import patch_bf16_dot
@@ -24,83 +31,191 @@ if _env.triton_interpret():
 
 LOG2E = 1.0 / math.log(2.0)
 
+#: The call tensors' positions: forward ``(q, k, v, o, lse, seqlens)``, backward as below.
+Q, K, V, O = 0, 1, 2, 3
+FWD_LSE, FWD_SEQLENS = 4, 5
+DO, DQ, DK, DV, LSE, DELTA, SEQLENS = 4, 5, 6, 7, 8, 9, 10
+
+#: Prepared launches kept (call shapes); the oldest half is dropped past this.
+MAX_PLANS = 512
+_plans = {}
+
 
 def fwd(q, k, v, seqlens, tables, *, block_size, causal, scale, cfg):
     """``(o, lse)``: o ``(B, HQ, S, D)`` in q's dtype, lse ``(B, HQ, S)`` float32 in base-2 units."""
     q, k, v = (_unit_stride(t) for t in (q, k, v))
-    B, HQ, S, D = q.shape
     o = q.new_empty(q.shape)
-    lse = q.new_empty((B, HQ, S), dtype=torch.float32)
+    lse = q.new_empty(q.shape[:3], dtype=torch.float32)
     if o.numel() == 0:  # an empty batch: nothing to launch (descriptors need positive sizes)
         return o, lse
-    rows = tables.rows
     tma = cfg.tma and tma_ok(q, k, v)
-    grid = _grid(rows.order.shape[0] * (block_size // cfg.BM), B * HQ, cfg)
-    attn_fwd_kernel[grid](
-        *_operands(tma, (q, cfg.BM), (k, cfg.BN), (v, cfg.BN), (o, cfg.BM)),
-        lse, _seqlens_arg(seqlens, rows), rows.headers, rows.entries, rows.order, tables.masks,
-        *_strides(q, k, v, o),
-        S, HQ, rows.heads, rows.order.shape[0], HQ // k.shape[1], scale * LOG2E,
-        BS=block_size, BM=cfg.BM, BN=cfg.BN, D=D,
-        CAUSAL=causal, HAS_SEQLENS=seqlens is not None, HAS_MASKS=tables.has_masks, TMA=tma,
-        WARP_SPECIALIZE=cfg.warp_specialize, PREFETCH=cfg.prefetch, HEADS_FIRST=cfg.heads_first,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    key = ("fwd", q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.device, id(tables),
+           seqlens is None, block_size, causal, scale, cfg, tma)
+    (run,) = runners(key, q.device, cfg, lambda: [fwd_launch(q, k, v, seqlens is not None, tables,
+                                                             block_size=block_size, causal=causal, scale=scale,
+                                                             cfg=cfg, tma=tma)])
+    run([q, k, v, o, lse, seqlens])
     return o, lse
 
 
 def bwd(do, q, k, v, o, lse, seqlens, tables, *, block_size, causal, scale, cfg):
     """``(dq, dk, dv)`` of :func:`fwd`'s ``o`` given its gradient ``do``."""
     do, q, k, v = (_unit_stride(t) for t in (do, q, k, v))
-    B, HQ, S, D = q.shape
-    HK = k.shape[1]
     dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)
     if q.numel() == 0:
         return q.new_empty(q.shape), dk, dv
-    # float32 zeros that the dk/dv programs add into, or the dq programs' output
-    dq = q.new_zeros(q.shape, dtype=torch.float32) if cfg.atomic_dq else q.new_empty(q.shape)
+    # float32 (zeroed by the launch) that the dk/dv programs add into, or the dq programs' output
+    dq = q.new_empty(q.shape, dtype=torch.float32 if cfg.atomic_dq else q.dtype)
     delta = lse.new_empty(lse.shape)
-    rows, cols = tables.rows, tables.cols
     tma = cfg.tma and tma_ok(q, k, v, o, do)
-    nb = rows.order.shape[0]
-    kv_tiles, q_tiles = nb * (block_size // cfg.BN1), nb * (block_size // cfg.BM2)
-    kv_operands = _operands(tma, (q, cfg.BM1), (k, cfg.BN1), (v, cfg.BN1), (do, cfg.BM1), (dk, cfg.BN1), (dv, cfg.BN1))
-    q_operands = _operands(tma, (q, cfg.BM2), (k, cfg.BN2), (v, cfg.BN2), (o, cfg.BM2), (do, cfg.BM2))
-    dq_operand = dq if cfg.atomic_dq else _operands(tma, (dq, cfg.BM2))[0]  # atomics add through a pointer
-
-    def launch(dkdv, dq_pass):
-        programs = kv_tiles * B * HK * dkdv + q_tiles * B * HQ * dq_pass
-        attn_bwd_kernel[(programs,)](
-            *kv_operands, *q_operands, dq_operand, lse, delta, _seqlens_arg(seqlens, rows),
-            cols.headers, cols.entries, cols.order, rows.headers, rows.entries, rows.order, tables.masks,
-            *_strides(q, k, v, o, do, dk, dv, dq),
-            S, HQ, rows.heads, nb, HQ // HK, kv_tiles, B * HK, q_tiles, B * HQ, scale * LOG2E, scale,
-            BS=block_size, BM1=cfg.BM1, BN1=cfg.BN1, BM2=cfg.BM2, BN2=cfg.BN2, D=D, CAUSAL=causal,
-            HAS_SEQLENS=seqlens is not None, HAS_MASKS=tables.has_masks, TMA=tma, DKDV=dkdv, DQ_PASS=dq_pass,
-            ATOMIC_DQ=cfg.atomic_dq, PREFETCH=cfg.prefetch, HEADS_FIRST=cfg.heads_first,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
-
-    if cfg.atomic_dq or cfg.fused:  # delta first, then the dk/dv programs (and the dq ones, fused)
-        _delta(o, do, delta, S, B, HQ, tma, cfg)
-        launch(True, not cfg.atomic_dq)
-    else:  # the dq programs write delta, then the dk/dv programs read it
-        launch(False, True)
-        launch(True, False)
+    key = ("bwd", q.shape, q.stride(), k.shape, k.stride(), v.stride(), o.stride(), do.stride(), q.dtype, q.device,
+           id(tables), seqlens is None, block_size, causal, scale, cfg, tma)
+    tensors = [q, k, v, o, do, dq, dk, dv, lse, delta, seqlens]
+    for run in runners(key, q.device, cfg, lambda: bwd_launches(q, k, v, o, do, seqlens is not None, tables,
+                                                                block_size=block_size, causal=causal, scale=scale,
+                                                                cfg=cfg, tma=tma)):
+        run(tensors)
     return (dq.to(q.dtype) if cfg.atomic_dq else dq), dk, dv
 
 
-def _delta(o, do, delta, S, B, HQ, tma, cfg):
-    """``delta = rowsum(o * do)`` into ``delta`` (its own pass, before kernels that read it)."""
-    attn_bwd_delta_kernel[(S // cfg.BM2, B * HQ)](
-        *_operands(tma, (o, cfg.BM2), (do, cfg.BM2)), delta, *_strides(o, do), S, HQ,
-        BM=cfg.BM2, D=o.shape[-1], TMA=tma, num_warps=cfg.num_warps,
-    )
+def runners(key, device, cfg, describe):
+    """The prepared launches of call shape ``key`` with tile config ``cfg`` (``describe()`` lists
+    them the first time)."""
+    found = _plans.get(key)
+    if found is None:
+        found = tuple(_prepare(launch, device, cfg) for launch in describe())
+        if len(_plans) >= MAX_PLANS:
+            for old in list(_plans)[:MAX_PLANS // 2]:
+                del _plans[old]
+        _plans[key] = found
+    return found
 
 
-def _grid(tiles, heads, cfg):
-    """The grid of the forward (:func:`blocksparse.ops.attention.tiles.program_ids`)."""
-    return (heads, tiles) if cfg.heads_first else (tiles, heads)
+def _prepare(launch, device, cfg):
+    """The kernel library's spec for ``launch`` on a GPU where one serves it, else Triton's JIT."""
+    if device.type != "cuda":
+        return JitLaunch(launch, "not a CUDA tensor")
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return prepare_on(launch, cfg, _launch.library(), _launch.device_info(index).arch, index)
+
+
+def prepare_on(launch, cfg, kernels, arch, index):
+    """The runner of ``launch`` (tile config ``cfg``) on GPU ``index`` of ``sm_{arch}`` with the
+    kernel library ``kernels`` (or None)."""
+    spec = None if kernels is None else _spec(kernels, arch, launch, cfg)
+    return _launch.prepare(launch, index, kernels, spec)
+
+
+def _spec(kernels, arch, launch, cfg):
+    """Index of the compiled spec of ``launch`` (fields of :func:`blocksparse.ops.attention.aot.fields`),
+    or None; :func:`blocksparse.torch._launch.prepare` then checks every argument against it."""
+    c = launch.constexprs
+    if not c.get("TMA") or c.get("HAS_SEQLENS") or c.get("HAS_MASKS"):
+        return None  # compiled: tensor-descriptor tiles, no ragged lengths or element masks
+    dtype = next(TRITON_TYPES[a.dtype] for a in launch.args.values() if isinstance(a, Descriptor))
+    if launch.kernel is attn_bwd_delta_kernel:
+        return kernels.find("attention", arch, product="delta", dtype=dtype, head_dim=c["D"], bm=cfg.BM2,
+                            num_warps=cfg.num_warps)
+    unit = launch.args["GROUP"] == 1 and launch.args["HL"] == 1
+    fields = dict(dtype=dtype, head_dim=c["D"], block_size=c["BS"], causal=c["CAUSAL"], unit=unit,
+                  config=asdict(cfg))
+    if launch.kernel is attn_fwd_kernel:
+        return kernels.find("attention", arch, product="fwd", **fields)
+    return kernels.find("attention", arch, product="bwd", dkdv=c["DKDV"], dq=c["DQ_PASS"], **fields)
+
+
+def fwd_launch(q, k, v, has_seqlens, tables, *, block_size, causal, scale, cfg, tma):
+    """The forward's launch on tensors shaped and strided as ``q``, ``k``, ``v`` (call tensors
+    ``(q, k, v, o, lse, seqlens)``; ``o`` contiguous)."""
+    B, HQ, S, D = q.shape
+    rows = tables.rows
+    o_strides = _contiguous(q.shape)
+    tiles = _tiles(tma, q.dtype, (Q, "Q", q, q.stride(), cfg.BM), (K, "K", k, k.stride(), cfg.BN),
+                   (V, "V", v, v.stride(), cfg.BN), (O, "O", q, o_strides, cfg.BM))
+    args = dict(tiles, LSE=Operand(FWD_LSE, torch.float32),
+                SEQLENS=Operand(FWD_SEQLENS, torch.int32) if has_seqlens else rows.order,
+                HEADERS=rows.headers, ENTRIES=rows.entries, ORDER=rows.order, MASKS=tables.masks,
+                **_strides(("q", q.stride()), ("k", k.stride()), ("v", v.stride()), ("o", o_strides)),
+                S=S, HQ=HQ, HL=rows.heads, NB=rows.order.shape[0], GROUP=HQ // k.shape[1], qk_scale=scale * LOG2E)
+    constexprs = dict(BS=block_size, BM=cfg.BM, BN=cfg.BN, D=D, CAUSAL=causal, HAS_SEQLENS=has_seqlens,
+                      HAS_MASKS=tables.has_masks, TMA=tma, WARP_SPECIALIZE=cfg.warp_specialize,
+                      PREFETCH=cfg.prefetch, HEADS_FIRST=cfg.heads_first)
+    tiles_n = rows.order.shape[0] * (block_size // cfg.BM)
+    grid = (B * HQ, tiles_n) if cfg.heads_first else (tiles_n, B * HQ)
+    return KernelLaunch(attn_fwd_kernel, grid, args, constexprs, cfg.num_warps, cfg.num_stages)
+
+
+def bwd_launches(q, k, v, o, do, has_seqlens, tables, *, block_size, causal, scale, cfg, tma):
+    """The backward's launches, in order (call tensors ``(q, k, v, o, do, dq, dk, dv, lse, delta,
+    seqlens)``; ``dq``, ``dk``, ``dv`` contiguous): a delta pass first where the config runs one,
+    then one or two launches of :func:`attn_bwd_kernel` (:func:`~blocksparse.ops.attention.aot.backward_launches`)."""
+    B, HQ, S, D = q.shape
+    HK = k.shape[1]
+    rows, cols = tables.rows, tables.cols
+    nb = rows.order.shape[0]
+    kv_tiles, q_tiles = nb * (block_size // cfg.BN1), nb * (block_size // cfg.BM2)
+    q_out, kv_out = _contiguous(q.shape), _contiguous(k.shape)
+    t = q.dtype
+    args = dict(_tiles(tma, t, (Q, "Q1", q, q.stride(), cfg.BM1), (K, "K1", k, k.stride(), cfg.BN1),
+                       (V, "V1", v, v.stride(), cfg.BN1), (DO, "DO1", q, do.stride(), cfg.BM1),
+                       (DK, "DK", k, kv_out, cfg.BN1), (DV, "DV", k, kv_out, cfg.BN1),
+                       (Q, "Q2", q, q.stride(), cfg.BM2), (K, "K2", k, k.stride(), cfg.BN2),
+                       (V, "V2", v, v.stride(), cfg.BN2), (O, "O", q, o.stride(), cfg.BM2),
+                       (DO, "DO2", q, do.stride(), cfg.BM2)),
+                LSE=Operand(LSE, torch.float32), DELTA=Operand(DELTA, torch.float32),
+                SEQLENS=Operand(SEQLENS, torch.int32) if has_seqlens else rows.order,
+                COL_HEADERS=cols.headers, COL_ENTRIES=cols.entries, COL_ORDER=cols.order,
+                ROW_HEADERS=rows.headers, ROW_ENTRIES=rows.entries, ROW_ORDER=rows.order, MASKS=tables.masks,
+                **_strides(("q", q.stride()), ("k", k.stride()), ("v", v.stride()), ("o", o.stride()),
+                           ("do", do.stride()), ("dk", kv_out), ("dv", kv_out), ("dq", q_out)),
+                S=S, HQ=HQ, HL=rows.heads, NB=nb, GROUP=HQ // HK, KV_TILES=kv_tiles, KV_HEADS=B * HK,
+                Q_TILES=q_tiles, Q_HEADS=B * HQ, qk_scale=scale * LOG2E, sm_scale=scale)
+    # atomics add dq through a float32 pointer (zeroed first), else the dq programs store its tiles
+    args["DQ"] = Operand(DQ, torch.float32) if cfg.atomic_dq else _tiles(tma, t, (DQ, "DQ", q, q_out, cfg.BM2))["DQ"]
+    flags = dict(BS=block_size, BM1=cfg.BM1, BN1=cfg.BN1, BM2=cfg.BM2, BN2=cfg.BN2, D=D, CAUSAL=causal,
+                 HAS_SEQLENS=has_seqlens, HAS_MASKS=tables.has_masks, TMA=tma, ATOMIC_DQ=cfg.atomic_dq,
+                 PREFETCH=cfg.prefetch, HEADS_FIRST=cfg.heads_first)
+    kinds, delta_first = backward_launches(cfg)
+    launches = [_delta_launch(q, o, do, cfg, tma)] if delta_first else []
+    for dkdv, dq_pass in kinds:
+        programs = kv_tiles * B * HK * dkdv + q_tiles * B * HQ * dq_pass
+        launches.append(KernelLaunch(attn_bwd_kernel, (programs,), args, dict(flags, DKDV=dkdv, DQ_PASS=dq_pass),
+                                     cfg.num_warps, cfg.num_stages, zero=(DQ,) if cfg.atomic_dq else ()))
+    return launches
+
+
+def _delta_launch(q, o, do, cfg, tma):
+    """``delta = rowsum(o * do)`` into the call's ``delta`` (its own pass, before kernels that read it)."""
+    B, HQ, S, D = q.shape
+    args = dict(_tiles(tma, q.dtype, (O, "O", q, o.stride(), cfg.BM2), (DO, "DO", q, do.stride(), cfg.BM2)),
+                DELTA=Operand(DELTA, torch.float32), **_strides(("o", o.stride()), ("do", do.stride())), S=S, HQ=HQ)
+    return KernelLaunch(attn_bwd_delta_kernel, (S // cfg.BM2, B * HQ), args, dict(BM=cfg.BM2, D=D, TMA=tma),
+                        cfg.num_warps, 3)
+
+
+def _tiles(tma, dtype, *operands):
+    """``{parameter: Descriptor or Operand}`` of ``(call index, parameter, tensor of the shape,
+    strides, tile rows)`` operands."""
+    out = {}
+    for index, name, like, strides, rows in operands:
+        shape = tuple(like.shape)
+        out[name] = (Descriptor(index, shape, tuple(strides), (1, 1, rows, shape[-1]), dtype) if tma
+                     else Operand(index, dtype))
+    return out
+
+
+def _strides(*named):
+    """The kernels' (batch, head, sequence) stride arguments: ``stride_<name>b/h/s``."""
+    return {f"stride_{name}{axis}": s for name, strides in named for axis, s in zip("bhs", strides[:3])}
+
+
+def _contiguous(shape):
+    """Strides of a fresh contiguous tensor of ``shape``."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
 
 
 def tma_ok(*tensors):
@@ -124,21 +239,3 @@ def _major(index):
 def _unit_stride(t):
     """``t``, or a contiguous copy when D is strided or a dimension is broadcast (stride 0)."""
     return t if t.stride(-1) == 1 and 0 not in t.stride() else t.contiguous()
-
-
-def _operands(tma, *tensors_rows):
-    """Each tensor, or a descriptor over it whose block is ``[1, 1, rows, D]``."""
-    if not tma:
-        return [t for t, _ in tensors_rows]
-    return [TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[-1]])
-            for t, rows in tensors_rows]
-
-
-def _strides(*tensors):
-    """(batch, head, sequence) strides of each tensor, in turn."""
-    return [s for t in tensors for s in t.stride()[:3]]
-
-
-def _seqlens_arg(seqlens, lists):
-    """The lengths, or any int32 tensor when there are none (the kernels do not read it then)."""
-    return lists.order if seqlens is None else seqlens

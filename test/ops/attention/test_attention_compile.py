@@ -57,7 +57,7 @@ def test_kernels_compile_for_sm90_and_sm80():
 @pytest.mark.parametrize("kernel,atomic", [(k, False) for k in aot.KERNELS] + [("attn_bwd_kernel", True)])
 def test_compile_args_name_every_parameter(kernel, atomic):
     cfg = FwdConfig() if kernel == "attn_fwd_kernel" else BwdConfig(atomic_dq=atomic)
-    signature, consts = aot.compile_args(kernel, dtype="fp16", head_dim=128, block_size=128, cfg=cfg, causal=True)
+    signature, consts = aot.triton_args(kernel, dtype="fp16", head_dim=128, block_size=128, cfg=cfg, causal=True)
     fn = aot._function(kernel)
     assert list(signature) == list(fn.arg_names)
     assert {n for n, t in signature.items() if t == "constexpr"} == set(consts)
