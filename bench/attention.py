@@ -59,6 +59,7 @@ from blocksparse.ops.attention.configs import BwdConfig, FwdConfig  # noqa: E402
 from blocksparse.testing import rel_error, tolerance  # noqa: E402
 from blocksparse.testing.poison import poisoned_empty  # noqa: E402
 from blocksparse.torch import AttentionLayout, attention  # noqa: E402
+from blocksparse.torch._attention import launch as attention_launch  # noqa: E402
 
 BS = 128
 HEADS = 16
@@ -259,8 +260,18 @@ def flex_impl(p):
 
 
 # --------------------------------------------------------------------------- comparison
+def _kernel_library():
+    """Where our launches come from: the kernel library's compiled specs where they serve (else
+    Triton's JIT), or the JIT alone."""
+    from blocksparse import _kernels
+
+    kernels = _kernels.load()
+    return "Triton's JIT" if kernels is None else "the kernel library where it holds the launch, else Triton's JIT"
+
+
 def compare_case(name, S, B, D, device, cpu, rounds):
     """Rows (ours, flex, sdpa, flash) of one case: each checked, then all timed interleaved."""
+    attention_launch._plans.clear()  # the launches this case prepares are recorded with its row
     p = Problem(name, S, B, D, device, heads=2 if cpu else HEADS)
     base = dict(S=S, B=B, H=p.q.shape[1], D=D, layout=name, causal=p.causal, kept_pct=round(p.kept_pct(), 1))
     ref = reference_subset(p) if S <= 4096 else None
@@ -299,6 +310,7 @@ def compare_case(name, S, B, D, device, cpu, rounds):
             calls.update(fwd_and_fwdbwd("sdpa", sdpa, p))
             calls.update(fwd_and_fwdbwd("flash", flash, p))
     del ours
+    rows["ours"]["launches"] = sorted({r.path for plan in attention_launch._plans.values() for r in plan})
     for (impl, kind), (ms, spread) in interleaved(calls, rounds, p.leaves).items():
         rows[impl][f"{kind}_ms"] = ms
         rows[impl][f"{kind}_spread"] = round(spread, 3)
@@ -341,7 +353,7 @@ def comparison_markdown(meta, rows):
              "interleaved rounds (max spread: the largest (max - min) / min of a case's timings). "
              "Speedup = Flex ms / ours ms (goal >= 1.2); ours/sdpa = our ms / dense causal SDPA ms as PyTorch "
              "dispatches it (goal <= 1.1; on the H200 cuDNN's flash kernel); flash: SDPA forced onto the flash "
-             "backend (FlashAttention 2), for reference.", "",
+             f"backend (FlashAttention 2), for reference. Our launches: {meta.get('kernels', 'jit')}.", "",
              "| S | B | D | layout (kept %) | ours fwd / fwd+bwd | Flex fwd / fwd+bwd | sdpa fwd / fwd+bwd "
              "| flash fwd / fwd+bwd | speedup vs Flex fwd / fwd+bwd | ours/sdpa fwd / fwd+bwd | checked "
              "| max spread |",
@@ -503,7 +515,7 @@ def main():
     gpu = "cpu" if args.cpu else torch.cuda.get_device_name().split()[-1].lower()
     meta = dict(device="CPU (Triton interpreter)" if args.cpu else torch.cuda.get_device_name(),
                 torch=torch.__version__, triton=triton.__version__, date=time.strftime("%Y-%m-%d"),
-                mode="sweep" if args.sweep else "compare", quick=args.quick)
+                mode="sweep" if args.sweep else "compare", quick=args.quick, kernels=_kernel_library())
     os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, f"attention{'-sweep' if args.sweep else ''}-{gpu}")
 
