@@ -27,7 +27,7 @@ import importlib
 __all__ = ["AOT_FAMILIES", "family"]
 
 #: Families whose kernels are compiled ahead of time (each has an ``aot`` module).
-AOT_FAMILIES = ("matmul", "norms", "lstm", "conv", "attention")
+AOT_FAMILIES = ("matmul", "norms", "lstm", "transformer", "conv", "attention")
 
 
 def family(name):
