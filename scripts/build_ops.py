@@ -40,7 +40,8 @@ from blocksparse.aot import native  # noqa: E402
 LIBRARY = "_tf_ops.so"
 KERNELS = native.KERNELS_LIBRARY
 MANIFEST = "_build_info.json"
-TF_SOURCES = ("ops.cc", "kernels.cc", "norms_ops.cc", "norms_kernels.cc")
+TF_SOURCES = ("ops.cc", "kernels.cc", "norms_ops.cc", "norms_kernels.cc", "transformer_ops.cc",
+              "transformer_kernels.cc")
 
 #: x86_64 manylinux policies (PEP 600) by glibc minor version, with the newest libstdc++ / libgcc
 #: symbol versions each allows (auditwheel's policy table): the oldest one that covers every
