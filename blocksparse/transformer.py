@@ -16,7 +16,6 @@ Works in TF2 eager mode, inside ``tf.function`` (the batch may be unknown) and i
 from ._tf import tf
 from ._tf.checks import float_dtype
 from ._tf.transformer import arguments, autodiff, backend
-from ._tf.transformer.reference import keep_mask
 from .ops.transformer.frontend import TransformerBase, check_bench
 
 __all__ = ["BlocksparseTransformer", "clear_bst_constants"]
@@ -37,6 +36,11 @@ class BlocksparseTransformer(TransformerBase):
     ``bench`` arguments are accepted and ignored.
     """
 
+    def _head_dim(self, t):
+        """The head dimension of activations ``t`` (checked), None where unknown when the op is built."""
+        features = t.shape[2]
+        return None if features is None else features // self.heads
+
     @_as_is
     def _nt(self, a, b, name, bench):
         check_bench(bench)
@@ -44,7 +48,7 @@ class BlocksparseTransformer(TransformerBase):
             a_t = arguments.dense(self, a[1], a[0], self.ctx_q, "ctx_q")
             b_t = arguments.dense(self, b[1], b[0], self.ctx_k, "ctx_k")
             a_t, b_t = arguments.pair(a_t, b_t, a[0], b[0], same_features=True)
-            return autodiff.nt(a_t, b_t, self.layout, backend.select(self.block_size, a_t.dtype))
+            return autodiff.nt(a_t, b_t, self.layout, backend.select(self.block_size, a_t.dtype, self._head_dim(a_t)))
 
     @_as_is
     def _xn(self, w, x, trans, name, bench):
@@ -53,7 +57,8 @@ class BlocksparseTransformer(TransformerBase):
             w_t = arguments.scores(self, w[1], w[0])
             x_t = arguments.dense(self, x[1], x[0], *((self.ctx_q, "ctx_q") if trans else (self.ctx_k, "ctx_k")))
             w_t, x_t = arguments.pair(w_t, x_t, w[0], x[0])
-            return autodiff.xn(w_t, x_t, self.layout, backend.select(self.block_size, x_t.dtype), trans)
+            return autodiff.xn(w_t, x_t, self.layout, backend.select(self.block_size, x_t.dtype, self._head_dim(x_t)),
+                               trans)
 
     @_as_is
     def _softmax(self, x, scale, autoregress_at_key, dtype, masked):
@@ -62,9 +67,8 @@ class BlocksparseTransformer(TransformerBase):
         with tf.name_scope(self.name + "_softmax"):
             x = arguments.scores(self, x, "x")
             dtype = x.dtype if dtype is None else float_dtype(dtype, "dtype")
-            keep = keep_mask(self.layout, self.masks if masked else None, autoregress_at_key)
-            return autodiff.softmax(x, scale, keep, self.layout, backend.select(self.block_size, x.dtype), dtype,
-                                    scale_grad)
+            return autodiff.softmax(x, scale, self.masks if masked else None, autoregress_at_key, self.layout,
+                                    backend.select(self.block_size, x.dtype), dtype, scale_grad)
 
 
 for _op in ("query_key_op", "weight_value_op", "nt_op", "nn_op", "tn_op", "masked_softmax", "softmax"):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from .. import _env
 from . import device, loader
 
-__all__ = ["BackendUnavailableError", "gpu_library", "no_kernels"]
+__all__ = ["BackendUnavailableError", "gpu_implementation", "gpu_library", "no_kernels"]
 
 class BackendUnavailableError(RuntimeError):
     """``BLOCKSPARSE_BACKEND`` asks for an implementation this installation cannot provide."""
@@ -57,3 +57,18 @@ def no_kernels(library, arch, what):
         raise _unavailable(why)
     loader.warn_once(("arch", arch), f"blocksparse: the reference path (TensorFlow ops) computes "
                      f"the products: {why}", stacklevel=4)
+
+
+def gpu_implementation(eligible, what, build):
+    """A family's GPU implementation of an op built now, or None for the reference path:
+    :func:`gpu_library` with the call's ``eligible``, then ``build(library, arch)``, which makes it
+    or returns None where the library has no kernels for it (:func:`no_kernels` then says so about
+    ``what``, a description)."""
+    found = gpu_library(eligible)
+    if found is None:
+        return None
+    library, arch = found
+    impl = build(library, arch)
+    if impl is None:
+        no_kernels(library, arch, what)
+    return impl

@@ -62,6 +62,13 @@ class OpLibrary(BuiltImages):
     module: object
     specs: tuple
 
+    def serves(self, arch, family, **fields):
+        """Whether a ``family`` kernel with these ``fields`` is one the runtime's selection would run
+        on a GPU of compute capability ``arch`` (:func:`blocksparse.aot.targets.spec_rank`: a cubin of
+        the GPU, else PTX, within its shared memory)."""
+        return any(s["family"] == family and spec_rank(s, arch) and all(s.get(k) == v for k, v in fields.items())
+                   for s in self.specs)
+
     def group(self, arch, product, dtype, block_size, axis):
         """``G`` of the tables the matmul kernels for this product read on a GPU of compute capability
         ``arch`` (10 * major + minor), or None when no kernel serves it.

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .. import tf
-from ..dispatch import gpu_library, no_kernels
+from ..dispatch import gpu_implementation
 from . import layer_norm, lstm_gates
 
 __all__ = ["Implementation", "REFERENCE", "layer_norm_eligible", "lstm_gates_eligible", "select"]
@@ -59,12 +59,4 @@ def lstm_gates_eligible(dtype, k):
 def select(eligible, what, build):
     """The :class:`Implementation` for an op built now (``what`` names it in messages):
     ``build(library, arch)`` makes the GPU one, or None where the library has no kernels for it."""
-    found = gpu_library(eligible)
-    if found is None:
-        return REFERENCE
-    library, arch = found
-    impl = build(library, arch)
-    if impl is None:
-        no_kernels(library, arch, what)
-        return REFERENCE
-    return impl
+    return gpu_implementation(eligible, what, build) or REFERENCE

@@ -9,7 +9,6 @@ gradient ops have no gradient: no second order).
 """
 from __future__ import annotations
 
-from ...aot.targets import spec_rank
 from .. import tf
 from .backend import Implementation
 
@@ -20,13 +19,8 @@ DTYPES = {tf.float16: "fp16", tf.bfloat16: "bf16", tf.float32: "fp32"}
 
 def served(library, arch, family, **fields):
     """Whether ``library`` holds a ``family`` kernel with these ``fields`` (both directions) for a
-    GPU of compute capability ``arch``: one the runtime's selection would run there
-    (:func:`blocksparse.aot.targets.spec_rank`: a cubin of the GPU, else PTX, within its shared memory)."""
-    def matches(spec, product):
-        return (spec["family"] == family and spec.get("product") == product and spec_rank(spec, arch)
-                and all(spec.get(k) == v for k, v in fields.items()))
-
-    return all(any(matches(s, product) for s in library.specs) for product in ("fwd", "bwd"))
+    GPU of compute capability ``arch`` (:meth:`~blocksparse._tf.loader.OpLibrary.serves`)."""
+    return all(library.serves(arch, family, product=product, **fields) for product in ("fwd", "bwd"))
 
 
 def _ln_attrs(axis, segments, epsilon, relu):

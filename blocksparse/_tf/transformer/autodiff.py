@@ -33,12 +33,13 @@ def xn(w, x, layout, products, trans):
     return blocksparse_transformer_xn(w, x)
 
 
-def softmax(x, scale, keep, layout, products, dtype, scale_grad):
-    """Masked softmax of ``scale * x`` (``scale``: float32 scalar tensor) in ``dtype``; the gradient
-    of ``scale`` is computed only when ``scale_grad``."""
+def softmax(x, scale, masks, autoregress_at_key, layout, products, dtype, scale_grad):
+    """Masked softmax of ``scale * x`` (``scale``: float32 scalar tensor) in ``dtype``, dropping what
+    the in-block ``masks`` (or None) and ``autoregress_at_key`` (None or an int32 scalar) drop; the
+    gradient of ``scale`` is computed only when ``scale_grad``."""
     @tf.custom_gradient
     def blocksparse_masked_softmax(x, scale):
-        y = products.softmax(x, scale, keep, layout, dtype)
+        y = products.softmax(x, scale, masks, autoregress_at_key, layout, dtype)
 
         def grad(dy):
             dx = products.softmax_grad(dy, y, scale, layout, x.dtype)

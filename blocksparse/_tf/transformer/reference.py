@@ -94,9 +94,10 @@ def _row_reduce(t, layout, segment_op):
     return tf.transpose(tf.gather(rows, q_ids), [1, 0, 2])
 
 
-def softmax(x, scale, keep, layout, dtype):
-    """Softmax of ``scale * x`` (packed) along each query row over the elements ``keep`` marks
-    (None: all); 0 where dropped and for rows that keep nothing.  Result in ``dtype``."""
+def softmax(x, scale, masks, autoregress_at_key, layout, dtype):
+    """Softmax of ``scale * x`` (packed) along each query row over the elements it keeps (see
+    :func:`keep_mask`); 0 where dropped and for rows that keep nothing.  Result in ``dtype``."""
+    keep = keep_mask(layout, masks, autoregress_at_key)
     s = _per_block(x, layout) * scale
     if keep is not None:
         s = tf.where(keep, s, float("-inf"))

@@ -16,13 +16,14 @@ from dataclasses import dataclass
 
 from ...aot.family import CompileArgs
 from ..common.aot import signature
+from ..matmul.configs import KERNEL_BLOCK_SIZES
 
 __all__ = ["BstSpec", "DTYPES", "BLOCK_SIZES", "PRECISION", "MAX_BD", "PRODUCTS", "head_slice", "warps",
            "specializations", "kernel", "compile_args", "fields"]
 
 DTYPES = ("fp16", "bf16", "fp32")
-#: The block sizes the kernels take (``tl.dot`` needs 16 or more).
-BLOCK_SIZES = (16, 32, 64, 128)
+#: The block sizes the kernels take, those the PyTorch frontend runs them on (``tl.dot`` needs 16 or more).
+BLOCK_SIZES = KERNEL_BLOCK_SIZES
 #: As :data:`blocksparse.torch._transformer.ops.PRECISION`.
 PRECISION = "ieee"
 #: The widest head-dimension slice (64 for 128-blocks).

@@ -314,5 +314,9 @@ def test_backend_choice(bst, monkeypatch):
         pytest.skip("the error below is for machines without a GPU")
     monkeypatch.setenv("BLOCKSPARSE_BACKEND", "triton")
     with pytest.raises(BackendUnavailableError, match="TensorFlow sees no GPU"):
-        bst.query_key_op(tf.zeros([1, 32, 4]), tf.zeros([1, 32, 4]))
-    assert backend.select(8, tf.float32) is backend.REFERENCE  # no kernels for block size 8: silent
+        bst.query_key_op(tf.zeros([1, 32, 32]), tf.zeros([1, 32, 32]))   # head_dim 16
+    with pytest.raises(BackendUnavailableError, match="TensorFlow sees no GPU"):
+        bst.softmax(tf.zeros(bst.w_shape(1)))
+    # no kernels for block size 8, nor for head dimensions that are no multiple of 16: silent
+    assert backend.select(8, tf.float32) is backend.REFERENCE
+    assert bst.query_key_op(tf.zeros([1, 32, 4]), tf.zeros([1, 32, 4])).shape == bst.w_shape(1)
