@@ -55,3 +55,20 @@ def gpu_arch(monkeypatch):
         monkeypatch.setattr(gpu, "device_arch", lambda: arch)
 
     return set_arch
+
+
+@pytest.fixture
+def gpu_library_with(op_library, gpu_arch, monkeypatch):
+    """Pretend an sm_90 GPU (or ``arch``) and a library holding ``specs`` besides the built ones:
+    ``gpu_library_with(*specs, arch=90)``; the library."""
+    from dataclasses import replace
+
+    from blocksparse._tf import loader
+
+    def install(*specs, arch=90):
+        gpu_arch(arch)
+        lib = replace(op_library, specs=tuple(op_library.specs) + specs)
+        monkeypatch.setattr(loader, "library", lambda warn=True: lib)
+        return lib
+
+    return install

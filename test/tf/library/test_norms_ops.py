@@ -3,7 +3,6 @@ inference (unknown N), attr and shape errors (InvalidArgument at trace or run ti
 kernels' answer, and the frontends' choice of the GPU ops where a GPU library with the family's
 kernels is present (mocked: a GPU arch and the specs).  Kernel numerics are checked on a GPU."""
 import warnings
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -14,6 +13,7 @@ from tensorflow.python.framework import op_def_registry  # noqa: E402
 
 from blocksparse import lstm, norms  # noqa: E402
 from blocksparse._tf import dispatch, loader  # noqa: E402
+from tf_op_build import fake_spec as _spec  # noqa: E402
 
 OPS = ("BlocksparseLayerNorm", "BlocksparseLayerNormGrad", "BlocksparseLstmGates", "BlocksparseLstmGatesGrad")
 
@@ -140,25 +140,9 @@ def test_a_valid_call_on_the_cpu_says_the_op_runs_on_gpus(op_library, build):
 
 # ------------------------------------------------------------------------ dispatch
 
-def _spec(family, product, **fields):
-    return {"family": family, "product": product, "arch": 90, "image": "cubin", "target": "sm_90a", "shared": 0,
-            "name": f"{family}_{product}", **fields}
-
-
 LN_SPECS = tuple(_spec("norms", p, dtype="bf16", axis=a, relu=False, aligned=True) for p in ("fwd", "bwd")
                  for a in (1, 0))
 LSTM_SPECS = tuple(_spec("lstm", p, dtype="bf16", has_bias=b) for p in ("fwd", "bwd") for b in (False, True))
-
-
-@pytest.fixture
-def gpu_library_with(op_library, gpu_arch, monkeypatch):
-    """Pretend an sm_90 GPU and a library holding ``specs`` (besides the built ones)."""
-    def install(*specs, arch=90):
-        gpu_arch(arch)
-        lib = replace(op_library, specs=tuple(op_library.specs) + specs)
-        monkeypatch.setattr(loader, "library", lambda warn=True: lib)
-
-    return install
 
 
 def _layer_norm_graph(shape=(None, 64), axis=-1, relu=False, dtype=tf.bfloat16, jit=False):

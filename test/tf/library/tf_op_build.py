@@ -1,5 +1,6 @@
-"""Where the op library's build script is, and whether this machine can run it (shared by the
-tests of this folder; import as ``from tf_op_build import ...``)."""
+"""Where the op library's build script is, whether this machine can run it, and manifest records of
+kernels a library does not hold (shared by the tests of this folder; import as
+``from tf_op_build import ...``)."""
 import importlib.util
 import shutil
 from pathlib import Path
@@ -14,3 +15,10 @@ def can_build():
     """Whether this machine can build the op library: the sources, Triton, compilers."""
     return (BUILD_SCRIPT.is_file() and importlib.util.find_spec("triton") is not None
             and any(shutil.which(c) for c in ("c++", "g++")) and shutil.which("objdump"))
+
+
+def fake_spec(family, product, **fields):
+    """A manifest record of a ``family`` kernel with these fields, an sm_90 cubin (for
+    ``gpu_library_with``)."""
+    return {"family": family, "product": product, "arch": 90, "image": "cubin", "target": "sm_90a", "shared": 0,
+            "name": f"{family}_{product}", **fields}
