@@ -10,8 +10,12 @@
 TensorShape([3, 64, 16])
 
 Works in TF2 eager mode, inside ``tf.function`` (the batch may be unknown) and in
-``tf.compat.v1`` graphs; every op is differentiable.  The ops run on the reference path
-(TensorFlow ops: gather / einsum / segment sums; nothing ``ctx x ctx`` is made) on any device.
+``tf.compat.v1`` graphs; every op is differentiable.  On a GPU the ops run the Triton kernels the
+PyTorch frontend runs, compiled ahead of time into the op library (block sizes 16 to 128, float32,
+float16 and bfloat16; the products for head dimensions that are multiples of 16); elsewhere --
+the CPU, XLA, block size 8, other head dimensions, no op library -- the reference path (TensorFlow
+ops: gather / einsum / segment sums; nothing ``ctx x ctx`` is made) computes them.  See
+:mod:`blocksparse._tf.transformer.backend`.
 """
 from ._tf import tf
 from ._tf.checks import float_dtype
@@ -32,8 +36,8 @@ def clear_bst_constants():
 
 class BlocksparseTransformer(TransformerBase):
     __doc__ = TransformerBase.__doc__.split("    This class holds")[0] + """\
-    TensorFlow: the reference path (TensorFlow ops) serves on every device; the original's
-    ``bench`` arguments are accepted and ignored.
+    TensorFlow: the op library's kernels on a GPU, the reference path (TensorFlow ops) elsewhere
+    (see the module docstring); the original's ``bench`` arguments are accepted and ignored.
     """
 
     def _head_dim(self, t):

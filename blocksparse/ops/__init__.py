@@ -8,7 +8,7 @@ matmul       block-sparse ``y = x @ W``: fprop / bprop (``xprop*``), updat (``up
 norms        layer norm over either activation layout (segments, fused relu), tiles
 lstm         the fused LSTM gates (one step's nonlinearities and cell update)
 transformer  block-sparse attention ops: attention lookup tables (``lut``), ``nt`` / ``nn`` / ``tn``
-             products, the masked softmax, the frontends' shared API (``frontend``)
+             products, the masked softmax, the frontends' shared API (``frontend``), ahead-of-time specs
 attention    the fused flash-style block-sparse attention: block lists, forward / backward, tiles
 conv         block-sparse convolution: channel blocks, geometry, edge bias, grouped-conv plans
 common       what several families share (the interpreter fix, deterministic partial-row sums and their

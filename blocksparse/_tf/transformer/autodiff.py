@@ -3,11 +3,12 @@
 The three products are closed under differentiation -- ``d(nt) = (nn, tn)``, ``d(nn) = (nt, tn)``,
 ``d(tn) = (nt, nn)`` -- so each gradient is built from these differentiable ops again (second order
 works).  The softmax gradient is ``(dy - sum_row(dy * y)) * y * scale``; a tensor ``scale`` also gets
-its gradient.
+its gradient.  The softmax gradient's own gradient (second order) is that of its reference formula.
 """
 from .. import tf
+from . import reference
 
-__all__ = ["nt", "softmax", "xn"]
+__all__ = ["nt", "softmax", "softmax_grad", "xn"]
 
 
 def nt(a, b, layout, products):
@@ -42,12 +43,28 @@ def softmax(x, scale, masks, autoregress_at_key, layout, products, dtype, scale_
         y = products.softmax(x, scale, masks, autoregress_at_key, layout, dtype)
 
         def grad(dy):
-            dx = products.softmax_grad(dy, y, scale, layout, x.dtype)
+            dx = softmax_grad(dy, y, scale, layout, products, x.dtype)
             if not scale_grad:
                 return dx, None
-            ds = products.softmax_grad(dy, y, 1.0, layout, tf.float32)
+            ds = softmax_grad(dy, y, 1.0, layout, products, tf.float32)
             return dx, tf.reduce_sum(ds * tf.cast(x, tf.float32))
 
         return y, grad
 
     return blocksparse_masked_softmax(x, scale)
+
+
+def softmax_grad(dy, y, scale, layout, products, dtype):
+    """``(dy - sum_row(dy * y)) * y * scale`` in ``dtype``, with gradients: those of
+    :func:`.reference.softmax_grad` (the ops of the GPU path have none of their own)."""
+    @tf.custom_gradient
+    def blocksparse_masked_softmax_grad(dy, y, scale):
+        def grad(g):
+            with tf.GradientTape() as tape:
+                tape.watch([dy, y, scale])
+                dx = reference.softmax_grad(dy, y, scale, layout, dtype)
+            return tape.gradient(dx, [dy, y, scale], output_gradients=g)
+
+        return products.softmax_grad(dy, y, scale, layout, dtype), grad
+
+    return blocksparse_masked_softmax_grad(dy, y, tf.convert_to_tensor(scale, tf.float32))

@@ -18,15 +18,16 @@ from ...ops.transformer import aot
 from .. import tf
 from .backend import Products
 
-__all__ = ["DTYPES", "host_tables", "products", "served"]
+__all__ = ["DTYPES", "host_tables", "products", "register_gradients", "served"]
 
 DTYPES = {tf.float16: "fp16", tf.bfloat16: "bf16", tf.float32: "fp32"}
 _NO_MASKS = np.zeros([0], np.int32)
+_ATTRS = ("block_size", "heads", "lut_heads", "blocks", "q_blocks", "k_blocks")
 
 
 def _attrs(layout):
-    return dict(block_size=layout.block_size, heads=layout.heads, lut_heads=layout.lut_heads, blocks=layout.blocks,
-                q_blocks=layout.QB, k_blocks=layout.KB)
+    return dict(zip(_ATTRS, (layout.block_size, layout.heads, layout.lut_heads, layout.blocks, layout.QB,
+                             layout.KB)))
 
 
 def _numpy_tables(layout, masks):
@@ -71,6 +72,7 @@ def products(library, arch, block_size, dtype, head_dim):
     if not served(library, arch, block_size, dtype, head_dim):
         return None
     ops = library.module
+    register_gradients(ops)
 
     def nt(a, b, layout):
         return ops.blocksparse_transformer_nt(a, b, host_tables(layout)["coords"], **_attrs(layout))
@@ -97,3 +99,24 @@ def products(library, arch, block_size, dtype, head_dim):
         return tf.cast(dx, dtype)
 
     return Products(f"tf-gpu-sm{arch}", nt, xn, softmax, softmax_grad)
+
+
+_registered = []
+
+
+def register_gradients(module):
+    """Register the gradient of ``BlocksparseTransformerSoftmax`` (once per process), which the
+    softmax's second order differentiates through (its gradient reads the op's output): ``dx`` and
+    ``dscale`` by ``BlocksparseTransformerSoftmaxGrad``.  The first order is :mod:`.autodiff`'s."""
+    if _registered:
+        return
+    _registered.append(module)
+
+    @tf.RegisterGradient("BlocksparseTransformerSoftmax")
+    def _softmax_grad(op, dy):
+        x, scale, _, row_offsets = op.inputs[:4]
+        attrs = {name: op.get_attr(name) for name in _ATTRS}
+        y = op.outputs[0]
+        dx = module.blocksparse_transformer_softmax_grad(dy, y, scale, row_offsets, **attrs)
+        ds = module.blocksparse_transformer_softmax_grad(dy, y, 1.0, row_offsets, **attrs)
+        return [dx, tf.reduce_sum(tf.cast(ds, tf.float32) * tf.cast(x, tf.float32)), None, None, None, None, None]

@@ -1,8 +1,8 @@
 """The reference path of the transformer ops with TensorFlow ops only (gather / einsum /
 unsorted_segment_sum / unsorted_segment_max).
 
-It runs wherever TensorFlow runs (CPU, any GPU, TPU / XLA) and is the oracle the GPU kernels will be
-tested against.  Nothing ``ctx_q x ctx_k`` is ever made: activations are cut into position blocks
+It runs wherever TensorFlow runs (CPU, any GPU, TPU / XLA) and serves wherever the op library's
+kernels (:mod:`.gpu`) do not.  Nothing ``ctx_q x ctx_k`` is ever made: activations are cut into position blocks
 ``(heads * ctx / bs, N, bs, head_dim)``, gathered once per layout block, multiplied block by block
 and summed back per output block.  Blocks are addressed by the layout core's flat ids over
 ``(heads, blocks)`` (:attr:`~blocksparse.ops.transformer.lut.AttentionLayout.flat_ids`).  Everything

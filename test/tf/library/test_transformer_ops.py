@@ -199,6 +199,25 @@ def test_a_softmax_into_another_dtype_runs_in_float32(gpu_library_with, bst):
     assert softmax and all(op.get_attr("T") == tf.float32 for op in softmax)
 
 
+def test_second_order_gradients_build_on_the_gpu_ops(gpu_library_with, bst):
+    """The gradient ops have no registered gradient: the second order of the softmax takes its
+    reference formula's, that of the products the products again."""
+    gpu_library_with(*_specs())
+
+    def fn(q, k):
+        with tf.GradientTape() as outer:
+            outer.watch([q, k])
+            with tf.GradientTape() as inner:
+                inner.watch(q)
+                loss = tf.reduce_sum(tf.cast(bst.masked_softmax(bst.query_key_op(q, k), scale=0.5), tf.float32))
+            total = tf.reduce_sum(tf.cast(inner.gradient(loss, q), tf.float32))
+        return outer.gradient(total, [q, k])
+
+    spec = tf.TensorSpec((None, bst.ctx_q, 2 * 64), tf.bfloat16)
+    graph = tf.function(fn, input_signature=[spec, spec], autograph=False).get_concrete_function().graph
+    assert set(OPS) <= {op.type for op in graph.get_operations()}
+
+
 @pytest.mark.parametrize("features", [2 * 24, None], ids=["head-dim-24", "unknown-features"])
 def test_products_the_kernels_cannot_take_are_silently_the_reference_path(gpu_library_with, bst, monkeypatch,
                                                                         features):

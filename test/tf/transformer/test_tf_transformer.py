@@ -179,6 +179,28 @@ def test_second_order_gradient(rng):
     assert rel_error(dab, num) < 1e-4
 
 
+def test_second_order_gradient_of_the_softmax(rng):
+    bst = BlocksparseTransformer(ref.causal_layout(2), 8, heads=2, mask_callback=ref.diagonal_causal)
+    x, gy, e = (rng.standard_normal(bst.w_shape(1)) for _ in range(3))
+    xt = tf.constant(x, tf.float32)
+    with tf.GradientTape() as outer:
+        outer.watch(xt)
+        with tf.GradientTape() as inner:
+            inner.watch(xt)
+            loss = tf.reduce_sum(bst.masked_softmax(xt, scale=0.7) * gy)
+        total = tf.reduce_sum(inner.gradient(loss, xt) * e)
+    got = outer.gradient(total, xt)
+
+    def first(xv):   # d loss / dx . e in float64
+        return (ref.softmax_grad(bst.layout, gy, ref.softmax(bst.layout, xv, 0.7, bst.masks), 0.7) * e).sum()
+    eps, num = 1e-6, np.zeros_like(x)
+    for idx in np.ndindex(x.shape):
+        step = np.zeros_like(x)
+        step[idx] = eps
+        num[idx] = (first(x + step) - first(x - step)) / (2 * eps)
+    assert rel_error(got, num) < 1e-4
+
+
 def test_xla_jit_compile(rng):
     bst = BlocksparseTransformer(ref.causal_layout(3), 16, heads=2, mask_callback=ref.diagonal_causal)
     q, k, v = (tf.constant(rng.standard_normal((2, 48, 16)), tf.float32) for _ in range(3))
