@@ -87,7 +87,8 @@ def _calls(case, lay, masks, dtype):
     head_dim, ar = case[5], case[8]
     common = dict(dtype=DTYPES[dtype], block_size=lay.block_size, batch=BATCH, heads=lay.heads,
                   lut_heads=lay.lut_heads, blocks=lay.blocks, q_blocks=lay.QB, k_blocks=lay.KB, scale=SCALE)
-    calls = {p: TransformerCall(product=PRODUCTS[p], features=lay.heads * head_dim, **common) for p in ("nt", "nn", "tn")}
+    calls = {p: TransformerCall(product=PRODUCTS[p], features=lay.heads * head_dim, **common)
+             for p in ("nt", "nn", "tn")}
     calls["softmax"] = TransformerCall(product=PRODUCTS["softmax"], masked=masks is not None,
                                        autoregress=ar is not None, ar_key=ar or 0, **common)
     calls["softmax_grad"] = TransformerCall(product=PRODUCTS["softmax_grad"], **common)
