@@ -22,13 +22,8 @@ selects a kernel for every case; launches nothing.
 """
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import sys
-import tempfile
-import time
-import traceback
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,13 +31,10 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from blocksparse.aot import build_sources, parse_archs, parse_filters  # noqa: E402
-from blocksparse.aot.native import KERNELS_LIBRARY, build_kernel_library  # noqa: E402
 from blocksparse.ops.norms.capi import DTYPES, LayerNormCall, LstmGatesCall, NormsRuntime  # noqa: E402
+from blocksparse.testing import aot_verify  # noqa: E402
 from blocksparse.testing import norms as ref  # noqa: E402
-from blocksparse.testing.numerics import rel_error, tolerance  # noqa: E402
-
-TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+from blocksparse.testing.aot_verify import TORCH_DTYPES, check  # noqa: E402
 
 #: (tokens, features, axis, segments, relu): one-chunk tiles, segments, a chunked segment per
 #: layout, (C, N) with N not a multiple of 16, a partial last token tile.
@@ -54,19 +46,6 @@ QUICK_LAYER_NORM = [LAYER_NORM_CASES[i] for i in (0, 1, 3, 4)]
 #: (tokens, K, merged, bias)
 LSTM_CASES = [(4096, 1024, True, True), (1000, 256, False, True), (777, 48, True, False), (64, 16, False, False)]
 QUICK_LSTM = LSTM_CASES[:2]
-
-
-def _build(out, archs, dtypes, jobs):
-    filters = parse_filters(dtypes, None, "norms,lstm")
-    source, manifest = build_sources(archs, out, jobs=jobs, **filters)
-    build_kernel_library(source, out / KERNELS_LIBRARY, jobs=jobs)
-    return NormsRuntime(out / KERNELS_LIBRARY), manifest
-
-
-def _check(name, out, want, dtype):
-    err = rel_error(out, want)
-    return {"output": name, "rel_error": None if not np.isfinite(err) else float(err),
-            "ok": bool(np.isfinite(err) and err <= tolerance(TORCH_DTYPES[dtype]))}
 
 
 def _layer_norm_case(torch, rt, dtype, case, arch, dry_run, rng):
@@ -99,7 +78,7 @@ def _layer_norm_case(torch, rt, dtype, case, arch, dry_run, rng):
     torch.cuda.synchronize()
     want = ref.layer_norm_grad(dyq, xq, g, b, axis, segments, relu=relu)
     got = [t.double().cpu().numpy() for t in (y, dx, dg, db)]
-    checks = [_check(k, o, w, dtype) for k, o, w in zip(("y", "dx", "dg", "db"), got, (y_ref, *want))]
+    checks = [check(k, o, w, dtype) for k, o, w in zip(("y", "dx", "dg", "db"), got, (y_ref, *want))]
     return {"selected": [rt.specs[s]["name"] for s in specs], "checks": checks}
 
 
@@ -137,78 +116,29 @@ def _lstm_case(torch, rt, dtype, case, arch, dry_run, rng):
     want_fwd = ref.lstm_gates(q["c"], q["h"], bias=b)
     want_bwd = ref.lstm_gates_grad(q["dc_next"], q["dh_next"], q["c"], q["h"], bias=b)
     dg = torch.cat(dgates, 1) if not merged else dgates[0]
-    checks = [_check(name, t.double().cpu().numpy(), w, dtype) for name, t, w in
+    checks = [check(name, t.double().cpu().numpy(), w, dtype) for name, t, w in
               (("c_next", outs["c_next"], want_fwd[0]), ("h_next", outs["h_next"], want_fwd[1]),
                ("dc", outs["dc"], want_bwd[0]), ("dgates", dg, want_bwd[1]))]
     if has_bias:
-        checks.append(_check("dbias", dbias.double().cpu().numpy(), want_bwd[2], dtype))
+        checks.append(check("dbias", dbias.double().cpu().numpy(), want_bwd[2], dtype))
     return {"selected": [rt.specs[s]["name"] for s in specs], "checks": checks}
 
 
-def _markdown(result):
-    lines = ["# Norms / LSTM AOT kernels through the TensorFlow ops' C", "",
-             f"- GPU: {result['gpu'] or 'none (dry run)'}; archs {', '.join(result['archs'])}; "
-             f"{result['kernels']} kernels compiled in {result['build_s']:.0f} s", ""]
-    lines += ["| op | dtype | case | kernels | result | worst rel. error |", "|---|---|---|---|---|---|"]
-    for r in result["cases"]:
-        errors = [c["rel_error"] for c in r.get("checks", []) if c["rel_error"] is not None]
-        worst = f"{max(errors):.2e}" if errors else ""
-        lines.append(f"| {r['op']} | {r['dtype']} | {r['case']} | {' / '.join(map(str, r.get('selected', [])))} | "
-                     f"{r['status']} | {worst} |")
-    return "\n".join(lines) + "\n"
-
-
-def _write(out, result):
-    (out / "norms-aot-verify.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / "norms-aot-verify.md").write_text(_markdown(result))
-
-
 def main(argv=None):
-    os.environ.pop("TRITON_INTERPRET", None)   # ahead-of-time compilation needs Triton's compiler
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="where the results go")
-    parser.add_argument("--archs", help="GPU architectures (default: this GPU's; dry run: sm_90)")
-    parser.add_argument("--dtypes", default="fp16,bf16,fp32", help="e.g. bf16,fp32")
-    parser.add_argument("--quick", action="store_true", help="a few cases (a smoke run)")
-    parser.add_argument("--jobs", type=int, help="parallel compiles (default: the CPUs)")
-    parser.add_argument("--dry-run", action="store_true", help="build, load and select only (no GPU)")
-    args = parser.parse_args(argv)
-    import torch
-
-    if not args.dry_run and not torch.cuda.is_available():
-        print("verify_norms_aot: no CUDA GPU; use --dry-run to build and load only", file=sys.stderr)
+    args = aot_verify.parser(__doc__).parse_args(argv)
+    run = aot_verify.Run(args, "verify_norms_aot", "norms-aot-verify",
+                         "Norms / LSTM AOT kernels through the TensorFlow ops' C", ("op", "dtype", "case"))
+    gpu = run.gpu()
+    if gpu is None:
         return 2
-    gpu_arch = None if args.dry_run else 10 * torch.cuda.get_device_capability()[0] + \
-        torch.cuda.get_device_capability()[1]
-    archs = parse_archs(args.archs or (f"sm_{gpu_arch}" if gpu_arch else "sm_90"))
-    arch = gpu_arch or max(archs)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    rt, manifest = _build(Path(tempfile.mkdtemp(prefix="norms-aot-")), archs, args.dtypes, args.jobs)
-    result = {"dry_run": args.dry_run, "gpu": None if args.dry_run else torch.cuda.get_device_name(),
-              "archs": manifest["archs"], "kernels": len(manifest["specializations"]),
-              "build_s": time.perf_counter() - start, "cases": []}
+    torch, targets, arch = gpu
+    rt = run.build(torch, targets, NormsRuntime, "norms,lstm")
     rng = np.random.default_rng(0)
     work = [("layer_norm", _layer_norm_case, c) for c in (QUICK_LAYER_NORM if args.quick else LAYER_NORM_CASES)]
     work += [("lstm_gates", _lstm_case, c) for c in (QUICK_LSTM if args.quick else LSTM_CASES)]
-    for dtype in args.dtypes.split(","):
-        for op, run, case in work:
-            record = {"op": op, "dtype": dtype, "case": str(case)}
-            try:
-                record.update(run(torch, rt, dtype, case, arch, args.dry_run, rng))
-                selected = None not in record["selected"]
-                record["status"] = ("no kernel selected" if not selected else "selected" if args.dry_run else
-                                    "pass" if all(c["ok"] for c in record["checks"]) else "FAIL")
-            except Exception as exc:   # record it and go on with the other cases
-                record.update(status="FAIL", error=f"{type(exc).__name__}: {exc}", trace=traceback.format_exc())
-            result["cases"].append(record)
-            _write(out, result)
-            print(f"{op:10s} {dtype} {case}: {record['status']}", flush=True)
-    _write(out, result)
-    failed = [r for r in result["cases"] if r["status"] not in ("pass", "selected")]
-    print(f"verify_norms_aot: {len(result['cases']) - len(failed)} of {len(result['cases'])} cases passed -> {out}")
-    return 1 if failed else 0
+    return run.cases([({"op": op, "dtype": dtype, "case": str(case)},
+                       partial(fn, torch, rt, dtype, case, arch, args.dry_run, rng))
+                      for dtype in args.dtypes.split(",") for op, fn, case in work])
 
 
 if __name__ == "__main__":

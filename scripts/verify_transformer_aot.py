@@ -24,13 +24,8 @@ launches nothing.
 """
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import sys
-import tempfile
-import time
-import traceback
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,15 +33,13 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from blocksparse.aot import build_sources, parse_archs, parse_filters  # noqa: E402
 from blocksparse.aot.abi import KernelError  # noqa: E402
-from blocksparse.aot.native import KERNELS_LIBRARY, build_kernel_library  # noqa: E402
 from blocksparse.ops.transformer.capi import DTYPES, PRODUCTS, TransformerCall, TransformerRuntime  # noqa: E402
 from blocksparse.ops.transformer.lut import AttentionLayout  # noqa: E402
+from blocksparse.testing import aot_verify  # noqa: E402
 from blocksparse.testing import attention as ref  # noqa: E402
-from blocksparse.testing.numerics import rel_error, tolerance  # noqa: E402
+from blocksparse.testing.aot_verify import TORCH_DTYPES, check  # noqa: E402
 
-TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 SCALE = 0.3
 
 #: (block size, heads, shared 2-D layout, QB, KB, head_dim, empty query rows, masked, autoregress_at_key)
@@ -65,13 +58,6 @@ CASES = [
 ]
 QUICK = [CASES[i] for i in (1, 3, 5, 8)]
 BATCH = 3
-
-
-def _build(out, archs, dtypes, block_sizes, jobs):
-    filters = parse_filters(dtypes, block_sizes, "transformer")
-    source, manifest = build_sources(archs, out, jobs=jobs, **filters)
-    build_kernel_library(source, out / KERNELS_LIBRARY, jobs=jobs)
-    return TransformerRuntime(out / KERNELS_LIBRARY), manifest
 
 
 def _layout(case, rng):
@@ -95,12 +81,8 @@ def _calls(case, lay, masks, dtype):
     return calls
 
 
-def _check(name, out, want, dtype):
-    err = rel_error(out, want)
-    return {"output": name, "rel_error": float(err), "ok": bool(err <= tolerance(TORCH_DTYPES[dtype]))}
-
-
-def _run_case(torch, rt, dtype, case, arch, dry_run, rng):
+def _run_case(torch, rt, dtype, case, arch, dry_run, seed):
+    rng = np.random.default_rng(seed)
     lay, masks = _layout(case, rng)
     calls = _calls(case, lay, masks, dtype)
     specs = {p: rt.select(c, arch) for p, c in calls.items()}
@@ -109,6 +91,7 @@ def _run_case(torch, rt, dtype, case, arch, dry_run, rng):
         return {"selected": selected, "checks": []}
     from blocksparse.torch._transformer import state
 
+    torch.manual_seed(seed)
     td = getattr(torch, TORCH_DTYPES[dtype])
     tables = state.state(state.handle(lay, masks)).tables(torch.device("cuda"))
     features = lay.heads * case[5]
@@ -116,7 +99,7 @@ def _run_case(torch, rt, dtype, case, arch, dry_run, rng):
     def draw(shape, factor=1.0):
         return (torch.randn(shape, dtype=torch.float64, device="cuda") * factor).to(td)
 
-    q, k, v = draw((BATCH, lay.ctx_q, features)), draw((BATCH, lay.ctx_k, features)), draw((BATCH, lay.ctx_k, features))
+    q, k, v = (draw((BATCH, ctx, features)) for ctx in (lay.ctx_q, lay.ctx_k, lay.ctx_k))
     packed = (BATCH, lay.heads, lay.blocks, lay.block_size, lay.block_size)
     w, scores, dy = draw(packed, 0.2), draw(packed, 3.0), draw(packed)
     inputs = {"nt": (q, k), "nn": (w, v), "tn": (w, q), "softmax": (scores, None)}
@@ -139,7 +122,7 @@ def _run_case(torch, rt, dtype, case, arch, dry_run, rng):
             "tn": ref.tn(lay, f64["w"], f64["q"]),
             "softmax": ref.softmax(lay, f64["scores"], SCALE, masks, case[8]),
             "softmax_grad": ref.softmax_grad(lay, f64["dy"], f64["y"], SCALE)}
-    checks = [_check(p, got[p].double().cpu().numpy(), want[p], dtype) for p in calls]
+    checks = [check(p, got[p].double().cpu().numpy(), want[p], dtype) for p in calls]
     return {"selected": selected, "checks": checks}
 
 
@@ -155,80 +138,31 @@ def _rows_limit(rt):
     return {"selected": [], "checks": [{"output": "refused", "rel_error": None, "ok": False}]}
 
 
-def _markdown(result):
-    lines = ["# Transformer AOT kernels through the TensorFlow ops' C", "",
-             f"- GPU: {result['gpu'] or 'none (dry run)'}; archs {', '.join(result['archs'])}; "
-             f"{result['kernels']} kernels compiled and built in {result['build_s']:.0f} s; "
-             f"whole run {result.get('total_s', 0):.0f} s", "",
-             "Case: (block size, heads, shared layout, QB, KB, head_dim, empty rows, masked, autoregress_at_key).", ""]
-    lines += ["| dtype | case | kernels (nt / nn / tn / softmax / grad) | result | worst rel. error |",
-              "|---|---|---|---|---|"]
-    for r in result["cases"]:
-        errors = [c["rel_error"] for c in r.get("checks", []) if c["rel_error"] is not None]
-        worst = f"{max(errors):.2e}" if errors else ""
-        lines.append(f"| {r['dtype']} | {r['case']} | {' / '.join(map(str, r.get('selected', [])))} | "
-                     f"{r['status']} | {worst} |")
-    return "\n".join(lines) + "\n"
-
-
-def _write(out, result):
-    (out / "transformer-aot-verify.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / "transformer-aot-verify.md").write_text(_markdown(result))
+def _label(case):
+    bs, heads, shared, qb, kb, head_dim, empty, masked, ar = case
+    return (f"bs{bs} h{heads} {'shared' if shared else 'per-head'} {qb}x{kb} d{head_dim}"
+            f"{f' empty-rows={empty}' if empty else ''}{' masked' if masked else ''}"
+            f"{'' if ar is None else f' ar={ar}'}")
 
 
 def main(argv=None):
-    os.environ.pop("TRITON_INTERPRET", None)   # ahead-of-time compilation needs Triton's compiler
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="where the results go")
-    parser.add_argument("--archs", help="GPU architectures (default: this GPU's; dry run: sm_90)")
-    parser.add_argument("--dtypes", default="fp16,bf16,fp32", help="e.g. bf16,fp32")
+    parser = aot_verify.parser(__doc__)
     parser.add_argument("--block-sizes", help="only these block sizes, e.g. 32,64 (default: all)")
-    parser.add_argument("--quick", action="store_true", help="a few cases (a smoke run)")
-    parser.add_argument("--jobs", type=int, help="parallel compiles (default: the CPUs)")
-    parser.add_argument("--dry-run", action="store_true", help="build, load and select only (no GPU)")
     args = parser.parse_args(argv)
-    import torch
-
-    if not args.dry_run and not torch.cuda.is_available():
-        print("verify_transformer_aot: no CUDA GPU; use --dry-run to build and load only", file=sys.stderr)
+    run = aot_verify.Run(args, "verify_transformer_aot", "transformer-aot-verify",
+                         "Transformer AOT kernels through the TensorFlow ops' C (nt / nn / tn / softmax / grad)",
+                         ("dtype", "case"))
+    gpu = run.gpu()
+    if gpu is None:
         return 2
-    gpu_arch = None if args.dry_run else 10 * torch.cuda.get_device_capability()[0] + \
-        torch.cuda.get_device_capability()[1]
-    archs = parse_archs(args.archs or (f"sm_{gpu_arch}" if gpu_arch else "sm_90"))
-    arch = gpu_arch or max(archs.cubins or archs.ptx)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    rt, manifest = _build(Path(tempfile.mkdtemp(prefix="transformer-aot-")), archs, args.dtypes, args.block_sizes,
-                          args.jobs)
-    result = {"dry_run": args.dry_run, "gpu": None if args.dry_run else torch.cuda.get_device_name(),
-              "archs": manifest["archs"] + manifest["ptx"], "kernels": len(manifest["specializations"]),
-              "build_s": time.perf_counter() - start, "cases": []}
+    torch, targets, arch = gpu
+    rt = run.build(torch, targets, TransformerRuntime, "transformer", args.block_sizes)
     sizes = {int(b) for b in args.block_sizes.split(",")} if args.block_sizes else None
     cases = [c for c in (QUICK if args.quick else CASES) if sizes is None or c[0] in sizes]
-    work = [(dtype, case) for dtype in args.dtypes.split(",") for case in cases] + [("bf16", "rows-limit")]
-    for seed, (dtype, case) in enumerate(work):
-        record = {"dtype": dtype, "case": str(case)}
-        try:
-            if case == "rows-limit":
-                record.update(_rows_limit(rt))
-            else:
-                torch.manual_seed(seed)
-                record.update(_run_case(torch, rt, dtype, case, arch, args.dry_run, np.random.default_rng(seed)))
-            selected = None not in record["selected"]
-            record["status"] = ("no kernel selected" if not selected else
-                                "selected" if args.dry_run and not record["checks"] else
-                                "pass" if all(c["ok"] for c in record["checks"]) else "FAIL")
-        except Exception as exc:   # record it and go on with the other cases
-            record.update(status="FAIL", error=f"{type(exc).__name__}: {exc}", trace=traceback.format_exc())
-        result["cases"].append(record)
-        result["total_s"] = time.perf_counter() - start
-        _write(out, result)
-        print(f"{dtype} {case}: {record['status']}", flush=True)
-    failed = [r for r in result["cases"] if r["status"] not in ("pass", "selected")]
-    print(f"verify_transformer_aot: {len(result['cases']) - len(failed)} of {len(result['cases'])} cases passed in "
-          f"{result['total_s']:.0f} s -> {out}")
-    return 1 if failed else 0
+    work = [({"dtype": dtype, "case": _label(case)}, partial(_run_case, torch, rt, dtype, case, arch, args.dry_run,
+                                                             seed))
+            for seed, (dtype, case) in enumerate((d, c) for d in args.dtypes.split(",") for c in cases)]
+    return run.cases(work + [({"dtype": "bf16", "case": "batch * heads > 65535"}, partial(_rows_limit, rt))])
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ when called).
 :mod:`.attention`  float64 dense references of block-sparse attention (block + in-block masks)
 :mod:`.flash`      float64 reference of the fused block-sparse attention (masks, output, gradients)
 :mod:`.conv`       float64 references of the block-sparse convolution, test cases
+:mod:`.aot_verify` the GPU checks of compiled kernels through the TensorFlow ops' C: options, runs, reports
 """
 from .numerics import TOLERANCE, rel_error, tolerance
 

@@ -1,6 +1,6 @@
-"""Where the op library's build script is, whether this machine can run it, and manifest records of
-kernels a library does not hold (shared by the tests of this folder; import as
-``from tf_op_build import ...``)."""
+"""Where the op library's build script is, whether this machine can run it, manifest records of
+kernels a library does not hold, and the check that an op refuses bad input (shared by the tests of
+this folder; import as ``from tf_op_build import ...``)."""
 import importlib.util
 import shutil
 from pathlib import Path
@@ -22,3 +22,20 @@ def fake_spec(family, product, **fields):
     ``gpu_library_with``)."""
     return {"family": family, "product": product, "arch": 90, "image": "cubin", "target": "sm_90a", "shared": 0,
             "name": f"{family}_{product}", **fields}
+
+
+def check_refused(module, case, mode):
+    """``case`` is ``(build, changes, message)``: ``build(module, **changes)`` fails naming the bad
+    input (``message``, a regex) when a ``tf.function`` is traced (``mode`` "graph": the shape
+    function, a ``ValueError`` or ``InvalidArgumentError``), or run eagerly ("eager": the kernel's
+    ``InvalidArgumentError``)."""
+    import pytest
+    import tensorflow as tf
+
+    build, changes, message = case
+    if mode == "graph":
+        with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match=message):
+            tf.function(lambda: build(module, **changes)).get_concrete_function()
+    else:
+        with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+            build(module, **changes)

@@ -171,12 +171,17 @@ def test_second_order_gradient(rng):
 
     def total_da(bv):
         return (2 * ref.nn(lay, ref.nt(lay, an, bv), bv)).sum()
-    eps, num = 1e-5, np.zeros_like(bn)
-    for idx in np.ndindex(bn.shape):
-        step = np.zeros_like(bn)
+    assert rel_error(dab, _numeric_gradient(total_da, bn, 1e-5)) < 1e-4
+
+
+def _numeric_gradient(f, x, eps):
+    """Central differences of the scalar ``f`` at every element of ``x`` (float64)."""
+    num = np.zeros_like(x)
+    for idx in np.ndindex(x.shape):
+        step = np.zeros_like(x)
         step[idx] = eps
-        num[idx] = (total_da(bn + step) - total_da(bn - step)) / (2 * eps)
-    assert rel_error(dab, num) < 1e-4
+        num[idx] = (f(x + step) - f(x - step)) / (2 * eps)
+    return num
 
 
 def test_second_order_gradient_of_the_softmax(rng):
@@ -193,12 +198,7 @@ def test_second_order_gradient_of_the_softmax(rng):
 
     def first(xv):   # d loss / dx . e in float64
         return (ref.softmax_grad(bst.layout, gy, ref.softmax(bst.layout, xv, 0.7, bst.masks), 0.7) * e).sum()
-    eps, num = 1e-6, np.zeros_like(x)
-    for idx in np.ndindex(x.shape):
-        step = np.zeros_like(x)
-        step[idx] = eps
-        num[idx] = (first(x + step) - first(x - step)) / (2 * eps)
-    assert rel_error(got, num) < 1e-4
+    assert rel_error(got, _numeric_gradient(first, x, 1e-6)) < 1e-4
 
 
 def test_xla_jit_compile(rng):
