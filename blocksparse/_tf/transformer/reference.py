@@ -2,11 +2,11 @@
 unsorted_segment_sum / unsorted_segment_max).
 
 It runs wherever TensorFlow runs (CPU, any GPU, TPU / XLA) and serves wherever the op library's
-kernels (:mod:`.gpu`) do not.  Nothing ``ctx_q x ctx_k`` is ever made: activations are cut into position blocks
-``(heads * ctx / bs, N, bs, head_dim)``, gathered once per layout block, multiplied block by block
-and summed back per output block.  Blocks are addressed by the layout core's flat ids over
-``(heads, blocks)`` (:attr:`~blocksparse.ops.transformer.lut.AttentionLayout.flat_ids`).  Everything
-is computed in float32 and cast to the caller's dtype at the end.
+kernels (:mod:`.gpu`) do not.  Nothing ``ctx_q x ctx_k`` is ever made: activations are cut into
+position blocks ``(heads * ctx / bs, N, bs, head_dim)``, gathered once per layout block, multiplied
+block by block and summed back per output block.  Blocks are addressed by the layout core's flat ids
+over ``(heads, blocks)`` (:attr:`~blocksparse.ops.transformer.lut.AttentionLayout.flat_ids`).
+Everything is computed in float32 and cast to the caller's dtype at the end.
 """
 import numpy as np
 
