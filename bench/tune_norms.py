@@ -106,10 +106,11 @@ def _time_and_check(row, fn, tensors, refs, nbytes, hbm, tol=None):
     return row
 
 
-def sweep_layer_norm(hbm, rows, save, axes=(1, 0), shapes=SHAPES, dtypes=("bf16",)):
+def sweep_layer_norm(hbm, rows, save, axes=(1, 0), shapes=SHAPES, dtypes=("bf16",), relu=False,
+                     kernels=("fwd", "bwd")):
     device = "cpu" if CPU else "cuda"
-    kw = dict(relu=False, segments=1)
-    for dt, (n, c), axis, backward in itertools.product(dtypes, shapes, axes, (False, True)):
+    kw = dict(relu=relu, segments=1)
+    for dt, (n, c), axis, backward in itertools.product(dtypes, shapes, axes, [k == "bwd" for k in kernels]):
         dtype = common.DTYPES[dt]
         gen = torch.Generator(device=device).manual_seed(n + c)
         shape = (n, c) if axis == 1 else (c, n)
@@ -118,15 +119,19 @@ def sweep_layer_norm(hbm, rows, save, axes=(1, 0), shapes=SHAPES, dtypes=("bf16"
                        torch.randn(c, device=device, generator=gen).to(dtype),
                        torch.randn(shape, device=device, generator=gen).to(dtype))
         x64, g64, b64, dy64 = (t.double() for t in (x, g, b, dy))
+        y64 = ref.layer_norm(x64, g64, b64, axis=axis, epsilon=1e-5, relu=relu, xp=torch)
+        if relu:  # no gradient where the relu's mask may differ from float64's
+            dy64 = ref.relu_safe(dy64, y64)
+            dy = dy64.to(dtype)
         if backward:
             _, mean, rstd = launch.layer_norm_fwd(x, g, b, axis=axis, epsilon=1e-5, **kw)
             tensors = (dy, x, g, b, mean, rstd)
-            refs = ref.layer_norm_grad(dy64, x64, g64, b64, axis=axis, epsilon=1e-5, xp=torch)
+            refs = ref.layer_norm_grad(dy64, x64, g64, b64, axis=axis, epsilon=1e-5, relu=relu, xp=torch)
         else:
             tensors = (x, g, b)
-            refs = (ref.layer_norm(x64, g64, b64, axis=axis, epsilon=1e-5, xp=torch),)
+            refs = (y64,)
         size = x.element_size()
-        if not backward and axis == axes[0]:  # the ceiling: a plain copy of the same bytes
+        if backward == (kernels[0] == "bwd") and axis == axes[0]:  # the ceiling: a plain copy of the same bytes
             row = dict(op="copy", dtype=dt, N=n, C=c, axis=axis, kernel="fwd", table=False)
             rows.append(_time_and_check(row, lambda x: (x.clone(),), (x,), (x64,), 2 * n * c * size, hbm))
         for i, cfg in enumerate(variants(axis, c, backward, size)):
@@ -135,7 +140,7 @@ def sweep_layer_norm(hbm, rows, save, axes=(1, 0), shapes=SHAPES, dtypes=("bf16"
             else:
                 fn = functools.partial(launch.layer_norm_fwd, axis=axis, epsilon=1e-5, cfg=cfg, **kw)
             row = dict(op="layer_norm", dtype=dt, N=n, C=c, axis=axis, kernel="bwd" if backward else "fwd",
-                       table=i == 0, **vars(cfg))
+                       relu=relu, table=i == 0, **vars(cfg))
             rows.append(_time_and_check(row, fn, tensors, refs, (3 if backward else 2) * n * c * size, hbm,
                                         common.tolerance(dtype)))
         save(rows)
@@ -219,6 +224,10 @@ def main():
                     "of 8192 x 1024 and 8192 x 8192")
     ap.add_argument("--dtypes", nargs="+", default=["bf16"], choices=sorted(common.DTYPES),
                     help="layer-norm activation dtypes (the LSTM gates: bf16)")
+    ap.add_argument("--kernels", nargs="+", default=["fwd", "bwd"], choices=["fwd", "bwd"],
+                    help="layer-norm directions to sweep")
+    ap.add_argument("--relu", action="store_true", help="layer norm with the fused relu (its backward also "
+                    "holds the bias to recompute the mask: more registers)")
     ap.add_argument("--one-chunk", action="store_true", help="(C, N): also tiles holding whole segments of up to "
                     "4096 features (x read once; 4-32 tokens wide, up to 32 warps)")
     ap.add_argument("--name", default="tune-norms-h200", help="output file name (without .json)")
@@ -232,7 +241,7 @@ def main():
                 date=time.strftime("%Y-%m-%d"), hbm_gbs=hbm)
     rows, save = [], common.result_writer(args.out, args.name, meta)
     if "layer_norm" in args.ops:
-        sweep_layer_norm(hbm, rows, save, args.axes, shapes, args.dtypes)
+        sweep_layer_norm(hbm, rows, save, args.axes, shapes, args.dtypes, args.relu, args.kernels)
     if "lstm_gates" in args.ops:
         sweep_gates(hbm, rows, save)
     for key, group in itertools.groupby(rows, key=lambda r: (r["op"], r.get("dtype", "bf16"), r["N"], r["C"], r["axis"],

@@ -21,13 +21,28 @@ def use_triton(t, block_size):
     return block_size in KERNEL_BLOCK_SIZES and kernels_serve(t)
 
 
+#: Elements from which a broadcast scalar is made dense as 8-byte words (as the native op does).
+WORD_FILL_MIN = 1 << 20
+
+
 def _strided(t):
     """``t``, or a contiguous copy where neither dimension is unit-stride (the kernels index
     activations through one unit stride), e.g. the expanded gradient of a ``sum()``."""
     s = t.stride()
     if s[0] != 1 and s[1] != 1 or 0 in s:
-        return t.contiguous()
+        return _dense_broadcast(t) if not any(s) else t.contiguous()
     return t
+
+
+def _dense_broadcast(t):
+    """A broadcast scalar (every stride 0: the gradient of a ``sum()`` or ``mean()``) made dense
+    from its one element repeated as 8-byte words: the strided copy kernel is bound by per-element
+    index arithmetic, and 16-bit elements are 4x as many."""
+    e = t.element_size()
+    if t.numel() < WORD_FILL_MIN or e >= 8 or t.numel() % (8 // e):
+        return t.contiguous()
+    word = t.as_strided((8 // e,), (0,)).contiguous().view(torch.int64)
+    return word.expand(t.numel() * e // 8).contiguous().view(t.dtype).view(t.shape)
 
 
 def plan_of(kind, a, b, layout_handle, axis, precision, dw_dtype=None, bias=False):

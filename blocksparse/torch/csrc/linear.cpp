@@ -141,12 +141,6 @@ at::Tensor run(const Record &r, at::Tensor a, at::Tensor b, const std::optional<
   return out.add_(bias->scalar_type() == out.scalar_type() ? *bias : bias->to(out.scalar_type()));
 }
 
-at::Tensor aligned(const at::Tensor &t) {
-  // the records were planned for dense row-major operands on 16-byte boundaries
-  if (t.is_contiguous() && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0) return t;
-  return t.clone(at::MemoryFormat::Contiguous);
-}
-
 // A layer whose blocks are larger than the kernels' runs on its layout refined by `factor` r into
 // the kernels' block size s, numbered coarse block by coarse block: fine block b*r*r + i*r + j is
 // part (i, j) of coarse block b.  The fine weight is one transposing copy of the coarse one, and
@@ -162,6 +156,33 @@ int64_t word_elements(const at::Tensor &t, int64_t s) {
   const int64_t e = t.element_size();
   const bool whole = (s * e) % 8 == 0 && (t.storage_offset() * e) % 8 == 0;
   return e < 8 && 8 % e == 0 && whole ? 8 / e : 1;
+}
+
+// A broadcast scalar (every stride 0: the gradient of a sum() or a mean()) is made dense from its one
+// element repeated as 8-byte words, for the same reason: as elements, 32 M bfloat16 took the strided
+// copy kernel 41 us on the H200 (2.5% of a step of the large pixelfly MLP).
+at::Tensor dense_broadcast(const at::Tensor &t) {
+  const int64_t unit = 8 / t.element_size();
+  at::Tensor word = t.as_strided({unit}, {0}).contiguous().view(at::kLong);  // the element, unit times
+  return word.expand({t.numel() / unit}).contiguous().view(t.scalar_type()).view(t.sizes());
+}
+
+bool broadcast_scalar(const at::Tensor &t) {
+  for (int64_t stride : t.strides())
+    if (stride != 0) return false;
+  return t.numel() > 0;
+}
+
+bool broadcast_words(const at::Tensor &t) {
+  const int64_t e = t.element_size();
+  return broadcast_scalar(t) && t.numel() >= kWordCopyMinElements && e < 8 && 8 % e == 0 && t.numel() % (8 / e) == 0;
+}
+
+at::Tensor aligned(const at::Tensor &t) {
+  // the records were planned for dense row-major operands on 16-byte boundaries
+  if (t.is_contiguous() && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0) return t;
+  if (broadcast_words(t)) return dense_broadcast(t);
+  return t.clone(at::MemoryFormat::Contiguous);
 }
 
 at::Tensor reblock(const at::Tensor &t, int64_t blocks, int64_t r, int64_t s, bool to_fine) {
@@ -186,7 +207,14 @@ at::Tensor coarsen(const at::Tensor &dw_fine, int64_t r) {
 // 8192 tokens on the H200: bench/results/raw/colsum-h200.json); float32 keeps at::sum (no TF32).
 // The ones rows are made once per device and dtype (grown for more tokens) and kept for the process,
 // like the plans' tables: the calls that warm a CUDA graph up make them before its capture.
+//
+// A broadcast scalar's columns each sum to the token count times it: one multiply, no pass over the
+// tokens (the float32 product, rounded once, as the sums of the dense copy give it).
 at::Tensor column_sums(const at::Tensor &dy) {
+  if (dy.dim() == 2 && broadcast_scalar(dy)) {
+    at::Tensor sum = dy.as_strided({1}, {0}).to(at::kFloat).mul(static_cast<double>(dy.size(0)));
+    return sum.to(dy.scalar_type()).expand({dy.size(1)}).contiguous();
+  }
   if (!dy.is_cuda() || dy.dim() != 2 || dy.size(0) == 0 ||
       (dy.scalar_type() != at::kBFloat16 && dy.scalar_type() != at::kHalf))
     return dy.sum(0);
@@ -231,7 +259,7 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
     }
     int64_t bias_dtype = ctx->saved_data["bias_dtype"].toInt();
     if (bias_dtype >= 0 && ctx->needs_input_grad(2)) {
-      db = column_sums(dy);
+      db = column_sums(broadcast_scalar(grads[0]) ? grads[0] : dy);
       if (db.scalar_type() != static_cast<at::ScalarType>(bias_dtype)) db = db.to(static_cast<at::ScalarType>(bias_dtype));
     }
     return {dx, dw, db, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};

@@ -332,3 +332,25 @@ def test_autocast_through_the_kernels(rng, monkeypatch):
     assert y.dtype == torch.bfloat16
     ref = x.bfloat16().double().numpy() @ lin.layout.dense(lin.weight.detach().bfloat16().double().numpy())
     assert rel_error(y, ref) < tolerance(torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("shape", [(1024, 1024), (1024, 1025), (8, 3)])  # words; an odd count; small
+def test_a_broadcast_scalar_is_made_dense_exactly(rng, dtype, shape):
+    torch = pytest.importorskip("torch")
+    value = torch.tensor(float(rng.uniform(-2.0, 2.0)), dtype=getattr(torch, dtype))
+    t = value.expand(*shape)  # the gradient of a sum(): every stride 0
+    dense = products._strided(t)
+    assert dense.is_contiguous() and dense.dtype == t.dtype and dense.shape == t.shape
+    assert torch.equal(dense, torch.full(shape, value.item(), dtype=t.dtype))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_broadcast_scalar_s_column_sums_are_one_multiply(rng, dtype):
+    torch = pytest.importorskip("torch")
+    from blocksparse.torch._reduce import column_sums
+
+    value = torch.tensor(float(rng.uniform(-2.0, 2.0)), dtype=getattr(torch, dtype))
+    t = value.expand(1000, 7)
+    want = torch.full((7,), value.double().item() * 1000, dtype=torch.float64).to(t.dtype)
+    assert torch.equal(column_sums(t), want) and torch.equal(column_sums(t), t.contiguous().double().sum(0).to(t.dtype))

@@ -39,6 +39,7 @@ def _reference(layer, x, dy):
 
 
 def _grads(layer, x, y, dy):
+    """``dx``, dense ``dW`` and ``db`` of ``y`` for the output gradient ``dy`` (None: ``y`` a scalar)."""
     dx, dw, db = torch.autograd.grad(y, (x, layer.weight, layer.bias), dy)
     dense_dw = torch.from_numpy(layer.layout.dense(dw.double().cpu().numpy())).cuda()
     return dx.reshape(-1, layer.in_features), dense_dw, db
@@ -102,3 +103,18 @@ def test_calls_the_fast_path_does_not_take(native, rng):
     with pytest.raises(ValueError, match="must have shape"):
         layer.weight = torch.nn.Parameter(torch.randn(3, 32, 32, device="cuda"))
         layer(x)
+
+
+@pytest.mark.parametrize("native_path", ["on", "off"])
+def test_the_gradient_of_a_sum_against_float64(native, rng, monkeypatch, native_path):
+    """``layer(x).sum() * s``: a broadcast gradient, made dense as 8-byte words (over 2^20 elements)
+    and its bias gradient one multiply, in the native op and the general path alike."""
+    monkeypatch.setenv("BLOCKSPARSE_TORCH_NATIVE", native_path)
+    layer = _layer("pixelfly-bs256", rng, torch.bfloat16)
+    x = torch.randn(2, 600, layer.in_features, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    y = layer(x)
+    scale = float(rng.uniform(0.5, 2.0))
+    dy = torch.full(y.shape, scale, device="cuda", dtype=torch.bfloat16)
+    got = _grads(layer, x, y.sum() * scale, None)
+    for name, g, ref in zip(("dx", "dw", "db"), got, _reference(layer, x, dy)[1:]):
+        assert rel_error(g, ref) < tolerance("bfloat16"), name

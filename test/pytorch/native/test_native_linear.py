@@ -61,6 +61,20 @@ def test_a_strided_gradient_is_made_dense_first(native, rng):
     torch.testing.assert_close(dx, _expected(dy.contiguous(), w, 3, (4, 6)))
 
 
+@pytest.mark.parametrize("tokens", [4, 1 << 18, 209717])  # small; made dense as 8-byte words; an odd count
+def test_a_broadcast_gradient_is_made_dense(native, rng, tokens):
+    x = torch.from_numpy(rng.standard_normal((tokens, 6))).float().requires_grad_()
+    w = torch.from_numpy(rng.standard_normal((3, 2, 2))).float()
+    ids = (_record(native, 2, (tokens, 5), tokens * 5, tokens * 6), _record(native, 3, (tokens, 6), tokens * 6, tokens * 5),
+           _record(native, 4, (3, 2, 2), 12, tokens * 6))
+    bias = torch.from_numpy(rng.standard_normal(5)).float().requires_grad_()
+    y = torch.ops.blocksparse_native.linear(x, w, bias, *ids)
+    scale = float(rng.uniform(0.5, 2.0))
+    dx, db = torch.autograd.grad(y.sum() * scale, (x, bias))  # the gradient of sum(): every stride 0
+    torch.testing.assert_close(dx, _expected(torch.full((tokens, 5), scale), w, 3, (tokens, 6)))
+    torch.testing.assert_close(db.double(), torch.full((5,), scale * tokens, dtype=torch.float64))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("block_size, large", [(96, False), (192, False), (96, True), (384, True)])
 def test_a_refined_weight_is_reblocked_and_its_gradient_back(native, rng, block_size, large, dtype):
