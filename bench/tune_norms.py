@@ -43,7 +43,7 @@ import torch  # noqa: E402
 
 import common  # noqa: E402
 from blocksparse.ops.lstm.configs import GatesConfig, lstm_gates_config  # noqa: E402
-from blocksparse.ops.norms.configs import MEASURED, NormConfig, layer_norm_config  # noqa: E402
+from blocksparse.ops.norms.configs import MEASURED, MEASURED_RELU, NormConfig, layer_norm_config  # noqa: E402
 from blocksparse.testing import norms as ref  # noqa: E402
 from blocksparse.torch._lstm import launch as gates_launch  # noqa: E402
 from blocksparse.torch._norms import launch  # noqa: E402
@@ -54,9 +54,9 @@ SHAPES = ((16, 40),) if CPU else ((8192, 1024), (8192, 8192))
 GATE_SHAPES = ((12, 24),) if CPU else ((8192, 1024), (8192, 4096))
 
 
-def variants(axis, c, backward, element_size=2):
+def variants(axis, c, backward, element_size=2, relu=False):
     """Tile configurations to try (the table's first)."""
-    table = layer_norm_config(axis, c, element_size, backward)
+    table = layer_norm_config(axis, c, element_size, backward, relu)
     yield table
     if CPU:
         yield NormConfig(BN=4, BC=16, num_warps=4, programs_per_sm=1)
@@ -134,7 +134,7 @@ def sweep_layer_norm(hbm, rows, save, axes=(1, 0), shapes=SHAPES, dtypes=("bf16"
         if backward == (kernels[0] == "bwd") and axis == axes[0]:  # the ceiling: a plain copy of the same bytes
             row = dict(op="copy", dtype=dt, N=n, C=c, axis=axis, kernel="fwd", table=False)
             rows.append(_time_and_check(row, lambda x: (x.clone(),), (x,), (x64,), 2 * n * c * size, hbm))
-        for i, cfg in enumerate(variants(axis, c, backward, size)):
+        for i, cfg in enumerate(variants(axis, c, backward, size, relu)):
             if backward:
                 fn = functools.partial(launch.layer_norm_bwd, axis=axis, cfg=cfg, **kw)
             else:
@@ -165,10 +165,10 @@ def suggested_tiles(rows, current):
     return table
 
 
-def measured_source(table):
-    """The Python source of ``MEASURED = {...}``, one entry a line."""
+def measured_source(table, name="MEASURED"):
+    """The Python source of ``name = {...}`` (``MEASURED`` or ``MEASURED_RELU``), one entry a line."""
     lines = [f"    {key!r}: {cfg!r}," for key, cfg in sorted(table.items())]
-    return "MEASURED = {\n" + "".join(line + "\n" for line in lines) + "}"
+    return f"{name} = {{\n" + "".join(line + "\n" for line in lines) + "}"
 
 
 def gates_variants(k, backward):
@@ -258,11 +258,12 @@ def main():
         if bad or CPU:
             print("--install: not installed (a GPU run without failures only)")
             return 1
-        source = measured_source(suggested_tiles(rows, MEASURED))
-        common.install_literal(common.package_file("ops", "norms", "configs.py"), "MEASURED", source)
+        name, current = ("MEASURED_RELU", MEASURED_RELU) if args.relu else ("MEASURED", MEASURED)
+        source = measured_source(suggested_tiles(rows, current), name)
+        common.install_literal(common.package_file("ops", "norms", "configs.py"), name, source)
         with open(os.path.join(args.out, args.name + "-measured.py"), "w") as f:
             f.write(source + "\n")
-        print("--install: wrote into blocksparse/ops/norms/configs.py:\n" + source)
+        print(f"--install: wrote {name} into blocksparse/ops/norms/configs.py:\n" + source)
     return 1 if bad else 0
 
 

@@ -48,10 +48,10 @@ class NormSpec:
                 f"{'_relu' if self.relu else ''}_{tile}_sm{self.arch}")
 
 
-def _rows(axis, element_size, aligned, backward):
+def _rows(axis, element_size, aligned, backward, relu):
     """Segment lengths whose tiles are compiled: powers of two up to the longest one-chunk tile
     (unaligned: that one only), then one longer (the chunked tile)."""
-    longest = layer_norm_config(axis, MAX_ROW * 2, element_size, backward).BC
+    longest = layer_norm_config(axis, MAX_ROW * 2, element_size, backward, relu).BC
     rows, row = [], MIN_ROW[axis] if aligned else longest
     while row <= longest:
         rows.append(row)
@@ -68,8 +68,8 @@ def specializations(archs):
             for axis, aligned in ((1, True), (0, True), (0, False)):
                 for relu in (False, True):
                     for product in ("fwd", "bwd"):
-                        for row in _rows(axis, size, aligned, product == "bwd"):
-                            cfg = layer_norm_config(axis, row, size, backward=product == "bwd")
+                        for row in _rows(axis, size, aligned, product == "bwd", relu):
+                            cfg = layer_norm_config(axis, row, size, backward=product == "bwd", relu=relu)
                             specs.append(NormSpec(arch, product, dtype, axis, relu, cfg, cfg.one_chunk(row),
                                                   aligned))
         specs.append(SumRowsSpec(arch, has_b=True))

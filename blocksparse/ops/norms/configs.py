@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import triton
 
-__all__ = ["NormConfig", "layer_norm_config", "MEASURED", "TILE", "MAX_ROW", "TOKEN_BYTES", "TOKEN_TILE"]
+__all__ = ["NormConfig", "layer_norm_config", "MEASURED", "MEASURED_RELU", "TILE", "MAX_ROW", "TOKEN_BYTES", "TOKEN_TILE"]
 
 #: Elements per ``(N, C)`` program tile (at least one segment).
 TILE = 4096
@@ -93,11 +93,25 @@ MEASURED = {
 }
 
 
-def layer_norm_config(axis, segment_features, element_size, backward=False):
-    """The tile for segments of ``segment_features`` features of ``element_size``-byte activations:
-    the measured one (:data:`MEASURED`) where there is one, else the rule."""
+#: Tiles measured best for the kernels with the fused relu where they beat :data:`MEASURED`'s / the
+#: rule's (same keys; ``tune_norms.py --relu --install``): its backward also holds the bias, to
+#: recompute the mask, and the tile that fits without it spills.
+MEASURED_RELU = {
+    (1, 4096, 4, True): NormConfig(BN=2, BC=4096, num_warps=8, programs_per_sm=1),
+    (1, 8192, 2, True): NormConfig(BN=1, BC=8192, num_warps=8, programs_per_sm=1),
+    (1, 8192, 4, True): NormConfig(BN=1, BC=8192, num_warps=16, programs_per_sm=1),
+}
+
+
+def layer_norm_config(axis, segment_features, element_size, backward=False, relu=False):
+    """The tile for segments of ``segment_features`` features of ``element_size``-byte activations
+    (``relu``: the kernels with the fused relu): the measured one (:data:`MEASURED_RELU`,
+    :data:`MEASURED`) where there is one, else the rule."""
     row = triton.next_power_of_2(segment_features)
-    measured = MEASURED.get((axis, row, element_size, bool(backward)))
+    key = (axis, row, element_size, bool(backward))
+    measured = MEASURED_RELU.get(key) if relu else None
+    if measured is None:
+        measured = MEASURED.get(key)
     if measured is not None:
         return measured
     return _rule(axis, row, element_size, backward)

@@ -26,7 +26,7 @@ def _dims(x, axis, segments):
 def layer_norm_fwd(x, g, b, *, axis, epsilon, relu, segments, cfg=None):
     """``(y, mean, rstd)`` of ``relu?((x - mean) * rstd * g + b)`` per segment."""
     n, _, cs = _dims(x, axis, segments)
-    cfg = cfg or layer_norm_config(axis, cs, x.element_size())
+    cfg = cfg or layer_norm_config(axis, cs, x.element_size(), relu=relu)
     y = x.new_empty(x.shape)
     mean = x.new_empty((segments, n), dtype=torch.float32)
     rstd = x.new_empty((segments, n), dtype=torch.float32)
@@ -45,7 +45,7 @@ def layer_norm_fwd(x, g, b, *, axis, epsilon, relu, segments, cfg=None):
 def layer_norm_bwd(dy, x, g, b, mean, rstd, *, axis, relu, segments, cfg=None):
     """``(dx, dg, db)`` (``dg`` / ``db`` None where ``g`` / ``b`` is) from the forward's statistics."""
     n, c, cs = _dims(x, axis, segments)
-    cfg = cfg or layer_norm_config(axis, cs, x.element_size(), backward=True)
+    cfg = cfg or layer_norm_config(axis, cs, x.element_size(), backward=True, relu=relu)
     dx = x.new_empty(x.shape)
     if not n:
         return dx, *(None if p is None else torch.zeros_like(p) for p in (g, b))

@@ -42,7 +42,8 @@ def test_tiles_are_those_the_pytorch_launcher_uses():
         row = s.config.BC if s.one_chunk else 2 * s.config.BC
         if s.axis == 1 and not s.one_chunk:
             row = 2 * MAX_ROW
-        assert layer_norm_config(s.axis, row, aot.DTYPES[s.dtype], backward=s.product == "bwd") == s.config, s.name
+        assert layer_norm_config(s.axis, row, aot.DTYPES[s.dtype], backward=s.product == "bwd",
+                                 relu=s.relu) == s.config, s.name
 
 
 @pytest.mark.parametrize("spec", NORMS[:: max(1, len(NORMS) // 40)], ids=lambda s: s.name)

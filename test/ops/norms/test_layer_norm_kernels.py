@@ -36,8 +36,8 @@ def _run(rng, dtype, axis, n, c, segments, relu, cfg, *, affine=(True, True), of
     dy = t(ref.relu_safe(f64(dy), y_ref)) if relu else dy
     grads_ref = ref.layer_norm_grad(f64(dy), f64(x), f64(g), f64(b), **kw)
     cs = c // segments
-    fwd_cfg = cfg or layer_norm_config(axis, cs, x.element_size())
-    bwd_cfg = cfg or layer_norm_config(axis, cs, x.element_size(), backward=True)
+    fwd_cfg = cfg or layer_norm_config(axis, cs, x.element_size(), relu=relu)
+    bwd_cfg = cfg or layer_norm_config(axis, cs, x.element_size(), backward=True, relu=relu)
     y, mean, rstd = launch.layer_norm_fwd(x, g, b, cfg=fwd_cfg, **kw)
     del kw["epsilon"]
     dx, dg, db = launch.layer_norm_bwd(dy, x, g, b, mean, rstd, cfg=bwd_cfg, **kw)

@@ -63,6 +63,14 @@ def test_install_writes_a_table_the_config_lookup_serves(tmp_path, monkeypatch):
     # elsewhere the rule, as before
     for args in ((1, 4096, 2, True), (1, 1024, 4, False), (0, 1024, 2, False)):
         assert repr(module.layer_norm_config(*args[:3], backward=args[3])) == repr(configs._rule(*args))
+    # the relu table overrides for the relu kernels only
+    relu_tile = NormConfig(BN=1, BC=4096, num_warps=16, programs_per_sm=2)
+    common.install_literal(target, "MEASURED_RELU",
+                           tune_norms.measured_source({(1, 4096, 4, True): relu_tile}, "MEASURED_RELU"))
+    spec.loader.exec_module(module)
+    assert repr(module.layer_norm_config(1, 4096, 4, backward=True, relu=True)) == repr(relu_tile)
+    assert repr(module.layer_norm_config(1, 4096, 4, backward=True)) == repr(tiles[(1, 4096, 4, True)])
+    assert repr(module.layer_norm_config(1, 1024, 2, relu=True)) == repr(tiles[(1, 1024, 2, False)])
     # a second install replaces the table, it does not add one
     common.install_literal(target, "MEASURED", tune_norms.measured_source({}))
     assert target.read_text().count("MEASURED = {") == 1
