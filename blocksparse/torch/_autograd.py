@@ -6,7 +6,7 @@ arguments while no functorch transform is active; :func:`direct_apply` skips it 
 """
 import torch
 
-__all__ = ["direct_apply", "functorch_active"]
+__all__ = ["direct_apply", "functorch_active", "eager_twin", "call_op"]
 
 #: Whether a functorch transform (``vmap``, ``grad``, ...) is active (a C function: cheap).
 functorch_active = _functorch_active = torch._C._are_functorch_transforms_active
@@ -21,3 +21,31 @@ def direct_apply(function):
         return function.apply(*args) if _functorch_active() else raw(*args)
 
     return apply
+
+
+def eager_twin(name, forward, setup_context, backward):
+    """The eager twin of a custom op with registered autograd: an ``autograd.Function`` (for
+    :func:`direct_apply`) whose forward runs the op's implementation ``forward`` directly and hands
+    its context to the op's own ``setup_context``; ``backward`` takes ``(ctx, *grads)`` as the op's
+    does, calling the implementations of the backward ops rather than the dispatched ops.  No
+    dispatcher between an eager call and its launches: a dispatched custom-op call cost about
+    250 µs of host time on the H200's host, twenty times a norms kernel's launch."""
+
+    def forward_(ctx, *args):
+        out = forward(*args)
+        setup_context(ctx, args, out)
+        return out
+
+    return type(name, (torch.autograd.Function,), {"forward": staticmethod(forward_),
+                                                   "backward": staticmethod(backward)})
+
+
+def call_op(op, apply, impl, args, tensors):
+    """``op(*args)`` while ``torch.compile`` traces (the custom op, traceable); else, eagerly,
+    ``apply(*args)`` (the op's :func:`eager_twin`) where one of ``tensors`` needs a gradient, or
+    ``impl(*args)`` (the implementation alone) where none does."""
+    if torch.compiler.is_compiling():
+        return op(*args)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        return apply(*args)
+    return impl(*args)

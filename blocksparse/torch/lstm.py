@@ -66,6 +66,4 @@ def fused_lstm_gates(c, *gates, bias=None, forget_bias=1.0):
     if _checks.plain_ops_needed(c, *gates, bias):
         parts = gates[0].split(k, dim=1) if len(gates) == 1 else gates
         return _reference.lstm_gates_fwd(c, parts, bias, forget_bias=forget_bias)
-    if len(gates) == 1:
-        return _ops.lstm_gates(c, gates[0], bias, forget_bias)
-    return _ops.lstm_gates4(c, *gates, bias, forget_bias)
+    return _ops.apply_gates(c, gates, bias, forget_bias)

@@ -50,7 +50,7 @@ class BlocksparseTransformer(LiveState, TransformerBase):
         if a_t.shape[2] != b_t.shape[2]:
             raise ValueError(f"{a[0]} and {b[0]} must have the same features (heads * head_dim); got "
                              f"{a_t.shape[2]} and {b_t.shape[2]}")
-        nt = _ops.plain_nt if plain_ops_needed(a_t, b_t) else _ops.bst_nt
+        nt = _ops.plain_nt if plain_ops_needed(a_t, b_t) else _ops.nt
         return nt(a_t, b_t, self._handle)
 
     def _xn(self, w, x, trans, name, bench):
@@ -58,14 +58,14 @@ class BlocksparseTransformer(LiveState, TransformerBase):
         w_t, x_t = self._operands((*w, "scores"), (*x, "ctx_q" if trans else "ctx_k"))
         if plain_ops_needed(w_t, x_t):
             return _ops.plain_xn(w_t, x_t, self._handle, trans)
-        return (_ops.bst_tn if trans else _ops.bst_nn)(w_t, x_t, self._handle)
+        return (_ops.tn if trans else _ops.nn)(w_t, x_t, self._handle)
 
     def _softmax(self, x, scale, autoregress_at_key, dtype, masked):
         scale = check_scale(scale)
         autoregress_at_key = check_autoregress_at_key(autoregress_at_key)
         (x,) = self._operands(("x", x, "scores"), autocast=False)
         dtype = x.dtype if dtype is None else float_dtype("dtype", dtype)
-        softmax = _ops.plain_softmax if plain_ops_needed(x) else _ops.bst_softmax
+        softmax = _ops.plain_softmax if plain_ops_needed(x) else _ops.softmax
         return softmax(x, self._handle, scale, autoregress_at_key, masked, dtype)
 
     def _operands(self, *specs, autocast=True):

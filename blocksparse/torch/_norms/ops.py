@@ -3,9 +3,10 @@
 ``blocksparse::layer_norm``      ``(y, mean, rstd)``      (differentiable in x, g, b: registered autograd)
 ``blocksparse::layer_norm_bwd``  ``(dx, dg, db)``         (``dg`` / ``db`` empty ``(0,)`` for an absent g / b)
 
-Both choose at run time between the Triton kernels and the reference path
-(:func:`blocksparse.torch._backend.kernels_serve`); fake (shape) functions let ``torch.compile``
-trace them without graph breaks.  ``mean`` / ``rstd`` are ``(segments, N)``, float32 (float64 for
+Eager calls run their implementations directly (:func:`apply_layer_norm`: an autograd function
+with the same context and backward, no dispatcher).  Both choose at run time between the Triton
+kernels and the reference path (:func:`blocksparse.torch._backend.kernels_serve`); fake (shape)
+functions let ``torch.compile`` trace them without graph breaks.  ``mean`` / ``rstd`` are ``(segments, N)``, float32 (float64 for
 float64 activations).  A backward pass that builds a graph (``create_graph=True``, for double
 backward) runs the reference formulas, which autograd differentiates again.
 """
@@ -15,6 +16,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .._autograd import call_op, direct_apply, eager_twin
 from .._backend import kernels_serve
 from . import reference as _reference
 
@@ -27,9 +29,8 @@ def _stats_like(x, axis, segments):
     return x.new_empty((segments, _tokens(x, axis)), dtype=_reference.stats_dtype(x.dtype))
 
 
-@torch.library.custom_op("blocksparse::layer_norm", mutates_args=())
-def layer_norm(x: Tensor, g: Optional[Tensor], b: Optional[Tensor], axis: int, epsilon: float, relu: bool,
-               segments: int) -> tuple[Tensor, Tensor, Tensor]:
+def _forward(x: Tensor, g: Optional[Tensor], b: Optional[Tensor], axis: int, epsilon: float, relu: bool,
+             segments: int) -> tuple[Tensor, Tensor, Tensor]:
     kw = dict(axis=axis, epsilon=epsilon, relu=relu, segments=segments)
     if kernels_serve(x):
         from . import launch
@@ -37,20 +38,27 @@ def layer_norm(x: Tensor, g: Optional[Tensor], b: Optional[Tensor], axis: int, e
     return _reference.layer_norm_fwd(x, g, b, **kw)
 
 
+layer_norm = torch.library.custom_op("blocksparse::layer_norm", mutates_args=())(_forward)
+
+
 @layer_norm.register_fake
 def _(x, g, b, axis, epsilon, relu, segments):
     return x.new_empty(x.shape), _stats_like(x, axis, segments), _stats_like(x, axis, segments)
 
 
-@torch.library.custom_op("blocksparse::layer_norm_bwd", mutates_args=())
-def layer_norm_bwd(dy: Tensor, x: Tensor, g: Optional[Tensor], b: Optional[Tensor], mean: Tensor, rstd: Tensor,
-                   axis: int, relu: bool, segments: int) -> tuple[Tensor, Tensor, Tensor]:
+def _backward_of(dy, x, g, b, mean, rstd, axis, relu, segments):
+    """``(dx, dg, db)``, None where ``g`` / ``b`` is."""
     kw = dict(axis=axis, relu=relu, segments=segments)
     if kernels_serve(x):
         from . import launch
-        dx, dg, db = launch.layer_norm_bwd(dy, x, g, b, mean, rstd, **kw)
-    else:
-        dx, dg, db = _reference.layer_norm_bwd(dy, x, g, b, mean, rstd, **kw)
+        return launch.layer_norm_bwd(dy, x, g, b, mean, rstd, **kw)
+    return _reference.layer_norm_bwd(dy, x, g, b, mean, rstd, **kw)
+
+
+@torch.library.custom_op("blocksparse::layer_norm_bwd", mutates_args=())
+def layer_norm_bwd(dy: Tensor, x: Tensor, g: Optional[Tensor], b: Optional[Tensor], mean: Tensor, rstd: Tensor,
+                   axis: int, relu: bool, segments: int) -> tuple[Tensor, Tensor, Tensor]:
+    dx, dg, db = _backward_of(dy, x, g, b, mean, rstd, axis, relu, segments)
     return dx, _or_empty(dg, x), _or_empty(db, x)
 
 
@@ -74,7 +82,18 @@ def _setup_context(ctx, inputs, output):
     ctx.epsilon = epsilon
 
 
-def _backward(ctx, dy, _dmean, _drstd):
+def _gradients(bwd):
+    """The backward of either form, running the backward op ``bwd``: the custom op (registered
+    autograd) or its implementation (the eager twin); the placeholders of the one and the None
+    of the other for an absent ``g`` / ``b`` are both dropped."""
+
+    def backward(ctx, dy, _dmean, _drstd):
+        return _backward(ctx, dy, bwd)
+
+    return backward
+
+
+def _backward(ctx, dy, bwd):
     x, g, b, mean, rstd = ctx.saved_tensors
     axis, relu, segments = ctx.meta
     if torch.is_grad_enabled():
@@ -84,10 +103,18 @@ def _backward(ctx, dy, _dmean, _drstd):
                                                   segments=segments)
         dx, dg, db = _reference.layer_norm_bwd(dy, x, g, b, mean, rstd, axis=axis, relu=relu, segments=segments)
     else:
-        dx, dg, db = layer_norm_bwd(dy, x, g, b, mean, rstd, axis, relu, segments)
+        dx, dg, db = bwd(dy, x, g, b, mean, rstd, axis, relu, segments)
     need = ctx.needs_input_grad
     return (dx if need[0] else None, dg if g is not None and need[1] else None,
             db if b is not None and need[2] else None, None, None, None, None)
 
 
-layer_norm.register_autograd(_backward, setup_context=_setup_context)
+layer_norm.register_autograd(_gradients(layer_norm_bwd), setup_context=_setup_context)
+_apply = direct_apply(eager_twin("LayerNormFunction", _forward, _setup_context, _gradients(_backward_of)))
+
+
+def apply_layer_norm(x, g, b, axis, epsilon, relu, segments):
+    """``y`` (checked inputs): the custom op while ``torch.compile`` traces, else the eager path
+    (no dispatcher: :func:`blocksparse.torch._autograd.call_op`)."""
+    y, _, _ = call_op(layer_norm, _apply, _forward, (x, g, b, axis, epsilon, relu, segments), (x, g, b))
+    return y

@@ -13,14 +13,17 @@ works.  So does the softmax gradient's: with ``dx = scale * y * (dy - rowsum(dy 
 back by ``nt`` with ones) in ``y``.  Each op takes a layout handle
 (:func:`.state.handle`) and chooses at run time between the Triton kernels and the reference path
 (:func:`blocksparse.torch._matmul.products.use_triton`, the same rule as the matmul); a fake function
-per op lets ``torch.compile`` trace them without graph breaks.
+per op lets ``torch.compile`` trace them without graph breaks.  Eager calls (:func:`nt`, :func:`nn`,
+:func:`tn`, :func:`softmax`, :func:`softmax_grad`) run the implementations directly: autograd
+functions with the same contexts and backward passes, no dispatcher.
 """
 
-from typing import Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 from torch import Tensor
 
+from .._autograd import call_op, direct_apply, eager_twin
 from .._matmul.products import use_triton
 from . import reference as _reference
 from . import state as _state
@@ -60,14 +63,16 @@ def plain_softmax(x, layout, scale, autoregress_at_key, masked, dtype):
     return _reference.softmax(x, st.flat_ids(x.device)[0], keep, scale, st.layout.heads * st.layout.QB, dtype)
 
 
-@torch.library.custom_op("blocksparse::bst_nt", mutates_args=())
-def bst_nt(a: Tensor, b: Tensor, layout: int) -> Tensor:
+def _nt(a: Tensor, b: Tensor, layout: int) -> Tensor:
     st = _state.state(layout)
     lay = st.layout
     if use_triton(a, lay.block_size):
         return _kernels().nt(_dense(a), _dense(b), st.tables(a.device), heads=lay.heads, lut_heads=lay.lut_heads,
                              blocks=lay.blocks, bs=lay.block_size, precision=PRECISION)
     return plain_nt(a, b, layout)
+
+
+bst_nt = torch.library.custom_op("blocksparse::bst_nt", mutates_args=())(_nt)
 
 
 @bst_nt.register_fake
@@ -91,23 +96,24 @@ def _xn_fake(w, x, layout, trans):
     return x.new_empty((x.shape[0], lay.ctx_k if trans else lay.ctx_q, x.shape[2]))
 
 
-@torch.library.custom_op("blocksparse::bst_nn", mutates_args=())
-def bst_nn(w: Tensor, v: Tensor, layout: int) -> Tensor:
+def _nn(w: Tensor, v: Tensor, layout: int) -> Tensor:
     return _xn(w, v, layout, trans=False)
 
 
-@torch.library.custom_op("blocksparse::bst_tn", mutates_args=())
-def bst_tn(w: Tensor, x: Tensor, layout: int) -> Tensor:
+def _tn(w: Tensor, x: Tensor, layout: int) -> Tensor:
     return _xn(w, x, layout, trans=True)
+
+
+bst_nn = torch.library.custom_op("blocksparse::bst_nn", mutates_args=())(_nn)
+bst_tn = torch.library.custom_op("blocksparse::bst_tn", mutates_args=())(_tn)
 
 
 bst_nn.register_fake(lambda w, v, layout: _xn_fake(w, v, layout, trans=False))
 bst_tn.register_fake(lambda w, x, layout: _xn_fake(w, x, layout, trans=True))
 
 
-@torch.library.custom_op("blocksparse::bst_softmax", mutates_args=())
-def bst_softmax(x: Tensor, layout: int, scale: float, autoregress_at_key: Optional[int], masked: bool,
-                dtype: torch.dtype) -> Tensor:
+def _softmax(x: Tensor, layout: int, scale: float, autoregress_at_key: Optional[int], masked: bool,
+             dtype: torch.dtype) -> Tensor:
     st = _state.state(layout)
     lay = st.layout
     masked = masked and st.masks is not None
@@ -118,19 +124,24 @@ def bst_softmax(x: Tensor, layout: int, scale: float, autoregress_at_key: Option
     return plain_softmax(x, layout, scale, autoregress_at_key, masked, dtype)
 
 
+bst_softmax = torch.library.custom_op("blocksparse::bst_softmax", mutates_args=())(_softmax)
+
+
 @bst_softmax.register_fake
 def _(x, layout, scale, autoregress_at_key, masked, dtype):
     return x.new_empty(x.shape, dtype=dtype)
 
 
-@torch.library.custom_op("blocksparse::bst_softmax_grad", mutates_args=())
-def bst_softmax_grad(dy: Tensor, y: Tensor, layout: int, scale: float, dtype: torch.dtype) -> Tensor:
+def _softmax_grad(dy: Tensor, y: Tensor, layout: int, scale: float, dtype: torch.dtype) -> Tensor:
     st = _state.state(layout)
     lay = st.layout
     if use_triton(y, lay.block_size):
         return _kernels().softmax_grad(dy.contiguous(), y.contiguous(), st.tables(y.device), scale=scale,
                                        lut_heads=lay.lut_heads, q_blocks=lay.QB, dtype=dtype)
     return _reference.softmax_grad(dy, y, st.flat_ids(y.device)[0], scale, lay.heads * lay.QB, dtype)
+
+
+bst_softmax_grad = torch.library.custom_op("blocksparse::bst_softmax_grad", mutates_args=())(_softmax_grad)
 
 
 @bst_softmax_grad.register_fake
@@ -140,30 +151,19 @@ def _(dy, y, layout, scale, dtype):
 
 # ---------------------------------------------------------------- autograd
 
+class _Ops(NamedTuple):
+    """The ops a backward pass calls: the custom ops (their registered autograd) or the eager
+    calls (the eager twins' backward passes).  Either is differentiable again."""
+
+    nt: Callable
+    nn: Callable
+    tn: Callable
+    softmax_grad: Callable
+
+
 def _save_operands(ctx, inputs, output):
     ctx.save_for_backward(inputs[0], inputs[1])
     ctx.layout = inputs[2]
-
-
-def _nt_backward(ctx, dc):
-    a, b = ctx.saved_tensors
-    da = bst_nn(dc, b, ctx.layout) if ctx.needs_input_grad[0] else None
-    db = bst_tn(dc, a, ctx.layout) if ctx.needs_input_grad[1] else None
-    return da, db, None
-
-
-def _nn_backward(ctx, dy):
-    w, v = ctx.saved_tensors
-    dw = bst_nt(dy, v, ctx.layout) if ctx.needs_input_grad[0] else None
-    dv = bst_tn(w, dy, ctx.layout) if ctx.needs_input_grad[1] else None
-    return dw, dv, None
-
-
-def _tn_backward(ctx, dy):
-    w, x = ctx.saved_tensors
-    dw = bst_nt(x, dy, ctx.layout) if ctx.needs_input_grad[0] else None
-    dx = bst_nn(w, dy, ctx.layout) if ctx.needs_input_grad[1] else None
-    return dw, dx, None
 
 
 def _softmax_setup(ctx, inputs, output):
@@ -172,40 +172,79 @@ def _softmax_setup(ctx, inputs, output):
     ctx.meta = (layout, scale, x.dtype)
 
 
-def _softmax_backward(ctx, dy):
-    (y,) = ctx.saved_tensors
-    layout, scale, x_dtype = ctx.meta
-    return bst_softmax_grad(dy, y, layout, scale, x_dtype), None, None, None, None, None
-
-
-def _row_sums(w, layout):
-    """Packed ``w``'s sum over each query row (the row's blocks), at every element of that row."""
-    lay = _state.state(layout).layout
-    ones = w.new_ones(w.shape[0], lay.ctx_k, lay.heads)   # head_dim 1: nn sums the row, nt spreads it
-    return bst_nt(bst_nn(w, ones, layout), ones, layout)
-
-
 def _softmax_grad_setup(ctx, inputs, output):
     dy, y, layout, scale = inputs[:4]
     ctx.save_for_backward(dy, y)
     ctx.meta = (layout, scale)
 
 
-def _softmax_grad_backward(ctx, g):
-    """Gradients of ``dx = scale * y * (dy - r)``, ``r = rowsum(dy * y)``, for ``g = d/d(dx)``:
-    ``d dy = scale * y * (g - rowsum(g * y))`` and ``d y = scale * (g * (dy - r) - dy * rowsum(g * y))``."""
-    dy, y = ctx.saved_tensors
-    layout, scale = ctx.meta
-    g_dy = bst_softmax_grad(g.to(y.dtype), y, layout, scale, dy.dtype) if ctx.needs_input_grad[0] else None
-    g_y = None
-    if ctx.needs_input_grad[1]:
-        g, dy_ = g.to(y.dtype), dy.to(y.dtype)
-        g_y = scale * (g * (dy_ - _row_sums(dy_ * y, layout)) - dy_ * _row_sums(g * y, layout))
-    return g_dy, g_y, None, None, None
+def _backwards(ops):
+    """The five ops' backward passes, calling ``ops``."""
+
+    def nt_backward(ctx, dc):
+        a, b = ctx.saved_tensors
+        da = ops.nn(dc, b, ctx.layout) if ctx.needs_input_grad[0] else None
+        db = ops.tn(dc, a, ctx.layout) if ctx.needs_input_grad[1] else None
+        return da, db, None
+
+    def nn_backward(ctx, dy):
+        w, v = ctx.saved_tensors
+        dw = ops.nt(dy, v, ctx.layout) if ctx.needs_input_grad[0] else None
+        dv = ops.tn(w, dy, ctx.layout) if ctx.needs_input_grad[1] else None
+        return dw, dv, None
+
+    def tn_backward(ctx, dy):
+        w, x = ctx.saved_tensors
+        dw = ops.nt(x, dy, ctx.layout) if ctx.needs_input_grad[0] else None
+        dx = ops.nn(w, dy, ctx.layout) if ctx.needs_input_grad[1] else None
+        return dw, dx, None
+
+    def softmax_backward(ctx, dy):
+        (y,) = ctx.saved_tensors
+        layout, scale, x_dtype = ctx.meta
+        return ops.softmax_grad(dy, y, layout, scale, x_dtype), None, None, None, None, None
+
+    def row_sums(w, layout):
+        """Packed ``w``'s sum over each query row (the row's blocks), at every element of that row."""
+        lay = _state.state(layout).layout
+        ones = w.new_ones(w.shape[0], lay.ctx_k, lay.heads)   # head_dim 1: nn sums the row, nt spreads it
+        return ops.nt(ops.nn(w, ones, layout), ones, layout)
+
+    def softmax_grad_backward(ctx, g):
+        """Gradients of ``dx = scale * y * (dy - r)``, ``r = rowsum(dy * y)``, for ``g = d/d(dx)``:
+        ``d dy = scale * y * (g - rowsum(g * y))`` and ``d y = scale * (g * (dy - r) - dy * rowsum(g * y))``."""
+        dy, y = ctx.saved_tensors
+        layout, scale = ctx.meta
+        g_dy = ops.softmax_grad(g.to(y.dtype), y, layout, scale, dy.dtype) if ctx.needs_input_grad[0] else None
+        g_y = None
+        if ctx.needs_input_grad[1]:
+            g, dy_ = g.to(y.dtype), dy.to(y.dtype)
+            g_y = scale * (g * (dy_ - row_sums(dy_ * y, layout)) - dy_ * row_sums(g * y, layout))
+        return g_dy, g_y, None, None, None
+
+    return nt_backward, nn_backward, tn_backward, softmax_backward, softmax_grad_backward
 
 
-bst_nt.register_autograd(_nt_backward, setup_context=_save_operands)
-bst_nn.register_autograd(_nn_backward, setup_context=_save_operands)
-bst_tn.register_autograd(_tn_backward, setup_context=_save_operands)
-bst_softmax.register_autograd(_softmax_backward, setup_context=_softmax_setup)
-bst_softmax_grad.register_autograd(_softmax_grad_backward, setup_context=_softmax_grad_setup)
+#: (name, custom op, implementation, setup_context, indices of the tensor arguments) of each op,
+#: in :func:`_backwards`' order
+_TABLE = (("Nt", bst_nt, _nt, _save_operands, (0, 1)), ("Nn", bst_nn, _nn, _save_operands, (0, 1)),
+          ("Tn", bst_tn, _tn, _save_operands, (0, 1)), ("Softmax", bst_softmax, _softmax, _softmax_setup, (0,)),
+          ("SoftmaxGrad", bst_softmax_grad, _softmax_grad, _softmax_grad_setup, (0, 1)))
+
+
+def _eager(i):
+    """Op ``i`` of :data:`_TABLE` as an eager call: the custom op while ``torch.compile`` traces,
+    else its eager twin or its implementation (:func:`~.._autograd.call_op`)."""
+    _, op, impl, _, tensors = _TABLE[i]
+
+    def call(*args):
+        return call_op(op, _twins[i], impl, args, [args[k] for k in tensors])
+
+    return call
+
+
+nt, nn, tn, softmax, softmax_grad = (_eager(i) for i in range(len(_TABLE)))
+for (_, op, _, setup, _), backward in zip(_TABLE, _backwards(_Ops(bst_nt, bst_nn, bst_tn, bst_softmax_grad))):
+    op.register_autograd(backward, setup_context=setup)
+_twins = [direct_apply(eager_twin(f"Bst{name}Function", impl, setup, backward))
+          for (name, _, impl, setup, _), backward in zip(_TABLE, _backwards(_Ops(nt, nn, tn, softmax_grad)))]

@@ -167,3 +167,27 @@ def test_gpu(rng, dtype, n, k, merged):
         assert rel_error(got, want) < tolerance(dtype)
     again = torch.autograd.grad(fused_lstm_gates(c, *gates, bias=b), (c, h, b), (dcn, dhn))
     assert all(torch.equal(x, y) for x, y in zip(grads, again))
+
+
+@pytest.mark.parametrize("merged", [True, False], ids=["merged", "four"])
+def test_eager_calls_skip_the_dispatcher(rng, merged):
+    """A call that needs a gradient is one autograd node of the eager twin (not the custom op's)."""
+    c = torch.from_numpy(rng.standard_normal((5, 8))).float().requires_grad_()
+    h = torch.from_numpy(rng.standard_normal((5, 32))).float()
+    gates = (h,) if merged else h.split(8, dim=1)
+    c_next, h_next = fused_lstm_gates(c, *gates)
+    name = "LstmGatesFunctionBackward" if merged else "LstmGates4FunctionBackward"
+    assert type(c_next.grad_fn).__name__ == type(h_next.grad_fn).__name__ == name
+    assert fused_lstm_gates(c.detach(), *gates)[0].grad_fn is None
+
+
+@pytest.mark.parametrize("merged", [True, False], ids=["merged", "four"])
+def test_twice_differentiable(rng, merged):
+    c = torch.from_numpy(rng.standard_normal((3, 4))).requires_grad_()
+    h = torch.from_numpy(rng.standard_normal((3, 16))).requires_grad_()
+    bias = torch.from_numpy(rng.standard_normal(16)).requires_grad_()
+
+    def fn(c, h, bias):
+        return fused_lstm_gates(c, *((h,) if merged else h.split(4, dim=1)), bias=bias)
+
+    torch.autograd.gradgradcheck(fn, (c, h, bias))

@@ -199,3 +199,21 @@ def test_gpu(rng, dtype, axis, n, c, segments):
         assert rel_error(got, want) < tolerance(dtype)
     again = torch.autograd.grad(layer_norm(x, g, b, axis=axis, relu=True, segments=segments), (x, g, b), dy)
     assert all(torch.equal(a, b) for a, b in zip(grads, again))  # deterministic
+
+
+@pytest.mark.parametrize("backend", ["reference", pytest.param("triton", marks=pytest.mark.interpreter)])
+def test_eager_calls_skip_the_dispatcher(rng, monkeypatch, backend):
+    """A call that needs a gradient is one autograd node of the eager twin (not the custom op's);
+    one that does not, none."""
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", backend)
+    x, g, b, _ = _inputs(rng, "float32", 1, 6, 96)
+    assert type(layer_norm(x, g, b).grad_fn).__name__ == "LayerNormFunctionBackward"
+    with torch.no_grad():
+        assert layer_norm(x, g, b).grad_fn is None
+    assert layer_norm(x.detach(), None, None).grad_fn is None
+
+
+def test_twice_differentiable(rng):
+    x = torch.from_numpy(rng.standard_normal((4, 12))).requires_grad_()
+    g, b = (torch.from_numpy(rng.standard_normal(12)).requires_grad_() for _ in range(2))
+    torch.autograd.gradgradcheck(lambda *t: layer_norm(*t, segments=2, relu=True), (x, g, b))

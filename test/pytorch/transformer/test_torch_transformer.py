@@ -148,6 +148,20 @@ def test_second_order_gradients(rng):
                                     fast_mode=True)
 
 
+def test_eager_calls_skip_the_dispatcher(rng):
+    """An eager call that needs a gradient is one autograd node of its op's eager twin."""
+    bst = BlocksparseTransformer(ref.random_layout(rng, 2, 2, 2, 0.6), 8)
+    a = torch.randn(1, 16, 4, requires_grad=True)
+    b = torch.randn(1, 16, 4)
+    s = bst.nt_op(a, b)
+    y = bst.masked_softmax(s, 0.5)
+    names = [type(t.grad_fn).__name__ for t in (s, y, bst.nn_op(y, b), bst.tn_op(y, b))]
+    assert names == ["BstNtFunctionBackward", "BstSoftmaxFunctionBackward", "BstNnFunctionBackward",
+                     "BstTnFunctionBackward"]
+    with torch.no_grad():
+        assert bst.nt_op(a, b).grad_fn is None
+
+
 def test_softmax_dtype_argument(rng):
     bst = BlocksparseTransformer(ref.causal_layout(2), 16, heads=1)
     x = torch.randn(bst.w_shape(2), dtype=torch.float32, requires_grad=True)
