@@ -181,23 +181,21 @@ def _softmax_grad_setup(ctx, inputs, output):
 def _backwards(ops):
     """The five ops' backward passes, calling ``ops``."""
 
-    def nt_backward(ctx, dc):
-        a, b = ctx.saved_tensors
-        da = ops.nn(dc, b, ctx.layout) if ctx.needs_input_grad[0] else None
-        db = ops.tn(dc, a, ctx.layout) if ctx.needs_input_grad[1] else None
-        return da, db, None
+    def product(first, second):
+        """The backward of a product of saved operands ``(a, b)``: their gradients
+        ``first(a, b, g, layout)`` and ``second(a, b, g, layout)`` for the output gradient ``g``."""
 
-    def nn_backward(ctx, dy):
-        w, v = ctx.saved_tensors
-        dw = ops.nt(dy, v, ctx.layout) if ctx.needs_input_grad[0] else None
-        dv = ops.tn(w, dy, ctx.layout) if ctx.needs_input_grad[1] else None
-        return dw, dv, None
+        def backward(ctx, g):
+            a, b = ctx.saved_tensors
+            need, lay = ctx.needs_input_grad, ctx.layout
+            return first(a, b, g, lay) if need[0] else None, second(a, b, g, lay) if need[1] else None, None
 
-    def tn_backward(ctx, dy):
-        w, x = ctx.saved_tensors
-        dw = ops.nt(x, dy, ctx.layout) if ctx.needs_input_grad[0] else None
-        dx = ops.nn(w, dy, ctx.layout) if ctx.needs_input_grad[1] else None
-        return dw, dx, None
+        return backward
+
+    # d(nt) = nn, tn; d(nn) = nt, tn; d(tn) = nt, nn
+    nt_backward = product(lambda a, b, dc, lay: ops.nn(dc, b, lay), lambda a, b, dc, lay: ops.tn(dc, a, lay))
+    nn_backward = product(lambda w, v, dy, lay: ops.nt(dy, v, lay), lambda w, v, dy, lay: ops.tn(w, dy, lay))
+    tn_backward = product(lambda w, x, dy, lay: ops.nt(x, dy, lay), lambda w, x, dy, lay: ops.nn(w, dy, lay))
 
     def softmax_backward(ctx, dy):
         (y,) = ctx.saved_tensors
