@@ -23,15 +23,18 @@ def direct_apply(function):
     return apply
 
 
-def eager_twin(name, forward, setup_context, backward):
+def eager_twin(name, forward, setup_context, backward, *, materialize_grads=True):
     """The eager twin of a custom op with registered autograd: an ``autograd.Function`` (for
     :func:`direct_apply`) whose forward runs the op's implementation ``forward`` directly and hands
     its context to the op's own ``setup_context``; ``backward`` takes ``(ctx, *grads)`` as the op's
     does, calling the implementations of the backward ops rather than the dispatched ops.  No
     dispatcher between an eager call and its launches: a dispatched custom-op call cost about
-    250 µs of host time on the H200's host, twenty times a norms kernel's launch."""
+    250 µs of host time on the H200's host, twenty times a norms kernel's launch.
+    ``materialize_grads=False``: outputs nobody differentiated reach ``backward`` as None, not as
+    zero-filled tensors (for outputs it ignores, such as statistics)."""
 
     def forward_(ctx, *args):
+        ctx.set_materialize_grads(materialize_grads)
         out = forward(*args)
         setup_context(ctx, args, out)
         return out

@@ -26,7 +26,7 @@ import torch
 from .. import _kernels
 from ..aot.abi import ARG_KINDS, ARG_WORDS, BskArg
 
-__all__ = ["Operand", "Descriptor", "KernelLaunch", "Mismatch", "AotLaunch", "JitLaunch", "prepare",
+__all__ = ["Operand", "Descriptor", "KernelLaunch", "Mismatch", "AotLaunch", "JitLaunch", "prepare", "Plans",
            "library", "device_info", "DeviceInfo"]
 
 
@@ -299,3 +299,39 @@ def prepare(launch: KernelLaunch, device_index, kernels=None, spec_index=None):
         return AotLaunch(launch, kernels, spec_index, device_index)
     except Mismatch as exc:
         return JitLaunch(launch, f"{kernels.specs[spec_index]['name']}: {exc}")
+
+
+class Plans:
+    """A family's prepared launches, kept by call shape (the oldest half dropped past ``limit``).
+
+    ``find(kernels, arch, launch, *extra)`` names the compiled spec that may serve a launch (its
+    index in ``kernels``, or None); :func:`prepare` then checks it argument by argument, and
+    Triton's JIT runs what no spec serves (other GPUs, the CPU interpreter)."""
+
+    def __init__(self, find, limit=512):
+        self.find, self.limit, self._plans = find, limit, {}
+
+    def runners(self, key, device, describe, *extra):
+        """The runners of call shape ``key`` on ``device`` (``describe()`` lists its launches the
+        first time)."""
+        found = self._plans.get(key)
+        if found is None:
+            found = tuple(self.prepare(launch, device, *extra) for launch in describe())
+            if len(self._plans) >= self.limit:
+                for old in list(self._plans)[:self.limit // 2]:
+                    del self._plans[old]
+            self._plans[key] = found
+        return found
+
+    def prepare(self, launch, device, *extra):
+        """The runner of ``launch`` on ``device``: the kernel library's spec where one serves it."""
+        if device.type != "cuda":
+            return JitLaunch(launch, "not a CUDA tensor")
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return self.prepare_on(launch, library(), device_info(index).arch, index, *extra)
+
+    def prepare_on(self, launch, kernels, arch, index, *extra):
+        """The runner of ``launch`` on GPU ``index`` of ``sm_{arch}`` with the library ``kernels``
+        (or None)."""
+        spec = None if kernels is None else self.find(kernels, arch, launch, *extra)
+        return prepare(launch, index, kernels, spec)

@@ -22,7 +22,7 @@ from ...ops.attention.aot import backward_launches
 from ...ops.attention.bwd import attn_bwd_delta_kernel, attn_bwd_kernel
 from ...ops.attention.fwd import attn_fwd_kernel
 from .. import _launch
-from .._launch import TRITON_TYPES, Descriptor, JitLaunch, KernelLaunch, Operand
+from .._launch import TRITON_TYPES, Descriptor, KernelLaunch, Operand
 
 if _env.triton_interpret():
     from ...ops.common.interpreter import patch_bf16_dot
@@ -36,9 +36,6 @@ Q, K, V, O = 0, 1, 2, 3
 FWD_LSE, FWD_SEQLENS = 4, 5
 DO, DQ, DK, DV, LSE, DELTA, SEQLENS = 4, 5, 6, 7, 8, 9, 10
 
-#: Prepared launches kept (call shapes); the oldest half is dropped past this.
-MAX_PLANS = 512
-_plans = {}
 
 
 def fwd(q, k, v, seqlens, tables, *, block_size, causal, scale, cfg):
@@ -81,29 +78,13 @@ def bwd(do, q, k, v, o, lse, seqlens, tables, *, block_size, causal, scale, cfg)
 def runners(key, device, cfg, describe):
     """The prepared launches of call shape ``key`` with tile config ``cfg`` (``describe()`` lists
     them the first time)."""
-    found = _plans.get(key)
-    if found is None:
-        found = tuple(_prepare(launch, device, cfg) for launch in describe())
-        if len(_plans) >= MAX_PLANS:
-            for old in list(_plans)[:MAX_PLANS // 2]:
-                del _plans[old]
-        _plans[key] = found
-    return found
-
-
-def _prepare(launch, device, cfg):
-    """The kernel library's spec for ``launch`` on a GPU where one serves it, else Triton's JIT."""
-    if device.type != "cuda":
-        return JitLaunch(launch, "not a CUDA tensor")
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return prepare_on(launch, cfg, _launch.library(), _launch.device_info(index).arch, index)
+    return _PLANS.runners(key, device, describe, cfg)
 
 
 def prepare_on(launch, cfg, kernels, arch, index):
     """The runner of ``launch`` (tile config ``cfg``) on GPU ``index`` of ``sm_{arch}`` with the
     kernel library ``kernels`` (or None)."""
-    spec = None if kernels is None else _spec(kernels, arch, launch, cfg)
-    return _launch.prepare(launch, index, kernels, spec)
+    return _PLANS.prepare_on(launch, kernels, arch, index, cfg)
 
 
 def _spec(kernels, arch, launch, cfg):
@@ -122,6 +103,10 @@ def _spec(kernels, arch, launch, cfg):
     if launch.kernel is attn_fwd_kernel:
         return kernels.find("attention", arch, product="fwd", **fields)
     return kernels.find("attention", arch, product="bwd", dkdv=c["DKDV"], dq=c["DQ_PASS"], **fields)
+
+
+#: Prepared launches by call shape.
+_PLANS = _launch.Plans(_spec)
 
 
 def fwd_launch(q, k, v, has_seqlens, tables, *, block_size, causal, scale, cfg, tma):

@@ -110,7 +110,9 @@ def _backward(ctx, dy, bwd):
 
 
 layer_norm.register_autograd(_gradients(layer_norm_bwd), setup_context=_setup_context)
-_apply = direct_apply(eager_twin("LayerNormFunction", _forward, _setup_context, _gradients(_backward_of)))
+# the statistics' gradients are ignored: not zero-filled
+_apply = direct_apply(eager_twin("LayerNormFunction", _forward, _setup_context, _gradients(_backward_of),
+                                 materialize_grads=False))
 
 
 def apply_layer_norm(x, g, b, axis, epsilon, relu, segments):
