@@ -41,7 +41,8 @@ from dataclasses import dataclass
 
 import triton
 
-__all__ = ["NormConfig", "layer_norm_config", "MEASURED", "MEASURED_RELU", "TILE", "MAX_ROW", "TOKEN_BYTES", "TOKEN_TILE"]
+__all__ = ["NormConfig", "layer_norm_config", "MEASURED", "MEASURED_RELU", "TILE", "MAX_ROW", "TOKEN_BYTES",
+           "TOKEN_TILE"]
 
 #: Elements per ``(N, C)`` program tile (at least one segment).
 TILE = 4096

@@ -47,8 +47,8 @@ def xn(w, x, tables, *, trans, out_ctx, heads, lut_heads, bs, precision):
     (``trans=True``: ``w.T @ x`` by key columns, ``out_ctx = ctx_k``): ``(N, out_ctx, F)``."""
     y = x.new_empty((x.shape[0], out_ctx, x.shape[2]))
     if x.shape[0]:
-        key = ("xn", w.shape, w.dtype, x.shape, x.stride(), x.dtype, x.device, id(tables), trans, out_ctx, heads, lut_heads,
-               bs, precision)
+        key = ("xn", w.shape, w.dtype, x.shape, x.stride(), x.dtype, x.device, id(tables), trans, out_ctx, heads,
+               lut_heads, bs, precision)
         _run(key, x.device, lambda: xn_launch(w, x, tables, trans=trans, out_ctx=out_ctx, heads=heads,
                                                lut_heads=lut_heads, bs=bs, precision=precision), [w, x, y])
     return y
