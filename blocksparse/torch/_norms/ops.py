@@ -7,8 +7,9 @@ Eager calls run their implementations directly (:func:`apply_layer_norm`: an aut
 with the same context and backward, no dispatcher).  Both choose at run time between the Triton
 kernels and the reference path (:func:`blocksparse.torch._backend.kernels_serve`); fake (shape)
 functions let ``torch.compile`` trace them without graph breaks.  ``mean`` / ``rstd`` are
-``(segments, N)``, float32 (float64 for float64 activations).  A backward pass that builds a graph (``create_graph=True``, for double
-backward) runs the reference formulas, which autograd differentiates again.
+``(segments, N)``, float32 (float64 for float64 activations).  A backward pass that builds a graph
+(``create_graph=True``, for double backward) runs the reference formulas, which autograd
+differentiates again.
 """
 
 from typing import Optional

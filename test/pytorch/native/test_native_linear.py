@@ -65,8 +65,8 @@ def test_a_strided_gradient_is_made_dense_first(native, rng):
 def test_a_broadcast_gradient_is_made_dense(native, rng, tokens):
     x = torch.from_numpy(rng.standard_normal((tokens, 6))).float().requires_grad_()
     w = torch.from_numpy(rng.standard_normal((3, 2, 2))).float()
-    ids = (_record(native, 2, (tokens, 5), tokens * 5, tokens * 6), _record(native, 3, (tokens, 6), tokens * 6, tokens * 5),
-           _record(native, 4, (3, 2, 2), 12, tokens * 6))
+    ids = (_record(native, 2, (tokens, 5), tokens * 5, tokens * 6),
+           _record(native, 3, (tokens, 6), tokens * 6, tokens * 5), _record(native, 4, (3, 2, 2), 12, tokens * 6))
     bias = torch.from_numpy(rng.standard_normal(5)).float().requires_grad_()
     y = torch.ops.blocksparse_native.linear(x, w, bias, *ids)
     scale = float(rng.uniform(0.5, 2.0))

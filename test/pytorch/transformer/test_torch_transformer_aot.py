@@ -40,8 +40,10 @@ def _launches(rng, head_dim, dtype=torch.bfloat16, softmax_dtype=None, heads=2):
     w = torch.randn(n, heads, lay.blocks, BS, BS).to(dtype)
     common = dict(heads=heads, lut_heads=lay.lut_heads, bs=BS, precision="ieee")
     out = [("nt", launch.nt_launch(a, b, tables, blocks=lay.blocks, **common), [a, b, torch.empty_like(w)]),
-           ("nn", launch.xn_launch(w, b, tables, trans=False, out_ctx=lay.ctx_q, **common), [w, b, torch.empty_like(a)]),
-           ("tn", launch.xn_launch(w, a, tables, trans=True, out_ctx=lay.ctx_k, **common), [w, a, torch.empty_like(b)])]
+           ("nn", launch.xn_launch(w, b, tables, trans=False, out_ctx=lay.ctx_q, **common),
+            [w, b, torch.empty_like(a)]),
+           ("tn", launch.xn_launch(w, a, tables, trans=True, out_ctx=lay.ctx_k, **common),
+            [w, a, torch.empty_like(b)])]
     y = torch.empty_like(w, dtype=softmax_dtype or dtype)
     for ar in (None, 2):
         out.append((f"softmax ar={ar}", launch.softmax_launch(w, tables, scale=0.5, autoregress_at_key=ar, masked=False,
