@@ -44,10 +44,10 @@ def eager_twin(name, forward, setup_context, backward, *, materialize_grads=True
 
 
 def call_op(op, apply, impl, args, tensors):
-    """``op(*args)`` while ``torch.compile`` traces (the custom op, traceable); else, eagerly,
-    ``apply(*args)`` (the op's :func:`eager_twin`) where one of ``tensors`` needs a gradient, or
-    ``impl(*args)`` (the implementation alone) where none does."""
-    if torch.compiler.is_compiling():
+    """``op(*args)`` while ``torch.compile`` or ``torch.jit.trace`` traces (the custom op, which
+    they record); else, eagerly, ``apply(*args)`` (the op's :func:`eager_twin`) where one of
+    ``tensors`` needs a gradient, or ``impl(*args)`` (the implementation alone) where none does."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
         return op(*args)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         return apply(*args)

@@ -217,3 +217,11 @@ def test_twice_differentiable(rng):
     x = torch.from_numpy(rng.standard_normal((4, 12))).requires_grad_()
     g, b = (torch.from_numpy(rng.standard_normal(12)).requires_grad_() for _ in range(2))
     torch.autograd.gradgradcheck(lambda *t: layer_norm(*t, segments=2, relu=True), (x, g, b))
+
+
+@pytest.mark.filterwarnings("ignore")  # torch.jit.trace's deprecation and tracer warnings
+def test_jit_trace_records_the_custom_op(rng):
+    x, g, b, _ = _inputs(rng, "float32", 1, 6, 96)
+    traced = torch.jit.trace(lambda x, g, b: layer_norm(x, g, b), (x.detach(), g.detach(), b.detach()))
+    assert "blocksparse::layer_norm" in str(traced.graph)
+    torch.testing.assert_close(traced(x.detach(), g.detach(), b.detach()), layer_norm(x, g, b).detach())
