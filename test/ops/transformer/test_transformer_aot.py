@@ -22,11 +22,17 @@ def test_names_are_unique_c_identifiers():
     assert len(aot.specializations((90,))) == 195
 
 
-def test_head_slices_warps_and_precision_are_the_pytorch_launchers():
+def test_head_slices_warps_and_precision_follow_their_rules():
+    """The head slice is the smallest power of two from 16 holding the head dimension, capped at 128
+    (64 for 128-blocks); the PyTorch launchers describe their launches with these same functions."""
     for bs in aot.BLOCK_SIZES:
-        assert aot.warps(bs) == launch._warps(bs)
+        cap = 64 if bs == 128 else 128
         for d in range(1, 300):
-            assert aot.head_slice(d, bs) == launch._head_slice(d, bs), (d, bs)
+            bd = aot.head_slice(d, bs)
+            assert bd & (bd - 1) == 0 and 16 <= bd <= cap, (d, bs)
+            assert bd >= min(d, cap) and (bd == 16 or bd // 2 < min(d, cap)), (d, bs)
+        assert aot.warps(bs) == (4 if bs <= 32 else 8)
+    assert (launch._head_slice, launch._warps) == (aot.head_slice, aot.warps)
     assert aot.PRECISION == ops.PRECISION
 
 
