@@ -216,7 +216,9 @@ def test_eager_calls_skip_the_dispatcher(rng, monkeypatch, backend):
 def test_twice_differentiable(rng):
     x = torch.from_numpy(rng.standard_normal((4, 12))).requires_grad_()
     g, b = (torch.from_numpy(rng.standard_normal(12)).requires_grad_() for _ in range(2))
-    torch.autograd.gradgradcheck(lambda *t: layer_norm(*t, segments=2, relu=True), (x, g, b))
+    fn = lambda *t: layer_norm(*t, segments=2, relu=True)  # noqa: E731
+    torch.autograd.gradcheck(fn, (x, g, b), check_undefined_grad=True)  # an undefined output gradient too
+    torch.autograd.gradgradcheck(fn, (x, g, b))
 
 
 @pytest.mark.filterwarnings("ignore")  # torch.jit.trace's deprecation and tracer warnings
