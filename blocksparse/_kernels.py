@@ -54,11 +54,20 @@ def _load(path):
         return None, f"{path} could not be loaded: {first}"
 
 
+#: Loaded libraries by the raw ``BLOCKSPARSE_KERNELS`` value that named them (None: unset, the
+#: installed one): the ops ask at every call, and resolving the path costs more than their launch.
+_LOADED = {}
+
+
 def load():
     """The :class:`blocksparse.aot.abi.KernelLibrary` to launch from, or None (the JIT serves).
 
     Loaded once per path.  A library that was asked for (or installed) but cannot be loaded gives
-    one :class:`KernelLibraryWarning`."""
+    one :class:`KernelLibraryWarning` (and is looked for again at the next call)."""
+    raw = _env.getenv("BLOCKSPARSE_KERNELS")
+    library = _LOADED.get(raw)
+    if library is not None:
+        return library
     path, source, _ = location()
     if path is None:
         return None
@@ -66,6 +75,8 @@ def load():
     if library is None:
         _warn_once(str(path), f"blocksparse: the kernel library from {source} is not used, so "
                               f"Triton's JIT launches the kernels: {why}")
+    else:
+        _LOADED[raw] = library
     return library
 
 

@@ -114,6 +114,10 @@ class KernelLibrary(BuiltImages):
         fn.restype, fn.argtypes = signatures
         return fn
 
+    def address(self, name):
+        """The address of this library's exported function ``name`` (for native code that calls it)."""
+        return ctypes.cast(getattr(self._lib, name), ctypes.c_void_p).value
+
     def key(self, spec, name):
         """Key ``name`` of spec ``spec`` as the C table holds it: an int, a str, or None."""
         value, text = ctypes.c_int64(), ctypes.c_char_p()

@@ -1,5 +1,5 @@
-"""The eager linear and the eager implicit-GEMM convolution as C++ autograd nodes (``csrc/``):
-built here, fed from the plans.
+"""The eager linear, the eager implicit-GEMM convolution, layer norm and the LSTM gates as C++
+autograd nodes (``csrc/``): built here, fed from the plans or the kernel library's entry points.
 
 Where the kernel library serves all three products of a linear call, :func:`records` turns their
 prepared launches (:class:`~blocksparse.torch._launch.AotLaunch`) into records of the native op
@@ -7,7 +7,11 @@ once per plan, and the call is ``torch.ops.blocksparse_native.linear`` -- no Pyt
 backward, which autograd runs on its CUDA worker thread (about 100 µs a step for a Python
 ``autograd.Function``, measured in ``bench/README.md``).  The convolution's glue
 (:mod:`blocksparse.torch._conv.implicit`) registers its two launches alike (:func:`add_launch`)
-with the geometry of its filter gradient (:func:`add_conv`), and calls :func:`conv`.
+with the geometry of its filter gradient (:func:`add_conv`), and calls :func:`conv`.  Layer norm
+and the LSTM gates need no plans: the kernel library's own entry points for them
+(``bsk_layer_norm_run`` / ``bsk_lstm_gates_run``, as the TensorFlow ops call them) choose the spec
+and launch, so the ops take the library's function addresses (:func:`entry`) and an eager call
+(:func:`eager_library` says which) is one op call, :func:`layer_norm` / :func:`lstm_gates`.
 
 The ops are compiled against the installed torch on first use into one library (about 30 s;
 ``$CXX``, else c++ / g++) in ``BLOCKSPARSE_CACHE_DIR`` and reused; ``BLOCKSPARSE_TORCH_NATIVE=off``
@@ -30,19 +34,24 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.autograd.forward_ad as _forward_ad
 
-from .. import _env
+from .. import _env, _kernels
+from ._autograd import functorch_active as _functorch_active
 
 __all__ = ["NativeBuildWarning", "MIN_TORCH", "available", "supported", "build", "records", "linear", "SOURCES",
-           "FastPath", "add_record", "add_launch", "add_conv", "conv"]
+           "FastPath", "add_record", "add_launch", "add_conv", "conv", "ENTRY_POINTS", "entry", "eager_library",
+           "layer_norm", "lstm_gates"]
 
 CSRC = Path(__file__).with_name("csrc")
 #: The op library's translation units: the records and the linear (``linear.cpp``), the implicit-GEMM
-#: convolution (``conv.cpp``); compiled with the headers of :data:`CSRC` into one shared library.
-SOURCES = (CSRC / "linear.cpp", CSRC / "conv.cpp")
+#: convolution (``conv.cpp``), layer norm (``norms.cpp``); compiled with the headers of :data:`CSRC` into one shared library.
+SOURCES = (CSRC / "linear.cpp", CSRC / "conv.cpp", CSRC / "norms.cpp")
 #: The oldest torch whose C++ API the op builds against (``c10::Stream::native_handle``).
 MIN_TORCH = (2, 5)
 _log = logging.getLogger("blocksparse")
+#: Tensor types the native ops take as they are (no ``__torch_function__`` of their own).
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 _lock = threading.Lock()
 _state = {}  # "loaded": bool, "why": str
 
@@ -116,10 +125,12 @@ def supported():
 def available():
     """Whether the native ops are loaded (built and loaded on the first call; False where switched off,
     on a torch older than :data:`MIN_TORCH`, or where it cannot be built, with one warning)."""
-    if not _env.torch_native() or not supported():
+    if not _env.torch_native():
         return False
-    loaded = _state.get("loaded")
+    loaded = _state.get("loaded")  # once loaded, the torch version is known to be supported
     if loaded is None:
+        if not supported():  # a version comparison: slow, asked only before the first load
+            return False
         with _lock:
             loaded = _state.get("loaded")
             if loaded is None:
@@ -241,3 +252,71 @@ def _fast(x, w, bias, layer):
     global _fast
     _fast = torch.ops.blocksparse_native.fast.default  # the overload itself: no per-call resolution
     return _fast(x, w, bias, layer)
+
+
+#: The kernel library's entry points of the ops of ``csrc/norms.cpp``: the op's registration and
+#: the library's functions (run, workspace, select, device).
+ENTRY_POINTS = {
+    "layer_norm": ("norms_entry", ("bsk_layer_norm_run", "bsk_layer_norm_workspace", "bsk_layer_norm_select",
+                                   "bsk_device_at")),
+    "lstm_gates": ("lstm_gates_entry", ("bsk_lstm_gates_run", "bsk_lstm_gates_workspace", "bsk_lstm_gates_select",
+                                        "bsk_device_at")),
+}
+
+
+def entry(kernels, op):
+    """The native op's id of the entry points of ``op`` (``"layer_norm"``, ``"lstm_gates"``) in the
+    kernel library ``kernels`` (registered once per library, see ``csrc/norms.cpp``), or None for
+    a library without them."""
+    ids = kernels.__dict__.setdefault("native_entries", {})
+    found = ids.get(op)
+    if found is None:
+        register, names = ENTRY_POINTS[op]
+        try:
+            addresses = [kernels.address(name) for name in names]
+        except AttributeError:  # an older library: the Python path serves
+            found = False
+        else:
+            found = getattr(torch.ops.blocksparse_native, register)(*addresses)
+        ids[op] = found
+    return found if found is not False else None
+
+
+def eager_library(*tensors):
+    """The kernel library for an eager call of the native ops of ``csrc/norms.cpp`` on ``tensors``
+    (the first a CUDA tensor, each a plain tensor or None), or None: other tensor types, while
+    ``torch.compile`` or ``torch.jit`` traces, inside ``torch.func`` transforms or forward-mode AD,
+    the reference backend, no kernel library or no native ops."""
+    if not (type(tensors[0]) in _PLAIN and tensors[0].is_cuda
+            and all(t is None or type(t) in _PLAIN for t in tensors[1:])):
+        return None
+    if (torch.compiler.is_compiling() or torch.jit.is_tracing() or _functorch_active()
+            or _forward_ad._current_level >= 0 or _env.backend() == "reference" or not available()):
+        return None
+    return _kernels.load()
+
+
+def layer_norm(x, g, b, axis, epsilon, relu, segments, entry):
+    """``y`` of the eager layer norm through the native op and the entry points ``entry``
+    (:func:`entry`), or None where the kernel library does not serve the call."""
+    return _layer_norm(x, g, b, axis, epsilon, relu, segments, entry)
+
+
+def _layer_norm(*args):
+    global _layer_norm
+    _layer_norm = torch.ops.blocksparse_native.layer_norm.default  # the overload itself: no per-call resolution
+    return _layer_norm(*args)
+
+
+def lstm_gates(c, gates, bias, forget_bias, entry):
+    """``(c_next, h_next)`` of the eager LSTM gates (one merged or four gate tensors) through the
+    native op and the entry points ``entry`` (:func:`entry`), or None where the kernel library does
+    not serve the call."""
+    out = _lstm_gates(c, *gates, *((None,) * (4 - len(gates))), bias, forget_bias, entry)
+    return tuple(out) if out else None
+
+
+def _lstm_gates(*args):
+    global _lstm_gates
+    _lstm_gates = torch.ops.blocksparse_native.lstm_gates.default  # the overload itself: no per-call resolution
+    return _lstm_gates(*args)

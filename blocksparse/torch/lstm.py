@@ -43,6 +43,9 @@ def fused_lstm_gates(c, *gates, bias=None, forget_bias=1.0):
     >>> c_next, h_next = fused_lstm_gates(c, h, forget_bias=1.0)
     >>> c_next, h_next = fused_lstm_gates(c, *h.split(32, dim=1))     # four gate tensors
     """
+    out = _ops.native_gates(c, gates, bias, forget_bias)
+    if out is not None:
+        return out
     if len(gates) not in (1, 4):
         raise TypeError(f"gates must be one merged (N, 4K) tensor or four (N, K) tensors; got {len(gates)}")
     c = _checks.activations("c", c)

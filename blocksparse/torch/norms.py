@@ -51,6 +51,9 @@ def layer_norm(x, g, b, axis=1, epsilon=1e-6, relu=False, *, segments=1):
     >>> layer_norm(x.t(), g, b, axis=0).shape      # (C, N) activations
     torch.Size([96, 8])
     """
+    y = _ops.native_layer_norm(x, g, b, axis, epsilon, relu, segments)
+    if y is not None:
+        return y
     x = _checks.activations("x", x)
     axis = _checks.axis(axis)
     features = x.shape[axis]

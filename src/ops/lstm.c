@@ -92,7 +92,7 @@ static int64_t bwd_programs(const gates_spec *s, const bsk_lstm_gates_call *call
 
 static int device_spec(const bsk_lstm_gates_call *call, int backward, void *stream, const gates_spec **s,
                        int *arch, int *sms, char *message, size_t size) {
-  int status = bsk_device(stream, arch, sms, message, size);
+  int status = bsk_device_at(stream, call ? call->c : 0, arch, sms, message, size);
   if (status) return status;
   if (!(*s = choose(call, backward, *arch)))
     return bsk_fail(message, size, BSK_ERR_UNSUPPORTED,
@@ -154,5 +154,6 @@ int bsk_lstm_gates_run(const bsk_lstm_gates_call *call, int backward, void *stre
   int64_t programs = bwd_programs(s, call, sms);
   grid[0] = (unsigned)programs;
   if ((status = bsk_ops_launch(&s->args, grid, v, stream, message, size)) || !call->bias) return status;
-  return bsk_sum_rows_run("lstm", arch, call->workspace, 0, call->dbias, 0, programs, 4 * k, stream, message, size);
+  return bsk_sum_rows_run("lstm", arch, BSK_FP32, call->workspace, 0, call->dbias, 0, programs, 4 * k, stream, message,
+                          size);
 }

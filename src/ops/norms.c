@@ -23,7 +23,7 @@ static const char *const VALUE_NAMES[V_COUNT] = {
 
 typedef struct {
   bsk_ops_args args;
-  int backward, dtype, axis, aligned, relu, one_chunk, bn, bc, programs_per_sm;
+  int backward, dtype, param, axis, aligned, relu, one_chunk, bn, bc, programs_per_sm;
 } ln_spec;
 
 static ln_spec *table;
@@ -34,7 +34,8 @@ static void read_spec(int index, ln_spec *s) {
   bsk_ops_read_args(index, VALUE_NAMES, V_COUNT, &s->args);
   s->backward = bsk_ops_text(index, "product", PRODUCTS, 2);
   s->dtype = bsk_ops_text(index, "dtype", DTYPES, 3);
-  if (s->backward < 0 || s->dtype < 0 || !bsk_ops_int(index, "axis", &s->axis) ||
+  s->param = bsk_ops_text(index, "param", DTYPES, 3);
+  if (s->backward < 0 || s->dtype < 0 || s->param < 0 || !bsk_ops_int(index, "axis", &s->axis) ||
       !bsk_ops_int(index, "aligned", &s->aligned) || !bsk_ops_int(index, "relu", &s->relu) ||
       !bsk_ops_int(index, "one_chunk", &s->one_chunk) || !bsk_ops_int(index, "bn", &s->bn) ||
       !bsk_ops_int(index, "bc", &s->bc) || !bsk_ops_int(index, "programs_per_sm", &s->programs_per_sm))
@@ -63,6 +64,24 @@ static int better(const ln_spec *s, int rank, const ln_spec *best, int best_rank
   return s->bc < best->bc;
 }
 
+/* What selects a spec, and the one selected: each thread remembers its last choice per direction
+ * (an eager training loop asks about the same shapes at every step, and a pass over the table
+ * costs microseconds). */
+typedef struct {
+  int valid, dtype, params, axis, relu, segments, rows_aligned, arch;
+  int64_t features;
+  const ln_spec *spec;
+} ln_choice;
+static _Thread_local ln_choice last_choice[2];
+
+static int same_choice(const ln_choice *c, const bsk_layer_norm_call *call, int rows_aligned, int arch) {
+  return c->valid && c->dtype == call->dtype && c->params == !!call->params && c->axis == call->axis &&
+         c->relu == !!call->relu && c->segments == call->segments && c->features == call->features &&
+         c->rows_aligned == rows_aligned && c->arch == arch;
+}
+
+static const ln_spec *scan(const bsk_layer_norm_call *call, int backward, int arch, int rows_aligned);
+
 static const ln_spec *choose(const bsk_layer_norm_call *call, int backward, int arch) {
   if (!call || call->dtype < BSK_FP16 || call->dtype > BSK_FP32 || call->segments < 1 || call->features < 1 ||
       call->features % call->segments)
@@ -71,13 +90,24 @@ static const ln_spec *choose(const bsk_layer_norm_call *call, int backward, int 
    * multiple of 16 tokens */
   if (call->axis == 1 && call->features % 16) return NULL;
   int rows_aligned = call->n_tokens % 16 == 0;
+  ln_choice *last = &last_choice[!!backward];
+  if (!same_choice(last, call, rows_aligned, arch)) {
+    ln_choice c = {1, call->dtype, !!call->params, call->axis, !!call->relu, call->segments, rows_aligned, arch,
+                   call->features, scan(call, backward, arch, rows_aligned)};
+    *last = c;
+  }
+  return last->spec;
+}
+
+static const ln_spec *scan(const bsk_layer_norm_call *call, int backward, int arch, int rows_aligned) {
   pthread_once(&table_once, read_table);
   const ln_spec *best = NULL;
-  int best_rank = 0;
+  int best_rank = 0, param = call->params ? call->dtype : BSK_FP32;
   for (int i = 0; i < table_count; ++i) {
     const ln_spec *s = &table[i];
     int rank = bsk_ops_rank(s->args.index, arch);
-    if (s->args.problem || s->backward != !!backward || s->dtype != call->dtype || s->axis != call->axis ||
+    if (s->args.problem || s->backward != !!backward || s->dtype != call->dtype || s->param != param ||
+        s->axis != call->axis ||
         s->relu != !!call->relu || !rank)
       continue;
     if ((call->axis == 0 && s->aligned && !rows_aligned) || (s->one_chunk && s->bc < segment_features(call)))
@@ -116,7 +146,8 @@ static size_t part_bytes(int64_t programs, const bsk_layer_norm_call *call) {
 
 static int device_spec(const bsk_layer_norm_call *call, int backward, void *stream, const ln_spec **s, int *arch,
                        int *sms, char *message, size_t size) {
-  int status = bsk_device(stream, arch, sms, message, size);
+  /* x's address: the context of its GPU where the thread has none (PyTorch's autograd worker) */
+  int status = bsk_device_at(stream, call ? call->x : 0, arch, sms, message, size);
   if (status) return status;
   if (!(*s = choose(call, backward, *arch)))
     return bsk_fail(message, size, BSK_ERR_UNSUPPORTED,
@@ -180,7 +211,9 @@ static int run_backward(const ln_spec *s, const bsk_layer_norm_call *call, int a
   strides(&v[V_STRIDE_DXN], &v[V_STRIDE_DXF], call);
   unsigned grid[3] = {(unsigned)n_programs, (unsigned)call->segments, 1};
   if ((status = bsk_ops_launch(&s->args, grid, v, stream, message, size))) return status;
-  return bsk_sum_rows_run("norms", arch, dg_part, db_part, call->dg, call->db, n_programs, call->features, stream,
+  /* dg and db in the parameters' dtype */
+  return bsk_sum_rows_run("norms", arch, call->params ? call->dtype : BSK_FP32, dg_part, db_part, call->dg, call->db,
+                          n_programs, call->features, stream,
                           message, size);
 }
 

@@ -4,9 +4,10 @@
  * (blocksparse/torch/_norms/, blocksparse/torch/_lstm/), with the same tiles.
  *
  * Layer norm: x is (N, C) for axis 1 and (C, N) for axis 0, dense; the C features are cut into
- * `segments` equal slices, each normalised on its own; g and b are float32 (C,); mean and rstd
- * float32 (segments, N).  Forward: x, g, b -> y, mean, rstd.  Backward: x, g, b, dy, mean, rstd
- * -> dx and float32 dg, db (C,), through `workspace` (bsk_layer_norm_workspace bytes).
+ * `segments` equal slices, each normalised on its own; g and b are (C,), float32 or (`params`) of
+ * x's 16-bit dtype; mean and rstd float32 (segments, N).  Forward: x, g, b -> y, mean, rstd.
+ * Backward: x, g, b, dy, mean, rstd -> dx and dg, db (C,) in the parameters' dtype, through
+ * `workspace` (bsk_layer_norm_workspace bytes).
  *
  * LSTM gates: c (N, K) and the gates i, j, f, o, either four (N, K) tensors or one merged
  * (N, 4K) tensor (`merged`), dense, K a multiple of 16; bias float32 (4K,) or 0.  Forward ->
@@ -33,6 +34,7 @@ typedef struct {
   float epsilon;
   uint64_t x, g, b, y, mean, rstd;
   uint64_t dy, dx, dg, db, workspace;
+  int32_t params;     /* g and b: 0 float32, 1 the dtype of x (16-bit x only) */
 } bsk_layer_norm_call;
 
 typedef struct {

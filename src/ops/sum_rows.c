@@ -2,13 +2,16 @@
 #include "sum_rows.h"
 
 #include "bsk_message.h"
+#include "dtypes.h"
 #include "spec_args.h"
 
 enum { V_PART_A, V_PART_B, V_OUT_A, V_OUT_B, V_P, V_M, V_COUNT };
 static const char *const VALUE_NAMES[V_COUNT] = {"PART_A", "PART_B", "OUT_A", "OUT_B", "P", "M"};
 
-/* The best-ranked sum_rows spec of `family` with (has_b) that serves `arch`, or -1. */
-static int select_spec(const char *family, int has_b, int arch) {
+static const char *const OUT_DTYPES[] = {"fp16", "bf16", "fp32"};  /* by BSK_FP16, BSK_BF16, BSK_FP32 */
+
+/* The best-ranked sum_rows spec of `family` with (has_b, out_dtype) that serves `arch`, or -1. */
+static int select_spec(const char *family, int has_b, int out_dtype, int arch) {
   int best = -1, best_rank = 0, count = bsk_spec_count();
   for (int i = 0; i < count; ++i) {
     const char *product = NULL;
@@ -16,23 +19,55 @@ static int select_spec(const char *family, int has_b, int arch) {
     if (strcmp(bsk_spec_family(i), family)) continue;
     bsk_spec_key(i, "product", NULL, &product);
     if (!product || strcmp(product, "sum_rows") || !bsk_ops_int(i, "has_b", &spec_has_b) ||
-        spec_has_b != has_b || !rank)
+        spec_has_b != has_b || bsk_ops_text(i, "out", OUT_DTYPES, 3) != out_dtype || !rank)
       continue;
     if (rank > best_rank) best = i, best_rank = rank;
   }
   return best;
 }
 
-int bsk_sum_rows_run(const char *family, int arch, uint64_t part_a, uint64_t part_b, uint64_t out_a,
-                     uint64_t out_b, int64_t rows, int64_t columns, void *stream, char *message, size_t size) {
-  int has_b = part_b != 0, bm = 0;
-  int index = select_spec(family, has_b, arch);
-  if (index < 0)
-    return bsk_fail(message, size, BSK_ERR_UNSUPPORTED, "no compiled sum_rows kernel (%s) of family %s for sm_%d",
-                    has_b ? "two buffers" : "one buffer", family, arch);
-  bsk_ops_args a;
-  bsk_ops_read_args(index, VALUE_NAMES, V_COUNT, &a);
-  if (!a.problem && !bsk_ops_int(index, "bm", &bm)) a.problem = "it has no key bm";
+/* A spec chosen and its arguments read: each thread remembers its last few (a backward pass asks for
+ * the same one at every step, and choosing scans the whole table). */
+typedef struct {
+  char family[32];
+  int has_b, out_dtype, arch, index, bm;
+  bsk_ops_args args;
+} sum_rows_choice;
+enum { RECENT = 4 };
+static _Thread_local sum_rows_choice recent[RECENT];
+static _Thread_local int recent_next;
+
+static const sum_rows_choice *choose(const char *family, int has_b, int out_dtype, int arch) {
+  for (int i = 0; i < RECENT; ++i)
+    if (recent[i].has_b == has_b && recent[i].out_dtype == out_dtype && recent[i].arch == arch &&
+        !strcmp(recent[i].family, family))
+      return &recent[i];
+  sum_rows_choice *slot = &recent[recent_next++ % RECENT];
+  memset(slot, 0, sizeof *slot);
+  slot->has_b = has_b, slot->out_dtype = out_dtype, slot->arch = arch;
+  slot->index = select_spec(family, has_b, out_dtype, arch);
+  if (slot->index >= 0) {
+    bsk_ops_read_args(slot->index, VALUE_NAMES, V_COUNT, &slot->args);
+    if (!slot->args.problem && !bsk_ops_int(slot->index, "bm", &slot->bm)) slot->args.problem = "it has no key bm";
+  }
+  if (strlen(family) < sizeof slot->family) strcpy(slot->family, family);  /* else never matched again */
+  return slot;
+}
+
+int bsk_sum_rows_run(const char *family, int arch, int out_dtype, uint64_t part_a, uint64_t part_b,
+                     uint64_t out_a, uint64_t out_b, int64_t rows, int64_t columns, void *stream, char *message,
+                     size_t size) {
+  int has_b = part_b != 0;
+  if (out_dtype < BSK_FP16 || out_dtype > BSK_FP32)
+    return bsk_fail(message, size, BSK_ERR_INVALID, "out_dtype must be BSK_FP16, BSK_BF16 or BSK_FP32; got %d",
+                    out_dtype);
+  const sum_rows_choice *c = choose(family, has_b, out_dtype, arch);
+  if (c->index < 0)
+    return bsk_fail(message, size, BSK_ERR_UNSUPPORTED,
+                    "no compiled sum_rows kernel (%s, %s out) of family %s for sm_%d",
+                    has_b ? "two buffers" : "one buffer", OUT_DTYPES[out_dtype], family, arch);
+  const bsk_ops_args a = c->args;
+  const int bm = c->bm;
   if (a.problem) return bsk_fail(message, size, BSK_ERR_INVALID, "spec %s cannot run: %s", a.name, a.problem);
   if (rows < 1 || columns < 1 || rows > INT32_MAX || columns > INT32_MAX)
     return bsk_fail(message, size, BSK_ERR_INVALID, "sum_rows needs 1 to 2^31 - 1 rows and columns; got %lld x %lld",

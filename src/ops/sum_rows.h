@@ -10,10 +10,11 @@ extern "C" {
 #endif
 
 /* out_a[m] = sum_p part_a[p, m] (out_b likewise when part_b is not 0) over float32 (rows, columns)
- * buffers, with the sum_rows spec of `family` that serves `arch`. */
-BSK_API int bsk_sum_rows_run(const char *family, int arch, uint64_t part_a, uint64_t part_b, uint64_t out_a,
-                             uint64_t out_b, int64_t rows, int64_t columns, void *stream, char *message,
-                             size_t size);
+ * buffers, written in `out_dtype` (BSK_FP16, BSK_BF16 or BSK_FP32), with the sum_rows spec of
+ * `family` that serves `arch`. */
+BSK_API int bsk_sum_rows_run(const char *family, int arch, int out_dtype, uint64_t part_a, uint64_t part_b,
+                             uint64_t out_a, uint64_t out_b, int64_t rows, int64_t columns, void *stream,
+                             char *message, size_t size);
 
 #ifdef __cplusplus
 }

@@ -281,10 +281,14 @@ static void leave(const bsk_driver *cu, int pushed) {
 }
 
 int bsk_device(void *stream, int *arch, int *sms, char *message, size_t size) {
+  return bsk_device_at(stream, 0, arch, sms, message, size);
+}
+
+int bsk_device_at(void *stream, uint64_t address, int *arch, int *sms, char *message, size_t size) {
   const bsk_driver *cu;
   bsk_context *entry;
   int pushed;
-  int status = enter(stream, 0, &cu, &pushed, &entry, message, size);
+  int status = enter(stream, address, &cu, &pushed, &entry, message, size);
   if (status) return status;
   if (arch) *arch = entry->arch;
   if (sms) *sms = entry->sms;

@@ -94,6 +94,9 @@ BSK_API int bsk_spec_rank(int spec, int arch);
 /* Compute capability (10 * major + minor) and multiprocessor count of the GPU of `stream`'s
  * context (the current context for the NULL stream). */
 BSK_API int bsk_device(void *stream, int *arch, int *sms, char *message, size_t size);
+/* bsk_device, where a thread with no current context (a framework's autograd worker) on the NULL
+ * stream asks: then of the GPU holding device address `address` (0: none). */
+BSK_API int bsk_device_at(void *stream, uint64_t address, int *arch, int *sms, char *message, size_t size);
 
 /* Launch `spec` on `stream` (a CUstream) over `grid` with `args` (exactly bsk_spec_nargs(spec),
  * in order).  Checks kinds, ranks and the alignment every argument was compiled for, and that

@@ -21,15 +21,18 @@ SUM_ROWS_BP, SUM_ROWS_BM = 64, 128
 
 @dataclass(frozen=True)
 class SumRowsSpec:
-    """``OUT_A[m] = sum_p PART_A[p, m]`` (and ``OUT_B`` when ``has_b``), float32 throughout."""
+    """``OUT_A[m] = sum_p PART_A[p, m]`` (and ``OUT_B`` when ``has_b``): float32 sums, written in
+    ``out`` (float32, or a 16-bit dtype: rounded once)."""
 
     arch: int
     has_b: bool
     product: str = "sum_rows"
+    out: str = "fp32"
 
     @property
     def name(self):
-        return f"sum_rows_{'ab' if self.has_b else 'a'}_sm{self.arch}"
+        out = "" if self.out == "fp32" else f"_{self.out}"
+        return f"sum_rows_{'ab' if self.has_b else 'a'}{out}_sm{self.arch}"
 
 
 def signature(fn, types, consts):
@@ -47,12 +50,14 @@ def signature(fn, types, consts):
 def sum_rows_compile_args(spec: SumRowsSpec) -> CompileArgs:
     from .reduce import sum_rows_kernel
 
-    types = {"PART_A": "*fp32", "PART_B": "*fp32", "OUT_A": "*fp32", "OUT_B": "*fp32", "P": "i32", "M": "i32"}
+    out = f"*{spec.out}"
+    types = {"PART_A": "*fp32", "PART_B": "*fp32", "OUT_A": out, "OUT_B": out, "P": "i32", "M": "i32"}
     consts = {"HAS_B": spec.has_b, "BP": SUM_ROWS_BP, "BM": SUM_ROWS_BM}
     return CompileArgs(signature(sum_rows_kernel, types, consts), consts,
                        frozenset({"PART_A", "PART_B", "OUT_A", "OUT_B"}), num_warps=4, num_stages=1)
 
 
 def sum_rows_fields(spec: SumRowsSpec):
-    """No ``dtype`` field (float32 only): a dtype filter of a test build keeps it."""
-    return {"product": spec.product, "has_b": spec.has_b, "bm": SUM_ROWS_BM}
+    """No ``dtype`` field (the sums are float32 whatever the activations): a dtype filter of a test
+    build keeps it; ``out`` names the outputs' dtype."""
+    return {"product": spec.product, "has_b": spec.has_b, "out": spec.out, "bm": SUM_ROWS_BM}

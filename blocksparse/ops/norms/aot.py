@@ -2,12 +2,13 @@
 forward and backward kernels for the TensorFlow op library, and the reduction of the backward's
 partial ``dg`` / ``db`` rows.
 
-A spec fixes dtype, feature axis, relu and the tile (:func:`.configs.layer_norm_config` of the
+A spec fixes dtype, the parameters' dtype, feature axis, relu and the tile (:func:`.configs.layer_norm_config` of the
 segment length the tile was made for).  One tile serves every segment it covers: the kernels mask
 features beyond the segment, so ``src/ops/norms.c`` takes the smallest one-chunk tile holding the
 whole segment (``bc >= CS``), else the chunked tile.  What holds for every TensorFlow call is
-compiled in: ``g`` and ``b`` are given and float32 (the frontend casts them), activations are dense
-(feature stride 1 for ``axis=1``, token stride 1 for ``axis=0``), buffers are 16-byte aligned, and
+compiled in: ``g`` and ``b`` are given, float32 (the TensorFlow frontend casts them) or -- for
+16-bit activations -- of the activations' dtype (PyTorch's native op passes them so), activations
+are dense (feature stride 1 for ``axis=1``, token stride 1 for ``axis=0``), buffers are 16-byte aligned, and
 ``(N, C)`` rows hold a multiple of 16 features (the frontend sends others to the reference path).
 ``(C, N)`` rows are compiled for ``N`` a multiple of 16 (``aligned``: vector loads), and for any
 ``N`` with the widest one-chunk tile and the chunked one only.
@@ -40,12 +41,14 @@ class NormSpec:
     config: NormConfig
     one_chunk: bool
     aligned: bool = True   # axis 0: the token count (row stride) is a multiple of 16
+    param: str = "fp32"    # the dtype of g and b: float32, or the activations' (16-bit) dtype
 
     @property
     def name(self):
         tile = f"{'c' if self.one_chunk else 'k'}{self.config.BC}"
+        param = "" if self.param == "fp32" else f"_g{self.param}"
         return (f"ln_{self.product}_{self.dtype}_a{self.axis}{'' if self.aligned else 'u'}"
-                f"{'_relu' if self.relu else ''}_{tile}_sm{self.arch}")
+                f"{'_relu' if self.relu else ''}{param}_{tile}_sm{self.arch}")
 
 
 def _rows(axis, element_size, aligned, backward, relu):
@@ -60,19 +63,22 @@ def _rows(axis, element_size, aligned, backward, relu):
 
 
 def specializations(archs):
-    """Every spec for ``archs``: per arch, dtype, axis (and alignment), relu and direction, one
-    tile per power-of-two segment length; and the reduction of ``dg`` and ``db``."""
+    """Every spec for ``archs``: per arch, dtype, parameter dtype (float32; 16-bit activations also
+    their own, as PyTorch's layers keep ``g`` and ``b``), axis (and alignment), relu and direction,
+    one tile per power-of-two segment length; and the reduction of ``dg`` and ``db``."""
     specs = []
     for arch in archs:
         for dtype, size in DTYPES.items():
-            for axis, aligned in ((1, True), (0, True), (0, False)):
-                for relu in (False, True):
-                    for product in ("fwd", "bwd"):
-                        for row in _rows(axis, size, aligned, product == "bwd", relu):
-                            cfg = layer_norm_config(axis, row, size, backward=product == "bwd", relu=relu)
-                            specs.append(NormSpec(arch, product, dtype, axis, relu, cfg, cfg.one_chunk(row),
-                                                  aligned))
-        specs.append(SumRowsSpec(arch, has_b=True))
+            for param in sorted({"fp32", dtype}):
+                for axis, aligned in ((1, True), (0, True), (0, False)):
+                    for relu in (False, True):
+                        for product in ("fwd", "bwd"):
+                            for row in _rows(axis, size, aligned, product == "bwd", relu):
+                                cfg = layer_norm_config(axis, row, size, backward=product == "bwd", relu=relu)
+                                specs.append(NormSpec(arch, product, dtype, axis, relu, cfg, cfg.one_chunk(row),
+                                                      aligned, param))
+        # dg and db in float32, or in the 16-bit parameters' dtype
+        specs.extend(SumRowsSpec(arch, has_b=True, out=out) for out in DTYPES)
     return specs
 
 
@@ -86,13 +92,14 @@ def kernel(spec):
 
 
 def fields(spec):
-    """What selects ``spec`` at run time (scalars are C keys): product, dtype, axis, aligned, relu,
-    one_chunk, the tile (``bn``, ``bc``), ``programs_per_sm``, and the whole ``config``."""
+    """What selects ``spec`` at run time (scalars are C keys): product, dtype, the parameters' dtype
+    ``param``, axis, aligned, relu, one_chunk, the tile (``bn``, ``bc``), ``programs_per_sm``, and
+    the whole ``config``."""
     if isinstance(spec, SumRowsSpec):
         return sum_rows_fields(spec)
     cfg = spec.config
-    return {"product": spec.product, "dtype": spec.dtype, "axis": spec.axis, "aligned": spec.aligned,
-            "relu": spec.relu, "one_chunk": spec.one_chunk, "bn": cfg.BN, "bc": cfg.BC,
+    return {"product": spec.product, "dtype": spec.dtype, "param": spec.param, "axis": spec.axis,
+            "aligned": spec.aligned, "relu": spec.relu, "one_chunk": spec.one_chunk, "bn": cfg.BN, "bc": cfg.BC,
             "programs_per_sm": cfg.programs_per_sm, "config": asdict(cfg)}
 
 
@@ -107,13 +114,13 @@ def compile_args(spec) -> CompileArgs:
     """The :class:`CompileArgs` of ``spec``, in the parameter order of its kernel."""
     if isinstance(spec, SumRowsSpec):
         return sum_rows_compile_args(spec)
-    t = spec.dtype
+    t, p = spec.dtype, spec.param
     if spec.product == "fwd":
-        types = {"X": f"*{t}", "G": "*fp32", "B": "*fp32", "Y": f"*{t}", "MEAN": "*fp32", "RSTD": "*fp32",
+        types = {"X": f"*{t}", "G": f"*{p}", "B": f"*{p}", "Y": f"*{t}", "MEAN": "*fp32", "RSTD": "*fp32",
                  "N": "i32", "CS": "i32", "epsilon": "fp32"}
         pointers, tensors = ("X", "G", "B", "Y", "MEAN", "RSTD"), ("x", "y")
     else:
-        types = {"X": f"*{t}", "G": "*fp32", "B": "*fp32", "DY": f"*{t}", "DX": f"*{t}", "MEAN": "*fp32",
+        types = {"X": f"*{t}", "G": f"*{p}", "B": f"*{p}", "DY": f"*{t}", "DX": f"*{t}", "MEAN": "*fp32",
                  "RSTD": "*fp32", "DG_PART": "*fp32", "DB_PART": "*fp32", "N": "i32", "CS": "i32"}
         pointers, tensors = ("X", "G", "B", "DY", "DX", "MEAN", "RSTD", "DG_PART", "DB_PART"), ("x", "dy", "dx")
     unit, wide = _stride_names(spec.axis, tensors)

@@ -17,7 +17,8 @@ class LayerNormCall(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int32) for name in ("dtype", "axis", "relu", "segments")] + \
                [(name, ctypes.c_int64) for name in ("n_tokens", "features")] + [("epsilon", ctypes.c_float)] + \
                [(name, ctypes.c_uint64) for name in
-                ("x", "g", "b", "y", "mean", "rstd", "dy", "dx", "dg", "db", "workspace")]
+                ("x", "g", "b", "y", "mean", "rstd", "dy", "dx", "dg", "db", "workspace")] + \
+               [("params", ctypes.c_int32)]
 
 
 class LstmGatesCall(ctypes.Structure):

@@ -5,8 +5,9 @@
 ``blocksparse::lstm_gates4``     ``(c, i, j, f, o, bias?) -> (c_next, h_next)``      (registered autograd)
 ``blocksparse::lstm_gates4_bwd`` ``-> (dc, di, dj, df, do, dbias)``
 
-``dbias`` is an empty ``(0,)`` placeholder without a bias.  Eager calls run the implementations
-directly (:func:`apply_gates`: autograd functions with the same context and backward, no
+``dbias`` is an empty ``(0,)`` placeholder without a bias.  Eager calls on a GPU run the native
+op where the kernel library serves them (:func:`native_gates`: one C++ autograd node,
+``csrc/norms.cpp``); other eager calls run the implementations directly (:func:`apply_gates`: autograd functions with the same context and backward, no
 dispatcher).  Each op chooses at run time between
 the Triton kernels and the reference path (:func:`blocksparse.torch._backend.kernels_serve`);
 fake (shape) functions let ``torch.compile`` trace them.  A backward pass that builds a graph
@@ -19,6 +20,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .. import _native
 from .._autograd import call_op, direct_apply, eager_twin
 from .._backend import kernels_serve
 from . import reference as _reference
@@ -170,3 +172,16 @@ def apply_gates(c, gates, bias, forget_bias):
     if len(gates) == 1:
         return call_op(lstm_gates, _apply, _merged, (c, gates[0], bias, forget_bias), (c, gates[0], bias))
     return call_op(lstm_gates4, _apply4, _four, (c, *gates, bias, forget_bias), (c, *gates, bias))
+
+
+def native_gates(c, gates, bias, forget_bias):
+    """``(c_next, h_next)`` of an eager call on CUDA tensors through the native op (the kernel
+    library's LSTM-gates entry point, no Python in the backward), or None: where
+    :func:`blocksparse.torch._native.eager_library` finds none, for a ``forget_bias`` that is not a
+    float, and for calls the library's specs do not serve (the op checks shapes, dtypes, layout,
+    alignment and autocast itself)."""
+    if type(forget_bias) is not float or len(gates) not in (1, 4):
+        return None
+    kernels = _native.eager_library(c, *gates, bias)
+    entry = None if kernels is None else _native.entry(kernels, "lstm_gates")
+    return None if entry is None else _native.lstm_gates(c, gates, bias, forget_bias, entry)

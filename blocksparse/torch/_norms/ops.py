@@ -3,7 +3,9 @@
 ``blocksparse::layer_norm``      ``(y, mean, rstd)``      (differentiable in x, g, b: registered autograd)
 ``blocksparse::layer_norm_bwd``  ``(dx, dg, db)``         (``dg`` / ``db`` empty ``(0,)`` for an absent g / b)
 
-Eager calls run their implementations directly (:func:`apply_layer_norm`: an autograd function
+Eager calls on a GPU run the native op where the kernel library serves them
+(:func:`native_layer_norm`: one C++ autograd node, ``csrc/norms.cpp``); other eager calls run
+their implementations directly (:func:`apply_layer_norm`: an autograd function
 with the same context and backward, no dispatcher).  Both choose at run time between the Triton
 kernels and the reference path (:func:`blocksparse.torch._backend.kernels_serve`); fake (shape)
 functions let ``torch.compile`` trace them without graph breaks.  ``mean`` / ``rstd`` are
@@ -17,6 +19,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .. import _native
 from .._autograd import call_op, direct_apply, eager_twin
 from .._backend import kernels_serve
 from . import reference as _reference
@@ -123,3 +126,17 @@ def apply_layer_norm(x, g, b, axis, epsilon, relu, segments):
     (no dispatcher: :func:`blocksparse.torch._autograd.call_op`)."""
     y, _, _ = call_op(layer_norm, _apply, _forward, (x, g, b, axis, epsilon, relu, segments), (x, g, b))
     return y
+
+
+def native_layer_norm(x, g, b, axis, epsilon, relu, segments):
+    """``y`` of an eager call on CUDA tensors through the native op (the kernel library's layer-norm
+    entry point, no Python in the backward), or None: where :func:`blocksparse.torch._native.eager_library`
+    finds none, for arguments of other types (``axis`` and ``segments`` ints, ``relu`` a bool,
+    ``epsilon`` a float, plain tensors ``g`` and ``b``), and for calls the library's specs do not
+    serve (the op checks shapes, dtypes, layout, alignment and autocast itself)."""
+    if not (type(axis) is int and type(segments) is int and type(relu) is bool and type(epsilon) is float
+            and g is not None and b is not None):
+        return None
+    kernels = _native.eager_library(x, g, b)
+    entry = None if kernels is None else _native.entry(kernels, "layer_norm")
+    return None if entry is None else _native.layer_norm(x, g, b, axis, epsilon, relu, segments, entry)

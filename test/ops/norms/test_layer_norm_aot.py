@@ -12,7 +12,8 @@ NORMS = [s for s in ALL if not isinstance(s, SumRowsSpec)]
 #: The specs the small library holds: (N, C) tiles 256 / 1024 and the chunked one, a (C, N) pair.
 BUILT = ("ln_fwd_bf16_a1_c256_sm90", "ln_fwd_bf16_a1_c1024_sm90", "ln_fwd_bf16_a1_k16384_sm90",
          "ln_bwd_bf16_a1_relu_c1024_sm90", "ln_fwd_bf16_a0_c64_sm90", "ln_fwd_bf16_a0u_c512_sm90",
-         "ln_fwd_bf16_a1_c1024_sm80", "sum_rows_ab_sm90")
+         "ln_fwd_bf16_a1_c1024_sm80", "ln_fwd_bf16_a1_gbf16_c1024_sm90", "ln_bwd_bf16_a1_gbf16_c1024_sm90",
+         "sum_rows_ab_sm90", "sum_rows_ab_bf16_sm90")
 
 
 def test_names_are_unique_c_identifiers():
@@ -26,14 +27,16 @@ def test_every_call_kind_has_a_tile_for_every_segment_length(arch):
     the longest and a chunked one, so every segment length is served; one reduction per arch."""
     for product in ("fwd", "bwd"):
         for dtype, size in aot.DTYPES.items():
-            for axis, aligned in ((1, True), (0, True), (0, False)):
-                for relu in (False, True):
-                    mine = [s for s in NORMS if (s.arch, s.product, s.dtype, s.axis, s.aligned, s.relu)
-                            == (arch, product, dtype, axis, aligned, relu)]
-                    assert [s for s in mine if not s.one_chunk], (product, dtype, axis, relu)
-                    tiles = sorted(s.config.BC for s in mine if s.one_chunk)
-                    assert tiles and all(b == 2 * a for a, b in zip(tiles, tiles[1:]))
-    assert sum(isinstance(s, SumRowsSpec) and s.arch == arch for s in ALL) == 1
+            for param in {"fp32", dtype}:  # 16-bit activations: float32 parameters, or their own dtype
+                for axis, aligned in ((1, True), (0, True), (0, False)):
+                    for relu in (False, True):
+                        mine = [s for s in NORMS if (s.arch, s.product, s.dtype, s.param, s.axis, s.aligned, s.relu)
+                                == (arch, product, dtype, param, axis, aligned, relu)]
+                        assert [s for s in mine if not s.one_chunk], (product, dtype, param, axis, relu)
+                        tiles = sorted(s.config.BC for s in mine if s.one_chunk)
+                        assert tiles and all(b == 2 * a for a, b in zip(tiles, tiles[1:]))
+    # one reduction per output dtype of dg and db (float32, or the 16-bit parameters')
+    assert sorted(s.out for s in ALL if isinstance(s, SumRowsSpec) and s.arch == arch) == sorted(aot.DTYPES)
 
 
 def test_tiles_are_those_the_pytorch_launcher_uses():
@@ -80,15 +83,17 @@ def test_the_library_holds_the_compiled_specs(runtime):
     assert {s["family"] for s in runtime.specs} == {"norms"}
 
 
-def _call(axis=1, features=1024, segments=1, n=4096, relu=False, dtype="bf16"):
+def _call(axis=1, features=1024, segments=1, n=4096, relu=False, dtype="bf16", params=0):
     from blocksparse.ops.norms.capi import DTYPES, LayerNormCall
 
     return LayerNormCall(dtype=DTYPES[dtype], axis=axis, relu=relu, segments=segments, n_tokens=n,
-                         features=features, epsilon=1e-6)
+                         features=features, epsilon=1e-6, params=params)
 
 
 SELECT = {
     "segment-fits-1024": (dict(features=1024), 90, "ln_fwd_bf16_a1_c1024_sm90"),
+    "bf16-parameters": (dict(features=1024, params=1), 90, "ln_fwd_bf16_a1_gbf16_c1024_sm90"),
+    "bf16-parameters-no-chunked-tile": (dict(features=2048 * 16, params=1), 90, None),
     "narrow-segment-takes-256": (dict(features=512, segments=4), 90, "ln_fwd_bf16_a1_c256_sm90"),
     "wide-segment-chunked": (dict(features=2048 * 16), 90, "ln_fwd_bf16_a1_k16384_sm90"),
     "sm80-kernel-on-sm86": (dict(features=1024), 86, "ln_fwd_bf16_a1_c1024_sm80"),
@@ -107,6 +112,14 @@ def test_c_selection(runtime, case):
     changes, arch, want = SELECT[case]
     index = runtime.select(_call(**changes), False, arch)
     assert (runtime.specs[index]["name"] if index >= 0 else None) == want
+
+
+def test_sum_rows_writes_the_parameters_dtype():
+    from blocksparse.ops.common.aot import sum_rows_compile_args
+
+    args = sum_rows_compile_args(SumRowsSpec(90, True, out="bf16"))
+    assert args.signature["OUT_A"] == args.signature["OUT_B"] == "*bf16" and args.signature["PART_A"] == "*fp32"
+    assert SumRowsSpec(90, True, out="bf16").name == "sum_rows_ab_bf16_sm90"
 
 
 def test_c_selection_of_the_backward(runtime):

@@ -3,6 +3,7 @@ a process can load the ops' library only once -- and the stand-in runtime (``sta
 import ctypes
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -28,3 +29,31 @@ def native(tmp_path_factory):
     src.write_text(FAKE_RUNTIME)
     subprocess.run(["cc", "-O1", "-shared", "-fPIC", str(src), "-o", str(cache / "fake.so")], check=True)
     return ctypes.CDLL(str(cache / "fake.so"))
+
+
+def _stand_in(source, name, out):
+    """The stand-in C ``source`` compiled against the kernel library's headers, loaded."""
+    src_dir = Path(__file__).resolve().parents[3] / "src"
+    (out / f"{name}.c").write_text(source)
+    subprocess.run(["cc", "-O1", "-shared", "-fPIC", f"-I{src_dir / 'ops'}", f"-I{src_dir / 'runtime'}",
+                    str(out / f"{name}.c"), "-o", str(out / f"{name}.so"), "-lm"], check=True)
+    return ctypes.CDLL(str(out / f"{name}.so"))
+
+
+@pytest.fixture(scope="session")
+def native_norms(native, tmp_path_factory):
+    """The stand-in of the kernel library's layer-norm entry points (``stand_in.FAKE_NORMS``),
+    compiled against the library's own header, and its entry id in the native op."""
+    from stand_in import FAKE_NORMS, norms_entry
+
+    lib = _stand_in(FAKE_NORMS, "fake_norms", tmp_path_factory.mktemp("fake-norms"))
+    return lib, norms_entry(lib)
+
+
+@pytest.fixture(scope="session")
+def native_gates(native, tmp_path_factory):
+    """The stand-in of the LSTM-gates entry points (``stand_in.FAKE_GATES``) and its entry id."""
+    from stand_in import FAKE_GATES, gates_entry
+
+    lib = _stand_in(FAKE_GATES, "fake_gates", tmp_path_factory.mktemp("fake-gates"))
+    return lib, gates_entry(lib)
