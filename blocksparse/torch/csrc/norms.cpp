@@ -20,6 +20,7 @@
 
 #include "records.h"
 
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstddef>
@@ -221,19 +222,25 @@ torch::autograd::variable_list kernel_grads(const Entry<LayerNormCall> &e, const
           b.scalar_type() == param_dtype ? db : db.to(b.scalar_type())};
 }
 
+// The forward through the library: y, mean, rstd and the g and b the kernels read.
+std::array<at::Tensor, 5> forward_kernels(const Entry<LayerNormCall> &e, LayerNormCall call, const at::Tensor &x,
+                                          const at::Tensor &g, const at::Tensor &b) {
+  const c10::DeviceGuard guard(x.device());  // the default stream launches in the current device's context
+  const at::Tensor g32 = call.params ? g : float32(g), b32 = call.params ? b : float32(b);
+  at::Tensor y = at::empty(x.sizes(), x.options());
+  const auto stats = x.options().dtype(at::kFloat);
+  at::Tensor mean = at::empty({call.segments, call.n_tokens}, stats);
+  at::Tensor rstd = at::empty({call.segments, call.n_tokens}, stats);
+  call.x = address(x), call.g = address(g32), call.b = address(b32);
+  call.y = address(y), call.mean = address(mean), call.rstd = address(rstd);
+  if (call.n_tokens) run(e, call, 0, current_stream(x), "layer_norm");
+  return {y, mean, rstd, g32, b32};
+}
+
 struct LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext *ctx, const at::Tensor &x, const at::Tensor &g,
                             const at::Tensor &b, int64_t entry, LayerNormCall call, double epsilon) {
-    const Entry<LayerNormCall> &e = entries.get(entry);
-    const c10::DeviceGuard guard(x.device());  // the default stream launches in the current device's context
-    const at::Tensor g32 = call.params ? g : float32(g), b32 = call.params ? b : float32(b);
-    at::Tensor y = at::empty(x.sizes(), x.options());
-    const auto stats = x.options().dtype(at::kFloat);
-    at::Tensor mean = at::empty({call.segments, call.n_tokens}, stats);
-    at::Tensor rstd = at::empty({call.segments, call.n_tokens}, stats);
-    call.x = address(x), call.g = address(g32), call.b = address(b32);
-    call.y = address(y), call.mean = address(mean), call.rstd = address(rstd);
-    if (call.n_tokens) run(e, call, 0, current_stream(x), "layer_norm");
+    auto [y, mean, rstd, g32, b32] = forward_kernels(entries.get(entry), call, x, g, b);
     ctx->save_for_backward({x, g, b, g32, b32, mean, rstd});
     ctx->saved_data["entry"] = entry;
     ctx->saved_data["axis"] = static_cast<int64_t>(call.axis);
@@ -268,7 +275,10 @@ struct LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
 at::Tensor layer_norm(const at::Tensor &x, const at::Tensor &g, const at::Tensor &b, int64_t axis, double epsilon,
                       bool relu, int64_t segments, int64_t entry) {
   LayerNormCall call;
-  if (!describe(entries.get(entry), x, g, b, axis, epsilon, relu, segments, call)) return {};
+  const Entry<LayerNormCall> &e = entries.get(entry);
+  if (!describe(e, x, g, b, axis, epsilon, relu, segments, call)) return {};
+  if (!at::GradMode::is_enabled() || !(x.requires_grad() || g.requires_grad() || b.requires_grad()))
+    return forward_kernels(e, call, x, g, b)[0];  // no gradient: no autograd node
   return LayerNormFunction::apply(x, g, b, entry, call, epsilon);
 }
 
@@ -339,6 +349,20 @@ std::vector<at::Tensor> defined(std::initializer_list<at::Tensor> ts) {
   return out;
 }
 
+// The forward through the library: c_next, h_next and the bias the kernels read.  `gates`: the
+// merged gates and three undefined tensors, or i, j, f, o.
+std::array<at::Tensor, 3> gates_forward(const Entry<LstmGatesCall> &e, LstmGatesCall call, const at::Tensor &c,
+                                        const std::array<at::Tensor, 4> &gates, const at::Tensor &bias) {
+  const c10::DeviceGuard guard(c.device());
+  const at::Tensor bias32 = bias.defined() ? float32(bias) : at::Tensor();
+  at::Tensor c_next = at::empty(c.sizes(), c.options()), h_next = at::empty(c.sizes(), c.options());
+  call.c = address(c), call.i = address(gates[0]), call.bias = bias.defined() ? address(bias32) : 0;
+  if (!call.merged) call.j = address(gates[1]), call.f = address(gates[2]), call.o = address(gates[3]);
+  call.c_next = address(c_next), call.h_next = address(h_next);
+  if (call.n_tokens) run(e, call, 0, current_stream(c), "lstm_gates");
+  return {c_next, h_next, bias32};
+}
+
 struct LstmGatesFunction : public torch::autograd::Function<LstmGatesFunction> {
   // i is the merged (N, 4K) gates where j, f and o are absent (optional: autograd's records of
   // the inputs take no undefined tensors)
@@ -350,14 +374,7 @@ struct LstmGatesFunction : public torch::autograd::Function<LstmGatesFunction> {
                                                 LstmGatesCall call) {
     const at::Tensor none, &j = j_in ? *j_in : none, &f = f_in ? *f_in : none, &o = o_in ? *o_in : none;
     const at::Tensor &bias = bias_in ? *bias_in : none;
-    const Entry<LstmGatesCall> &e = gate_entries.get(entry);
-    const c10::DeviceGuard guard(c.device());
-    const at::Tensor bias32 = bias.defined() ? float32(bias) : at::Tensor();
-    at::Tensor c_next = at::empty(c.sizes(), c.options()), h_next = at::empty(c.sizes(), c.options());
-    call.c = address(c), call.i = address(i), call.bias = bias.defined() ? address(bias32) : 0;
-    if (!call.merged) call.j = address(j), call.f = address(f), call.o = address(o);
-    call.c_next = address(c_next), call.h_next = address(h_next);
-    if (call.n_tokens) run(e, call, 0, current_stream(c), "lstm_gates");
+    auto [c_next, h_next, bias32] = gates_forward(gate_entries.get(entry), call, c, {i, j, f, o}, bias);
     ctx->save_for_backward({c, i, j, f, o, bias, bias32});
     ctx->saved_data["entry"] = entry;
     ctx->saved_data["forget_bias"] = static_cast<double>(call.forget_bias);
@@ -423,7 +440,16 @@ std::vector<at::Tensor> lstm_gates(const at::Tensor &c, const at::Tensor &i, con
   if (four && !(f && f->defined() && o && o->defined())) return {};
   const std::vector<at::Tensor> gates = four ? std::vector<at::Tensor>{i, *j, *f, *o} : std::vector<at::Tensor>{i};
   LstmGatesCall call;
-  if (!describe_gates(gate_entries.get(entry), c, gates, bias, forget_bias, call)) return {};
+  const Entry<LstmGatesCall> &e = gate_entries.get(entry);
+  if (!describe_gates(e, c, gates, bias, forget_bias, call)) return {};
+  bool grad = c.requires_grad() || (bias && bias->defined() && bias->requires_grad());
+  for (const at::Tensor &t : gates) grad = grad || t.requires_grad();
+  if (!at::GradMode::is_enabled() || !grad) {  // no gradient: no autograd node
+    const at::Tensor undefined, &b = bias ? *bias : undefined;
+    auto out = four ? gates_forward(e, call, c, {i, *j, *f, *o}, b)
+                    : gates_forward(e, call, c, {i, undefined, undefined, undefined}, b);
+    return {out[0], out[1]};
+  }
   const std::optional<at::Tensor> none;
   const std::optional<at::Tensor> b = bias && bias->defined() ? bias : none;
   return LstmGatesFunction::apply(c, i, four ? j : none, four ? f : none, four ? o : none, b, entry, call);

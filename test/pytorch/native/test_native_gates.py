@@ -141,3 +141,16 @@ def test_the_python_guard_leaves_cpu_tensors_and_other_argument_types_alone():
     assert lstm_ops.native_gates(c, (h,), None, 1.0) is None  # a CPU tensor
     assert lstm_ops.native_gates(c, (h,), None, 1) is None  # an int forget_bias
     assert lstm_ops.native_gates(c, (h, h), None, 1.0) is None
+
+
+@pytest.mark.parametrize("packing", ["merged", "four"])
+def test_without_gradients_no_node(native_gates, rng, packing):
+    _, entry = native_gates
+    c, h, bias, _, _ = _inputs(rng, 4, 16, torch.float32)
+    gates = (h,) if packing == "merged" else tuple(t.contiguous() for t in h.split(16, 1))
+    with torch.no_grad():
+        c_next, h_next = _op(c, gates, entry, bias)
+    assert c_next.grad_fn is None and h_next.grad_fn is None
+    want = ref.lstm_gates(_f64(c), _f64(h), bias=_f64(bias))
+    for got, expected in zip((c_next, h_next), want):
+        np.testing.assert_allclose(got.numpy(), expected, rtol=1e-5, atol=1e-5)

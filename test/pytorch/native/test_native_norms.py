@@ -174,3 +174,16 @@ def test_no_tokens(native_norms):
     assert y.shape == (0, 32)
     dx, dg = torch.autograd.grad(y, (x, g), torch.empty(0, 32))
     assert dx.shape == (0, 32) and torch.equal(dg, torch.zeros(32)) and _runs(lib) == runs
+
+
+def test_without_gradients_no_node(native_norms, rng):
+    lib, entry = native_norms
+    x, g, b, _ = _inputs(rng, 4, 32, 1)
+    want = ref.layer_norm(*(t.detach().double().numpy() for t in (x, g, b)), 1, 1, EPS)
+    runs = _runs(lib)
+    with torch.no_grad():
+        y = _op(x, g, b, entry)
+    y_plain = _op(*(t.detach() for t in (x, g, b)), entry)  # nothing needs a gradient
+    assert y.grad_fn is None and y_plain.grad_fn is None and _runs(lib)[0] == runs[0] + 2
+    for got in (y, y_plain):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)
