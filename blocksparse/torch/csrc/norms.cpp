@@ -7,8 +7,9 @@
 // Python (blocksparse/torch/_native.py) registers a library's entry points of an op once as an
 // *entry*; the op takes its id.  An op serves the calls the library's specs serve: dense 2-D
 // activations on 16-byte boundaries (float16, bfloat16, float32), parameters of any float dtype
-// (the kernels read float32 copies; the gradients are cast back), no autocast, both directions'
-// specs present.  Any other call gets an undefined tensor / an empty list (None / [] in Python) and
+// (float32 ones and -- layer norm -- ones of the activations' 16-bit dtype are read as they are,
+// others through float32 copies, their gradients cast back), no autocast, both directions' specs
+// present.  Any other call gets an undefined tensor / an empty list (None / [] in Python) and
 // Python serves it; errors are Python's to raise.  A backward that builds a graph (create_graph,
 // for double backward) runs the reference formulas in ATen ops, which autograd differentiates again.
 #include <ATen/ATen.h>
@@ -52,6 +53,9 @@ struct LstmGatesCall {  // bsk_lstm_gates_call of src/ops/norms.h, member for me
   uint64_t c, i, j, f, o, bias, c_next, h_next;
   uint64_t dc_next, dh_next, dc, di, dj, df, d_o, dbias, workspace;
 };
+
+static_assert(offsetof(LstmGatesCall, workspace) == 160 && sizeof(LstmGatesCall) == 168,
+              "LstmGatesCall must be laid out as bsk_lstm_gates_call");
 
 // A family's four entry points in the kernel library: bsk_<op>_run, _workspace, _select and
 // bsk_device_at, for calls of type Call.
