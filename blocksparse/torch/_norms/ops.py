@@ -132,10 +132,9 @@ def native_layer_norm(x, g, b, axis, epsilon, relu, segments):
     """``y`` of an eager call on CUDA tensors through the native op (the kernel library's layer-norm
     entry point, no Python in the backward), or None: where :func:`blocksparse.torch._native.eager_library`
     finds none, for arguments of other types (``axis`` and ``segments`` ints, ``relu`` a bool,
-    ``epsilon`` a float, plain tensors ``g`` and ``b``), and for calls the library's specs do not
-    serve (the op checks shapes, dtypes, layout, alignment and autocast itself)."""
-    if not (type(axis) is int and type(segments) is int and type(relu) is bool and type(epsilon) is float
-            and g is not None and b is not None):
+    ``epsilon`` a float, ``g`` and ``b`` plain tensors or None), and for calls the library's specs
+    do not serve (the op checks shapes, dtypes, layout, alignment and autocast itself)."""
+    if not (type(axis) is int and type(segments) is int and type(relu) is bool and type(epsilon) is float):
         return None
     kernels = _native.eager_library(x, g, b)
     entry = None if kernels is None else _native.entry(kernels, "layer_norm")

@@ -8,8 +8,8 @@
 // *entry*; the op takes its id.  An op serves the calls the library's specs serve: dense 2-D
 // activations on 16-byte boundaries (float16, bfloat16, float32), parameters of any float dtype
 // (float32 ones and -- layer norm -- ones of the activations' 16-bit dtype are read as they are,
-// others through float32 copies, their gradients cast back), no autocast, both directions' specs
-// present.  Any other call gets an undefined tensor / an empty list (None / [] in Python) and
+// others through float32 copies, their gradients cast back; layer norm's may be absent), no
+// autocast, both directions' specs present.  Any other call gets an undefined tensor / an empty list (None / [] in Python) and
 // Python serves it; errors are Python's to raise.  A backward that builds a graph (create_graph,
 // for double backward) runs the reference formulas in ATen ops, which autograd differentiates again.
 #include <ATen/ATen.h>
@@ -276,8 +276,16 @@ struct LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
 };
 
 // y of the call, or an undefined tensor where the library does not serve it.
-at::Tensor layer_norm(const at::Tensor &x, const at::Tensor &g, const at::Tensor &b, int64_t axis, double epsilon,
-                      bool relu, int64_t segments, int64_t entry) {
+// An absent gain or bias is a row of ones or zeros of x's dtype (read as they are, their gradients
+// dropped): made per call, so that nothing outlives a CUDA graph's capture.
+at::Tensor layer_norm(const at::Tensor &x, const std::optional<at::Tensor> &g_in,
+                      const std::optional<at::Tensor> &b_in, int64_t axis, double epsilon, bool relu, int64_t segments,
+                      int64_t entry) {
+  const int64_t a = axis < 0 ? axis + 2 : axis;
+  if (!x.defined() || x.dim() != 2 || (a != 0 && a != 1)) return {};
+  const bool has_g = g_in && g_in->defined(), has_b = b_in && b_in->defined();
+  const at::Tensor g = has_g ? *g_in : at::ones({x.size(a)}, x.options());
+  const at::Tensor b = has_b ? *b_in : at::zeros({x.size(a)}, x.options());
   LayerNormCall call;
   const Entry<LayerNormCall> &e = entries.get(entry);
   if (!describe(e, x, g, b, axis, epsilon, relu, segments, call)) return {};
@@ -470,7 +478,7 @@ int64_t lstm_gates_entry(int64_t run, int64_t workspace, int64_t select, int64_t
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(blocksparse_native, m) {
-  m.def("layer_norm(Tensor x, Tensor g, Tensor b, int axis, float epsilon, bool relu, int segments, int entry) "
+  m.def("layer_norm(Tensor x, Tensor? g, Tensor? b, int axis, float epsilon, bool relu, int segments, int entry) "
         "-> Tensor");
   m.impl("layer_norm", c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(layer_norm));
   m.def("norms_entry(int run, int workspace, int select, int device) -> int", norms_entry);

@@ -187,3 +187,22 @@ def test_without_gradients_no_node(native_norms, rng):
     assert y.grad_fn is None and y_plain.grad_fn is None and _runs(lib)[0] == runs[0] + 2
     for got in (y, y_plain):
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("affine", [(False, False), (True, False), (False, True)], ids=["none", "g", "b"])
+def test_an_absent_gain_or_bias(native_norms, rng, affine):
+    """Ones / zeros stand in for them: the values and gradients of the formulas without them."""
+    _, entry = native_norms
+    x, g, b, dy = _inputs(rng, 6, 32, 0)
+    g, b = (p if keep else None for p, keep in zip((g, b), affine))
+    y = _op(x, g, b, entry, axis=0, relu=True, segments=2)
+    assert type(y.grad_fn).__name__ == "CppFunction"
+    f64 = [None if t is None else t.detach().double().numpy() for t in (x, g, b)]
+    y64 = ref.layer_norm(*f64, 0, 2, EPS, True)
+    np.testing.assert_allclose(y.detach().numpy(), y64, rtol=1e-5, atol=1e-5)
+    dy = torch.from_numpy(ref.relu_safe(dy.numpy(), y64)).float()
+    leaves = [t for t in (x, g, b) if t is not None]
+    grads = torch.autograd.grad(y, leaves, dy)
+    want = [w for w in ref.layer_norm_grad(dy.double().numpy(), *f64, 0, 2, EPS, True) if w is not None]
+    for got, expected in zip(grads, want):
+        np.testing.assert_allclose(got.double().numpy(), expected, rtol=1e-4, atol=1e-4)

@@ -78,7 +78,6 @@ def test_a_backward_building_a_graph_runs_the_reference_formulas(native, rng, mo
 
 def test_calls_left_to_python(native, rng):
     x, g, b, _ = _inputs(rng, "bfloat16", "float32", 1, 64, 1024)
-    assert _node(layer_norm(x, g, None)) == "LayerNormFunctionBackward"  # no bias
     assert _node(layer_norm(x.t().contiguous().t(), g, b)) == "LayerNormFunctionBackward"  # strided x
     assert _node(layer_norm(x, g, b, axis=-1)) == "CppFunction"  # axis counted from the end
     with torch.autocast("cuda", dtype=torch.float16):
@@ -159,3 +158,18 @@ def test_captured_in_a_cuda_graph(native, rng):
     torch.cuda.synchronize()
     for a, w in zip(got, want):
         assert torch.equal(a, w)
+
+
+@pytest.mark.parametrize("affine", [(False, False), (True, False), (False, True)], ids=["none", "g", "b"])
+def test_an_absent_gain_or_bias(native, rng, affine):
+    x, g, b, dy = _inputs(rng, "bfloat16", "float32", 1, 1000, 1024)
+    g, b = (p if keep else None for p, keep in zip((g, b), affine))
+    y = layer_norm(x, g, b)
+    assert _node(y) == "CppFunction"
+    f64 = [None if t is None else t.detach().double() for t in (x, g, b)]
+    kw = dict(axis=1, epsilon=1e-6, xp=torch)
+    assert rel_error(y, ref.layer_norm(*f64, **kw)) < tolerance("bfloat16")
+    leaves = [t for t in (x, g, b) if t is not None]
+    want = [w for w in ref.layer_norm_grad(dy.double(), *f64, **kw) if w is not None]
+    for got, expected in zip(torch.autograd.grad(y, leaves, dy), want):
+        assert rel_error(got, expected) < tolerance("bfloat16")
