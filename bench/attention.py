@@ -48,10 +48,13 @@ if "--cpu" in sys.argv:  # before triton is imported: kernels run in the interpr
     os.environ.setdefault("TRITON_INTERPRET", "1")
     os.environ["BLOCKSPARSE_BACKEND"] = "triton"
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
+import common  # noqa: E402
 
 from blocksparse.layouts import attention as layouts  # noqa: E402
 from blocksparse.ops.attention import configs  # noqa: E402
@@ -260,15 +263,6 @@ def flex_impl(p):
 
 
 # --------------------------------------------------------------------------- comparison
-def _kernel_library():
-    """Where our launches come from: the kernel library's compiled specs where they serve (else
-    Triton's JIT), or the JIT alone."""
-    from blocksparse import _kernels
-
-    kernels = _kernels.load()
-    return "Triton's JIT" if kernels is None else "the kernel library where it holds the launch, else Triton's JIT"
-
-
 def compare_case(name, S, B, D, device, cpu, rounds):
     """Rows (ours, flex, sdpa, flash) of one case: each checked, then all timed interleaved."""
     attention_launch._plans.clear()  # the launches this case prepares are recorded with its row
@@ -515,7 +509,7 @@ def main():
     gpu = "cpu" if args.cpu else torch.cuda.get_device_name().split()[-1].lower()
     meta = dict(device="CPU (Triton interpreter)" if args.cpu else torch.cuda.get_device_name(),
                 torch=torch.__version__, triton=triton.__version__, date=time.strftime("%Y-%m-%d"),
-                mode="sweep" if args.sweep else "compare", quick=args.quick, kernels=_kernel_library())
+                mode="sweep" if args.sweep else "compare", quick=args.quick, kernels=common.launch_source())
     os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, f"attention{'-sweep' if args.sweep else ''}-{gpu}")
 

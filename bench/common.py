@@ -154,6 +154,15 @@ def time_rotating_ms(make_fns, replays=20):
     return GraphTimer(make_fns).median_ms(replays)
 
 
+def launch_source():
+    """Where our launches come from: the kernel library's compiled specs where they serve (else
+    Triton's JIT), or the JIT alone."""
+    from blocksparse import _kernels
+
+    kernels = _kernels.load()
+    return "Triton's JIT" if kernels is None else "the kernel library where it holds the launch, else Triton's JIT"
+
+
 def hbm_bandwidth_gbs():
     """Device-to-device copy bandwidth, counting bytes read plus written (GB/s)."""
     a = torch.empty(2 * 1024**3 // 2, dtype=torch.bfloat16, device="cuda").normal_()

@@ -286,7 +286,8 @@ def markdown(meta, rows):
            f"torch {meta['torch']}, triton {meta['triton']}, {meta['date']}; HBM copy bandwidth measured in "
            f"this run: {meta['hbm_gbs'] or float('nan'):.0f} GB/s.  `hbm` = bytes that must move / time over that "
            "bandwidth; `x torch` = PyTorch's time / ours (> 1: faster).  Produced by `bench/norms.py`; raw rows "
-           "(with every relative error against float64) in `norms-h200.json`.", ""]
+           "(with every relative error against float64) in `norms-h200.json`."
+           + (f"  Our launches: {meta['launches']}." if meta.get("launches") else ""), ""]
     index = {(r["op"], r["axis"], r["relu"], r["impl"], r["mode"], r["dtype"], r["N"], r["C"]): r
              for r in rows if "impl" in r}
     groups = sorted({(r["op"], r["axis"], r["relu"], r["dtype"]) for r in rows if "impl" in r},
@@ -341,7 +342,8 @@ def main():
     print(f"kernels compiled in {time.time() - t0:.0f}s", flush=True)
     hbm = None if CPU else common.hbm_bandwidth_gbs()
     meta = dict(device="CPU (Triton interpreter)" if CPU else torch.cuda.get_device_name(), torch=torch.__version__,
-                triton=triton.__version__, date=time.strftime("%Y-%m-%d"), hbm_gbs=hbm, quick=args.quick)
+                triton=triton.__version__, date=time.strftime("%Y-%m-%d"), hbm_gbs=hbm, quick=args.quick,
+                launches=None if CPU else common.launch_source())
     save = common.result_writer(args.out, "norms-h200", meta, markdown)
     rows = measure(args, hbm, save)
     save(rows)

@@ -86,10 +86,11 @@ static const ln_spec *choose(const bsk_layer_norm_call *call, int backward, int 
   if (!call || call->dtype < BSK_FP16 || call->dtype > BSK_FP32 || call->segments < 1 || call->features < 1 ||
       call->features % call->segments)
     return NULL;
-  /* (N, C) specs assume rows of a multiple of 16 features; (C, N) "aligned" ones rows of a
-   * multiple of 16 tokens */
+  /* (N, C) specs assume rows of a multiple of 16 features.  "Aligned" specs also a multiple of 16
+   * along the contiguous axis -- segments of (N, C), tokens of (C, N) -- where their loads are
+   * vectors. */
   if (call->axis == 1 && call->features % 16) return NULL;
-  int rows_aligned = call->n_tokens % 16 == 0;
+  int rows_aligned = (call->axis == 1 ? segment_features(call) : call->n_tokens) % 16 == 0;
   ln_choice *last = &last_choice[!!backward];
   if (!same_choice(last, call, rows_aligned, arch)) {
     ln_choice c = {1, call->dtype, !!call->params, call->axis, !!call->relu, call->segments, rows_aligned, arch,
@@ -110,7 +111,7 @@ static const ln_spec *scan(const bsk_layer_norm_call *call, int backward, int ar
         s->axis != call->axis ||
         s->relu != !!call->relu || !rank)
       continue;
-    if ((call->axis == 0 && s->aligned && !rows_aligned) || (s->one_chunk && s->bc < segment_features(call)))
+    if ((s->aligned && !rows_aligned) || (s->one_chunk && s->bc < segment_features(call)))
       continue;
     if (better(s, rank, best, best_rank)) best = s, best_rank = rank;
   }

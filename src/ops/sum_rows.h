@@ -16,6 +16,10 @@ BSK_API int bsk_sum_rows_run(const char *family, int arch, int out_dtype, uint64
                              uint64_t out_a, uint64_t out_b, int64_t rows, int64_t columns, void *stream,
                              char *message, size_t size);
 
+/* The index of the spec bsk_sum_rows_run takes for (rows, columns) on `arch`, or -1. */
+BSK_API int bsk_sum_rows_select(const char *family, int arch, int out_dtype, int has_b, int64_t rows,
+                                int64_t columns);
+
 #ifdef __cplusplus
 }
 #endif

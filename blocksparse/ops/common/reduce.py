@@ -43,4 +43,10 @@ def sum_rows_kernel(
 def sum_rows_tile(P):
     """``(BP, BM)``: all partial rows in one step where they fit, ``SUM_TILE`` elements a program."""
     bp = min(triton.next_power_of_2(max(P, 1)), MAX_BP)
-    return bp, max(16, SUM_TILE // bp)
+    return bp, sum_rows_width(bp)
+
+
+def sum_rows_width(bp):
+    """``BM``, the columns of a program that loads ``bp`` partial rows a step (narrow programs for
+    many rows: more of them, so the reduction of a short row still fills the GPU)."""
+    return max(16, SUM_TILE // bp)

@@ -10,8 +10,14 @@ compiled in: ``g`` and ``b`` are given, float32 (the TensorFlow frontend casts t
 16-bit activations -- of the activations' dtype (PyTorch's native op passes them so), activations
 are dense (feature stride 1 for ``axis=1``, token stride 1 for ``axis=0``), buffers are 16-byte aligned, and
 ``(N, C)`` rows hold a multiple of 16 features (the frontend sends others to the reference path).
-``(C, N)`` rows are compiled for ``N`` a multiple of 16 (``aligned``: vector loads), and for any
-``N`` with the widest one-chunk tile and the chunked one only.
+
+Triton vectorises a masked load only where it knows the mask's bound and the offsets to be
+multiples of the vector: an ``aligned`` spec is compiled with the bound of the contiguous axis
+divisible by 16 -- the segment length ``CS`` for ``(N, C)``, the token count ``N`` (and the row
+stride) for ``(C, N)`` -- and the runtime takes it where the call has that; without it the loads
+are scalar and the kernels ran at a third to two thirds of the speed.  Unaligned specs serve the
+rest: ``(C, N)`` with the widest one-chunk tile and the chunked one; ``(N, C)`` segments of up to
+``UNALIGNED_MAX_ROW`` features one chunk each, longer ones chunked.
 """
 from __future__ import annotations
 
@@ -21,12 +27,15 @@ from ..common.aot import SumRowsSpec, signature, sum_rows_compile_args, sum_rows
 from ...aot.family import CompileArgs
 from .configs import MAX_ROW, NormConfig, layer_norm_config
 
-__all__ = ["NormSpec", "specializations", "kernel", "compile_args", "fields", "DTYPES", "MIN_ROW"]
+__all__ = ["NormSpec", "specializations", "kernel", "compile_args", "fields", "DTYPES", "MIN_ROW", "UNALIGNED_MAX_ROW"]
 
 #: Triton dtype name -> element size.
 DTYPES = {"fp16": 2, "bf16": 2, "fp32": 4}
 #: The narrowest tile compiled per axis (shorter segments take it, masked).
 MIN_ROW = {1: 64, 0: 16}
+#: The longest one-chunk tile of the unaligned ``(N, C)`` specs (segments of other than a multiple of
+#: 16 features are short in practice; longer ones take the chunked tile).
+UNALIGNED_MAX_ROW = 1024
 
 
 @dataclass(frozen=True)
@@ -40,7 +49,7 @@ class NormSpec:
     relu: bool
     config: NormConfig
     one_chunk: bool
-    aligned: bool = True   # axis 0: the token count (row stride) is a multiple of 16
+    aligned: bool = True   # the contiguous axis' bound is a multiple of 16: CS (axis 1), N (axis 0)
     param: str = "fp32"    # the dtype of g and b: float32, or the activations' (16-bit) dtype
 
     @property
@@ -53,10 +62,14 @@ class NormSpec:
 
 def _rows(axis, element_size, aligned, backward, relu):
     """Segment lengths whose tiles are compiled: powers of two up to the longest one-chunk tile
-    (unaligned: that one only), then one longer (the chunked tile)."""
+    (unaligned: ``(C, N)`` that one only, ``(N, C)`` up to :data:`UNALIGNED_MAX_ROW`), then one longer
+    (the chunked tile)."""
     longest = layer_norm_config(axis, MAX_ROW * 2, element_size, backward, relu).BC
-    rows, row = [], MIN_ROW[axis] if aligned else longest
-    while row <= longest:
+    row, top = MIN_ROW[axis], longest
+    if not aligned:
+        row, top = (longest, longest) if axis == 0 else (row, min(longest, UNALIGNED_MAX_ROW))
+    rows = []
+    while row <= top:
         rows.append(row)
         row *= 2
     return rows + [2 * longest]
@@ -70,7 +83,7 @@ def specializations(archs):
     for arch in archs:
         for dtype, size in DTYPES.items():
             for param in sorted({"fp32", dtype}):
-                for axis, aligned in ((1, True), (0, True), (0, False)):
+                for axis, aligned in ((1, True), (1, False), (0, True), (0, False)):
                     for relu in (False, True):
                         for product in ("fwd", "bwd"):
                             for row in _rows(axis, size, aligned, product == "bwd", relu):
@@ -78,7 +91,7 @@ def specializations(archs):
                                 specs.append(NormSpec(arch, product, dtype, axis, relu, cfg, cfg.one_chunk(row),
                                                       aligned, param))
         # dg and db in float32, or in the 16-bit parameters' dtype
-        specs.extend(SumRowsSpec(arch, has_b=True, out=out) for out in DTYPES)
+        specs += SumRowsSpec.every(arch, has_b=True, outs=tuple(DTYPES), alignments=(True, False))
     return specs
 
 
@@ -128,6 +141,10 @@ def compile_args(spec) -> CompileArgs:
     cfg = spec.config
     consts = {"BN": cfg.BN, "BC": cfg.BC, "ONE_CHUNK": spec.one_chunk, "HAS_G": True, "HAS_B": True,
               "RELU": spec.relu} | {name: 1 for name in unit}
-    divisible = set(pointers) | (set(wide) if spec.aligned else set())
+    # (N, C) rows always hold a multiple of 16 features (the row stride); aligned specs also the
+    # bound of the contiguous axis: vector loads under the masks
+    divisible = set(pointers) | (set(wide) if spec.aligned or spec.axis == 1 else set())
+    if spec.aligned:
+        divisible.add("CS" if spec.axis == 1 else "N")
     fn = kernel(spec)
     return CompileArgs(signature(fn, types, consts), consts, frozenset(divisible), cfg.num_warps, num_stages=1)

@@ -46,6 +46,8 @@ class NormsRuntime:
                 pointer, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.c_char_p, ctypes.c_size_t]))
             self._run[which] = lib(f"bsk_{which}_run", (ctypes.c_int, [
                 pointer, ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]))
+        self._sum_rows_select = lib("bsk_sum_rows_select", (ctypes.c_int, [
+            ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]))
 
     @staticmethod
     def _which(call):
@@ -55,6 +57,11 @@ class NormsRuntime:
         """Index of the spec serving ``call`` (a :class:`LayerNormCall` or :class:`LstmGatesCall`)
         on ``sm_{arch}``, or -1."""
         return self._select[self._which(call)](ctypes.byref(call), int(backward), arch)
+
+    def select_sum_rows(self, family, arch, out_dtype, has_b, rows, columns):
+        """Index of the spec that sums ``rows`` partial rows of ``columns`` for ``family`` (``out_dtype``
+        a key of :data:`DTYPES`), or -1."""
+        return self._sum_rows_select(family.encode(), arch, DTYPES[out_dtype], int(has_b), rows, columns)
 
     def workspace(self, call, stream=0):
         """Bytes the backward of ``call`` needs in ``call.workspace`` on ``stream``'s GPU."""

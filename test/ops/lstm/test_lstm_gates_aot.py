@@ -3,13 +3,13 @@ list, its compile arguments, a few specs compiled for sm_90, and the C selection
 (``src/ops/lstm.c``) over a small built library."""
 import pytest
 
-from blocksparse.ops.common.aot import SumRowsSpec
+from blocksparse.ops.common.aot import SUM_ROWS_BPS, SumRowsSpec
 from blocksparse.ops.lstm import aot
 from blocksparse.ops.lstm.configs import lstm_gates_config
 
 ALL = aot.specializations((80, 90))
 GATES = [s for s in ALL if not isinstance(s, SumRowsSpec)]
-BUILT = ("lstm_fwd_bf16_k16_sm90", "lstm_fwd_bf16_k128_sm90", "lstm_bwd_fp32_bias_k64_sm90", "sum_rows_a_sm90")
+BUILT = ("lstm_fwd_bf16_k16_sm90", "lstm_fwd_bf16_k128_sm90", "lstm_bwd_fp32_bias_k64_sm90", "sum_rows_a_p64_sm90")
 
 
 def test_names_are_unique_c_identifiers():
@@ -25,7 +25,8 @@ def test_every_call_kind_has_every_tile():
                     tiles = [s.config.BK for s in GATES
                              if (s.arch, s.product, s.dtype, s.has_bias) == (arch, product, dtype, has_bias)]
                     assert sorted(tiles) == list(aot.TILES)
-        assert [s.has_b for s in ALL if isinstance(s, SumRowsSpec) and s.arch == arch] == [False]
+        assert sorted((s.has_b, s.bp) for s in ALL if isinstance(s, SumRowsSpec) and s.arch == arch) == \
+            [(False, bp) for bp in SUM_ROWS_BPS]
 
 
 def test_tiles_are_those_the_pytorch_launcher_uses():

@@ -3,8 +3,9 @@ list, its compile arguments, a few specs compiled for sm_90 / sm_80, and the C s
 (``src/ops/norms.c``) over a small built library."""
 import pytest
 
-from blocksparse.ops.common.aot import SumRowsSpec
+from blocksparse.ops.common.aot import SUM_ROWS_BPS, SumRowsSpec
 from blocksparse.ops.norms import aot
+from blocksparse.ops.common.reduce import sum_rows_tile
 from blocksparse.ops.norms.configs import MAX_ROW, layer_norm_config
 
 ALL = aot.specializations((80, 90))
@@ -13,7 +14,8 @@ NORMS = [s for s in ALL if not isinstance(s, SumRowsSpec)]
 BUILT = ("ln_fwd_bf16_a1_c256_sm90", "ln_fwd_bf16_a1_c1024_sm90", "ln_fwd_bf16_a1_k16384_sm90",
          "ln_bwd_bf16_a1_relu_c1024_sm90", "ln_fwd_bf16_a0_c64_sm90", "ln_fwd_bf16_a0u_c512_sm90",
          "ln_fwd_bf16_a1_c1024_sm80", "ln_fwd_bf16_a1_gbf16_c1024_sm90", "ln_bwd_bf16_a1_gbf16_c1024_sm90",
-         "sum_rows_ab_sm90", "sum_rows_ab_bf16_sm90")
+         "ln_fwd_bf16_a1u_c64_sm90", "sum_rows_ab_p64_sm90", "sum_rows_ab_p512_sm90", "sum_rows_abu_p512_sm90",
+         "sum_rows_ab_bf16_p512_sm90")
 
 
 def test_names_are_unique_c_identifiers():
@@ -28,15 +30,17 @@ def test_every_call_kind_has_a_tile_for_every_segment_length(arch):
     for product in ("fwd", "bwd"):
         for dtype, size in aot.DTYPES.items():
             for param in {"fp32", dtype}:  # 16-bit activations: float32 parameters, or their own dtype
-                for axis, aligned in ((1, True), (0, True), (0, False)):
+                for axis, aligned in ((1, True), (1, False), (0, True), (0, False)):
                     for relu in (False, True):
                         mine = [s for s in NORMS if (s.arch, s.product, s.dtype, s.param, s.axis, s.aligned, s.relu)
                                 == (arch, product, dtype, param, axis, aligned, relu)]
                         assert [s for s in mine if not s.one_chunk], (product, dtype, param, axis, relu)
                         tiles = sorted(s.config.BC for s in mine if s.one_chunk)
                         assert tiles and all(b == 2 * a for a, b in zip(tiles, tiles[1:]))
-    # one reduction per output dtype of dg and db (float32, or the 16-bit parameters')
-    assert sorted(s.out for s in ALL if isinstance(s, SumRowsSpec) and s.arch == arch) == sorted(aot.DTYPES)
+    # reductions per output dtype of dg and db (float32, or the 16-bit parameters'), for rows of a
+    # multiple of 16 columns (vector loads) and for any, one per tile of partial rows a step
+    assert sorted((s.out, s.aligned, s.bp) for s in ALL if isinstance(s, SumRowsSpec) and s.arch == arch) == \
+        sorted((out, aligned, bp) for out in aot.DTYPES for aligned in (False, True) for bp in SUM_ROWS_BPS)
 
 
 def test_tiles_are_those_the_pytorch_launcher_uses():
@@ -58,6 +62,9 @@ def test_compile_args_name_every_kernel_parameter(spec):
     assert args.constexprs[unit] == 1                       # dense activations
     assert ("stride_xn" in args.divisible) == (spec.axis == 1)
     assert ("stride_xf" in args.divisible) == (spec.axis == 0 and spec.aligned)
+    # the bound of the contiguous axis' masks: what lets Triton vectorise the loads
+    assert ("CS" in args.divisible) == (spec.axis == 1 and spec.aligned)
+    assert ("N" in args.divisible) == (spec.axis == 0 and spec.aligned)
 
 
 def test_fields_select_without_the_config():
@@ -100,6 +107,8 @@ SELECT = {
     "cn-aligned-tokens": (dict(axis=0, features=64, n=4096), 90, "ln_fwd_bf16_a0_c64_sm90"),
     "cn-odd-tokens": (dict(axis=0, features=64, n=4097), 90, "ln_fwd_bf16_a0u_c512_sm90"),
     "nc-rows-not-16": (dict(features=1000), 90, None),
+    "nc-segments-not-16": (dict(features=96, segments=4), 90, "ln_fwd_bf16_a1u_c64_sm90"),
+    "nc-segments-of-16": (dict(features=512, segments=32), 90, "ln_fwd_bf16_a1_c256_sm90"),
     "no-relu-kernel": (dict(relu=True), 90, None),
     "no-fp16-kernel": (dict(dtype="fp16"), 90, None),
     "segments-do-not-divide": (dict(features=1024, segments=3), 90, None),
@@ -119,7 +128,34 @@ def test_sum_rows_writes_the_parameters_dtype():
 
     args = sum_rows_compile_args(SumRowsSpec(90, True, out="bf16"))
     assert args.signature["OUT_A"] == args.signature["OUT_B"] == "*bf16" and args.signature["PART_A"] == "*fp32"
-    assert SumRowsSpec(90, True, out="bf16").name == "sum_rows_ab_bf16_sm90"
+    assert SumRowsSpec(90, True, out="bf16").name == "sum_rows_ab_bf16_p64_sm90"
+    assert "M" in args.divisible and "M" not in sum_rows_compile_args(SumRowsSpec(90, True, aligned=False)).divisible
+    assert SumRowsSpec(90, True, aligned=False, bp=512).name == "sum_rows_abu_p512_sm90"
+    # the JIT's tile for the same rows: a [512, 16] tile, a [64, 128] one
+    wide = sum_rows_compile_args(SumRowsSpec(90, True, bp=512)).constexprs
+    assert (wide["BP"], wide["BM"]) == (512, 16) == sum_rows_tile(300)
+    assert (args.constexprs["BP"], args.constexprs["BM"]) == (64, 128) == sum_rows_tile(64)
+
+
+#: (rows, columns, out dtype) -> the reduction the C takes: the JIT's tile for the rows (all in one
+#: step where they fit: 264 rows -> 512 a step), else the widest below it; rows of a multiple of 16
+#: columns on the aligned specs.
+SUM_ROWS = {
+    "many-rows": ((264, 1024, "fp32"), "sum_rows_ab_p512_sm90"),
+    "many-rows-bf16": ((264, 4096, "bf16"), "sum_rows_ab_bf16_p512_sm90"),
+    "few-rows": ((40, 1024, "fp32"), "sum_rows_ab_p64_sm90"),
+    "no-tile-for-the-rows": ((100, 1024, "fp32"), "sum_rows_ab_p64_sm90"),
+    "odd-columns": ((264, 1000, "fp32"), "sum_rows_abu_p512_sm90"),
+    "no-fp16": ((264, 1024, "fp16"), None),
+}
+
+
+@pytest.mark.parametrize("case", SUM_ROWS, ids=list(SUM_ROWS))
+def test_c_selection_of_the_reduction(runtime, case):
+    (rows, columns, out), want = SUM_ROWS[case]
+    index = runtime.select_sum_rows("norms", 90, out, True, rows, columns)
+    assert (runtime.specs[index]["name"] if index >= 0 else None) == want
+    assert runtime.select_sum_rows("lstm", 90, out, True, rows, columns) == -1  # another family's
 
 
 def test_c_selection_of_the_backward(runtime):
