@@ -46,8 +46,9 @@ LAYER_NORM_CASES = [
     (1001, 4096, 1, 1, True), (999, 8192, 1, 1, True), (1000, 96, 1, 4, True), (777, 1000, 0, 1, False),
 ]
 QUICK_LAYER_NORM = [LAYER_NORM_CASES[i] for i in (0, 1, 3, 4)]
-#: (tokens, K, merged, bias)
-LSTM_CASES = [(4096, 1024, True, True), (1000, 256, False, True), (777, 48, True, False), (64, 16, False, False)]
+#: (tokens, K, merged, bias: None, "fp32" or "own" -- the activations' dtype, read as it is)
+LSTM_CASES = [(4096, 1024, True, "fp32"), (1000, 256, False, "fp32"), (777, 48, True, None), (64, 16, False, None),
+              (1000, 256, True, "own"), (64, 48, False, "own")]
 QUICK_LSTM = LSTM_CASES[:2]
 
 
@@ -86,9 +87,10 @@ def _layer_norm_case(torch, rt, dtype, case, arch, dry_run, rng):
 
 
 def _lstm_case(torch, rt, dtype, case, arch, dry_run, rng):
-    n, k, merged, has_bias = case
+    n, k, merged, bias_dtype = case
+    has_bias, own = bias_dtype is not None, bias_dtype == "own" and dtype != "fp32"
     call = LstmGatesCall(dtype=DTYPES[dtype], merged=merged, n_tokens=n, features=k, forget_bias=1.0,
-                         bias=1 if has_bias else 0)  # a placeholder address: selection reads only whether
+                         bias=1 if has_bias else 0, params=own)  # a placeholder address: selection reads only whether
     specs = [rt.select(call, backward, arch) for backward in (False, True)]
     if min(specs) < 0 or dry_run:
         return {"selected": [rt.specs[s]["name"] if s >= 0 else None for s in specs], "checks": []}
@@ -97,12 +99,14 @@ def _lstm_case(torch, rt, dtype, case, arch, dry_run, rng):
     dev = {name: torch.tensor(a, dtype=td, device="cuda") for name, a in
            (("c", c), ("h", h), ("dc_next", dc_next), ("dh_next", dh_next))}
     gates = [dev["h"]] if merged else [dev["h"][:, g * k:(g + 1) * k].contiguous() for g in range(4)]
-    bias_t = torch.tensor(bias, dtype=torch.float32, device="cuda") if has_bias else None
+    bias_t = torch.tensor(bias, dtype=td if own else torch.float32, device="cuda") if has_bias else None
+    if own:  # the reference sees the rounded bias
+        bias = bias_t.double().cpu().numpy()
     q = {name: t.double().cpu().numpy() for name, t in dev.items()}
     nan = float("nan")
     outs = {name: torch.full((n, k), nan, dtype=td, device="cuda") for name in ("c_next", "h_next", "dc")}
     dgates = [torch.full_like(t, nan) for t in gates]
-    dbias = torch.full((4 * k,), nan, device="cuda")
+    dbias = torch.full((4 * k,), nan, dtype=td if own else torch.float32, device="cuda")
     call.c, call.bias = dev["c"].data_ptr(), bias_t.data_ptr() if has_bias else 0
     call.i, call.j, call.f, call.o = [t.data_ptr() for t in gates] * (4 if merged else 1)
     call.c_next, call.h_next = outs["c_next"].data_ptr(), outs["h_next"].data_ptr()

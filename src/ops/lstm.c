@@ -27,7 +27,7 @@ static const char *const VALUE_NAMES[V_COUNT] = {
 
 typedef struct {
   bsk_ops_args args;
-  int backward, dtype, has_bias, bn, bk, programs_per_sm;
+  int backward, dtype, param, has_bias, bn, bk, programs_per_sm;
 } gates_spec;
 
 static gates_spec *table;
@@ -45,7 +45,8 @@ static void read_table(void) {
     bsk_ops_read_args(i, VALUE_NAMES, V_COUNT, &s->args);
     s->backward = bsk_ops_text(i, "product", PRODUCTS, 2);
     s->dtype = bsk_ops_text(i, "dtype", DTYPES, 3);
-    if (s->backward < 0 || s->dtype < 0 || !bsk_ops_int(i, "has_bias", &s->has_bias) ||
+    s->param = bsk_ops_text(i, "param", DTYPES, 3);
+    if (s->backward < 0 || s->dtype < 0 || s->param < 0 || !bsk_ops_int(i, "has_bias", &s->has_bias) ||
         !bsk_ops_int(i, "bn", &s->bn) || !bsk_ops_int(i, "bk", &s->bk) ||
         !bsk_ops_int(i, "programs_per_sm", &s->programs_per_sm))
       s->args.problem = "its keys are not those of blocksparse/ops/lstm/aot.py fields()";
@@ -64,12 +65,13 @@ static const gates_spec *choose(const bsk_lstm_gates_call *call, int backward, i
     return NULL;
   pthread_once(&table_once, read_table);
   const gates_spec *best = NULL;
-  int bk = tile_for(call->features), best_rank = 0;
+  /* the bias's dtype: float32, or (params) the activations' own */
+  int bk = tile_for(call->features), best_rank = 0, param = call->bias && call->params ? call->dtype : BSK_FP32;
   for (int i = 0; i < table_count; ++i) {
     const gates_spec *s = &table[i];
     int rank = bsk_ops_rank(s->args.index, arch);
     if (s->args.problem || s->backward != !!backward || s->dtype != call->dtype || s->has_bias != !!call->bias ||
-        s->bk != bk || !rank)
+        s->param != param || s->bk != bk || !rank)
       continue;
     if (rank > best_rank) best = s, best_rank = rank;
   }
@@ -131,8 +133,10 @@ int bsk_lstm_gates_run(const bsk_lstm_gates_call *call, int backward, void *stre
   int arch, sms, status = device_spec(call, backward, stream, &s, &arch, &sms, message, size);
   if (status) return status;
   int64_t k = call->features;
-  if (call->n_tokens == 0) /* nothing to compute; dbias is zero */
-    return backward && call->bias ? bsk_memset32(call->dbias, 0, (size_t)(4 * k), stream, message, size) : BSK_OK;
+  if (call->n_tokens == 0) /* nothing to compute; dbias is zero (4K float32 words, or 4K 16-bit ones: K is even) */
+    return backward && call->bias ? bsk_memset32(call->dbias, 0, (size_t)(call->params ? 2 * k : 4 * k), stream,
+                                                 message, size)
+                                  : BSK_OK;
   bsk_arg v[V_COUNT];
   memset(v, 0, sizeof(v));
   const uint64_t in[4] = {call->i, call->j, call->f, call->o};
@@ -154,6 +158,6 @@ int bsk_lstm_gates_run(const bsk_lstm_gates_call *call, int backward, void *stre
   int64_t programs = bwd_programs(s, call, sms);
   grid[0] = (unsigned)programs;
   if ((status = bsk_ops_launch(&s->args, grid, v, stream, message, size)) || !call->bias) return status;
-  return bsk_sum_rows_run("lstm", arch, BSK_FP32, call->workspace, 0, call->dbias, 0, programs, 4 * k, stream, message,
-                          size);
+  return bsk_sum_rows_run("lstm", arch, call->params ? call->dtype : BSK_FP32, call->workspace, 0, call->dbias, 0,
+                          programs, 4 * k, stream, message, size);
 }

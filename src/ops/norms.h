@@ -45,6 +45,7 @@ typedef struct {
   float forget_bias;
   uint64_t c, i, j, f, o, bias, c_next, h_next;
   uint64_t dc_next, dh_next, dc, di, dj, df, d_o, dbias, workspace;
+  int32_t params;     /* bias and dbias: 0 float32, 1 the dtype of c (16-bit c only) */
 } bsk_lstm_gates_call;
 
 /* The spec of the forward (backward = 0) or backward kernel serving `call` on a GPU of compute

@@ -28,7 +28,8 @@ class LstmGatesCall(ctypes.Structure):
                [(name, ctypes.c_int64) for name in ("n_tokens", "features")] + [("forget_bias", ctypes.c_float)] + \
                [(name, ctypes.c_uint64) for name in
                 ("c", "i", "j", "f", "o", "bias", "c_next", "h_next", "dc_next", "dh_next", "dc", "di", "dj",
-                 "df", "d_o", "dbias", "workspace")]
+                 "df", "d_o", "dbias", "workspace")] + \
+               [("params", ctypes.c_int32)]
 
 
 class NormsRuntime:

@@ -52,9 +52,10 @@ struct LstmGatesCall {  // bsk_lstm_gates_call of src/ops/norms.h, member for me
   float forget_bias;
   uint64_t c, i, j, f, o, bias, c_next, h_next;
   uint64_t dc_next, dh_next, dc, di, dj, df, d_o, dbias, workspace;
+  int32_t params;  // bias and dbias: 0 float32, 1 c's 16-bit dtype
 };
 
-static_assert(offsetof(LstmGatesCall, workspace) == 160 && sizeof(LstmGatesCall) == 168,
+static_assert(offsetof(LstmGatesCall, params) == 168 && sizeof(LstmGatesCall) == 176,
               "LstmGatesCall must be laid out as bsk_lstm_gates_call");
 
 // A family's four entry points in the kernel library: bsk_<op>_run, _workspace, _select and
@@ -317,6 +318,8 @@ bool describe_gates(const Entry<LstmGatesCall> &e, const at::Tensor &c, const st
   call.dtype = code, call.merged = gates.size() == 1, call.n_tokens = n, call.features = k;
   call.forget_bias = static_cast<float>(forget_bias);
   call.bias = has_bias;  // selection asks only whether there is one
+  // a 16-bit bias of c's dtype is read as it is (no float32 copy), dbias written in it
+  call.params = has_bias && code != 2 && bias->scalar_type() == c.scalar_type() && dense_aligned(*bias);
   const int arch = device_arch(e, c);
   return arch > 0 && e.select(&call, 0, arch) >= 0 && e.select(&call, 1, arch) >= 0;
 }
@@ -361,12 +364,12 @@ std::vector<at::Tensor> defined(std::initializer_list<at::Tensor> ts) {
   return out;
 }
 
-// The forward through the library: c_next, h_next and the bias the kernels read.  `gates`: the
-// merged gates and three undefined tensors, or i, j, f, o.
+// The forward through the library: c_next, h_next and the bias the kernels read (the bias itself,
+// or its float32 copy).  `gates`: the merged gates and three undefined tensors, or i, j, f, o.
 std::array<at::Tensor, 3> gates_forward(const Entry<LstmGatesCall> &e, LstmGatesCall call, const at::Tensor &c,
                                         const std::array<at::Tensor, 4> &gates, const at::Tensor &bias) {
   const c10::DeviceGuard guard(c.device());
-  const at::Tensor bias32 = bias.defined() ? float32(bias) : at::Tensor();
+  const at::Tensor bias32 = !bias.defined() ? at::Tensor() : call.params ? bias : float32(bias);
   at::Tensor c_next = at::empty(c.sizes(), c.options()), h_next = at::empty(c.sizes(), c.options());
   call.c = address(c), call.i = address(gates[0]), call.bias = bias.defined() ? address(bias32) : 0;
   if (!call.merged) call.j = address(gates[1]), call.f = address(gates[2]), call.o = address(gates[3]);
@@ -390,6 +393,7 @@ struct LstmGatesFunction : public torch::autograd::Function<LstmGatesFunction> {
     ctx->save_for_backward({c, i, j, f, o, bias, bias32});
     ctx->saved_data["entry"] = entry;
     ctx->saved_data["forget_bias"] = static_cast<double>(call.forget_bias);
+    ctx->saved_data["params"] = static_cast<int64_t>(call.params);
     return {c_next, h_next};
   }
 
@@ -412,7 +416,9 @@ struct LstmGatesFunction : public torch::autograd::Function<LstmGatesFunction> {
       const int64_t k = c.size(1);
       d.push_back(at::empty(c.sizes(), c.options()));
       for (const at::Tensor &t : gates) d.push_back(at::empty(t.sizes(), t.options()));
-      at::Tensor dbias = bias.defined() ? at::empty({4 * k}, c.options().dtype(at::kFloat)) : at::Tensor();
+      const int32_t params = static_cast<int32_t>(ctx->saved_data["params"].toInt());
+      const auto dbias_dtype = params ? bias.scalar_type() : at::kFloat;  // as the library writes it
+      at::Tensor dbias = bias.defined() ? at::empty({4 * k}, c.options().dtype(dbias_dtype)) : at::Tensor();
       if (c.size(0) == 0) {
         if (bias.defined()) dbias.zero_();
       } else {
@@ -420,7 +426,7 @@ struct LstmGatesFunction : public torch::autograd::Function<LstmGatesFunction> {
         LstmGatesCall call;
         std::memset(&call, 0, sizeof call);
         call.dtype = dtype_code(c.scalar_type()), call.merged = merged, call.n_tokens = c.size(0), call.features = k;
-        call.forget_bias = static_cast<float>(forget_bias);
+        call.forget_bias = static_cast<float>(forget_bias), call.params = params;
         call.c = address(c), call.bias = bias.defined() ? address(saved[6]) : 0;
         uint64_t *in[4] = {&call.i, &call.j, &call.f, &call.o}, *out[4] = {&call.di, &call.dj, &call.df, &call.d_o};
         for (size_t g = 0; g < gates.size(); ++g) *in[g] = address(gates[g]), *out[g] = address(d[1 + g]);
