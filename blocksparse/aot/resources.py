@@ -5,8 +5,8 @@ cubin with the ``cuobjdump`` that ships with Triton: checked on any machine, bef
 
 Spills (``stack``: per-thread bytes in local memory) are what a tile table must keep small: a
 prefetching layer-norm backward whose tile held 16384 float32 elements spilled 3.2 KB a thread and
-ran at 0.08 of HBM bandwidth.  Global loads by width (``vector_loads``: 64 or 128 bits a thread,
-``scalar_loads``: narrower) show whether Triton vectorised them: the layer-norm kernels compiled
+ran at 0.08 of HBM bandwidth.  Global loads by width (``LDG`` and the ``cp.async`` copies ``LDGSTS``;
+``vector_loads``: 64 or 128 bits a thread, ``scalar_loads``: narrower) show whether Triton vectorised them: the layer-norm kernels compiled
 without the divisibility of their masks' bound loaded 16 bits at a time and ran 1.3-3x slower.  Compiling needs Triton's compiler, so ``TRITON_INTERPRET`` must be
 unset (the command line unsets it).
 """
@@ -24,7 +24,7 @@ __all__ = ["cubin_usage", "spec_usage"]
 
 def cubin_usage(cubin: bytes) -> dict:
     """``{"regs", "stack", "local", "vector_loads", "scalar_loads"}`` of the (single) kernel in
-    ``cubin`` (the loads: global load instructions of 64 / 128 bits, and narrower ones)."""
+    ``cubin`` (the loads: global loads and ``cp.async`` copies of 64 / 128 bits, and narrower ones)."""
     import triton
 
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -36,7 +36,7 @@ def cubin_usage(cubin: bytes) -> dict:
         sass = subprocess.run([tool, "--dump-sass", f.name], capture_output=True, text=True, check=True).stdout
     found = dict(re.findall(r"(REG|LOCAL|STACK):(\d+)", out))
     usage = {name: int(found.get(key, 0)) for name, key in (("regs", "REG"), ("stack", "STACK"), ("local", "LOCAL"))}
-    loads = re.findall(r"\bLDG((?:\.\w+)*)", sass)
+    loads = re.findall(r"\bLDG(?:STS)?((?:\.\w+)*)", sass)  # plain global loads and cp.async copies
     usage["vector_loads"] = sum(1 for mods in loads if re.search(r"\.(64|128)\b", mods))
     usage["scalar_loads"] = len(loads) - usage["vector_loads"]
     return usage

@@ -248,6 +248,13 @@ class AotSpec:
                 f"{ticket}{pack}_sm{self.arch}")
 
     @property
+    def aligned(self):
+        """Whether the spec is compiled with every bound its loads are masked by divisible by 16:
+        ``n16`` twins, and the products of ``(N, C)`` activations (their masked bounds are whole
+        blocks); the others serve token counts of any size."""
+        return self.n16 or (self.axis == 1 and self.product != "updat")
+
+    @property
     def group(self):
         """``G`` of the lookup table the kernel reads."""
         return self.config.G
