@@ -16,7 +16,8 @@ multiples of the vector: an ``aligned`` spec is compiled with the bound of the c
 divisible by 16 -- the segment length ``CS`` for ``(N, C)``, the token count ``N`` (and the row
 stride) for ``(C, N)`` -- and the runtime takes it where the call has that; without it the loads
 are scalar and the kernels ran at a third to two thirds of the speed.  Unaligned specs serve the
-rest: ``(C, N)`` with the widest one-chunk tile and the chunked one; ``(N, C)`` segments of up to
+rest: ``(C, N)`` with the widest one-chunk tile of :data:`.configs.UNALIGNED_TOKEN_TILES` (smaller:
+their loads are scalar) and the chunked one; ``(N, C)`` segments of up to
 ``UNALIGNED_MAX_ROW`` features one chunk each, longer ones chunked.
 """
 from __future__ import annotations
@@ -64,7 +65,7 @@ def _rows(axis, element_size, aligned, backward, relu):
     """Segment lengths whose tiles are compiled: powers of two up to the longest one-chunk tile
     (unaligned: ``(C, N)`` that one only, ``(N, C)`` up to :data:`UNALIGNED_MAX_ROW`), then one longer
     (the chunked tile)."""
-    longest = layer_norm_config(axis, MAX_ROW * 2, element_size, backward, relu).BC
+    longest = layer_norm_config(axis, MAX_ROW * 2, element_size, backward, relu, aligned).BC
     row, top = MIN_ROW[axis], longest
     if not aligned:
         row, top = (longest, longest) if axis == 0 else (row, min(longest, UNALIGNED_MAX_ROW))
@@ -87,7 +88,7 @@ def specializations(archs):
                     for relu in (False, True):
                         for product in ("fwd", "bwd"):
                             for row in _rows(axis, size, aligned, product == "bwd", relu):
-                                cfg = layer_norm_config(axis, row, size, backward=product == "bwd", relu=relu)
+                                cfg = layer_norm_config(axis, row, size, product == "bwd", relu, aligned)
                                 specs.append(NormSpec(arch, product, dtype, axis, relu, cfg, cfg.one_chunk(row),
                                                       aligned, param))
         # dg and db in float32, or in the 16-bit parameters' dtype

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import triton
 
 __all__ = ["NormConfig", "layer_norm_config", "MEASURED", "MEASURED_RELU", "TILE", "MAX_ROW", "TOKEN_BYTES",
-           "TOKEN_TILE"]
+           "TOKEN_TILE", "UNALIGNED_TOKEN_TILES"]
 
 #: Elements per ``(N, C)`` program tile (at least one segment).
 TILE = 4096
@@ -106,10 +106,13 @@ MEASURED_RELU = {
 }
 
 
-def layer_norm_config(axis, segment_features, element_size, backward=False, relu=False):
+def layer_norm_config(axis, segment_features, element_size, backward=False, relu=False, aligned=True):
     """The tile for segments of ``segment_features`` features of ``element_size``-byte activations
     (``relu``: the kernels with the fused relu): the measured one (:data:`MEASURED_RELU`,
-    :data:`MEASURED`) where there is one, else the rule."""
+    :data:`MEASURED`) where there is one, else the rule.  ``aligned=False``: a ``(C, N)`` token
+    count (or row stride) that is not a multiple of 16 takes :data:`UNALIGNED_TOKEN_TILES`."""
+    if axis == 0 and not aligned:
+        return UNALIGNED_TOKEN_TILES[bool(backward)]
     row = triton.next_power_of_2(segment_features)
     key = (axis, row, element_size, bool(backward))
     measured = MEASURED_RELU.get(key) if relu else None
@@ -118,6 +121,14 @@ def layer_norm_config(axis, segment_features, element_size, backward=False, relu
     if measured is not None:
         return measured
     return _rule(axis, row, element_size, backward)
+
+
+#: ``(C, N)`` tiles (forward, backward) where the token count is not a multiple of 16: the loads are
+#: scalar, an address and a predicate per element, so a thread holds 16 / 8 elements.  The aligned
+#: tiles (64 / 32 elements a thread) spilled 0.7-2.3 KB a thread there; these spill nothing
+#: (``blocksparse.aot.resources``).  Longer segments are chunked.
+UNALIGNED_TOKEN_TILES = {False: NormConfig(BN=16, BC=256, num_warps=8, programs_per_sm=0),
+                         True: NormConfig(BN=16, BC=128, num_warps=8, programs_per_sm=2)}
 
 
 def _rule(axis, row, element_size, backward):

@@ -23,11 +23,17 @@ def _dims(x, axis, segments):
     return n, c, c // segments
 
 
+def _aligned(axis, n, *tensors):
+    """Whether Triton can load a ``(C, N)`` call's rows as vectors (it specialises on the token count,
+    the feature strides and the addresses being multiples of 16); ``(N, C)`` tiles do not depend on it."""
+    return axis == 1 or (n % 16 == 0 and all(t.stride(0) % 16 == 0 and t.data_ptr() % 16 == 0 for t in tensors))
+
+
 def layer_norm_fwd(x, g, b, *, axis, epsilon, relu, segments, cfg=None):
     """``(y, mean, rstd)`` of ``relu?((x - mean) * rstd * g + b)`` per segment."""
     n, _, cs = _dims(x, axis, segments)
-    cfg = cfg or layer_norm_config(axis, cs, x.element_size(), relu=relu)
     y = x.new_empty(x.shape)
+    cfg = cfg or layer_norm_config(axis, cs, x.element_size(), relu=relu, aligned=_aligned(axis, n, x, y))
     mean = x.new_empty((segments, n), dtype=torch.float32)
     rstd = x.new_empty((segments, n), dtype=torch.float32)
     if n:
@@ -45,8 +51,9 @@ def layer_norm_fwd(x, g, b, *, axis, epsilon, relu, segments, cfg=None):
 def layer_norm_bwd(dy, x, g, b, mean, rstd, *, axis, relu, segments, cfg=None):
     """``(dx, dg, db)`` (``dg`` / ``db`` None where ``g`` / ``b`` is) from the forward's statistics."""
     n, c, cs = _dims(x, axis, segments)
-    cfg = cfg or layer_norm_config(axis, cs, x.element_size(), backward=True, relu=relu)
     dx = x.new_empty(x.shape)
+    cfg = cfg or layer_norm_config(axis, cs, x.element_size(), backward=True, relu=relu,
+                                   aligned=_aligned(axis, n, x, dy, dx))
     if not n:
         return dx, *(None if p is None else torch.zeros_like(p) for p in (g, b))
     one_chunk = cfg.one_chunk(cs)

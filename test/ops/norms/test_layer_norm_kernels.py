@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from blocksparse.ops.norms.configs import NormConfig, layer_norm_config  # noqa: E402
+from blocksparse.ops.norms.configs import UNALIGNED_TOKEN_TILES, NormConfig, layer_norm_config  # noqa: E402
 from blocksparse.testing import rel_error, tolerance  # noqa: E402
 from blocksparse.testing import norms as ref  # noqa: E402
 from blocksparse.torch._norms import launch  # noqa: E402
@@ -36,11 +36,9 @@ def _run(rng, dtype, axis, n, c, segments, relu, cfg, *, affine=(True, True), of
     dy = t(ref.relu_safe(f64(dy), y_ref)) if relu else dy
     grads_ref = ref.layer_norm_grad(f64(dy), f64(x), f64(g), f64(b), **kw)
     cs = c // segments
-    fwd_cfg = cfg or layer_norm_config(axis, cs, x.element_size(), relu=relu)
-    bwd_cfg = cfg or layer_norm_config(axis, cs, x.element_size(), backward=True, relu=relu)
-    y, mean, rstd = launch.layer_norm_fwd(x, g, b, cfg=fwd_cfg, **kw)
+    y, mean, rstd = launch.layer_norm_fwd(x, g, b, cfg=cfg, **kw)  # None: the launcher's table
     del kw["epsilon"]
-    dx, dg, db = launch.layer_norm_bwd(dy, x, g, b, mean, rstd, cfg=bwd_cfg, **kw)
+    dx, dg, db = launch.layer_norm_bwd(dy, x, g, b, mean, rstd, cfg=cfg, **kw)
     assert y.dtype == dx.dtype == x.dtype
     for p, dp in ((g, dg), (b, db)):
         assert (p is None and dp is None) or dp.dtype == p.dtype
@@ -111,6 +109,19 @@ def test_strided_activations(rng, axis):
     assert rel_error(y, ref.layer_norm(x64, g64, b64, **kw)) < tolerance("float32")
     for got, want in zip((dx, dg, db), ref.layer_norm_grad(dy64, x64, g64, b64, **kw)):
         assert rel_error(got, want) < tolerance("float32")
+
+
+def test_token_tiles_follow_the_alignment():
+    """``(C, N)`` calls whose rows Triton cannot load as vectors (token count, row stride or address
+    not a multiple of 16 elements / bytes) take the small unaligned tiles; ``(N, C)`` ones do not care."""
+    wide = torch.empty(8, 4112)
+    assert launch._aligned(0, 4096, wide[:, :4096]) and launch._aligned(1, 7, wide[:, :7])
+    assert not launch._aligned(0, 4097, torch.empty(8, 4097))
+    assert not launch._aligned(0, 4096, wide[:, 1:4097])         # address off by 4 bytes
+    assert not launch._aligned(0, 16, torch.empty(8, 24)[:, :16])  # row stride 24
+    for backward in (False, True):
+        assert layer_norm_config(0, 64, 2, backward, aligned=False) == UNALIGNED_TOKEN_TILES[backward]
+        assert layer_norm_config(0, 64, 2, backward) != UNALIGNED_TOKEN_TILES[backward]
 
 
 def test_float32_parameters_with_bfloat16_activations(rng):

@@ -26,9 +26,11 @@ MAX_STACK = 512
 
 def _specs():
     """``family:name`` of every sm_90 tile of the two tables for 16- and 32-bit floats: forwards
-    without the relu, backwards with it (it recomputes the forward: the larger of the two)."""
+    without the relu, backwards with it (it recomputes the forward: the larger of the two); aligned,
+    and the unaligned ``(C, N)`` ones (scalar loads: the aligned tiles spilled 0.7-2.3 KB there)."""
     names = [f"norms:{s.name}" for s in norms_aot.specializations([90])
-             if getattr(s, "dtype", None) in ("bf16", "fp32") and s.aligned and s.relu == (s.product == "bwd")]
+             if getattr(s, "dtype", None) in ("bf16", "fp32") and (s.aligned or s.axis == 0)
+             and s.relu == (s.product == "bwd")]
     names += [f"lstm:{s.name}" for s in lstm_aot.specializations([90]) if getattr(s, "dtype", None) in ("bf16", "fp32")]
     names += [f"norms:{s.name}" for s in norms_aot.specializations([90]) if s.product == "sum_rows"]
     return names
@@ -50,7 +52,8 @@ def test_aligned_tiles_load_vectors(usage):
     """Every aligned tile loads its activations as 64- or 128-bit vectors (the statistics and the
     parameters of a short segment stay scalar); an unaligned reduction's loads are all scalar: the
     reading discriminates.  Before the fix no layer-norm tile of the library had a vector load."""
-    aligned = [r for r in usage if not r["name"].startswith("sum_rows_") or "u" not in r["name"].split("_")[2]]
+    aligned = [r for r in usage if "_a0u_" not in r["name"]
+               and (not r["name"].startswith("sum_rows_") or "u" not in r["name"].split("_")[2])]
     scalar = {r["name"]: r["scalar_loads"] for r in aligned if not r["vector_loads"]}
     assert not scalar, f"tiles without a vector load (their scalar loads): {scalar}"
     unaligned = [r for r in usage if r["name"].startswith("sum_rows_abu")]
