@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-__all__ = ["AOT_PACKINGS", "XpropConfig", "UpdatConfig", "xprop_config", "updat_config", "updat_split", "output_slice",
+__all__ = ["AOT_PACKINGS", "XpropConfig", "UpdatConfig", "xprop_config", "updat_config", "unaligned_updat",
+           "updat_split", "output_slice",
            "bprop_pretransposes_weight", "KERNEL_BLOCK_SIZES",
            "INTERPRETER_XPROP", "INTERPRETER_UPDAT", "SMALL_N", "AotSpec", "AOT_DTYPES",
            "aot_specializations"]
@@ -155,13 +156,23 @@ def output_slice(cfg, block_size, tma):
     return (cfg.BN or block_size) if tma or cfg.G == 1 else block_size
 
 
-def updat_config(block_size, n_tokens, *, float32=False, tma=True, interpret=False):
-    """Tile configuration of updat for ``n_tokens`` tokens."""
+def unaligned_updat(cfg):
+    """The 16-bit updat tile for ``(F, N)`` activations whose token count is not a multiple of 16:
+    the pointer kernel then loads them element by element, and the tables' tiles (4 warps, or 64
+    tokens a step) spilled 0.22-2.1 KB a thread; 8 warps and 32 tokens a step spill nothing at
+    every block size (``num_stages`` changed nothing: scalar loads are not pipelined; 2 here).  Same ``G``."""
+    return replace(cfg, BK=32, num_warps=8, num_stages=2, TMA=False)
+
+
+def updat_config(block_size, n_tokens, *, float32=False, tma=True, interpret=False, axis=1):
+    """Tile configuration of updat for ``n_tokens`` tokens of activations whose features lie on ``axis``."""
     if interpret:
         return INTERPRETER_UPDAT
     cfg = _UPDAT[_classes(n_tokens, float32)][block_size]
     if cfg.TMA and not tma:
-        return _UPDAT_PTR[block_size]
+        cfg = _UPDAT_PTR[block_size]
+    if axis == 0 and not float32 and n_tokens % 16:
+        cfg = unaligned_updat(cfg)
     return cfg
 
 
@@ -311,6 +322,11 @@ def _n16_updat(spec):
     return spec.product == "updat" and spec.dtype == "fp32"
 
 
+def _serves_unaligned_updat(spec):
+    """Whether ``spec`` is a 16-bit ``(F, N)`` pointer updat for token counts not a multiple of 16."""
+    return spec.product == "updat" and spec.axis == 0 and spec.dtype != "fp32" and not (spec.n16 or spec.tma)
+
+
 def _kind(spec):
     """What a call selects a spec by, less the kernel."""
     return spec.arch, spec.product, spec.dtype, spec.block_size, spec.axis, spec.atomic, spec.max_tokens
@@ -350,6 +366,8 @@ def aot_specializations(archs=(80, 90), *, dtypes=AOT_DTYPES, block_sizes=KERNEL
     served = {_kind(s) for s in specs if s.tma}
     specs += [replace(s, n16=True) for s in specs
               if (s.axis == 0 or _n16_updat(s)) and not s.tma and _kind(s) not in served]
+    # the (F, N) pointer updat kernels left for other token counts load element by element: their own tile
+    specs = [replace(s, config=unaligned_updat(s.config)) if _serves_unaligned_updat(s) else s for s in specs]
     # updat without atomics also writing 16-bit weight gradients itself (the PyTorch plans' choice;
     # the TensorFlow ops take float32 and never select these)
     specs += [replace(s, dw16=True) for s in specs if s.product == "updat" and not s.atomic and s.dtype != "fp32"]

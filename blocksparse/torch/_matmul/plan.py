@@ -256,7 +256,7 @@ def _jit_choice(layout, kind, n, dtype, interpret, sms, tma, axis):
     bs = layout.block_size
     opts = dict(float32=dtype == torch.float32, tma=tma, interpret=interpret)
     if kind == "updat":
-        cfg = configs.updat_config(bs, n, **opts)
+        cfg = configs.updat_config(bs, n, axis=axis, **opts)
         return cfg, configs.updat_split(cfg, n, layout.updat_groups(cfg.G).shape[0], sms)
     cfg = configs.xprop_config(bs, n, axis=axis, **opts)
     # structured layouts: one activation tile serves G output blocks (blocksparse.ops.matmul.grouping)
