@@ -281,7 +281,11 @@ def test_custom_ops_pass_opcheck(rng):
     cases = [(ops.layer_norm.default, (x, g, None, 1, 1e-5, True, 2)),
              (ops.layer_norm.default, (x.t(), None, g, 0, 1e-5, False, 4)),
              (ops.lstm_gates.default, (c, h, bias, 1.0)),
-             (ops.lstm_gates4.default, (c, *h.split(4, 1), None, 0.5))]
+             (ops.lstm_gates4.default, (c, *h.split(4, 1), None, 0.5)),
+             # transposed views: the reference path's outputs are contiguous, as the fake functions say
+             (ops.layer_norm.default, (draw(rng, (16, 4), torch.float32).t(), g, g, 1, 1e-5, False, 2)),
+             (ops.lstm_gates.default, (c.t().contiguous().t(), draw(rng, (16, 4), torch.float32).t(), None, 1.0)),
+             (ops.lstm_gates4.default, (c, *(draw(rng, (4, 4), torch.float32).t() for _ in range(4)), bias, 1.0))]
     for op, args in cases:
         args = tuple(a.detach().requires_grad_() if isinstance(a, torch.Tensor) else a for a in args)
         result = torch.library.opcheck(op, args)

@@ -22,7 +22,8 @@ def _activations(c, gates, bias, forget_bias):
 def lstm_gates_fwd(c, gates, bias, *, forget_bias):
     """``(c_next, h_next)``; see :func:`blocksparse.torch.fused_lstm_gates`."""
     _, _, _, _, o, c_next = _activations(c, gates, bias, forget_bias)
-    return c_next.to(c.dtype), (o * torch.tanh(c_next)).to(c.dtype)
+    # contiguous whatever the inputs' strides, as the kernels' outputs (and the ops' fake functions)
+    return c_next.to(c.dtype).contiguous(), (o * torch.tanh(c_next)).to(c.dtype).contiguous()
 
 
 def lstm_gates_bwd(c, gates, bias, dc_next, dh_next, *, forget_bias, merged):
@@ -33,6 +34,6 @@ def lstm_gates_bwd(c, gates, bias, dc_next, dh_next, *, forget_bias, merged):
     dcn = dc_next.to(c.dtype) + dh * o * (1 - t * t)
     grads = (dcn * j * i * (1 - i), dcn * i * (1 - j * j), dcn * c * f * (1 - f), dh * t * o * (1 - o))
     dtype = gates[0].dtype
-    dgates = torch.cat(grads, 1).to(dtype) if merged else tuple(g.to(dtype) for g in grads)
+    dgates = torch.cat(grads, 1).to(dtype) if merged else tuple(g.to(dtype).contiguous() for g in grads)
     dbias = None if bias is None else torch.cat([g.sum(0) for g in grads]).to(bias.dtype)
-    return (dcn * f).to(dtype), dgates, dbias
+    return (dcn * f).to(dtype).contiguous(), dgates, dbias

@@ -22,7 +22,7 @@ def _ungrouped(t, axis, dtype):
     """Inverse of :func:`_grouped` (a fresh contiguous tensor)."""
     n, c = t.shape[0], t.shape[1] * t.shape[2]
     if axis == 1:
-        return t.reshape(n, c).to(dtype)
+        return t.reshape(n, c).to(dtype).contiguous()
     return t.permute(1, 2, 0).reshape(c, n).to(dtype).contiguous()
 
 

@@ -108,6 +108,23 @@ def test_torch_compile_fullgraph(rng, monkeypatch, backend, merged):
         torch.testing.assert_close(got, want)
 
 
+def test_torch_compile_of_transposed_inputs_and_gradients(rng):
+    """Gates, state and output gradients of any strides: contiguous outputs, as the fake functions say."""
+    c, h, b, dcn, dhn = _inputs(rng, "float32", 6, 16)
+    c, h = (t.detach().t().contiguous().t().requires_grad_() for t in (c, h))
+    w = dhn.t().contiguous().t()
+
+    def step(c, h, b):
+        c_next, h_next = fused_lstm_gates(c, *h.split(16, 1), bias=b)
+        return (h_next * w).sum() + c_next.sum()
+
+    torch._dynamo.reset()
+    loss = torch.compile(step, fullgraph=True)(c, h, b)
+    grads = torch.autograd.grad(loss, (c, h, b))
+    for got, exp in zip(grads, torch.autograd.grad(step(c, h, b), (c, h, b))):
+        torch.testing.assert_close(got, exp)
+
+
 def test_autocast_cpu(rng):
     """Under autocast the state and the gates are cast to the autocast dtype."""
     c, h, b, dcn, dhn = _inputs(rng, "float32", 6, 16)
