@@ -2,7 +2,22 @@
 ``TypeError`` / ``ValueError`` naming the argument, with what was expected and what was given."""
 import numbers
 
-__all__ = ["check_int", "check_minibatch"]
+import numpy as np
+
+__all__ = ["check_bool", "check_int", "check_minibatch"]
+
+
+def check_bool(value, name):
+    """Return ``value`` as a ``bool`` after checking it is one (Python's or numpy's).
+
+    >>> check_bool("no", "use_bias")
+    Traceback (most recent call last):
+    ...
+    TypeError: use_bias must be a bool; got 'no' of type str
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool; got {value!r} of type {type(value).__name__}")
+    return bool(value)
 
 
 def check_int(value, name, minimum=1, maximum=None, *, allow_none=False):

@@ -27,6 +27,7 @@
     cell's ``archs`` in ``matrix.yaml``, else sm_80 and sm_90).
 """
 import os
+import sys
 
 BACKENDS = ("auto", "triton", "reference")
 
@@ -37,10 +38,17 @@ _ENCODED_KEYS = {}
 _DECODED = {}
 
 
+def _compiling():
+    """Whether ``torch.compile`` is tracing (its tracer then sees ``os.environ`` reads as such, where
+    filling the caches below would make it guard on their contents and fail that guard at once)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.compiler.is_compiling()
+
+
 def getenv(name, default=None):
     """``os.environ.get(name, default)``, fast: read at every call of the ops, so that a change of
     the environment takes effect at once."""
-    if _ENVIRON_DATA is None:  # not CPython's os.environ
+    if _ENVIRON_DATA is None or _compiling():  # not CPython's os.environ, or traced
         return os.environ.get(name, default)
     key = _ENCODED_KEYS.get(name)
     if key is None:
@@ -65,7 +73,8 @@ def backend():
         value = raw.strip().lower() or "auto"
         if value not in BACKENDS:
             raise ValueError(f"BLOCKSPARSE_BACKEND must be one of {BACKENDS}; got {value!r}")
-        _parsed_backend[raw] = value
+        if not _compiling():  # (no cache filled while traced: see _compiling)
+            _parsed_backend[raw] = value
     return value
 
 

@@ -11,8 +11,8 @@ its torch backend (through :class:`blocksparse.torch.BlocksparseMatMul`); the JA
 supported.  Serialisable (``get_config``, ``.keras`` files), trainable with ``model.fit``.
 """
 import keras
-import numpy as np
 
+from ._checks import check_bool
 from ._frontend import LayoutShapes
 from .layout import Layout
 
@@ -31,12 +31,6 @@ def _default_kernel_initializer(layout):
     """
     scale = 2.0 * layout.CB * layout.KB / (layout.CB + layout.KB)
     return keras.initializers.VarianceScaling(scale=scale, mode="fan_avg", distribution="uniform")
-
-
-def _flag(value, name):
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool; got {value!r}")
-    return bool(value)
 
 
 @keras.saving.register_keras_serializable(package="blocksparse")
@@ -83,9 +77,9 @@ class BlocksparseDense(keras.layers.Layer, LayoutShapes):
         if backend not in _BACKENDS:
             raise NotImplementedError(f"BlocksparseDense runs on Keras's {' and '.join(_BACKENDS)} "
                                       f"backends; this Keras uses {backend!r} (KERAS_BACKEND)")
-        self.layout = Layout(layout, block_size, z_order=_flag(z_order, "z_order"))
+        self.layout = Layout(layout, block_size, z_order=check_bool(z_order, "z_order"))
         self.axis = 1
-        self.use_bias = _flag(use_bias, "use_bias")
+        self.use_bias = check_bool(use_bias, "use_bias")
         self.activation = keras.activations.get(activation)
         self.kernel_initializer = (_default_kernel_initializer(self.layout) if kernel_initializer is None
                                    else keras.initializers.get(kernel_initializer))

@@ -11,9 +11,8 @@ Statistics and gradients are computed in float32 for float16 / bfloat16 inputs, 
 the input's dtype.  Works in eager mode, inside ``tf.function`` (unknown minibatch) and in
 ``tf.compat.v1`` graphs, on any device and under XLA.
 """
-import numpy as np
 
-from ._checks import check_int
+from ._checks import check_bool, check_int
 from ._tf import tf
 from ._tf.checks import float_tensor
 from ._tf.ew import args as ewargs
@@ -21,12 +20,6 @@ from ._tf.norms import backend, channels
 from ._tf.norms import gpu as gpu_ops
 
 __all__ = ["layer_norm", "batch_norm", "batch_norm_inference"]
-
-
-def _bool(value, name):
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool; got {value!r}")
-    return bool(value)
 
 
 def _epsilon(value):
@@ -69,7 +62,7 @@ def layer_norm(x, g, b, axis=1, epsilon=1e-6, relu=False, *, segments=1, name=No
         Differentiable in ``x``, ``g`` and ``b`` (gradients in their dtypes).
     """
     epsilon = _epsilon(epsilon)
-    relu = _bool(relu, "relu")
+    relu = check_bool(relu, "relu")
     segments = check_int(segments, "segments")
     with tf.name_scope(ewargs.op_name(name, "LayerNorm")):
         x = float_tensor(x, "x")

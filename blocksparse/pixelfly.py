@@ -13,7 +13,7 @@ TensorShape([3, 64])
 import keras
 import numpy as np
 
-from ._checks import check_int
+from ._checks import check_bool, check_int
 from ._initializers import fan_in_bounds
 from ._tf import tf
 from ._tf.matmul import autodiff, backend
@@ -87,8 +87,8 @@ class PixelflyDense(keras.layers.Layer):
         if self.butterfly_size is not None:  # refused now, not when the layer is first called
             check_butterfly(self.butterfly_size, self.n_factors)
         self.lowrank_size = _count(lowrank_size, "lowrank_size", 0)
-        self.use_bias = bool(use_bias)
-        self.stretch = bool(stretch)
+        self.use_bias = check_bool(use_bias, "use_bias")
+        self.stretch = check_bool(stretch, "stretch")
         self.impl = check_impl(impl)
         self.layout = None
 

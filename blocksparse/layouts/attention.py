@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._checks import check_int
+from .._checks import check_bool, check_int
 from ..layout import check_block_size, check_zero_one
 
 __all__ = ["BlockMasks", "bigbird", "causal", "check_attention_layout", "fixed", "from_mask", "sliding_window"]
@@ -39,12 +39,6 @@ __all__ = ["BlockMasks", "bigbird", "causal", "check_attention_layout", "fixed",
 # --------------------------------------------------------------------------- validation
 def _heads(heads):
     return None if heads is None else check_int(heads, "heads")
-
-
-def _flag(value, name):
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool; got {value!r} of type {type(value).__name__}")
-    return bool(value)
 
 
 def attention_blocks(layout, name="layout", *, square=True):
@@ -167,7 +161,7 @@ def fixed(n_blocks, stride, n_global=1, *, causal=True, vary_heads=False, heads=
     stride = check_int(stride, "stride", 1, n)
     n_global = check_int(n_global, "n_global", 1, stride)
     heads = _heads(heads)
-    causal, vary_heads = _flag(causal, "causal"), _flag(vary_heads, "vary_heads")
+    causal, vary_heads = check_bool(causal, "causal"), check_bool(vary_heads, "vary_heads")
     if vary_heads and heads is None:
         raise ValueError("vary_heads=True needs heads (the number of heads); got heads=None")
     i, j = _grid(n)
@@ -212,7 +206,7 @@ def sliding_window(n_blocks, window, causal=False, heads=None):
     window = check_int(window, "window", 0)
     i, j = _grid(n)
     band = np.abs(i - j) <= window
-    return _per_head(band & (j <= i) if _flag(causal, "causal") else band, _heads(heads))
+    return _per_head(band & (j <= i) if check_bool(causal, "causal") else band, _heads(heads))
 
 
 def bigbird(n_blocks, window, n_global, n_random, seed, causal=False, heads=None):
@@ -262,7 +256,7 @@ def bigbird(n_blocks, window, n_global, n_random, seed, causal=False, heads=None
     n_random = check_int(n_random, "n_random", 0)
     seed = check_int(seed, "seed", 0)
     heads = _heads(heads)
-    causal = _flag(causal, "causal")
+    causal = check_bool(causal, "causal")
     i, j = _grid(n)
     base = (np.abs(i - j) <= window) | (i < n_global) | (j < n_global)
     allowed = (j <= i) if causal else np.ones((n, n), dtype=bool)
@@ -364,7 +358,7 @@ def from_mask(mask, block_size, *, return_block_masks=False):
     """
     bs = check_block_size(block_size)
     arr = check_zero_one(mask, "mask", "a 2-D or 3-D array of booleans")
-    return_block_masks = _flag(return_block_masks, "return_block_masks")
+    return_block_masks = check_bool(return_block_masks, "return_block_masks")
     if arr.ndim not in (2, 3):
         raise ValueError(f"mask must have shape (S_q, S_k) or (heads, S_q, S_k); got shape {arr.shape}")
     sq, sk = arr.shape[-2:]

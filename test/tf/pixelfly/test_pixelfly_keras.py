@@ -106,6 +106,12 @@ def test_bad_arguments(kwargs, words):
         PixelflyDense(**kwargs)
 
 
+@pytest.mark.parametrize("name", ["use_bias", "stretch"])
+def test_flags_must_be_bools(name):
+    with pytest.raises(TypeError, match=f"{name} must be a bool; got 'no'"):
+        PixelflyDense(64, 16, **{name: "no"})
+
+
 def test_bad_inputs():
     layer = PixelflyDense(64, 16)
     with pytest.raises(ValueError, match="in_features must be a multiple of block_size=16; got 40"):
