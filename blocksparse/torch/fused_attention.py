@@ -109,7 +109,9 @@ def attention(q, k, v, layout, *, block_size=None, causal=False, scale=None, seq
     layout : AttentionLayout, or array_like / torch.Tensor of shape (NB, NB) or (HQ, NB, NB)
         The block layout, ``NB = S // block_size``.  Prepare it once with :class:`AttentionLayout`:
         a raw array is hashed on every call to find its cached tables (a CUDA tensor is first
-        copied to the host, which synchronises).
+        copied to the host, which synchronises).  Under ``torch.compile`` with dynamic shapes
+        (``dynamic=True``, or a second sequence length) pass an ``AttentionLayout``: Dynamo turns an
+        array argument into a symbolic tensor whose values it cannot read at trace time.
     block_size : int, optional
         Tokens per block (16, 32, 64, 128); default ``S // NB``.  Must match an ``AttentionLayout``'s.
     causal : bool
