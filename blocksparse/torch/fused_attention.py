@@ -109,9 +109,7 @@ def attention(q, k, v, layout, *, block_size=None, causal=False, scale=None, seq
     layout : AttentionLayout, or array_like / torch.Tensor of shape (NB, NB) or (HQ, NB, NB)
         The block layout, ``NB = S // block_size``.  Prepare it once with :class:`AttentionLayout`:
         a raw array is hashed on every call to find its cached tables (a CUDA tensor is first
-        copied to the host, which synchronises).  Under ``torch.compile`` with dynamic shapes
-        (``dynamic=True``, or a second sequence length) pass an ``AttentionLayout``: Dynamo turns an
-        array argument into a symbolic tensor whose values it cannot read at trace time.
+        copied to the host, which synchronises).
     block_size : int, optional
         Tokens per block (16, 32, 64, 128); default ``S // NB``.  Must match an ``AttentionLayout``'s.
     causal : bool
@@ -148,7 +146,10 @@ def attention(q, k, v, layout, *, block_size=None, causal=False, scale=None, seq
     # an AttentionLayout is read as it is (dynamo traces its attributes); a raw array's preparation
     # is a constant to dynamo, which cannot trace its checks and hashing
     prepare = _prepared_fields if isinstance(layout, AttentionLayout) else _prepared
-    handle, heads, blocks, bs = prepare(layout, block_size, block_masks, S)
+    if block_size is None and prepare is _prepared:
+        block_size = _inferred_block_size(layout, S)
+    # the length serves only to infer a block size (not a constant under dynamic shapes)
+    handle, heads, blocks, bs = prepare(layout, block_size, block_masks, S if block_size is None else None)
     if heads not in (1, HQ):
         raise ValueError(f"layout must have 1 or {HQ} (the query heads) heads; got {heads}")
     if blocks * bs != S:
@@ -159,6 +160,19 @@ def attention(q, k, v, layout, *, block_size=None, causal=False, scale=None, seq
     if plain_ops_needed(q, k, v):
         return _ops.plain_forward(q, k, v, seqlens, handle, bool(causal), scale)[0]
     return _ops.attention(q, k, v, seqlens, handle, bool(causal), scale)
+
+
+def _inferred_block_size(layout, S):
+    """The kernels' block size ``S // NB`` of a raw layout, or None (:func:`_prepare` then explains).
+    Found by comparison: under ``torch.compile`` with dynamic shapes ``S`` is symbolic, and each
+    comparison specialises it, where the block size must be a constant."""
+    shape = np.shape(layout) if not isinstance(layout, torch.Tensor) else tuple(layout.shape)
+    if len(shape) not in (2, 3) or not shape[-1]:
+        return None
+    for bs in KERNEL_BLOCK_SIZES:
+        if S == bs * shape[-1]:
+            return bs
+    return None
 
 
 # --------------------------------------------------------------------------- argument checks

@@ -169,6 +169,19 @@ def test_torch_compile_fullgraph(rng, reference):
         torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("dynamic", [None, True], ids=["automatic", "dynamic"])
+def test_torch_compile_of_raw_layouts_at_several_lengths(rng, reference, dynamic):
+    """A raw array layout passed as an argument, one compiled function at two lengths (the second
+    makes the length symbolic) and two batch sizes: the inferred block size specialises it."""
+    compiled = torch.compile(lambda q, k, v, lay: attention(q, k, v, lay, causal=True), backend="aot_eager",
+                             fullgraph=True, dynamic=dynamic)
+    torch._dynamo.reset()
+    for batch, blocks in ((1, 2), (3, 4), (2, 4)):
+        q, k, v, _ = _inputs(rng, batch, 2, 2, 16 * blocks, 16, "float32")
+        lay = layouts.causal(blocks)
+        torch.testing.assert_close(compiled(q, k, v, lay), attention(q, k, v, lay, causal=True))
+
+
 def test_eager_calls_bypass_the_dispatcher(rng, reference, monkeypatch):
     """Eager calls run the implementations directly (the custom ops are torch.compile's); a
     backward that builds a graph still refuses double backward clearly."""
