@@ -2,6 +2,8 @@
 framework import)."""
 import numbers
 
+from ._checks import check_minibatch
+
 __all__ = ["check_feature_axis", "LayoutShapes"]
 
 
@@ -20,10 +22,12 @@ class LayoutShapes:
 
     def i_shape(self, N):
         """Shape of the input activations for minibatch ``N`` (``None`` allowed)."""
+        N = check_minibatch(N)
         return (N, self.layout.C) if self.axis else (self.layout.C, N)
 
     def o_shape(self, N):
         """Shape of the output activations for minibatch ``N`` (``None`` allowed)."""
+        N = check_minibatch(N)
         return (N, self.layout.K) if self.axis else (self.layout.K, N)
 
     def block_coord(self, block):

@@ -74,7 +74,7 @@ from functools import cached_property
 
 import numpy as np
 
-from ._checks import check_int
+from ._checks import check_bool, check_int
 
 __all__ = ["BLOCK_SIZES", "Layout", "XpropLut", "check_block_size", "check_layout", "morton_key"]
 
@@ -253,7 +253,7 @@ class Layout:
     def __init__(self, layout, block_size=32, *, z_order=False, any_block_size=False):
         self.mask = check_layout(layout)
         self.block_size = check_block_size(block_size, any_size=any_block_size)
-        self.z_order = bool(z_order)
+        self.z_order = check_bool(z_order, "z_order")
         self.CB, self.KB = self.mask.shape
         self.C, self.K = self.CB * self.block_size, self.KB * self.block_size
         c, k = np.nonzero(self.mask)  # row-major

@@ -102,12 +102,6 @@ def real(name, value):
     return value
 
 
-def flag(name, value):
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool; got {value!r}")
-    return bool(value)
-
-
 def autocast(*activations):
     """The activations in the autocast dtype under ``torch.autocast`` (parameters, which may have
     any float dtype, stay as they are); as given outside it.  As torch's own ops, float64 tensors

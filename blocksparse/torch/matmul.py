@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .._checks import check_bool
 from .._frontend import LayoutShapes, check_feature_axis
 from ..layout import Layout
 from ._backend import autocast_dtype_of
@@ -53,7 +54,7 @@ class BlocksparseMatMul(LayoutShapes):
         else:
             self.layout = Layout(layout, block_size, z_order=z_order)
         self.axis = check_feature_axis(feature_axis)
-        self.allow_tf32 = bool(allow_tf32)
+        self.allow_tf32 = check_bool(allow_tf32, "allow_tf32")
         self._handle = _plan.handle(self.layout)
         self._precision = "tf32" if self.allow_tf32 else "ieee"
         self._w_size = torch.Size(self.layout.w_shape)
@@ -112,11 +113,12 @@ class BlocksparseMatMul(LayoutShapes):
             if not t.is_floating_point():
                 raise TypeError(f"{name} must be floating point (float16, bfloat16, float32, "
                                 f"float64); got {t.dtype}")
+        wanted = f"(N, {self.C})" if self.axis else f"({self.C}, N)"
         if x.dim() != 2:
-            raise ValueError(f"x must be 2-D {self.i_shape('N')}; got shape {tuple(x.shape)}")
+            raise ValueError(f"x must be 2-D {wanted}; got shape {tuple(x.shape)}")
         if x.shape[self.axis] != self.C:
             raise ValueError(f"x must have {self.C} features on axis {self.axis} (shape "
-                             f"{self.i_shape('N')}); got shape {tuple(x.shape)}")
+                             f"{wanted}); got shape {tuple(x.shape)}")
         if tuple(w.shape) != self.w_shape:
             raise ValueError(f"w must have shape {self.w_shape}; got {tuple(w.shape)}")
         raise ValueError(f"x and w must be on one device; got {x.device} and {w.device}")
@@ -167,7 +169,7 @@ class BlocksparseLinear(Dispatched, nn.Module):
         self.in_features, self.out_features = self.bsmm.C, self.bsmm.K
         factory = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(self.bsmm.w_shape, **factory))
-        self.bias = nn.Parameter(torch.empty(self.out_features, **factory)) if bias else None
+        self.bias = nn.Parameter(torch.empty(self.out_features, **factory)) if check_bool(bias, "bias") else None
         self.reset_parameters()
 
     @property

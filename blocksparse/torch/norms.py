@@ -1,6 +1,7 @@
 """Public PyTorch API of layer normalisation: :func:`layer_norm`."""
 from __future__ import annotations
 
+from .._checks import check_bool
 from . import _checks
 from ._norms import ops as _ops
 from ._norms import reference as _reference
@@ -65,7 +66,7 @@ def layer_norm(x, g, b, axis=1, epsilon=1e-6, relu=False, *, segments=1):
     epsilon = _checks.real("epsilon", epsilon)
     if epsilon <= 0:
         raise ValueError(f"epsilon must be > 0; got {epsilon}")
-    relu = _checks.flag("relu", relu)
+    relu = check_bool(relu, "relu")
     (x,) = _checks.autocast(x)
     g, b = _checks.param("g", g, features, x), _checks.param("b", b, features, x)
     if _checks.plain_ops_needed(x, g, b):

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_int
+from .._checks import check_bool, check_int
 from ..layout import Layout
 from ..layouts.butterfly import butterfly_layout, default_butterfly_size
 from ._portable.dispatch import Dispatched, check_input, for_layout, uniform_fan_in_
@@ -80,14 +80,15 @@ class PixelflyLinear(Dispatched, nn.Module):
         self.in_features = in_features = check_int(in_features, "in_features")
         self.out_features = out_features = check_int(out_features, "out_features")
         lowrank_size = check_int(lowrank_size, "lowrank_size", 0)
+        stretch, bias = check_bool(stretch, "stretch"), check_bool(bias, "bias")
         mask = butterfly_layout(in_features, out_features, block_size, butterfly_size, n_factors,
-                                stretch=bool(stretch))
+                                stretch=stretch)
         if butterfly_size is None:
             butterfly_size = default_butterfly_size(in_features, out_features, block_size)
         self.butterfly_size = butterfly_size
         self.n_factors = n_factors or int(butterfly_size).bit_length() - 1
         self.lowrank_size = lowrank_size
-        self.stretch = bool(stretch)
+        self.stretch = stretch
         self._dispatch = for_layout(Layout(mask, block_size, any_block_size=True), allow_tf32=allow_tf32,
                                     impl=impl, cost_model=cost_model, device=device)
         factory = {"device": device, "dtype": dtype}

@@ -1,15 +1,27 @@
 """Weight helpers of ``BlocksparseMatMul``: initializers and weight normalisation."""
+import numpy as np
+
 from .. import tf
 from ..checks import float_dtype
 
-__all__ = ["NumpyInitializer", "l2_normalize"]
+__all__ = ["InitialValue", "NumpyInitializer", "l2_normalize"]
+
+
+class InitialValue(np.ndarray):
+    """A numpy array (what the original's initializers returned) that also answers ``.numpy()``,
+    as an eager tensor would."""
+
+    def numpy(self):
+        return np.asarray(self)
 
 
 class NumpyInitializer:
     """An initializer for packed block-sparse weights whose values numpy computes.
 
     Usable as ``tf.compat.v1.get_variable(..., initializer=init)`` and as ``init(shape, dtype)``
-    in TF2 (e.g. ``tf.Variable(init(bsmm.w_shape, tf.float32))``); returns a tensor.
+    in TF2 (e.g. ``tf.Variable(init(bsmm.w_shape, tf.float32))``); returns a numpy array, as the
+    original's initializers did (so ``tf.constant(init())`` works in ``tf.compat.v1`` graphs too),
+    an :class:`InitialValue`.
 
     Parameters
     ----------
@@ -34,7 +46,7 @@ class NumpyInitializer:
                 raise ValueError(f"{self.name}: shape must be the layout's w_shape {self.w_shape}; "
                                  f"got {got}")
         dtype = tf.float32 if dtype is None else float_dtype(dtype, f"{self.name}: dtype")
-        return tf.cast(tf.constant(self._make(), dtype=tf.float32), dtype)
+        return self._make().astype(dtype.as_numpy_dtype).view(InitialValue)
 
     def get_config(self):
         return {"w_shape": self.w_shape, "name": self.name}

@@ -118,6 +118,11 @@ def test_shape_helpers():
     assert bsmm.i_shape(7) == (64, 7) and bsmm.o_shape(7) == (96, 7)
     assert sorted(bsmm.block_coord(b) for b in range(3)) == [(0, 0), (0, 2), (1, 1)]
     assert BlocksparseMatMul([[1]], 16).i_shape(3) == (3, 16)
+    assert bsmm.i_shape(None) == (64, None) and bsmm.o_shape(torch.tensor(5)) == (96, torch.tensor(5))
+    with pytest.raises(ValueError, match="N must be >= 0; got -1"):
+        bsmm.i_shape(-1)
+    with pytest.raises(TypeError, match="N must be an int or None; got 2.5"):
+        bsmm.o_shape(2.5)
 
 
 # ---------------------------------------------------------------- BlocksparseLinear
@@ -218,6 +223,11 @@ def test_bad_constructor_args():
         BlocksparseLinear([[1]], block_size=12)
     with pytest.raises(ValueError, match="block_size must match"):
         BlocksparseMatMul(Layout([[1]], 16), block_size=32)
+    for make, name in ((lambda: BlocksparseMatMul([[1]], 16, z_order=1), "z_order"),
+                       (lambda: BlocksparseMatMul([[1]], 16, allow_tf32="yes"), "allow_tf32"),
+                       (lambda: BlocksparseLinear([[1]], 16, bias="no"), "bias")):
+        with pytest.raises(TypeError, match=f"{name} must be a bool"):
+            make()
 
 
 def test_linear_bad_input():

@@ -258,7 +258,7 @@ def test_identity_init(rng):
                 expected[c * 8:(c + 1) * 8, k * 8:(k + 1) * 8] = np.eye(8)
     for gpu in (False, True):
         w = bsmm.identity_init(gpu=gpu)(bsmm.w_shape, tf.bfloat16)
-        assert w.dtype == tf.bfloat16
+        assert isinstance(w, np.ndarray) and w.dtype == tf.bfloat16  # numpy, as the original's
         np.testing.assert_array_equal(bsmm.layout.dense(as_np(w)), expected)
     # a full square layout gives the identity matrix
     full = BlocksparseMatMul(np.ones((4, 4)), block_size=16)
@@ -281,6 +281,16 @@ def test_initializers_in_compat_v1_graph():
     for k in range(2):
         col = dense_o[:, 8 * k:8 * (k + 1)]
         np.testing.assert_allclose(col.T @ col, np.eye(8), atol=2e-3)
+
+
+def test_initial_values_are_numpy_in_graphs_too():
+    """The original's initializers returned numpy arrays: code feeds them to ``tf.constant`` and
+    numpy inside ``tf.compat.v1`` graphs."""
+    bsmm = BlocksparseMatMul(np.ones((2, 2)), block_size=8)
+    with tf.Graph().as_default():
+        for init in (bsmm.identity_init(), bsmm.ortho_init()):
+            value = init(bsmm.w_shape)
+            assert tf.constant(value).shape == bsmm.w_shape and np.asarray(value).shape == bsmm.w_shape
 
 
 def test_ortho_init_sparse_columns_are_orthonormal(rng):
