@@ -66,7 +66,8 @@ def softmax(x, q_ids, keep, scale, rows, dtype):
     e = torch.exp(s - shift[..., None])
     total = _row_sum(e.sum(dim=-1), q_ids, rows)[..., None]
     y = torch.where(total > 0, e / total.clamp_min(torch.finfo(e.dtype).tiny), 0.0)
-    return y.reshape(x.shape).to(dtype)
+    # contiguous whatever x's strides, as the kernels' outputs (and the ops' fake functions)
+    return y.reshape(x.shape).to(dtype).contiguous()
 
 
 def softmax_grad(dy, y, q_ids, scale, rows, dtype):
@@ -76,4 +77,4 @@ def softmax_grad(dy, y, q_ids, scale, rows, dtype):
     dy32 = dy.reshape(n, heads * blocks, bs, bs).to(acc)
     y32 = y.reshape(n, heads * blocks, bs, bs).to(acc)
     dot = _row_sum((dy32 * y32).sum(dim=-1), q_ids, rows)
-    return ((dy32 - dot[..., None]) * y32 * scale).reshape(y.shape).to(dtype)
+    return ((dy32 - dot[..., None]) * y32 * scale).reshape(y.shape).to(dtype).contiguous()

@@ -205,6 +205,22 @@ def test_torch_compile_fullgraph(rng):
         torch.testing.assert_close(g, t.grad)
 
 
+def test_softmax_of_transposed_scores(rng):
+    """Scores and output gradients with transposed blocks: the softmax and its gradient come out
+    contiguous, as the custom ops' fake functions say (torch.compile checks the strides)."""
+    bst = BlocksparseTransformer(ref.causal_layout(2), 16, heads=2)
+    shape = bst.query_key_op(torch.randn(2, 32, 16), torch.randn(2, 32, 16)).shape
+    x = torch.randn(shape).transpose(-1, -2)
+    p = bst.masked_softmax(x, scale=0.5)
+    assert p.is_contiguous()
+    g = torch.randn(p.shape).transpose(-1, -2).contiguous().transpose(-1, -2)
+    x.requires_grad_()
+    loss = torch.compile(lambda x: (bst.masked_softmax(x, scale=0.5) * g).sum(), fullgraph=True)(x)
+    (dx,) = torch.autograd.grad(loss, (x,))
+    (want,) = torch.autograd.grad((bst.masked_softmax(x, scale=0.5) * g).sum(), (x,))
+    torch.testing.assert_close(dx, want)
+
+
 def test_one_compiled_function_over_several_transformers(rng):
     """The same code compiled again for other layouts (dynamo recompiles it, with "automatic dynamic"
     integers) stays right: a transformer's layout is read where the compiler specialises it."""
