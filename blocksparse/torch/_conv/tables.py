@@ -5,14 +5,21 @@ copied to a device the first time a call runs there.
 """
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import torch
 
 from .._matmul import plan as _matmul_plan
 from . import implicit as _implicit
 
 __all__ = ["Tables"]
+
+
+class TableSet:
+    """The tables of one device, as attributes (a plain class: ``torch.compile`` builds it while it
+    traces a call on a device the tables were not copied to yet)."""
+
+    def __init__(self, **tables):
+        for name, value in tables.items():
+            setattr(self, name, value)
 
 
 def _tensor(array, dtype="int64"):
@@ -41,7 +48,7 @@ class Tables:
         fan_in.index_add_(0, _tensor(channel), torch.as_tensor(
             [blocks.cs[b].size * blocks.trs for b in range(blocks.blocks) for _ in blocks.ks[b]]))
         plan = spec.grouped
-        self._cpu = SimpleNamespace(
+        self._cpu = TableSet(
             dense=_tensor(blocks.dense_index), edges=_tensor(spec.edges.pattern),
             segments=_tensor(segments), channel=_tensor(channel), fan_in=fan_in,
             inputs=[_tensor(b.inputs) for b in plan.buckets],
@@ -71,7 +78,7 @@ class Tables:
             return self._cpu
         tables = self._devices.get(device)
         if tables is None:
-            tables = SimpleNamespace(**{name: _to(value, device) for name, value in vars(self._cpu).items()})
+            tables = TableSet(**{name: _to(value, device) for name, value in vars(self._cpu).items()})
             tables.implicit_runs = {}  # the implicit path's prepared launches on this device
             tables.implicit_native = {}  # and its native op's records (they hold those launches' tables)
             self._devices[device] = tables

@@ -171,6 +171,16 @@ def test_torch_compile_fullgraph(rng, monkeypatch, kind, forced):
         assert rel_error(got, ref_value) < 1e-5
 
 
+def test_compiled_first_call_on_another_device(rng):
+    """The first call on a device the tables were not copied to yet may be a compiled one: the
+    copies are made while torch.compile traces (the meta device stands in for a GPU here)."""
+    op, _ = build(rng, "conv", "2d-same-stride-dilate")
+    F, x, _, _ = random_inputs(rng, op)
+    F, x = (torch.tensor(a, device="meta") for a in (F, x))
+    y = torch.compile(lambda F, x: op(F, x), fullgraph=True, backend="aot_eager")(F, x)
+    assert y.device.type == "meta" and tuple(y.shape) == tuple(op.o_shape(x.shape[0]))
+
+
 def test_one_compiled_function_over_several_ops(rng):
     """The same code compiled again for other ops (dynamo recompiles it, with "automatic dynamic"
     integers) stays right: an op's structure is read by its key, never made symbolic."""
