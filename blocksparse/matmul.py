@@ -200,7 +200,9 @@ class BlocksparseMatMul(LayoutShapes):
         W : tensor or variable, shape ``w_shape``
             Packed weight, same dtype as ``I``.
         dw_dtype : dtype
-            Dtype of the weight gradient: float32 (default), float16 or bfloat16.
+            Dtype of the weight gradient: float32 (default), float16 or bfloat16.  Where ``W``
+            also gets gradients from other ops (a regularizer, ``l2_normalize``, a use with another
+            ``dw_dtype``), give ``W``'s own dtype: TensorFlow adds gradients of one dtype only.
         name : str, optional
             Name scope of the ops (default: the object's ``name``).
 

@@ -7,7 +7,8 @@ concatenated, so ``g`` products become ``ceil(g / group_size)`` larger ones.
 
 The rewrite builds new ops beside the old ones and returns the new gradient; it never edits
 existing ops.  It looks at the sum that *is* the gradient (through ``Identity`` / ``Cast`` ops
-on top of it, and nested sums inside it).  A sum buried deeper -- e.g. under the gradient of
+on top of it and on top of each product, and nested sums inside it).  Products gated by control
+inputs (``gate_gradients``) stay: they run anyway.  A sum buried deeper -- e.g. under the gradient of
 ``l2_normalize`` -- is left as it is, which is still the correct gradient.
 """
 from .. import tf
@@ -66,16 +67,20 @@ def group_param_grads(param_grad, group_size, cast32):
     terms = _terms(total)
     groups, others = {}, []
     for term in terms:
-        record = updat_record(term.op)
-        if record is None:
+        # a product under its own Cast (the weight cast before each use) merges too, the merged sum
+        # cast to the term's dtype; not one gated by control inputs (tf.compat.v1's gate_gradients:
+        # the later steps' dy wait for it, so it runs anyway and a merged product would add work)
+        wrappers, product = _peel(term)
+        record = updat_record(product.op)
+        if record is None or any(op.control_inputs for op in wrappers):
             others.append(term)
         else:
-            groups.setdefault(record.group_key(), []).append(term)
+            groups.setdefault((record.group_key(), term.dtype), []).append(product)
     if not any(len(dws) > 1 for dws in groups.values()):
         return _cast32(param_grad, cast32)
 
     with param_grad.graph.as_default(), tf.name_scope("group_param_grads"):
-        parts = [part for dws in groups.values() for part in _merged(dws, group_size)]
+        parts = [tf.cast(part, dtype) for (_, dtype), dws in groups.items() for part in _merged(dws, group_size)]
         grad = tf.math.add_n(parts + others)
         for op in reversed(chain):
             grad = tf.cast(grad, op.outputs[0].dtype) if op.type == "Cast" else tf.identity(grad)

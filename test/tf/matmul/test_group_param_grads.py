@@ -243,3 +243,30 @@ def test_merging_is_at_most_group_size(rng):
         widths = sorted(len(op.inputs) - 1 for op in concats)  # the last input is the axis
         assert widths == [3, 3, 3, 3]  # x and dy of two merged groups; the seventh use stays alone
         assert math.ceil(T / group_size) == count_products(grouped)[0]
+
+
+@pytest.mark.parametrize("wrap", ["gate_gradients", "cast_per_use"])
+def test_products_under_their_own_identity_or_cast(rng, wrap):
+    """Each use's product wrapped on its own: a weight cast before each use gives a Cast per term,
+    and those merge; tf.compat.v1 optimizers' gate_gradients give an Identity with control inputs
+    per term (later steps' dy wait for each product: it runs anyway), and those stay.  The same
+    value either way."""
+    bsmm = make_bsmm(rng, 1)
+    T, group_size = 4, 4
+    xs, rs, _ = independent_uses(rng, bsmm, T)
+    with tf.Graph().as_default():
+        w = tf.compat.v1.get_variable("w", initializer=rng.standard_normal(bsmm.w_shape).astype(np.float32))
+        wf = (lambda: tf.cast(w, tf.float16)) if wrap == "cast_per_use" else (lambda: w)
+        dtype = tf.float16 if wrap == "cast_per_use" else tf.float32
+        loss = tf.add_n([tf.reduce_sum(tf.cast(bsmm(tf.constant(x, dtype), wf(), dw_dtype=dtype), tf.float32) * r)
+                         for x, r in zip(xs, rs)])
+        gate = tf.compat.v1.train.Optimizer.GATE_OP if wrap == "gate_gradients" else None
+        grad, = tf.gradients(loss, [w], gate_gradients=gate is not None)
+        grouped = group_param_grads(grad, group_size=group_size)
+        merged = [op for op in ancestors(grouped) if op.type == "ConcatV2"]
+        assert (not merged) if gate else count_products(grouped)[0] == 1
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            want, got = sess.run([grad, grouped])
+    assert got.dtype == want.dtype == np.float32
+    assert rel_error(got, want) < (2e-3 if wrap == "cast_per_use" else 1e-5)
