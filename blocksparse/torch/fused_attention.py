@@ -166,7 +166,10 @@ def _inferred_block_size(layout, S):
     """The kernels' block size ``S // NB`` of a raw layout, or None (:func:`_prepare` then explains).
     Found by comparison: under ``torch.compile`` with dynamic shapes ``S`` is symbolic, and each
     comparison specialises it, where the block size must be a constant."""
-    shape = np.shape(layout) if not isinstance(layout, torch.Tensor) else tuple(layout.shape)
+    try:
+        shape = np.shape(layout) if not isinstance(layout, torch.Tensor) else tuple(layout.shape)
+    except ValueError:  # ragged: _prepare's check says so
+        return None
     if len(shape) not in (2, 3) or not shape[-1]:
         return None
     for bs in KERNEL_BLOCK_SIZES:
