@@ -268,6 +268,8 @@ BAD = {
     "layout-empty": (lambda q, k, v, lay: attention(q, k, v, np.zeros((4, 4))), ValueError,
                      "at least one nonzero block"),
     "layout-rect": (lambda q, k, v, lay: attention(q, k, v, np.ones((4, 2))), ValueError, "square"),
+    "layout-ragged": (lambda q, k, v, lay: attention(q, k, v, [[1, 0], [1]]), ValueError,
+                      "layout must be a \\(NB, NB\\) or \\(heads, NB, NB\\) array"),
     "block-size": (lambda q, k, v, lay: attention(q, k, v, lay, block_size=32), ValueError,
                    "None or the AttentionLayout's 16; got 32"),
     "block-size-8": (lambda q, k, v, lay: AttentionLayout(layouts.causal(8), 8), ValueError,
