@@ -18,6 +18,7 @@ import numbers
 
 import numpy as np
 
+from ._checks import check_bool
 from ._frontend import LayoutShapes, check_feature_axis
 from ._initializers import identity_blocks, ortho_blocks
 from ._tf import tf
@@ -90,8 +91,7 @@ class BlocksparseMatMul(LayoutShapes):
     def __init__(self, layout, block_size=32, feature_axis=1, z_order=False, name=None, *, impl="auto"):
         self.impl = check_impl(impl)
         self.axis = check_feature_axis(feature_axis)
-        if not isinstance(z_order, (bool, np.bool_)):
-            raise TypeError(f"z_order must be a bool; got {z_order!r}")
+        check_bool(z_order, "z_order")
         self.layout = Layout(layout, block_size, z_order=bool(z_order))
         self.z_order = self.layout.z_order
         self.name = checks.op_name(name, "BlocksparseMatMul")
@@ -153,8 +153,7 @@ class BlocksparseMatMul(LayoutShapes):
 
         ``gpu`` is accepted for compatibility; the values are the same wherever they are made.
         """
-        if not isinstance(gpu, (bool, np.bool_)):
-            raise TypeError(f"gpu must be a bool; got {gpu!r}")
+        check_bool(gpu, "gpu")
         return weights.NumpyInitializer(lambda: identity_blocks(self.layout), self.w_shape,
                                         "identity_init")
 
@@ -255,8 +254,7 @@ def group_param_grads(param_grad, group_size=8, cast32=True):
     if isinstance(group_size, bool) or not isinstance(group_size, numbers.Integral) \
             or not 1 <= group_size <= 8:
         raise ValueError(f"group_size must be an int in 1..8; got {group_size!r}")
-    if not isinstance(cast32, (bool, np.bool_)):
-        raise TypeError(f"cast32 must be a bool; got {cast32!r}")
+    check_bool(cast32, "cast32")
     if not isinstance(param_grad, tf.Tensor):
         raise TypeError(f"param_grad must be a dense tf.Tensor (the gradient of a block-sparse "
                         f"weight); got {type(param_grad).__name__}")

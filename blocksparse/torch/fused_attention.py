@@ -10,6 +10,7 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
+from .._checks import check_bool
 from ..layouts.attention import BlockMasks, check_attention_layout
 from ..ops.attention.configs import HEAD_DIMS, KERNEL_BLOCK_SIZES
 from ._attention import ops as _ops
@@ -141,8 +142,7 @@ def attention(q, k, v, layout, *, block_size=None, causal=False, scale=None, seq
     """
     q, k, v = _check_qkv(q, k, v)
     B, HQ, S, D = q.shape
-    if not isinstance(causal, (bool, np.bool_)):
-        raise TypeError(f"causal must be a bool; got {causal!r}")
+    check_bool(causal, "causal")
     # an AttentionLayout is read as it is (dynamo traces its attributes); a raw array's preparation
     # is a constant to dynamo, which cannot trace its checks and hashing
     prepare = _prepared_fields if isinstance(layout, AttentionLayout) else _prepared

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._checks import check_minibatch
+from ..._checks import check_bool, check_minibatch
 from .blocks import ConvBlocks, parse_bck
 from .edges import edge_map
 from .geometry import make_geometry
@@ -26,8 +26,7 @@ class ConvSpec:
 
     def __init__(self, BCK, TRS, DHW, MPQ=None, strides=1, dilates=1, padding="SAME", edge_bias=False,
                  transposed=False):
-        if not isinstance(edge_bias, (bool, np.bool_)):
-            raise TypeError(f"edge_bias must be a bool; got {edge_bias!r}")
+        check_bool(edge_bias, "edge_bias")
         cs, ks = parse_bck(BCK)
         self.geometry = make_geometry(TRS, DHW, MPQ, strides, dilates, padding, transposed)
         self.blocks = ConvBlocks(cs, ks, self.geometry.trs, bool(transposed))
