@@ -42,6 +42,7 @@ from blocksparse.ops.matmul import configs  # noqa: E402
 from blocksparse.aot import DEFAULT_ARCHS, build_sources, parse_archs, parse_filters  # noqa: E402
 from blocksparse.aot.abi import KernelLibrary  # noqa: E402
 from blocksparse.aot.native import build_kernel_library  # noqa: E402
+from blocksparse.ops.matmul.refine import refine  # noqa: E402
 from blocksparse.ops.matmul.capi import DTYPES, PRODUCTS, MatmulCall, MatmulRuntime  # noqa: E402
 from blocksparse.layout import Layout  # noqa: E402
 from blocksparse.testing import TOLERANCE  # noqa: E402
@@ -50,6 +51,16 @@ from blocksparse.testing.matmul import random_layout  # noqa: E402
 
 TOL_NAMES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 LARGE_N = 1000   # tokens of the main case (a multiple of 8: (F, N) rows stay 16-byte aligned)
+
+
+def spec_layout(rng, spec, c_features, k_features, density, **kw):
+    """A random layout for ``spec`` of about ``c_features`` x ``k_features``: of its block size, or
+    for a ``pack`` ``p`` spec the packed refinement of a layout of blocks ``p`` times larger (the
+    weight stored as those larger blocks, as :class:`~blocksparse.torch.PixelflyLinear` keeps it)."""
+    bs, p = spec["block_size"], spec.get("pack", 1)
+    coarse = Layout(random_layout(rng, max(3, c_features // (bs * p)), max(3, k_features // (bs * p)), density, **kw),
+                    bs * p, any_block_size=p > 1)
+    return coarse if p == 1 else refine(coarse, bs, packed=True).layout
 
 
 def _rel(out, ref):
@@ -122,7 +133,9 @@ class Problem:
         if spec["trans_w"]:
             return self.w
         if not hasattr(self, "_w_t"):
-            self._w_t = self.w.transpose(1, 2).contiguous()
+            from blocksparse.torch._matmul.launch import transpose_blocks
+
+            self._w_t = transpose_blocks(self.w, self.layout.packing)
         return self._w_t
 
     def operands(self, spec):
@@ -146,12 +159,13 @@ class Problem:
                                           self.dtype, tables[0], bs=bs, axis=self.axis,
                                           cfg=configs.UpdatConfig(**spec["config"]), split=split,
                                           precision="ieee", ticket=ticket,
-                                          dw_dtype=self.dtype if spec.get("dw16") or ticket else self.torch.float32)
+                                          dw_dtype=self.dtype if spec.get("dw16") or ticket else self.torch.float32,
+                                          pack=lay.packing)
         return _launches.xprop_launch(variant, tuple(a.shape), a.stride(), self.dtype, *tables[:2],
                                       blocks=lay.blocks, out_features=lay.K if spec["product"] == "fprop" else lay.C,
                                       bs=bs, axis=self.axis, trans=spec["trans_w"],
                                       cfg=configs.XpropConfig(**spec["config"]), atomic=spec["atomic"],
-                                      precision="ieee", offsets=tables[2] if ticket else None)
+                                      precision="ieee", offsets=tables[2] if ticket else None, pack=lay.packing)
 
     def run(self, runner, spec, split):
         """``runner`` (an AotLaunch or JitLaunch) on fresh buffers: NaN-filled, zeros for atomics;
@@ -216,19 +230,19 @@ def check_spec(torch, lib, index, spec, rng):
     mm = MatmulRuntime(lib)
     record = {k: spec[k] for k in ("name", "arch", "target", "product", "dtype", "block_size", "axis",
                                    "kernel", "atomic", "group", "max_tokens", "n16", "dw16")}
-    lay = Layout(random_layout(rng, max(2, 512 // spec["block_size"]),
-                               max(2, 384 // spec["block_size"]), 0.4, empty_rows=1, empty_cols=1),
-                 spec["block_size"])
-    # a ticket spec (split reductions finished in the kernel) is the PyTorch plans' alone: the op
-    # library's C must refuse it (no scratch there), and a plan never launches it without tokens
+    lay = spec_layout(rng, spec, 512, 384, 0.4, empty_rows=1, empty_cols=1)
+    # a ticket spec (split reductions finished in the kernel) and a packed one (weights stored as
+    # larger blocks) are the PyTorch plans' alone: the op library's C must refuse them (no scratch
+    # there; its weights are plain blocks), and a plan never launches them without tokens
     ticket = bool(spec.get("ticket"))
-    record["ticket"] = ticket
+    torch_only = ticket or spec.get("pack", 1) > 1
+    record["ticket"], record["pack"] = ticket, spec.get("pack", 1)
     split = 3 if spec["atomic"] or ticket else 1
     tol = TOLERANCE[TOL_NAMES[spec["dtype"]]]
     stream = torch.cuda.current_stream().cuda_stream
     cases, ok = [], True
     for n, compare_jit in _token_counts(spec):
-        if ticket and not n:
+        if torch_only and not n:
             continue
         prob = Problem(torch, rng, lay, spec["dtype"], spec["axis"], n)
         tables = prob.tables(spec["product"], spec["group"], spec["atomic"] or ticket)
@@ -238,7 +252,7 @@ def check_spec(torch, lib, index, spec, rng):
         try:
             first = not cases
             start = time.perf_counter()
-            if ticket:
+            if torch_only:
                 try:
                     mm.run_spec(index, call, stream)
                     case["c_refused"] = False
@@ -254,7 +268,7 @@ def check_spec(torch, lib, index, spec, rng):
                 launch = prob.launch(spec, tables, split)
                 torch_aot, torch_jit = AotLaunch(launch, lib, index, torch.cuda.current_device()), JitLaunch(launch)
                 via_torch = prob.run(torch_aot, spec, split)
-            if ticket:
+            if torch_only:
                 out = via_torch
             torch.cuda.synchronize()
             ref = prob.refs[spec["product"]]
@@ -267,7 +281,7 @@ def check_spec(torch, lib, index, spec, rng):
                 case["bitwise_equal_jit"] = bool(torch.equal(out, jit))
                 case["bitwise_equal_jit_torch"] = bool(torch.equal(via_torch, jit))
             if n == _main_n(spec):
-                if not ticket:
+                if not torch_only:
                     case["aot_us"] = _time_us(torch, lambda: mm.run_spec(index, call, stream))
                 case["aot_torch_us"] = _time_us(torch, lambda: prob.run(torch_aot, spec, split))
                 case["jit_us"] = _time_us(torch, lambda: prob.run(torch_jit, spec, split))
@@ -335,8 +349,7 @@ def check_packing(torch, lib, rng):
 
     problems = []
     for index, spec in enumerate(lib.specs):
-        bs = spec["block_size"]
-        lay = Layout(random_layout(rng, max(2, 256 // bs), max(2, 128 // bs), 0.5), bs)
+        lay = spec_layout(rng, spec, 256, 128, 0.5)
         prob = Problem(torch, rng, lay, spec["dtype"], spec["axis"], _probe_n(spec), device="cpu")
         try:
             splits = spec["atomic"] or spec.get("ticket", False)
@@ -354,13 +367,13 @@ FUTURE_ARCH = 130
 def check_selection(lib):
     """Pure checks of the library without a GPU: each arch's cubins are found by
     bsk_matmul_select (few-token specs for few tokens, the others past them), and the PTX on a GPU
-    no cubin serves; a ``dw16`` updat or a ``ticket`` spec (the PyTorch plans') never: its float32 /
-    atomic twin is."""
+    no cubin serves; a ``dw16`` updat, a ``ticket`` or a ``pack`` spec (the PyTorch plans') never: its
+    float32 / atomic / plain-block twin is."""
     mm = MatmulRuntime(lib)
     problems = []
     where = {(s["name"], s["target"]): i for i, s in enumerate(lib.specs)}
     for index, spec in enumerate(lib.specs):
-        atomic, name = spec["atomic"], spec["name"].replace("_dw16", "")
+        atomic, name = spec["atomic"], spec["name"].replace("_dw16", "").replace(f"_pack{spec.get('pack', 1)}", "")
         if spec.get("ticket"):  # the twin: the same kernel and tile with float32 atomics
             atomic, name = True, name.replace("_ticket", "").replace(f"_{spec['kernel'].removesuffix('_kernel')}",
                                                                     f"_{spec['kernel'].removesuffix('_kernel')}_atomic", 1)

@@ -301,12 +301,14 @@ def test_platform_tag_refuses_what_no_policy_allows(build_ops):
 def test_verify_script_dry_run(tmp_path):
     pytest.importorskip("torch")
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "verify_aot.py"), "--dry-run",
-                           "--archs", "sm_90,compute_80", "--dtypes", "fp16", "--block-sizes", "64",
+                           "--archs", "sm_90,compute_80", "--dtypes", "fp16", "--block-sizes", "16",
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     result = json.loads((tmp_path / "aot-verify.json").read_text())
     assert result["dry_run"] is True and result["gpu"] is None and result["archs"] == ["sm_90", "compute_80"]
-    cubins, ptx = (aot_specializations((arch,), dtypes=("fp16",), block_sizes=(64,)) for arch in (90, 80))
+    # blocks of 16: their specs include the packed ones (weights stored as blocks of 48)
+    cubins, ptx = (aot_specializations((arch,), dtypes=("fp16",), block_sizes=(16,)) for arch in (90, 80))
+    assert any(s.pack == 3 for s in cubins)
     assert [k["target"] for k in result["kernels"]] == ["sm_90a"] * len(cubins) + ["compute_80"] * len(ptx)
     assert all(k["status"] == "compiled" for k in result["kernels"])
     # selection: each sm_90 kernel on sm_90, each PTX kernel on a GPU no cubin serves
