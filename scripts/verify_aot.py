@@ -2,7 +2,7 @@
 """Verify the ahead-of-time matmul kernels on a GPU, in one run, through both callers.
 
     python scripts/verify_aot.py --out DIR [--archs sm_80,sm_90,compute_80] [--dtypes bf16] [--block-sizes 32]
-                                 [--jobs N] [--dry-run]
+                                 [--match _pack] [--jobs N] [--dry-run]
 
 Compiles every matmul spec (``configs.aot_specializations``) for the archs, generates the C
 launchers and builds them with the kernel runtime into a kernel library (system C compiler), loads
@@ -454,6 +454,7 @@ def main(argv=None):
     parser.add_argument("--jobs", type=int, help="parallel compiles (default: the CPUs)")
     parser.add_argument("--dry-run", action="store_true", help="build and load only (no GPU)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--match", default="", help="run only the specs whose name holds this, e.g. _pack")
     args = parser.parse_args(argv)
     import torch
     import triton
@@ -492,6 +493,8 @@ def main(argv=None):
         # a stream of its own, as TensorFlow's: the runtime takes the context from the stream
         with torch.cuda.stream(torch.cuda.Stream()):
             for index, spec in enumerate(lib.specs):
+                if args.match not in spec["name"]:
+                    continue
                 if not lib.rank(index, arch):
                     result["kernels"].append({"name": spec["name"], "arch": spec["arch"], "target": spec["target"],
                                               "status": f"not runnable on sm_{arch}"})
