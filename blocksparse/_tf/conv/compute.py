@@ -116,6 +116,21 @@ def grouped(x, flat, spec):
     return y
 
 
+def _nonempty(I, flat, compute, empty_shape, dtype):
+    """``compute()``, or for an empty batch zeros of ``empty_shape`` (zero gradients for ``I`` and
+    ``flat``): TensorFlow's convolutions and their gradients return an empty batch in their input's
+    shape, and in ``tf.function`` the graph optimiser removes a reshape to the output's (the shapes
+    agree statically)."""
+    @tf.custom_gradient
+    def empty(I, flat):
+        return tf.zeros(empty_shape, dtype), lambda dy: (tf.zeros_like(I), tf.zeros_like(flat))
+
+    n = I.shape[0]
+    if n is not None:
+        return compute() if n else empty(I, flat)
+    return tf.cond(tf.shape(I)[0] > 0, compute, lambda: empty(I, flat))
+
+
 def convolve(I, flat, edge_bias, spec, path=None):
     """The op's output for channels-first ``I``, the flat filter and the edge bias (or None).
 
@@ -127,11 +142,10 @@ def convolve(I, flat, edge_bias, spec, path=None):
     path = path or choose(spec)
     dtype = I.dtype
     work = dtype if native else tf.float32
-    x = _channels_last(tf.cast(I, work), ndim)
-    y = (grouped if path == "grouped" else dense)(x, tf.cast(flat, work), spec)
-    # TensorFlow's convolutions return an empty batch in their input's shape: the reshape (free
-    # otherwise) gives it the output's
-    y = tf.reshape(_channels_first(y, ndim), [-1, spec.blocks.K, *spec.geometry.MPQ])
+    product = grouped if path == "grouped" else dense
+    y = _nonempty(I, flat, lambda: _channels_first(product(_channels_last(tf.cast(I, work), ndim),
+                                                           tf.cast(flat, work), spec), ndim),
+                  [0, spec.blocks.K, *spec.geometry.MPQ], work)
     if edge_bias is not None and spec.edge_count:
         y = y + params.edge_bias_image(tf.cast(edge_bias, work), spec)[None]
     return tf.cast(y, dtype)

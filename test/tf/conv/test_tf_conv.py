@@ -115,6 +115,20 @@ def test_modes(rng, path, kind, mode):
     check(op, ref, *random_inputs(rng, op), mode=mode)
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_empty_minibatch(rng, path, kind, mode):
+    """A minibatch of 0 in every mode: the output's shape, an empty input gradient and zero filter
+    and edge-bias gradients (TensorFlow's convolutions give an empty batch their input's shape, and
+    in ``tf.function`` the graph optimiser removed a reshape that fixed it)."""
+    op, _ = build(rng, kind, "2d-same-stride-dilate", layout="uniform")
+    outs, _ = MODES[mode](op, *random_inputs(rng, op, N=0), tf.float32)
+    y, dx, dF, deb = (np.asarray(v) for v in outs)
+    assert y.shape == tuple(op.o_shape(0)) and dx.shape == tuple(op.i_shape(0))
+    assert dF.shape == tuple(op.f_shape()) and not dF.any()
+    assert deb.shape == tuple(op.edge_bias_shape()) and not deb.any()
+
+
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_half_dtypes(rng, path, kind, dtype):
