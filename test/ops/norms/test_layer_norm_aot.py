@@ -12,8 +12,8 @@ ALL = aot.specializations((80, 90))
 NORMS = [s for s in ALL if not isinstance(s, SumRowsSpec)]
 #: The specs the small library holds: (N, C) tiles 256 / 1024 and the chunked one, (C, N) tiles.
 BUILT = ("ln_fwd_bf16_a1_c256_sm90", "ln_fwd_bf16_a1_c1024_sm90", "ln_fwd_bf16_a1_k16384_sm90",
-         "ln_bwd_bf16_a1_relu_c1024_sm90", "ln_fwd_bf16_a0_c64_sm90", "ln_fwd_bf16_a0u_c256_sm90",
-         "ln_fwd_bf16_a0u_k256_sm90", "ln_fwd_bf16_a1_c1024_sm80", "ln_fwd_bf16_a1_gbf16_c1024_sm90",
+         "ln_bwd_bf16_a1_relu_c1024_sm90", "ln_fwd_bf16_a0_c64_sm90", "ln_fwd_bf16_a0u_c512_sm90",
+         "ln_fwd_bf16_a0u_k512_sm90", "ln_fwd_bf16_a1_c1024_sm80", "ln_fwd_bf16_a1_gbf16_c1024_sm90",
          "ln_bwd_bf16_a1_gbf16_c1024_sm90", "ln_fwd_bf16_a1u_c64_sm90", "sum_rows_ab_p64_sm90",
          "sum_rows_ab_p512_sm90", "sum_rows_abu_p512_sm90", "sum_rows_ab_bf16_p512_sm90")
 
@@ -105,8 +105,8 @@ SELECT = {
     "wide-segment-chunked": (dict(features=2048 * 16), 90, "ln_fwd_bf16_a1_k16384_sm90"),
     "sm80-kernel-on-sm86": (dict(features=1024), 86, "ln_fwd_bf16_a1_c1024_sm80"),
     "cn-aligned-tokens": (dict(axis=0, features=64, n=4096), 90, "ln_fwd_bf16_a0_c64_sm90"),
-    "cn-odd-tokens": (dict(axis=0, features=64, n=4097), 90, "ln_fwd_bf16_a0u_c256_sm90"),
-    "cn-odd-tokens-chunked": (dict(axis=0, features=512, n=4097), 90, "ln_fwd_bf16_a0u_k256_sm90"),
+    "cn-odd-tokens": (dict(axis=0, features=64, n=4097), 90, "ln_fwd_bf16_a0u_c512_sm90"),
+    "cn-odd-tokens-chunked": (dict(axis=0, features=1024, n=4097), 90, "ln_fwd_bf16_a0u_k512_sm90"),
     "nc-rows-not-16": (dict(features=1000), 90, None),
     "nc-segments-not-16": (dict(features=96, segments=4), 90, "ln_fwd_bf16_a1u_c64_sm90"),
     "nc-segments-of-16": (dict(features=512, segments=32), 90, "ln_fwd_bf16_a1_c256_sm90"),
