@@ -60,7 +60,9 @@ class Plan:
     ``bias``: the kernel adds a bias (per output feature, in ``a``'s dtype) before it stores
     (fprop; not with atomics); ``transpose_inputs``: updat of ``(F, N)`` activations copied to
     ``(N, F)`` first, and run as that layout's product; ``pack``: the layout's packing (the
-    weight's blocks as they lie in its storage).
+    weight's blocks as they lie in its storage); ``pad_tokens``: updat of 16-bit ``(F, N)``
+    activations whose token count is not a multiple of 16, run on copies padded with zero tokens to
+    this many (the same sums).
     """
 
     kind: str
@@ -78,6 +80,7 @@ class Plan:
     transpose_inputs: bool = False
     scratch: tuple | None = None
     pack: int = 1
+    pad_tokens: int = 0
 
     @property
     def path(self):
@@ -89,13 +92,15 @@ class Plan:
         """Kernels one call starts: the product, plus the weight transpose, the zero fill and the
         cast of split reductions where they apply."""
         return ((self.runner is not None) + self.pretranspose + self.zero + (self.cast_to is not None)
-                + 2 * self.transpose_inputs)
+                + 2 * self.transpose_inputs + 2 * bool(self.pad_tokens))
 
     def __call__(self, a, b, bias=None):
         if self.pretranspose:
             b = _kernels.transpose_blocks(b, self.pack)
         if self.transpose_inputs:
             a, b = a.t().contiguous(), b.t().contiguous()
+        if self.pad_tokens:
+            a, b = (torch.nn.functional.pad(t, (0, self.pad_tokens - t.shape[1])) for t in (a, b))
         if self.runner is not None:
             out = a.new_empty(self.out_shape, dtype=self.out_dtype)  # on a's device: the plan's
             operands = (a, b, out) if not self.bias else (a, b, out, bias.to(a.dtype).contiguous())
@@ -275,6 +280,13 @@ def _build(state, kind, a, b, axis, precision, dw_dtype, aligned, target=None, b
         # an H200 (bench/README.md); two transposing copies cost ~0.1 of that.  Planned as (N, F).
         a_t, b_t = (t.new_empty((t.shape[1], t.shape[0])) for t in (a, b))
         return replace(_build(state, kind, a_t, b_t, 1, precision, dw_dtype, True, target), transpose_inputs=True)
+    if kind == "updat" and axis == 0 and _kernels.tokens(a, 0) > configs.SMALL_N and _kernels.tokens(a, 0) % 16:
+        # 16-bit (F, N) with a token count Triton cannot load as vectors: the scalar loads took 4.6-5x
+        # the time of 16 more tokens (bf16 4095 against 4096 tokens on an H200, blocks of 32 / 64);
+        # zero tokens add nothing.  Planned for the padded count.
+        n16 = -(-_kernels.tokens(a, 0) // 16) * 16
+        a_p, b_p = (t.new_empty((t.shape[0], n16)) for t in (a, b))
+        return replace(_build(state, kind, a_p, b_p, 0, precision, dw_dtype, True, target), pad_tokens=n16)
     if target is None:
         target = (_launch.library(), _launch.device_info(a.get_device())) if a.is_cuda else (None, None)
     kernels, info = target

@@ -82,6 +82,21 @@ def test_float32_cn_weight_gradient_runs_on_transposed_copies(rng, monkeypatch):
                                 ).transpose_inputs
 
 
+@pytest.mark.interpreter
+def test_16bit_cn_weight_gradient_pads_odd_token_counts(rng, monkeypatch):
+    """16-bit (C, N) with many tokens, not a multiple of 16: updat's plan pads x and dy with zero
+    tokens (vector loads) and gives the same gradient; a multiple of 16 or few tokens run as they are."""
+    from blocksparse.torch._matmul import products
+
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "triton")
+    bsmm = BlocksparseMatMul(random_layout(rng, 2, 3, 0.5, empty_cols=1), 16, feature_axis=0)
+    _check(bsmm, rng, 521, "bfloat16")
+    for n, pad in ((521, 528), (528, 0), (41, 0)):
+        x = torch.from_numpy(rng.standard_normal(bsmm.i_shape(n))).bfloat16()
+        dy = torch.from_numpy(rng.standard_normal(bsmm.o_shape(n))).bfloat16()
+        assert products.plan_of("updat", x, dy, bsmm._handle, 0, "ieee", torch.bfloat16).pad_tokens == pad
+
+
 def test_backend_choice(monkeypatch):
     from blocksparse.torch._matmul.products import use_triton
 
