@@ -315,6 +315,7 @@ class LinearDispatch(nn.Module):
                                    f"{x.dtype} on {x.device}")
             return self.bsmm._linear(x, self.kernel_weight(w), bias)  # the bias added in the product
         self._check(x, w)
+        self.tables.follow(w.device)
         if impl == "portable":
             return portable_matmul(x, w, self.tables, bias)
         return dense_matmul(x, w, self.tables, bias)

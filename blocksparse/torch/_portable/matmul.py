@@ -46,6 +46,21 @@ class PortableTables(nn.Module):
             for name, a in self._arrays():
                 getattr(self, name).copy_(torch.tensor(np.asarray(a, dtype=np.int64)))
 
+    def _apply(self, fn, recurse=True):
+        # every move refills them: to_empty() (a meta-initialised layer's usual next step) gives
+        # uninitialised memory that load_state_dict() never fills (they are not in it)
+        super()._apply(fn, recurse)
+        self.reset()
+        return self
+
+    def follow(self, device):
+        """Put the buffers on ``device`` where they are elsewhere: a layer built on the meta device
+        whose parameters came from ``load_state_dict(..., assign=True)`` keeps meta buffers."""
+        if self.bag_index.device != device:
+            for name, a in self._arrays():
+                self.register_buffer(name, torch.tensor(np.asarray(a, dtype=np.int64), device=device),
+                                     persistent=False)
+
     def extra_repr(self):
         t = self.tables
         return f"blocks={t.blocks}, row_groups={len(t.groups)}, block_size={t.block_size}"

@@ -198,3 +198,30 @@ def test_readme_example():
     mlp, x = scope["mlp"], scope["x"]
     assert x.grad is not None and mlp[0].weight.grad is not None and mlp[0].lowrank_first.grad is not None
     assert mlp[0].impl == "dense" and mlp[0].plan().source == "override"
+
+
+@pytest.mark.parametrize("impl", ["portable", "dense", "reference"])
+@pytest.mark.parametrize("recipe", ["assign", "to_empty"])
+@pytest.mark.parametrize("make", ["linear", "pixelfly"])
+def test_meta_device_layer_loaded_from_a_state_dict(rng, impl, recipe, make):
+    """A layer built on the meta device and given a trained state dict -- ``load_state_dict(assign=True)``,
+    or ``to_empty()`` then ``load_state_dict()`` -- computes what the trained layer does: the index
+    tables (buffers outside the state dict) follow the weight and are refilled on every move."""
+    if make == "linear":
+        build = lambda **kw: BlocksparseLinear(random_layout(np.random.default_rng(5), 4, 3, 0.5, cover=True), 8,  # noqa: E731
+                                               impl=impl, **kw)
+    else:
+        build = lambda **kw: PixelflyLinear(64, 48, 16, 2, impl=impl if impl != "reference" else "dense", **kw)  # noqa: E731
+    trained = build()
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.copy_(torch.from_numpy(rng.standard_normal(p.shape)))
+    x = torch.from_numpy(rng.standard_normal((5, trained.in_features))).float()
+    with torch.device("meta"):
+        layer = build()
+    if recipe == "assign":
+        layer.load_state_dict(trained.state_dict(), assign=True)
+    else:
+        layer.to_empty(device="cpu")
+        layer.load_state_dict(trained.state_dict())
+    torch.testing.assert_close(layer(x), trained(x))
