@@ -77,6 +77,10 @@ class BlocksparseDense(keras.layers.Layer, LayoutShapes):
         if backend not in _BACKENDS:
             raise NotImplementedError(f"BlocksparseDense runs on Keras's {' and '.join(_BACKENDS)} "
                                       f"backends; this Keras uses {backend!r} (KERAS_BACKEND)")
+        if self.compute_dtype not in ("float32", "float16", "bfloat16"):
+            raise ValueError(f"dtype: BlocksparseDense computes in float32, float16 or bfloat16 (the block-sparse "
+                             f"matmul's dtypes); got the dtype policy {self.dtype_policy.name!r}")
+        self.supports_masking = True  # as keras.layers.Dense: a mask over the batch axes passes through
         self.layout = Layout(layout, block_size, z_order=check_bool(z_order, "z_order"))
         self.axis = 1
         self.use_bias = check_bool(use_bias, "use_bias")

@@ -78,6 +78,7 @@ class PixelflyDense(keras.layers.Layer):
     def __init__(self, units, block_size, butterfly_size=None, n_factors=None, lowrank_size=0,
                  use_bias=True, *, stretch=False, impl="auto", **kwargs):
         super().__init__(**kwargs)
+        self.supports_masking = True  # as keras.layers.Dense: a mask over the batch axes passes through
         self.units = _count(units, "units", 1)
         self.block_size = _count(block_size, "block_size", 1)
         if self.units % self.block_size:
@@ -127,8 +128,13 @@ class PixelflyDense(keras.layers.Layer):
 
     def call(self, inputs):
         x = tf.convert_to_tensor(inputs)
-        if x.shape.rank is None or x.shape.rank == 0 or x.shape[-1] != self.in_features:
+        if x.shape.rank is None or x.shape.rank == 0 or x.shape[-1] not in (None, self.in_features):
             raise ValueError(f"inputs must have shape (..., {self.in_features}); got {x.shape}")
+        if x.shape[-1] is None:  # checked when the graph runs
+            check = tf.debugging.assert_equal(tf.shape(x)[-1], self.in_features,
+                                              message=f"inputs must have shape (..., {self.in_features})")
+            with tf.control_dependencies([check]):
+                x = tf.identity(x)
         dtype = tf.as_dtype(self.compute_dtype)
         x2 = tf.reshape(tf.cast(x, dtype), [-1, self.in_features])
         w = tf.cast(self.kernel, dtype)

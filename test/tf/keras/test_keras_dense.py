@@ -127,6 +127,8 @@ BAD = {
     "use-bias": (lambda: BlocksparseDense(np.ones((2, 2)), 8, use_bias="yes"), TypeError, "use_bias"),
     "activation": (lambda: BlocksparseDense(np.ones((2, 2)), 8, activation="nope"), ValueError, "nope"),
     "input-features": (lambda: BlocksparseDense(np.ones((2, 2)), 8)(tf.ones([4, 15])), ValueError, "16"),
+    "float64-policy": (lambda: BlocksparseDense(np.ones((2, 2)), 8, dtype="float64"), ValueError,
+                       "dtype: BlocksparseDense computes in float32, float16 or bfloat16.*'float64'"),
 }
 
 
@@ -135,6 +137,21 @@ def test_bad_arguments(case):
     call, error, match = case
     with pytest.raises(error, match=match):
         call()
+
+
+def test_keras_masks_pass_through(rng):
+    """As keras.layers.Dense: a mask over the batch axes (e.g. from Embedding(mask_zero=True))
+    reaches the next layer."""
+    from blocksparse.keras import PixelflyDense
+
+    tokens = np.array([[3, 5, 0, 0], [1, 0, 0, 0]])
+    for layer in (BlocksparseDense(np.ones((2, 2)), 8), PixelflyDense(16, 8)):
+        inp = keras.Input((4,), dtype="int32")
+        emb = keras.layers.Embedding(10, 16, mask_zero=True)(inp)
+        out = layer(emb)
+        assert out._keras_mask is not None
+        mask = keras.Model(inp, out._keras_mask)(tokens)
+        np.testing.assert_array_equal(np.asarray(mask), tokens != 0)
 
 
 TORCH_SCRIPT = textwrap.dedent("""

@@ -120,3 +120,15 @@ def test_bad_inputs():
     layer(np.ones((2, 32), np.float32))
     with pytest.raises(ValueError):
         layer(np.ones((2, 33), np.float32))
+
+
+def test_unknown_feature_size_checked_when_the_graph_runs(rng):
+    """A built layer takes inputs whose feature axis is unknown when traced (as keras.layers.Dense),
+    and checks it when the graph runs."""
+    layer = PixelflyDense(16, 8)
+    x = rng.standard_normal((3, 24)).astype(np.float32)
+    want = layer(x)
+    f = tf.function(lambda t: layer(t), input_signature=[tf.TensorSpec([None, None], tf.float32)])
+    np.testing.assert_allclose(f(x), want, rtol=1e-6)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"inputs must have shape \(\.\.\., 24\)"):
+        f(np.ones((3, 25), np.float32))
