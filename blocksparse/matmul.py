@@ -388,13 +388,13 @@ class SparseProj:
         """``x`` with ``y[i]`` added to row ``gather_lut[i]``; ``x``: (nhidden, ...), ``y``: (nproj, ...)."""
         with tf.name_scope(self.name + "_scatter_add"):
             x, y = self._pair(x, y)
-            return sparse_proj.scatter_add(x, y, self.gather_lut)
+            return sparse_proj.scatter_add(x, y, self.gather_lut, self.nhidden)
 
     def scatter_mul(self, x, y):
         """``x`` with row ``gather_lut[i]`` multiplied by ``y[i]``; other rows unchanged."""
         with tf.name_scope(self.name + "_scatter_mul"):
             x, y = self._pair(x, y)
-            return sparse_proj.scatter_mul(x, y, self.gather_lut)
+            return sparse_proj.scatter_mul(x, y, self.gather_lut, self.nhidden)
 
 
 def largest_block(dim, *, block_sizes=(32, 16, 8)):

@@ -4,19 +4,31 @@
 have the feature axis first, any trailing shape.  Gradients are dense tensors, as in the
 original package (TensorFlow's own gather would hand back ``IndexedSlices``).
 """
+import numpy as np
+
 from .. import tf
 
 __all__ = ["gather", "scatter", "scatter_add", "scatter_mul"]
 
 
-def _rows(index):
-    return tf.constant(index.reshape(-1, 1), dtype=tf.int32)
+def _spread(x, index, nhidden, fill):
+    """``(nproj, ...) -> (nhidden, ...)``: row ``index[i]`` is ``x[i]``, the other rows ``fill``.  A
+    gather through the inverse table (TensorFlow's scatters refuse empty trailing axes); its
+    gradient is the dense gather of the rows."""
+    inverse = np.full(nhidden, len(index), dtype=np.int32)
+    inverse[np.asarray(index)] = np.arange(len(index), dtype=np.int32)
+
+    @tf.custom_gradient
+    def sparse_proj_spread(x):
+        padded = tf.concat([x, tf.fill(tf.concat([[1], tf.shape(x)[1:]], axis=0), tf.cast(fill, x.dtype))], axis=0)
+        return tf.gather(padded, inverse), lambda dz: tf.gather(dz, index)
+
+    return sparse_proj_spread(x)
 
 
 def scatter(x, index, nhidden):
     """``z[index[i]] = x[i]``, zeros in the rows no ``index`` entry names; ``(nproj, ...) -> (nhidden, ...)``."""
-    shape = tf.concat([[nhidden], tf.shape(x)[1:]], axis=0)
-    return tf.scatter_nd(_rows(index), x, shape)
+    return _spread(x, index, nhidden, 0)
 
 
 def gather(x, index, nhidden):
@@ -30,12 +42,11 @@ def gather(x, index, nhidden):
     return sparse_proj_gather(x)
 
 
-def scatter_add(x, y, index):
+def scatter_add(x, y, index, nhidden):
     """``z = x`` with ``z[index[i]] += y[i]``."""
-    return tf.tensor_scatter_nd_add(x, _rows(index), y)
+    return x + _spread(y, index, nhidden, 0)
 
 
-def scatter_mul(x, y, index):
+def scatter_mul(x, y, index, nhidden):
     """``z = x`` with ``z[index[i]] *= y[i]``; rows no ``index`` entry names pass through."""
-    factor = tf.tensor_scatter_nd_update(tf.ones_like(x), _rows(index), y)
-    return x * factor
+    return x * _spread(y, index, nhidden, 1)

@@ -76,6 +76,25 @@ def test_eager_matches_numpy(rng, op, dtype):
 
 
 @pytest.mark.parametrize("op", OPS)
+def test_empty_minibatch(rng, op):
+    """An empty trailing axis, eager and in tf.function with it unknown: empty results and gradients
+    of the right shapes (TensorFlow's scatters refuse empty outputs)."""
+    proj = SparseProj(64, nproj=8)
+    args = [tf.constant(a) for a in inputs(rng, proj, op, (0,))]
+
+    def run(*args):
+        with tf.GradientTape() as tape:
+            tape.watch(args)
+            z = getattr(proj, op)(*args)
+        return z, tape.gradient(z, args, output_gradients=tf.zeros_like(z))
+
+    traced = tf.function(run, input_signature=[tf.TensorSpec((a.shape[0], None)) for a in args])
+    for z, grads in (run(*args), traced(*args)):
+        assert z.shape == ((proj.nproj if op == "gather" else proj.nhidden), 0)
+        assert [tuple(g.shape) for g in grads] == [tuple(a.shape) for a in args]
+
+
+@pytest.mark.parametrize("op", OPS)
 def test_compat_v1_graph_with_unknown_trailing_size(rng, op):
     proj = SparseProj(64, proj_stride=4, block_size=8)
     arrays = inputs(rng, proj, op, (5, 3))
