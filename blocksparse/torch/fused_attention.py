@@ -163,7 +163,8 @@ def attention(q, k, v, layout, *, block_size=None, causal=False, scale=None, seq
 
 
 def _inferred_block_size(layout, S):
-    """The kernels' block size ``S // NB`` of a raw layout, or None (:func:`_prepare` then explains).
+    """The kernels' block size ``S // NB`` of a raw layout, or None (:func:`_prepare` then explains);
+    a ValueError where ``S // NB`` is a size the kernels do not take.
     Found by comparison: under ``torch.compile`` with dynamic shapes ``S`` is symbolic, and each
     comparison specialises it, where the block size must be a constant."""
     try:
@@ -175,7 +176,11 @@ def _inferred_block_size(layout, S):
     for bs in KERNEL_BLOCK_SIZES:
         if S == bs * shape[-1]:
             return bs
-    return None
+    if S % shape[-1]:
+        return None
+    raise ValueError(f"layout must cover the sequence in blocks of {', '.join(map(str, KERNEL_BLOCK_SIZES))}: "
+                     f"its {shape[-1]} blocks a side do not divide S = {S} into one of them (give block_size, "
+                     f"or a layout of S / block_size blocks a side)")
 
 
 # --------------------------------------------------------------------------- argument checks

@@ -261,6 +261,9 @@ BAD = {
                      "1 or 4 \\(the query heads\\) heads; got 3"),
     "layout-blocks": (lambda q, k, v, lay: attention(q, k, v, layouts.causal(3)), ValueError,
                       "S // block_size blocks per axis; got 3 blocks for S = 64"),
+    "layout-block-size": (lambda q, k, v, lay: attention(q, k, v, np.tril(np.ones((8, 8)))), ValueError,
+                          "layout must cover the sequence in blocks of 16, 32, 64, 128: its 8 blocks a side do not "
+                          "divide S = 64"),
     "layout-cover": (lambda q, k, v, lay: attention(q, k, v, AttentionLayout(layouts.causal(2), 16)), ValueError,
                      "2 \\* 16 = 32, but q has S = 64"),
     "layout-values": (lambda q, k, v, lay: attention(q, k, v, np.full((4, 4), 2)), ValueError,
