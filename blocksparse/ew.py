@@ -175,10 +175,15 @@ def _keep_prob(keep_prob):
                             f"{keep_prob.dtype.name} tensor of shape {keep_prob.shape}")
         if tf.executing_eagerly():
             return args.real(float(keep_prob.numpy()), "keep_prob", low=0.0, high=1.0, low_open=True)
-        check = tf.debugging.assert_equal(
+        checks = []
+        if keep_prob.shape.rank is None:  # a scalar when the graph runs, and one from here on
+            checks.append(tf.debugging.assert_rank(keep_prob, 0, message="keep_prob must be a scalar"))
+            with tf.control_dependencies(checks):
+                keep_prob = tf.reshape(keep_prob, [])
+        checks.append(tf.debugging.assert_equal(
             tf.logical_and(keep_prob > 0.0, keep_prob <= 1.0), True,
-            message="keep_prob must be in (0, 1]")
-        with tf.control_dependencies([check]):
+            message="keep_prob must be in (0, 1]"))
+        with tf.control_dependencies(checks):
             return tf.identity(keep_prob)
     return args.real(keep_prob, "keep_prob", low=0.0, high=1.0, low_open=True)
 

@@ -246,6 +246,14 @@ def test_dropout_keep_prob_checked_when_the_graph_runs():
             assert sess.run(y, {p: 0.5}).shape == (4,)
             with pytest.raises(tf.errors.InvalidArgumentError, match="keep_prob"):
                 sess.run(y, {p: 1.5})
+    with tf.Graph().as_default():  # a shape unknown until run time: a vector is refused then
+        p = tf.compat.v1.placeholder(tf.float32, None)
+        y, _ = ew.dropout(tf.ones([4]), keep_prob=p)
+        assert y.shape == (4,)
+        with tf.compat.v1.Session() as sess:
+            assert sess.run(y, {p: 0.5}).shape == (4,)
+            with pytest.raises(tf.errors.InvalidArgumentError, match="keep_prob must be a scalar"):
+                sess.run(y, {p: [0.5, 1.0, 0.25, 0.1]})
 
 
 # ------------------------------------------------------------------------- add_n8
