@@ -202,7 +202,7 @@ class BlocksparseConvLayer(nn.Module):
         tables = self.conv._tables.on(torch.device("cpu"))
         bound = tables.fan_in.double().clamp_min(1).rsqrt()[tables.channel[tables.segments]]
         with torch.no_grad():
-            values = torch.rand(bound.shape, dtype=torch.float64).mul_(2).sub_(1).mul_(bound)
+            values = torch.rand(bound.shape, dtype=torch.float64, device="cpu").mul_(2).sub_(1).mul_(bound)
             self.weight.copy_(values.view(self.weight.shape))
             if self.edge_bias is not None:
                 self.edge_bias.zero_()

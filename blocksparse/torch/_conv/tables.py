@@ -44,9 +44,10 @@ class Tables:
         self.spec = spec
         blocks = spec.blocks
         segments, channel = blocks.norm_segments
-        fan_in = torch.zeros(blocks.K, dtype=torch.int64)
+        # on the CPU, whatever the default device (these are the host copies every device's come from)
+        fan_in = torch.zeros(blocks.K, dtype=torch.int64, device="cpu")
         fan_in.index_add_(0, _tensor(channel), torch.as_tensor(
-            [blocks.cs[b].size * blocks.trs for b in range(blocks.blocks) for _ in blocks.ks[b]]))
+            [blocks.cs[b].size * blocks.trs for b in range(blocks.blocks) for _ in blocks.ks[b]], device="cpu"))
         plan = spec.grouped
         self._cpu = TableSet(
             dense=_tensor(blocks.dense_index), edges=_tensor(spec.edges.pattern),

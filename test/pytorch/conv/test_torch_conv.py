@@ -209,6 +209,21 @@ def test_a_collected_op_leaves_no_entry():
     assert key not in LIVE
 
 
+def test_layer_built_under_a_meta_default_device(rng):
+    """``with torch.device("meta")`` (large-model initialisation), then ``to_empty()`` and a trained
+    state dict: the layer computes what the trained one does (its tables are built on the CPU)."""
+    bck = layout_bck(rng, "random")
+    trained = BlocksparseConvLayer(bck, edge_bias=True, **CASES["2d-same-stride-dilate"])
+    with torch.no_grad():
+        trained.edge_bias.copy_(torch.randn(trained.edge_bias.shape))
+    with torch.device("meta"):
+        layer = BlocksparseConvLayer(bck, edge_bias=True, **CASES["2d-same-stride-dilate"])
+    layer.to_empty(device="cpu")
+    layer.load_state_dict(trained.state_dict())
+    x = torch.randn(2, layer.conv.C, *layer.conv.DHW)
+    torch.testing.assert_close(layer(x), trained(x))
+
+
 def test_layer_module(rng):
     torch.manual_seed(int(rng.integers(2 ** 31)))
     layer = BlocksparseConvLayer(layout_bck(rng, "random"), edge_bias=True, **CASES["2d-same-stride-dilate"])
