@@ -84,8 +84,7 @@ class BlocksparseConv(ConvShapes):
             fs = [checks.float_tensor(f, f"F[{b}]") for b, f in enumerate(F)]
             for b, f in enumerate(fs):
                 checks.same_dtype(f, fs[0], f"F[{b}]", "F[0]")
-            fs = [checks.checked(f, checks.shape_assertions(f, tuple(spec.filter_shape(b)), f"F[{b}]",
-                                                            rank_hint=f" = f_shape({b})"))
+            fs = [checks.check_shape(f, tuple(spec.filter_shape(b)), f"F[{b}]", rank_hint=f" = f_shape({b})")
                   for b, f in enumerate(fs)]
             return params.flat_filter(fs, "blocks"), "blocks", fs[0].dtype
         F = checks.float_tensor(F, "F")
@@ -99,7 +98,7 @@ class BlocksparseConv(ConvShapes):
         else:  # a graph placeholder of partly unknown shape: checked when the graph runs
             form = "stacked" if spec.blocks.uniform and F.shape.rank not in (None, 1) else "flat"
         want = spec.filter_shape() if form == "stacked" else [spec.blocks.size]
-        F = checks.checked(F, checks.shape_assertions(F, tuple(want), "F", rank_hint=" = f_shape()"))
+        F = checks.check_shape(F, tuple(want), "F", rank_hint=" = f_shape()")
         return params.flat_filter(F, form), form, F.dtype
 
     def _edge_bias(self, edge_bias, I):
@@ -107,8 +106,8 @@ class BlocksparseConv(ConvShapes):
             return None
         edge_bias = checks.float_tensor(edge_bias, "edge_bias")
         checks.same_dtype(edge_bias, I, "edge_bias", "I")
-        return checks.checked(edge_bias, checks.shape_assertions(
-            edge_bias, self.edge_bias_shape(), "edge_bias", rank_hint=self.spec.edge_bias_hint))
+        return checks.check_shape(edge_bias, self.edge_bias_shape(), "edge_bias",
+                                  rank_hint=self.spec.edge_bias_hint)
 
     def __call__(self, F, I, edge_bias=None):
         """The convolution of ``I`` with the blocks' filters, plus the edge bias.
@@ -132,8 +131,7 @@ class BlocksparseConv(ConvShapes):
         if dtype != I.dtype:
             raise TypeError(f"F and I must have the same dtype; got F {dtype.name} and I {I.dtype.name}")
         with tf.name_scope(type(self).__name__):
-            I = checks.checked(I, checks.shape_assertions(I, tuple(self.i_shape(None)), "I",
-                                                          rank_hint=" = i_shape(N) = [N, C] + DHW"))
+            I = checks.check_shape(I, tuple(self.i_shape(None)), "I", rank_hint=" = i_shape(N) = [N, C] + DHW")
             return compute.convolve(I, flat, self._edge_bias(edge_bias, I), self.spec)
 
     def l2_normalize(self, F, gain=None, epsilon=1e-6, dtype=np.float32):
@@ -165,7 +163,7 @@ class BlocksparseConv(ConvShapes):
         with tf.name_scope(type(self).__name__ + "_l2_normalize"):
             if gain is not None:
                 gain = checks.float_tensor(gain, "gain")
-                gain = checks.checked(gain, checks.shape_assertions(gain, (self.K,), "gain", rank_hint=" = (K,)"))
+                gain = checks.check_shape(gain, (self.K,), "gain", rank_hint=" = (K,)")
             out = params.l2_normalize(flat, gain, self.spec, epsilon, dtype)
         if form == "stacked":
             return tf.reshape(out, self.f_shape())

@@ -182,11 +182,10 @@ class BlocksparseMatMul(LayoutShapes):
         epsilon = checks.positive_float(epsilon, "epsilon")
         dtype = checks.float_dtype(dtype, "dtype")
         with tf.name_scope(self.name + "_l2_normalize"):
-            W = checks.checked(W, checks.shape_assertions(W, self.w_shape, "W"))
+            W = checks.check_shape(W, self.w_shape, "W")
             if gain is not None:
                 gain = checks.parameter_tensor(gain, "gain")
-                gain = checks.checked(gain, checks.shape_assertions(gain, (self.K,), "gain",
-                                                                    rank_hint=" = (K,)"))
+                gain = checks.check_shape(gain, (self.K,), "gain", rank_hint=" = (K,)")
             return weights.l2_normalize(W, self.layout, gain, epsilon, dtype)
 
     def __call__(self, I, W, dw_dtype=tf.float32, name=None):
@@ -219,9 +218,8 @@ class BlocksparseMatMul(LayoutShapes):
         products = backend.choose(self.layout, self.axis, I.dtype, tokens, self.impl)
         with tf.name_scope(checks.op_name(name, self.name)):
             hint = f" = {'(N, C)' if self.axis else '(C, N)'} for feature_axis={self.axis}"
-            I = checks.checked(I, checks.shape_assertions(I, self.i_shape(None), "I", rank_hint=hint))
-            W = checks.checked(W, checks.shape_assertions(W, self.w_shape, "W",
-                                                          rank_hint=" = (blocks, bs, bs)"))
+            I = checks.check_shape(I, self.i_shape(None), "I", rank_hint=hint)
+            W = checks.check_shape(W, self.w_shape, "W", rank_hint=" = (blocks, bs, bs)")
             return autodiff.matmul(I, W, self.layout, self.axis, dw_dtype, products)
 
 

@@ -6,6 +6,7 @@ Static facts (dtype, rank, a known dimension) are checked when the op is built a
 when the graph runs -- a wrong size must never reach a reshape that could silently succeed.
 """
 import numbers
+import re
 
 import numpy as np
 
@@ -106,6 +107,22 @@ def shape_assertions(tensor, expected, name, *, rank_hint=""):
                     message=f"{name} must have shape {want}{rank_hint}; dimension {axis} "
                             f"must be {size}"))
     return runtime
+
+
+def check_shape(tensor, expected, name, *, rank_hint=""):
+    """``tensor`` checked against ``expected`` (:func:`shape_assertions`: errors now for what is
+    known, assertions for the rest) and, inside ``tf.function`` where sizes are left to run time,
+    by ``tf.ensure_shape`` too: there Grappler refines unknown sizes from the ops that follow (a
+    scatter, a matmul) and folds the assertions away; ``EnsureShape`` reads the real shape.  (In
+    ``tf.compat.v1`` graphs the assertions hold, and an ``EnsureShape`` would pre-empt their
+    messages.)"""
+    assertions = shape_assertions(tensor, expected, name, rank_hint=rank_hint)
+    if not tf.inside_function() or tensor.shape.rank is not None and all(
+            e is None or d is not None for d, e in zip(tensor.shape.as_list(), expected)):
+        return checked(tensor, assertions)
+    with tf.control_dependencies(assertions):  # its error names the argument: "Shape of tensor <name> ..."
+        out = tf.identity(tensor, name=re.sub(r"[^A-Za-z0-9_.-]", "_", name))
+    return tf.ensure_shape(out, list(expected))
 
 
 def checked(tensor, assertions):

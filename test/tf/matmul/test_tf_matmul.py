@@ -481,6 +481,23 @@ def test_unknown_feature_size_is_checked_at_run_time_in_tf_function():
         f(tf.ones((24, 2)), tf.zeros(bsmm.w_shape))
 
 
+@pytest.mark.parametrize("impl", ["auto", "reference", "portable", "dense"])
+def test_unknown_block_count_is_checked_at_run_time_in_tf_function(impl):
+    """A weight traced as (None, bs, bs) with the wrong block count when run: an error about W's
+    shape from every path, for the product and l2_normalize (the graph optimiser had folded the
+    assertions away, leaving errors from inside TensorFlow's scatters)."""
+    bsmm = BlocksparseMatMul(LAYOUT_2x3, block_size=8, impl=impl)
+    mm = tf.function(lambda x, w: bsmm(x, w), input_signature=[tf.TensorSpec((None, 16)), tf.TensorSpec((None, 8, 8))])
+    l2 = tf.function(lambda w: bsmm.l2_normalize(w), input_signature=[tf.TensorSpec((None, 8, 8))])
+    assert mm(tf.ones((3, 16)), tf.ones(bsmm.w_shape)).shape == (3, 24)
+    for blocks in (1, 6):
+        w = tf.ones((blocks, 8, 8))
+        for call in (lambda: mm(tf.ones((3, 16)), w), lambda: l2(w)):
+            with pytest.raises(tf.errors.InvalidArgumentError,
+                               match=r"W must have shape \(4, 8, 8\)|expected shape \[4,8,8\]"):
+                call()
+
+
 # --------------------------------------------------------------- backend selection
 
 @pytest.mark.parametrize("value", ["reference", "auto", "AUTO", ""])
