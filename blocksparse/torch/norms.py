@@ -1,6 +1,8 @@
 """Public PyTorch API of layer normalisation: :func:`layer_norm`."""
 from __future__ import annotations
 
+import torch
+
 from .._checks import check_bool
 from . import _checks
 from ._norms import ops as _ops
@@ -10,7 +12,7 @@ __all__ = ["layer_norm"]
 
 
 def layer_norm(x, g, b, axis=1, epsilon=1e-6, relu=False, *, segments=1):
-    """Layer normalisation over the feature axis of 2-D activations, with an optional fused relu.
+    """Layer normalisation over the feature axis of activations, with an optional fused relu.
 
     ``y = relu?((x - mean) / sqrt(var + epsilon) * g + b)``, with ``mean`` and ``var`` (biased)
     taken over the features of each token -- over each of ``segments`` equal slices of the
@@ -20,7 +22,9 @@ def layer_norm(x, g, b, axis=1, epsilon=1e-6, relu=False, *, segments=1):
     ----------
     x : Tensor, shape (N, C) for ``axis=1`` or (C, N) for ``axis=0``
         Activations in either block-sparse matmul layout (``feature_axis``); float16, bfloat16,
-        float32 (Triton kernels on CUDA) or float64.  Any strides.
+        float32 (Triton kernels on CUDA) or float64.  Any strides.  Higher ranks (as TensorFlow's
+        ``blocksparse.norms.layer_norm`` takes): features on the last axis (``axis=-1``) or the
+        first (``axis=0``), every other axis a token axis.
     g, b : Tensor of C elements, or None
         Gain and bias per feature (None: no gain / no bias), any float dtype (float32
         parameters with bfloat16 activations is the usual mix); gradients in their dtypes.
@@ -52,6 +56,12 @@ def layer_norm(x, g, b, axis=1, epsilon=1e-6, relu=False, *, segments=1):
     >>> layer_norm(x.t(), g, b, axis=0).shape      # (C, N) activations
     torch.Size([96, 8])
     """
+    if isinstance(x, torch.Tensor) and x.dim() > 2:  # tokens on every other axis: one token axis
+        if isinstance(axis, int) and not isinstance(axis, bool) and axis in (-1, x.dim() - 1):
+            return layer_norm(x.reshape(-1, x.shape[-1]), g, b, 1, epsilon, relu, segments=segments).view(x.shape)
+        if isinstance(axis, int) and not isinstance(axis, bool) and axis in (0, -x.dim()):
+            return layer_norm(x.reshape(x.shape[0], -1), g, b, 0, epsilon, relu, segments=segments).view(x.shape)
+        raise ValueError(f"axis must be 0 or -1 (the first or the last axis) for x of rank {x.dim()}; got {axis!r}")
     y = _ops.native_layer_norm(x, g, b, axis, epsilon, relu, segments)
     if y is not None:
         return y

@@ -91,6 +91,22 @@ def test_strided_input(rng, axis):
     _check(xt, g, b, dy, tolerance("float32"), axis=axis, segments=2)
 
 
+@pytest.mark.parametrize("axis", [-1, 2, 0])
+def test_more_token_axes(rng, axis):
+    """(B, T, C) with features last, or (C, B, T) first: as the 2-D call on the tokens flattened."""
+    x, g, b, dy = _inputs(rng, "float64", 1 if axis else 0, 12, 32)
+    shape = (3, 4, 32) if axis else (32, 3, 4)
+    x3 = x.detach().reshape(shape).requires_grad_()
+    y = layer_norm(x3, g, b, axis=axis, segments=2)
+    y2 = layer_norm(x, g, b, axis=1 if axis else 0, segments=2)
+    assert y.shape == shape
+    torch.testing.assert_close(y, y2.reshape(shape))
+    got = torch.autograd.grad(y, (x3, g, b), dy.reshape(shape))
+    want = torch.autograd.grad(y2, (x, g, b), dy)
+    torch.testing.assert_close(got[0], want[0].reshape(shape))
+    torch.testing.assert_close(got[1:], want[1:])
+
+
 def test_empty_batch():
     x = torch.empty(0, 16, requires_grad=True)
     g = torch.ones(16, requires_grad=True)
@@ -171,7 +187,8 @@ def _bad_cases():
         "segments-divide": (dict(segments=5), ValueError, r"segments must divide the 12 features"),
         "segments-zero": (dict(segments=0), ValueError, r"segments must be a positive int"),
         "segments-float": (dict(segments=2.0), TypeError, r"segments must be a positive int"),
-        "x-3d": (dict(x=torch.randn(2, 4, 12)), ValueError, r"x must be 2-D"),
+        "x-3d-axis-1": (dict(x=torch.randn(2, 4, 12)), ValueError,
+                        r"axis must be 0 or -1 \(the first or the last axis\) for x of rank 3; got 1"),
         "x-1d": (dict(x=torch.randn(12)), ValueError, r"x must be 2-D"),
         "x-int": (dict(x=torch.ones(4, 12, dtype=torch.int32)), TypeError, r"x must be float16"),
         "x-numpy": (dict(x=np.ones((4, 12))), TypeError, r"x must be a torch.Tensor"),
