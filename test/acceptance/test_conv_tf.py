@@ -318,9 +318,6 @@ def test_empty_batch(case, rng):
     assert dF.shape == F.shape and not np.any(dF.numpy())
 
 
-@pytest.mark.xfail(strict=True, reason="an empty batch only known when a tf.function runs: TensorFlow's "
-                                       "convolution returns the input's shape and grappler drops the fixing "
-                                       "reshape as a no-op; a tf.cond would cost every unknown-batch call")
 def test_empty_batch_unknown_until_run(rng):
     conv = make(CASES[0], bsconv)
     F = tf.constant(rng.standard_normal(conv.f_shape()).astype(np.float32))

@@ -122,8 +122,9 @@ def _nonempty(I, flat, compute, empty_shape, dtype):
     shape, and in ``tf.function`` the graph optimiser removes a reshape to the output's (the shapes
     agree statically)."""
     @tf.custom_gradient
-    def empty(I, flat):
-        return tf.zeros(empty_shape, dtype), lambda dy: (tf.zeros_like(I), tf.zeros_like(flat))
+    def empty(I, flat):  # the batch (0) from I: a branch of tf.cond leaves it unknown statically
+        zeros = tf.zeros(tf.concat([tf.shape(I)[:1], empty_shape[1:]], axis=0), dtype)
+        return zeros, lambda dy: (tf.zeros_like(I), tf.zeros_like(flat))
 
     n = I.shape[0]
     if n is not None:
