@@ -61,7 +61,8 @@ def layer_norm(x, g, b, axis=1, epsilon=1e-6, relu=False, *, segments=1):
             return layer_norm(x.reshape(-1, x.shape[-1]), g, b, 1, epsilon, relu, segments=segments).view(x.shape)
         if isinstance(axis, int) and not isinstance(axis, bool) and axis in (0, -x.dim()):
             return layer_norm(x.reshape(x.shape[0], -1), g, b, 0, epsilon, relu, segments=segments).view(x.shape)
-        raise ValueError(f"axis must be 0 or -1 (the first or the last axis) for x of rank {x.dim()}; got {axis!r}")
+        raise ValueError(f"x must be 2-D, or of rank {x.dim()} with its features on the first or the last axis: "
+                         f"axis must be 0 or -1 for it; got {axis!r}")
     y = _ops.native_layer_norm(x, g, b, axis, epsilon, relu, segments)
     if y is not None:
         return y

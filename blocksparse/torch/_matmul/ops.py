@@ -17,7 +17,6 @@ launches (:mod:`.products`).
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from .. import _native
 from .._autograd import direct_apply
@@ -94,7 +93,11 @@ def _bias_grad(dy, bias, axis):
 
 class MatmulFunction(torch.autograd.Function):
     """``y = x @ W (+ bias)`` in eager mode: the products called directly, no dispatcher in between;
-    the bias is added in place to the product (one op, no autograd node of its own)."""
+    the bias is added in place to the product (one op, no autograd node of its own).
+
+    Its gradients are products of the same family (:class:`BpropFunction`, :class:`UpdatFunction`),
+    each differentiable in turn, so a ``create_graph=True`` backward (gradient penalties, meta
+    learning) differentiates through them; without it they are called directly."""
 
     @staticmethod
     def forward(ctx, x, w, bias, layout, axis, precision):
@@ -104,15 +107,70 @@ class MatmulFunction(torch.autograd.Function):
         return y if bias is None else _add_bias(y, bias, axis)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, dy):
         x, w = ctx.saved_tensors
         layout, axis, precision, bias = ctx.meta
         need = ctx.needs_input_grad
-        dx = _products.bprop(dy, w, layout, axis, precision) if need[0] else None
-        dw = _products.updat(x, dy, layout, axis, precision, w.dtype) if need[1] else None
-        db = _bias_grad(dy, bias, axis) if need[2] else None
+        dx = _bprop(dy, w, layout, axis, precision) if need[0] else None
+        dw = _updat(x, dy, layout, axis, precision, w.dtype) if need[1] else None
+        db = None
+        if need[2]:
+            db = ((dy if axis == 1 else dy.t()).sum(0).to(bias.dtype) if torch.is_grad_enabled()
+                  else _bias_grad(dy, bias, axis))
         return dx, dw, db, None, None, None
+
+
+class BpropFunction(torch.autograd.Function):
+    """``dx = dy @ W.T``, differentiable: ``d(dy) = fprop(g, W)``, ``dW = updat(g, dy)``."""
+
+    @staticmethod
+    def forward(ctx, dy, w, layout, axis, precision):
+        ctx.save_for_backward(dy, w)
+        ctx.meta = (layout, axis, precision)
+        return _products.bprop(dy, w, layout, axis, precision)
+
+    @staticmethod
+    def backward(ctx, g):
+        dy, w = ctx.saved_tensors
+        layout, axis, precision = ctx.meta
+        need = ctx.needs_input_grad
+        d_dy = MatmulFunction.apply(g, w, None, layout, axis, precision) if need[0] else None
+        dw = UpdatFunction.apply(g, dy, layout, axis, precision, w.dtype) if need[1] else None
+        return d_dy, dw, None, None, None
+
+
+class UpdatFunction(torch.autograd.Function):
+    """``dW = x.T @ dy`` on the blocks, differentiable: ``dx = bprop(dy, G)``, ``d(dy) = fprop(x, G)``."""
+
+    @staticmethod
+    def forward(ctx, x, dy, layout, axis, precision, dw_dtype):
+        ctx.save_for_backward(x, dy)
+        ctx.meta = (layout, axis, precision)
+        return _products.updat(x, dy, layout, axis, precision, dw_dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, dy = ctx.saved_tensors
+        layout, axis, precision = ctx.meta
+        g = g.to(x.dtype)
+        need = ctx.needs_input_grad
+        dx = BpropFunction.apply(dy, g, layout, axis, precision) if need[0] else None
+        d_dy = MatmulFunction.apply(x, g, None, layout, axis, precision) if need[1] else None
+        return dx, d_dy, None, None, None, None
+
+
+def _bprop(dy, w, layout, axis, precision):
+    """bprop: recorded (differentiable) where a ``create_graph=True`` backward runs, else direct."""
+    if torch.is_grad_enabled() and (dy.requires_grad or w.requires_grad):
+        return BpropFunction.apply(dy, w, layout, axis, precision)
+    return _products.bprop(dy, w, layout, axis, precision)
+
+
+def _updat(x, dy, layout, axis, precision, dw_dtype):
+    """updat: recorded where a ``create_graph=True`` backward runs, else direct."""
+    if torch.is_grad_enabled() and (x.requires_grad or dy.requires_grad):
+        return UpdatFunction.apply(x, dy, layout, axis, precision, dw_dtype)
+    return _products.updat(x, dy, layout, axis, precision, dw_dtype)
 
 
 _apply = direct_apply(MatmulFunction)

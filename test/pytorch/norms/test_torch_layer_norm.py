@@ -188,7 +188,8 @@ def _bad_cases():
         "segments-zero": (dict(segments=0), ValueError, r"segments must be a positive int"),
         "segments-float": (dict(segments=2.0), TypeError, r"segments must be a positive int"),
         "x-3d-axis-1": (dict(x=torch.randn(2, 4, 12)), ValueError,
-                        r"axis must be 0 or -1 \(the first or the last axis\) for x of rank 3; got 1"),
+                        r"x must be 2-D, or of rank 3 with its features on the first or the last axis: axis "
+                        r"must be 0 or -1 for it; got 1"),
         "x-1d": (dict(x=torch.randn(12)), ValueError, r"x must be 2-D"),
         "x-int": (dict(x=torch.ones(4, 12, dtype=torch.int32)), TypeError, r"x must be float16"),
         "x-numpy": (dict(x=np.ones((4, 12))), TypeError, r"x must be a torch.Tensor"),
