@@ -179,7 +179,8 @@ def records(fprop, make_backward):
     ids = getattr(fprop, "native", None)
     if ids is None:
         plans = (fprop, *make_backward())
-        ok = all(p.runner is not None and p.path == "aot" and not p.pad_tokens for p in plans)
+        ok = all(p.runner is not None and p.path == "aot" and not p.pad_tokens
+                 and not (p.transpose_inputs and p.kind != "updat") for p in plans)
         ids = fprop.native = tuple(add_record(p) for p in plans) if ok else False
     return ids or None
 

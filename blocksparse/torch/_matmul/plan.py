@@ -60,9 +60,10 @@ class Plan:
     ``bias``: the kernel adds a bias (per output feature, in ``a``'s dtype) before it stores
     (fprop; not with atomics); ``transpose_inputs``: updat of ``(F, N)`` activations copied to
     ``(N, F)`` first, and run as that layout's product; ``pack``: the layout's packing (the
-    weight's blocks as they lie in its storage); ``pad_tokens``: updat of 16-bit ``(F, N)``
-    activations whose token count is not a multiple of 16, run on copies padded with zero tokens to
-    this many (the same sums).
+    weight's blocks as they lie in its storage); ``pad_tokens``: a product of 16-bit ``(F, N)``
+    activations whose token count is not a multiple of 16 (:func:`_padded_tokens`), run on copies
+    padded with zero tokens to this many (the same sums; fprop / bprop return the first ``N``
+    tokens of the padded output, copied).
     """
 
     kind: str
@@ -98,9 +99,14 @@ class Plan:
         if self.pretranspose:
             b = _kernels.transpose_blocks(b, self.pack)
         if self.transpose_inputs:
-            a, b = a.t().contiguous(), b.t().contiguous()
+            a = a.t().contiguous()
+            if self.kind == "updat":
+                b = b.t().contiguous()
+        n = a.shape[1]
         if self.pad_tokens:
-            a, b = (torch.nn.functional.pad(t, (0, self.pad_tokens - t.shape[1])) for t in (a, b))
+            a = torch.nn.functional.pad(a, (0, self.pad_tokens - n))
+            if self.kind == "updat":
+                b = torch.nn.functional.pad(b, (0, self.pad_tokens - n))
         if self.runner is not None:
             out = a.new_empty(self.out_shape, dtype=self.out_dtype)  # on a's device: the plan's
             operands = (a, b, out) if not self.bias else (a, b, out, bias.to(a.dtype).contiguous())
@@ -109,7 +115,34 @@ class Plan:
             self.runner(operands)  # zero-fills out first where the launch asks
         else:  # no tokens
             out = (torch.zeros if self.zero else torch.empty)(self.out_shape, dtype=self.out_dtype, device=self.device)
+        if self.pad_tokens and self.kind != "updat":
+            out = out[:, :n].contiguous()
+        if self.transpose_inputs and self.kind != "updat":
+            out = out.t().contiguous()
         return out if self.cast_to is None else out.to(self.cast_to)
+
+
+#: Token counts from which a 16-bit ``(F, N)`` product whose count is not a multiple of 16 runs
+#: otherwise (:data:`ODD_TOKENS`).
+PAD_MIN_TOKENS = {"updat": configs.SMALL_N + 1, "fprop": configs.SMALL_N + 1, "bprop": configs.SMALL_N + 1}
+#: How such a product runs, by kind: ``("pad", largest block size)`` (:attr:`Plan.pad_tokens`),
+#: ``("transpose", ...)`` (on ``(N, F)`` copies, :attr:`Plan.transpose_inputs`) or ``(None, 0)`` (as it
+#: is).  Timed on an H200 (bf16, 4096 x 4096 at d = 0.25, 4095 and 4097 tokens, against 4096;
+#: ``bench/results/raw/cn-odd-tokens-h200.json``): padded, fprop took 0.65 / 0.84 / 0.89 of the
+#: unpadded time at blocks of 32 / 64 / 128 and updat 0.68 / 0.74 / 1.09; bprop 1.4-1.8 (PyTorch's
+#: copies of rows that are not 16-byte aligned are slow: the two cost more than the bprop saves).
+ODD_TOKENS = {"fprop": ("pad", 128), "bprop": (None, 0), "updat": ("pad", 64)}
+
+
+def _padded_tokens(kind, a, axis):
+    """The token count a plan pads ``(F, N)`` activations ``a`` to (0: none): the next multiple of
+    16 where ``N`` is not one and at least :data:`PAD_MIN_TOKENS` (16-bit: float32 updat runs
+    transposed).  Triton loads such rows element by element: the bf16 updat took 3-5x the time of
+    16 more tokens on an H200, fprop 1.7-2.7x; zero tokens add nothing."""
+    n, least = _kernels.tokens(a, axis), PAD_MIN_TOKENS.get(kind)
+    if axis != 0 or not n % 16 or least is None or n < least or a.element_size() != 2:
+        return 0
+    return -(-n // 16) * 16
 
 
 class LayoutState:
@@ -280,13 +313,18 @@ def _build(state, kind, a, b, axis, precision, dw_dtype, aligned, target=None, b
         # an H200 (bench/README.md); two transposing copies cost ~0.1 of that.  Planned as (N, F).
         a_t, b_t = (t.new_empty((t.shape[1], t.shape[0])) for t in (a, b))
         return replace(_build(state, kind, a_t, b_t, 1, precision, dw_dtype, True, target), transpose_inputs=True)
-    if kind == "updat" and axis == 0 and _kernels.tokens(a, 0) > configs.SMALL_N and _kernels.tokens(a, 0) % 16:
-        # 16-bit (F, N) with a token count Triton cannot load as vectors: the scalar loads took 4.6-5x
-        # the time of 16 more tokens (bf16 4095 against 4096 tokens on an H200, blocks of 32 / 64);
-        # zero tokens add nothing.  Planned for the padded count.
-        n16 = -(-_kernels.tokens(a, 0) // 16) * 16
-        a_p, b_p = (t.new_empty((t.shape[0], n16)) for t in (a, b))
-        return replace(_build(state, kind, a_p, b_p, 0, precision, dw_dtype, True, target), pad_tokens=n16)
+    padded = _padded_tokens(kind, a, axis)
+    how, largest = ODD_TOKENS.get(kind, (None, 0))
+    if layout.block_size > largest:
+        padded = 0
+    if padded and how == "transpose":
+        a_t = a.new_empty((a.shape[1], a.shape[0]))
+        b_t = b.new_empty((b.shape[1], b.shape[0])) if kind == "updat" else b
+        return replace(_build(state, kind, a_t, b_t, 1, precision, dw_dtype, True, target, bias), transpose_inputs=True)
+    if padded and how == "pad":  # planned for the padded count
+        a_p = a.new_empty((a.shape[0], padded))
+        b_p = b.new_empty((b.shape[0], padded)) if kind == "updat" else b
+        return replace(_build(state, kind, a_p, b_p, 0, precision, dw_dtype, True, target, bias), pad_tokens=padded)
     if target is None:
         target = (_launch.library(), _launch.device_info(a.get_device())) if a.is_cuda else (None, None)
     kernels, info = target

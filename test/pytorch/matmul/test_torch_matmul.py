@@ -83,18 +83,23 @@ def test_float32_cn_weight_gradient_runs_on_transposed_copies(rng, monkeypatch):
 
 
 @pytest.mark.interpreter
-def test_16bit_cn_weight_gradient_pads_odd_token_counts(rng, monkeypatch):
-    """16-bit (C, N) with many tokens, not a multiple of 16: updat's plan pads x and dy with zero
-    tokens (vector loads) and gives the same gradient; a multiple of 16 or few tokens run as they are."""
+def test_16bit_cn_products_pad_odd_token_counts(rng, monkeypatch):
+    """16-bit (C, N) with many tokens, not a multiple of 16: the plans pad the activations with zero
+    tokens (vector loads) and give the same products (fprop: the first N tokens); a multiple of 16,
+    few tokens, float32 or bprop (measured slower padded) run as they are."""
     from blocksparse.torch._matmul import products
 
     monkeypatch.setenv("BLOCKSPARSE_BACKEND", "triton")
     bsmm = BlocksparseMatMul(random_layout(rng, 2, 3, 0.5, empty_cols=1), 16, feature_axis=0)
     _check(bsmm, rng, 521, "bfloat16")
-    for n, pad in ((521, 528), (528, 0), (41, 0)):
-        x = torch.from_numpy(rng.standard_normal(bsmm.i_shape(n))).bfloat16()
-        dy = torch.from_numpy(rng.standard_normal(bsmm.o_shape(n))).bfloat16()
-        assert products.plan_of("updat", x, dy, bsmm._handle, 0, "ieee", torch.bfloat16).pad_tokens == pad
+    w = torch.from_numpy(rng.standard_normal(bsmm.w_shape)).bfloat16()
+    for n, dtype, pad in ((521, torch.bfloat16, 528), (528, torch.bfloat16, 0), (41, torch.float16, 0),
+                          (521, torch.float32, 0)):
+        x = torch.from_numpy(rng.standard_normal(bsmm.i_shape(n))).to(dtype)
+        dy = torch.from_numpy(rng.standard_normal(bsmm.o_shape(n))).to(dtype)
+        assert products.plan_of("updat", x, dy, bsmm._handle, 0, "ieee", dtype).pad_tokens == pad
+        assert products.plan_of("fprop", x, w.to(dtype), bsmm._handle, 0, "ieee").pad_tokens == pad
+        assert not products.plan_of("bprop", dy, w.to(dtype), bsmm._handle, 0, "ieee").pad_tokens  # slower so
 
 
 def test_backend_choice(monkeypatch):
@@ -271,3 +276,37 @@ def test_linear_bias_gradient_against_float64(rng, grads, lead):
         assert rel_err(lin.weight.grad.numpy(), lin.layout.pack(x2.T @ dy2)) < 1e-12
     else:
         assert lin.weight.grad is None and x.grad is None
+
+
+@pytest.mark.parametrize("axis", [1, 0])
+def test_twice_differentiable_on_the_reference_path(rng, monkeypatch, axis):
+    """create_graph=True backwards (gradient penalties, meta learning) differentiate through the
+    products' gradients: gradgradcheck in float64."""
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "reference")
+    bsmm = BlocksparseMatMul(random_layout(rng, 3, 2, 0.6, cover=True), 8, feature_axis=axis)
+    x = torch.from_numpy(rng.standard_normal(bsmm.i_shape(5))).requires_grad_()
+    w = torch.from_numpy(rng.standard_normal(bsmm.w_shape)).requires_grad_()
+    assert torch.autograd.gradgradcheck(lambda x, w: bsmm(x, w), (x, w))
+
+
+@pytest.mark.interpreter
+def test_gradient_penalty_through_the_kernels(rng, monkeypatch):
+    """The gradient of a gradient norm, through the kernels, against the dense float64 product's."""
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "triton")
+    bsmm = BlocksparseMatMul(random_layout(rng, 2, 3, 0.5, cover=True), 16)
+    x = torch.from_numpy(rng.standard_normal(bsmm.i_shape(6))).float().requires_grad_()
+    w = torch.from_numpy(rng.standard_normal(bsmm.w_shape) / 4).float().requires_grad_()
+    r = torch.from_numpy(rng.standard_normal(bsmm.o_shape(6))).float()
+
+    def penalty(y, x, w):
+        gx, gw = torch.autograd.grad((y * r).sum(), (x, w), create_graph=True)
+        return gx.square().sum() + (gw * gw).sum() + (y * y).sum()
+
+    got = torch.autograd.grad(penalty(bsmm(x, w), x, w), (x, w))
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    bs, full = bsmm.block_size, torch.zeros(bsmm.layout.C, bsmm.layout.K, dtype=torch.float64)
+    for b, (c, k) in enumerate(bsmm.layout.coords):  # the dense weight, independent of the kernels
+        full[c * bs:(c + 1) * bs, k * bs:(k + 1) * bs] = w64[b]
+    want = torch.autograd.grad(penalty(x64 @ full, x64, w64), (x64, w64))
+    for g, ref in zip(got, want):
+        assert rel_err(g.double().numpy(), ref.numpy()) < 1e-4
