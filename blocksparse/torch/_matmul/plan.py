@@ -20,9 +20,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
+import triton
 
 from ... import _env
 from ...layout import Layout
+from ...ops.common import rows
 from ...ops.matmul import configs, grouping
 from ...ops.matmul.configs import UpdatConfig, XpropConfig
 from .. import _launch, _scratch
@@ -104,9 +106,9 @@ class Plan:
                 b = b.t().contiguous()
         n = a.shape[1]
         if self.pad_tokens:
-            a = torch.nn.functional.pad(a, (0, self.pad_tokens - n))
+            a = copy_rows(a, self.pad_tokens)
             if self.kind == "updat":
-                b = torch.nn.functional.pad(b, (0, self.pad_tokens - n))
+                b = copy_rows(b, self.pad_tokens)
         if self.runner is not None:
             out = a.new_empty(self.out_shape, dtype=self.out_dtype)  # on a's device: the plan's
             operands = (a, b, out) if not self.bias else (a, b, out, bias.to(a.dtype).contiguous())
@@ -116,7 +118,7 @@ class Plan:
         else:  # no tokens
             out = (torch.zeros if self.zero else torch.empty)(self.out_shape, dtype=self.out_dtype, device=self.device)
         if self.pad_tokens and self.kind != "updat":
-            out = out[:, :n].contiguous()
+            out = copy_rows(out, n)
         if self.transpose_inputs and self.kind != "updat":
             out = out.t().contiguous()
         return out if self.cast_to is None else out.to(self.cast_to)
@@ -132,6 +134,17 @@ PAD_MIN_TOKENS = {"updat": configs.SMALL_N + 1, "fprop": configs.SMALL_N + 1, "b
 #: unpadded time at blocks of 32 / 64 / 128 and updat 0.68 / 0.74 / 1.09; bprop 1.4-1.8 (PyTorch's
 #: copies of rows that are not 16-byte aligned are slow: the two cost more than the bprop saves).
 ODD_TOKENS = {"fprop": ("pad", 128), "bprop": (None, 0), "updat": ("pad", 64)}
+
+
+def copy_rows(t, cols):
+    """A contiguous copy of the 2-D ``t`` (unit column stride) with rows of ``cols`` elements: zero
+    padded or cut (:mod:`blocksparse.ops.common.rows`)."""
+    out = t.new_empty((t.shape[0], cols))
+    if out.numel():
+        grid = (triton.cdiv(t.shape[0], rows.ROWS), triton.cdiv(cols, rows.COLS))
+        rows.copy_rows_kernel[grid](t, out, t.shape[0], t.shape[1], cols, t.stride(0), cols,
+                                    BR=rows.ROWS, BC=rows.COLS, num_warps=4)
+    return out
 
 
 def _padded_tokens(kind, a, axis):

@@ -310,3 +310,17 @@ def test_gradient_penalty_through_the_kernels(rng, monkeypatch):
     want = torch.autograd.grad(penalty(x64 @ full, x64, w64), (x64, w64))
     for g, ref in zip(got, want):
         assert rel_err(g.double().numpy(), ref.numpy()) < 1e-4
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("cols_in, cols_out", [(521, 528), (528, 521), (13, 13), (0, 16)])
+def test_copy_rows_pads_with_zeros_or_cuts(rng, cols_in, cols_out):
+    from blocksparse.torch._matmul.plan import copy_rows
+
+    wide = torch.from_numpy(rng.standard_normal((9, cols_in + 7))).bfloat16()
+    x = wide[:, 3:3 + cols_in]  # a row stride of its own, rows not 16-byte aligned
+    y = copy_rows(x, cols_out)
+    want = torch.zeros(9, cols_out, dtype=torch.bfloat16)
+    keep = min(cols_in, cols_out)
+    want[:, :keep] = x[:, :keep]
+    assert y.is_contiguous() and y.shape == (9, cols_out) and torch.equal(y, want)
