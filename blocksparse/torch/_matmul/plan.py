@@ -129,11 +129,12 @@ class Plan:
 PAD_MIN_TOKENS = {"updat": configs.SMALL_N + 1, "fprop": configs.SMALL_N + 1, "bprop": configs.SMALL_N + 1}
 #: How such a product runs, by kind: ``("pad", largest block size)`` (:attr:`Plan.pad_tokens`),
 #: ``("transpose", ...)`` (on ``(N, F)`` copies, :attr:`Plan.transpose_inputs`) or ``(None, 0)`` (as it
-#: is).  Timed on an H200 (bf16, 4096 x 4096 at d = 0.25, 4095 and 4097 tokens, against 4096;
-#: ``bench/results/raw/cn-odd-tokens-h200.json``): padded, fprop took 0.65 / 0.84 / 0.89 of the
-#: unpadded time at blocks of 32 / 64 / 128 and updat 0.68 / 0.74 / 1.09; bprop 1.4-1.8 (PyTorch's
-#: copies of rows that are not 16-byte aligned are slow: the two cost more than the bprop saves).
-ODD_TOKENS = {"fprop": ("pad", 128), "bprop": (None, 0), "updat": ("pad", 64)}
+#: is).  Timed on an H200 in two runs (bf16, 4096 x 4096 at d = 0.25, 4095 / 4097 tokens against
+#: 4096; ``bench/results/raw/cn-odd-tokens-h200*.json``), padded over unpadded: fprop 0.51-0.65 /
+#: 0.62-0.84 / 0.65-0.89 at blocks of 32 / 64 / 128; updat 0.68-0.69 at 32, but 0.74 then 1.25 at 64
+#: and 1.09-1.55 at 128; bprop 1.4-3.1 (the copies' launches bound these calls on the host).
+#: Transposed copies were slower everywhere (a transpose took 114 µs, the row copy 33-45).
+ODD_TOKENS = {"fprop": ("pad", 128), "bprop": (None, 0), "updat": ("pad", 32)}
 
 
 def copy_rows(t, cols):
