@@ -11,6 +11,7 @@ Produces the numbers behind ``blocksparse/ops/matmul/configs.py``.  One run:
     python bench/tune_bsmm.py --updat --out updat.jsonl        # sweep 12: bf16 updat tiles at blocks of 32 / 64
     python bench/tune_bsmm.py --pixelfly2 --out px2.jsonl      # sweep 13: fewer stages, two programs a SM (~2 min)
     python bench/tune_bsmm.py --bias-grad --out bias.jsonl     # sweep 14: the bias gradient in the updat (~1 min)
+    python bench/tune_bsmm.py --short --out short.jsonl        # sweep 15: short columns, several programs a SM
 
 (Sweeps 6 and 7 append a JSON line per variant; ``--start N`` resumes after a variant that lost the
 CUDA context.)
@@ -279,6 +280,37 @@ def few16_cases():
     return out
 
 
+# Sweep 15 (``--short``): short columns (issue 16, item 3: at d = 0.1 every block size should reach
+# 0.9 of its own d = 0.5 figure).  A column of d = 0.1 at C = 4096 holds 3.2 / 6.4 / 12.8 blocks of
+# 128 / 64 / 32: a program's pipeline fill and output store weigh against few steps, and the tables'
+# many-token tiles (up to 200 KB of shared memory) leave one program a SM to hide them.  Tiles with
+# fewer stages or fewer tokens let 2-4 programs share a SM; each is timed at d = 0.1 and 0.5 (its
+# price on long columns), N = 8192, bf16, fprop and bprop.
+def short_cases():
+    """(problem key, op, impl, cfg, waves) of sweep 15: per block size the tables' tile first."""
+    from dataclasses import replace
+
+    from blocksparse.ops.matmul.configs import xprop_config
+
+    out = []
+    for bs in (32, 64, 128):
+        current = xprop_config(bs, 8192)
+        bk = current.BK or bs
+        variants = [current]
+        for bm, warps in ((64, 4), (128, 4), (128, 8), (256, 8)):
+            per_stage = (bm * bk + bk * bs) * 2
+            for stages in (2, 3, 4, 5):
+                if per_stage * stages > 200 * 1024 or (bm == 256 and stages < 3):
+                    continue
+                c = replace(current, BM=bm, num_warps=warps, num_stages=stages, PREFETCH=True)
+                if c not in variants:
+                    variants.append(c)
+        for d in (0.1, 0.5):
+            key = ("random", 8192, C, K, bs, d, "bf16")
+            out += [(key, op, "tma", c, 2) for op in ("fprop", "bprop") for c in variants]
+    return out
+
+
 def _kb(bs, kb, w, st, bn=0):
     return X(64, 1, w, st, BN=bn, WAVES=0, KB=kb, TMA=False)
 
@@ -538,6 +570,8 @@ def main():
                     "table one step ahead, N = 8192 and 64, bf16, and float32 at N = 64 (JSON lines appended to --out)")
     ap.add_argument("--pixelfly2", action="store_true", help="sweep 13 only: the large pixelfly MLP's layers, "
                     "bs 128 tiles with fewer stages")
+    ap.add_argument("--short", action="store_true", help="sweep 15 only: short columns (d = 0.1 against 0.5), "
+                    "bf16 fprop / bprop tiles with fewer stages or tokens, several programs a SM")
     ap.add_argument("--updat", action="store_true", help="sweep 12 only: bf16 updat tiles at blocks of 32 and 64")
     ap.add_argument("--bias-grad", action="store_true", help="sweep 14 only: the pixelfly layers' updat with the "
                     "bias gradient against the updat and cuBLAS's column sums (JSON lines appended to --out)")
@@ -552,9 +586,10 @@ def main():
     if args.bias_grad:
         return bias_grad_rows(args)
     if (args.narrow or args.pixelfly or args.native256 or args.few or args.tickets or args.prefetch or args.prefetch_more
-            or args.updat or args.pixelfly2):
+            or args.updat or args.pixelfly2 or args.short):
         todo = (narrow_cases() if args.narrow else pixelfly_cases() if args.pixelfly
                 else pixelfly2_cases() if args.pixelfly2 else updat_cases() if args.updat
+                else short_cases() if args.short
                 else native256_cases() if args.native256
                 else ticket_cases() if args.tickets else prefetch_cases() if args.prefetch
                 else prefetch_cases(PREFETCH_MORE) + prefetch_waves_cases() + few16_cases() if args.prefetch_more
