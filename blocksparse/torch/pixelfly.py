@@ -43,8 +43,10 @@ class PixelflyLinear(Dispatched, nn.Module):
         Let the kernels' float32 products use TF32 (the portable and dense paths follow
         PyTorch's own setting, ``torch.backends.cuda.matmul.allow_tf32``).
     impl : str
-        ``"auto"`` (the cost model chooses per call; see :meth:`plan`), ``"kernels"``,
-        ``"portable"``, ``"dense"`` or ``"reference"``; settable later as ``layer.impl``.
+        ``"auto"`` (the cost model chooses per call; see :meth:`plan`), ``"kernels"`` /
+        ``"reference"`` (the block-sparse matmul ops, as :class:`~blocksparse.torch.BlocksparseLinear`'s:
+        the kernels on CUDA, the reference path elsewhere; block sizes a kernel size divides),
+        ``"portable"`` or ``"dense"``; settable later as ``layer.impl``.
     cost_model : blocksparse.dispatch.CostModel, optional
         The model to plan with (default: the tables shipped for the call's device).
 

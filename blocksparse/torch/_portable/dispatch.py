@@ -309,10 +309,8 @@ class LinearDispatch(nn.Module):
             if self.bsmm is None:
                 raise ValueError(f"impl={impl!r} cannot run block size {self.layout.block_size}; use "
                                  "'portable' or 'dense'")
-            if impl == "kernels" and not use_triton(x, self.bsmm.block_size):
-                raise RuntimeError(f"impl='kernels' needs CUDA tensors of float16, bfloat16 or float32 "
-                                   f"(or BLOCKSPARSE_BACKEND=triton with TRITON_INTERPRET=1); got "
-                                   f"{x.dtype} on {x.device}")
+            # the matmul ops of bsmm: the kernels where they run, else its reference path (as
+            # BlocksparseLinear's "kernels" has always done off CUDA)
             return self.bsmm._linear(x, self.kernel_weight(w), bias)  # the bias added in the product
         self._check(x, w)
         self.tables.follow(w.device)

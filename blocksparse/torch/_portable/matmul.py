@@ -36,6 +36,7 @@ class PortableTables(nn.Module):
             yield f"blocks{i}", g.blocks.ravel()
         yield "bag_index", self.tables.bag_index
         yield "bag_offsets", self.tables.bag_offsets
+        yield "table_cols", self.tables.table_cols
         yield "c_idx", self.coords[:, 0]
         yield "k_idx", self.coords[:, 1]
         yield "tile_idx", self.coords[:, 0] * self.tables.KB + self.coords[:, 1]  # block -> its (c, k) tile
@@ -66,13 +67,33 @@ class PortableTables(nn.Module):
         return f"blocks={t.blocks}, row_groups={len(t.groups)}, block_size={t.block_size}"
 
 
+class _SegmentSum(torch.autograd.Function):
+    """``embedding_bag(mode="sum")`` of the table's rows into their output blocks, with a backward
+    built of differentiable ops (a gather of each row's block), so that gradients of gradients
+    exist: ``embedding_bag``'s own backward has none."""
+
+    @staticmethod
+    def forward(table, bag_index, bag_offsets, table_cols):
+        return F.embedding_bag(bag_index, table, bag_offsets, mode="sum")
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[3])
+
+    @staticmethod
+    def backward(ctx, grad):
+        (table_cols,) = ctx.saved_tensors
+        return grad.index_select(0, table_cols), None, None, None
+
+
 def portable_matmul(x, w, tables, bias=None):
     """``y = x @ W (+ bias)`` for ``x`` ``(N, C)``, packed ``w`` ``(blocks, bs, bs)`` -> ``(N, K)``.
 
     Feature-major throughout (see :mod:`blocksparse.ops.matmul.portable`): ``x.T`` as
     ``(CB, bs, N)``; per row group one ``bmm`` of the stacked transposed blocks of each row with its
     activations; the ``(bs, N)`` slabs of the products summed per output block by
-    ``embedding_bag``.  The result is returned as a transposed view of the ``(K, N)`` sum.
+    ``embedding_bag`` (twice differentiable: :class:`_SegmentSum`).  The result is returned as a
+    transposed view of the ``(K, N)`` sum.
     """
     t = tables.tables
     bs, n = t.block_size, x.shape[0]
@@ -88,7 +109,7 @@ def portable_matmul(x, w, tables, bias=None):
         # [r, m*bs, bs] @ [r, bs, N] -> [r, m*bs, N]: one (bs, N) slab per block
         parts.append(torch.bmm(wg, xg).view(r * m, bs * n))
     table = parts[0] if len(parts) == 1 else torch.cat(parts)
-    yt = F.embedding_bag(tables.bag_index, table, tables.bag_offsets, mode="sum")     # [KB, bs*N]
+    yt = _SegmentSum.apply(table, tables.bag_index, tables.bag_offsets, tables.table_cols)  # [KB, bs*N]
     y = yt.view(t.KB * bs, n).t()
     return y if bias is None else y + bias.to(y.dtype)
 

@@ -181,8 +181,6 @@ def test_bad_inputs():
         for_layout(Layout(np.eye(2, dtype=int), 3, any_block_size=True), impl="reference")
     with pytest.raises(ValueError, match="impl must be one of"):
         for_layout(Layout(np.eye(2, dtype=int), 3, any_block_size=True), impl="gpu")
-    with pytest.raises(RuntimeError, match="impl='kernels' needs CUDA tensors"):
-        for_layout(Layout(np.eye(2, dtype=int), 16)).run("kernels", torch.randn(2, 32), torch.randn(2, 16, 16))
 
 
 def test_dense_path_uses_the_current_weight_every_call(rng):
@@ -204,3 +202,25 @@ def test_dense_path_uses_the_current_weight_every_call(rng):
     assert rel_error(dispatch.run("dense", x, w), ref()) < 1e-5
     w.data.mul_(-0.5)
     assert rel_error(dispatch.run("dense", x, w), ref()) < 1e-5
+
+
+@pytest.mark.parametrize("impl", ["portable", "dense", "reference"])
+def test_twice_differentiable(rng, impl):
+    """Gradients of gradients (gradient penalties, Hessian-vector products) on every framework path:
+    the portable path's segment sum has a differentiable backward of its own."""
+    mask = random_layout(rng, 3, 4, 0.5, empty_rows=1)
+    dispatch = for_layout(Layout(mask, 16 if impl == "reference" else 3, any_block_size=True))
+    x, w, _ = _inputs(rng, dispatch.layout, 4, "float64")
+    assert torch.autograd.gradgradcheck(lambda a, b: dispatch.run(impl, a, b),
+                                        (x.requires_grad_(), w.requires_grad_()))
+
+
+def test_pixelfly_kernels_off_cuda_run_the_reference_path(rng):
+    """``impl="kernels"`` off CUDA runs the matmul ops' reference path, as BlocksparseLinear's does."""
+    from blocksparse.torch import PixelflyLinear
+
+    layer = PixelflyLinear(64, 96, 16, 2, impl="kernels")
+    x = torch.from_numpy(rng.standard_normal((5, 64))).float()
+    y = layer(x)
+    ref = x.double() @ layer.dense_weight().detach().double() + layer.bias.detach().double()
+    assert rel_error(y, ref) < tolerance("float32")
