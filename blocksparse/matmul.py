@@ -15,6 +15,7 @@ Works in TF2 eager mode, inside ``tf.function`` (the minibatch may be unknown) a
 unless a faster one is available; ``BLOCKSPARSE_BACKEND`` picks (see :mod:`blocksparse._env`).
 """
 import numbers
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -359,8 +360,13 @@ class SparseProj:
             return x
         if tf.executing_eagerly():
             return x
-        return checks.checked(x, [tf.debugging.assert_equal(
-            tf.shape(x)[0], rows, message=f"{name} must have {rows} rows on axis 0")])
+        if x.shape.rank is not None:  # EnsureShape holds under XLA and Grappler, which drop assertions
+            return checks.check_shape(x, (rows,) + (None,) * (x.shape.rank - 1), name)
+        message = f"{name} must have {rows} rows on axis 0"
+        x = checks.checked(x, [tf.debugging.assert_equal(tf.shape(x)[0], rows, message=message)])
+        # unknown rank: a reshape to `rows` rows fails where the sizes differ, also where Grappler
+        # or XLA drop the assertion
+        return tf.reshape(x, tf.concat([[rows], tf.shape(x)[1:]], 0), name=checks.node_name(message))
 
     def _pair(self, x, y):
         x = self._arg(x, self.nhidden, "x")
@@ -370,6 +376,8 @@ class SparseProj:
                 and not x.shape[1:].is_compatible_with(y.shape[1:]):
             raise ValueError(f"x and y must have the same shape after axis 0; got x "
                              f"{tuple(x.shape.as_list())} and y {tuple(y.shape.as_list())}")
+        if not (x.shape[1:].is_fully_defined() and y.shape[1:].is_fully_defined()):
+            y = checks.same_trailing(y, x, "y", "the shape of x after axis 0")  # else y would broadcast
         return x, y
 
     def gather(self, x):
@@ -414,6 +422,9 @@ def largest_block(dim, *, block_sizes=(32, 16, 8)):
     ((32, 3), (8, 5))
     """
     dim = _check_int(dim, "dim", 1)
+    if isinstance(block_sizes, (str, bytes)) or not isinstance(block_sizes, Iterable):
+        raise TypeError(f"block_sizes must be a sequence of ints (block sizes of {BLOCK_SIZES}); got "
+                        f"{block_sizes!r}")
     sizes = sorted({_check_int(b, "block_sizes", 1) for b in block_sizes}, reverse=True)
     if not sizes or any(b not in BLOCK_SIZES for b in sizes):
         raise ValueError(f"block_sizes must be a non-empty subset of {BLOCK_SIZES}; got {tuple(block_sizes)}")

@@ -101,9 +101,12 @@ def shape_assertions(tensor, expected, name, *, rank_hint=""):
                 raise ValueError(f"{name} must have shape {want}{rank_hint}; got shape "
                                  f"{_shape_text(dims)} (dimension {axis} is {got}, expected {size})")
         else:
-            with tf.control_dependencies(runtime):  # the rank check must come first
+            # the rank check should come first, but Grappler may drop that order: a shape padded
+            # with zeros never fails to slice (a missing dimension fails this check, naming it)
+            shape = tf.shape(tensor) if static.rank is not None else tf.pad(tf.shape(tensor), [[0, len(expected)]])
+            with tf.control_dependencies(runtime):
                 runtime.append(tf.debugging.assert_equal(
-                    tf.shape(tensor)[axis], tf.constant(size, tf.int32),
+                    shape[axis], tf.constant(size, tf.int32),
                     message=f"{name} must have shape {want}{rank_hint}; dimension {axis} "
                             f"must be {size}"))
     return runtime
@@ -121,8 +124,23 @@ def check_shape(tensor, expected, name, *, rank_hint=""):
             e is None or d is not None for d, e in zip(tensor.shape.as_list(), expected)):
         return checked(tensor, assertions)
     with tf.control_dependencies(assertions):  # its error names the argument: "Shape of tensor <name> ..."
-        out = tf.identity(tensor, name=re.sub(r"[^A-Za-z0-9_.-]", "_", name))
+        out = tf.identity(tensor, name=node_name(name))
     return tf.ensure_shape(out, list(expected))
+
+
+def node_name(text):
+    """``text`` as an op name (errors of an op name it)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", text)
+
+
+def same_trailing(tensor, like, name, like_name):
+    """``tensor``, failing at run time unless its shape after axis 0 is ``like``'s: a concat after
+    zero rows of ``like`` (data, not an assertion: Grappler and XLA keep it), plus an assertion whose
+    message names the arguments where assertions run."""
+    message = f"{name} must have {like_name}"
+    assertion = tf.debugging.assert_equal(tf.shape(tensor)[1:], tf.shape(like)[1:], message=message)
+    with tf.control_dependencies([assertion]):
+        return tf.concat([like[:0], tensor], 0, name=node_name(message))
 
 
 def checked(tensor, assertions):

@@ -156,7 +156,7 @@ def attention(q, k, v, layout, *, block_size=None, causal=False, scale=None, seq
         raise ValueError(f"layout must cover the sequence: blocks * block_size = {blocks} * "
                          f"{bs} = {blocks * bs}, but q has S = {S}")
     scale = _check_scale(scale, D)
-    seqlens = _check_seqlens(seqlens, B, q.device)
+    seqlens = _check_seqlens(seqlens, B, q.device, S)
     if plain_ops_needed(q, k, v):
         return _ops.plain_forward(q, k, v, seqlens, handle, bool(causal), scale)[0]
     return _ops.attention(q, k, v, seqlens, handle, bool(causal), scale)
@@ -243,7 +243,7 @@ def _check_scale(scale, head_dim):
     return float(scale)
 
 
-def _check_seqlens(seqlens, batch, device):
+def _check_seqlens(seqlens, batch, device, length):
     if seqlens is None:
         return None
     if not isinstance(seqlens, torch.Tensor):
@@ -255,7 +255,8 @@ def _check_seqlens(seqlens, batch, device):
                          f"got {tuple(seqlens.shape)}")
     if seqlens.device != device:
         raise ValueError(f"seqlens must be on q's device {device}; got {seqlens.device}")
-    return seqlens.to(torch.int32).contiguous()
+    # clamped to 0 .. S before the cast: lengths of 2**31 and more must not wrap around
+    return seqlens.long().clamp(0, length).to(torch.int32).contiguous()
 
 
 # --------------------------------------------------------------------------- raw layouts

@@ -247,10 +247,23 @@ def test_triton_kernels_tiny_half_transposed(rng, monkeypatch, axis, dtype):
     _check(bsmm, x.detach(), w.detach(), dtype, rng)
 
 
-@pytest.mark.interpreter
-def test_vmap_through_the_kernels_is_refused(rng, monkeypatch):
-    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "triton")
-    bsmm = BlocksparseMatMul(_layout(rng, 2, 2), block_size=16)
-    w = draw(rng, bsmm.w_shape, torch.float32)
-    with pytest.raises(RuntimeError, match=r"torch.func transforms \(vmap, grad, \.\.\.\) are not supported"):
-        torch.func.vmap(lambda t: bsmm(t, w))(draw(rng, (2, 3, bsmm.C), torch.float32))
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+@pytest.mark.parametrize("axis", [1, 0], ids=["NC", "CN"])
+def test_torch_func_transforms(rng, monkeypatch, backend, axis):
+    """vmap, grad and jvp of the matmul (the kernels cannot take batched tensors: the transforms
+    run the dense product of the blocks) against per-sample products and float64 formulas."""
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", backend)
+    bsmm = BlocksparseMatMul(_layout(rng, 2, 3), block_size=16, feature_axis=axis)
+    coords = [bsmm.block_coord(b) for b in range(bsmm.blocks)]
+    w = draw(rng, bsmm.w_shape, torch.float64)
+    dense = torch.from_numpy(dense_from_coords(coords, w.numpy(), 16, bsmm.C, bsmm.K))
+    nc = lambda t: t if axis == 1 else t.t()  # noqa: E731  (N, C) views
+    xs = draw(rng, (4,) + tuple(bsmm.i_shape(3)), torch.float64)
+    got = torch.func.vmap(lambda t: bsmm(t, w))(xs)
+    close(got, torch.stack([nc(nc(x) @ dense) for x in xs]), torch.float64)
+    dw = torch.func.grad(lambda v: bsmm(xs[0], v).square().sum())(w)
+    x0 = nc(xs[0]).numpy()
+    close(dw, block_grads(coords, x0, 2 * x0 @ dense.numpy(), 16), torch.float64)
+    tangent = torch.randn_like(xs[0])
+    _, dy = torch.func.jvp(lambda t: bsmm(t, w), (xs[0],), (tangent,))
+    close(dy, nc(nc(tangent) @ dense), torch.float64)

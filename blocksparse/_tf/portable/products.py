@@ -80,6 +80,11 @@ def fprop(x, w, layout, axis):
     bs = layout.block_size
     xt = _feature_major(x, layout.CB, bs, axis)
     w = tf.cast(w, x.dtype)
+    if x.dtype in (tf.float16, tf.bfloat16):
+        # the slabs of a column are summed after the matmuls: 16-bit slabs would round each block's
+        # product (a column of cancelling blocks lost ~16x one rounding); their products are exact
+        # in float32 (and in TF32), so the sum keeps the float32 accumulation the op promises
+        xt, w = tf.cast(xt, tf.float32), tf.cast(w, tf.float32)
     parts = []
     for g in t.groups:
         # [r, m*bs, bs] @ [r, bs, N] -> [r, m*bs, N]: one (bs, N) slab per block

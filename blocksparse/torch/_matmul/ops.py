@@ -15,11 +15,12 @@ custom op only while compiling; eagerly with a gradient, the native op (one C++ 
 launches (:mod:`.products`).
 """
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from .. import _native
-from .._autograd import direct_apply
+from .._autograd import direct_apply, functorch_active
 from .._reduce import column_sums
 from . import plan as _plan
 from . import products as _products
@@ -183,6 +184,9 @@ def matmul(x, w, layout, axis, precision, bias=None):
     if torch.compiler.is_compiling():
         y = matmul_op(x, w, layout, axis, precision)
         return y if bias is None else y + (bias.to(y.dtype) if axis == 1 else bias.to(y.dtype)[:, None])
+    if functorch_active():  # vmap, grad, jvp, ...: plain PyTorch ops, which every transform knows
+        y = dense_product(x, w, layout, axis)
+        return y if bias is None else _add_bias(y, bias, axis)
     if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
                                     or (bias is not None and bias.requires_grad)):
         if x.is_cuda and _native.available():
@@ -192,6 +196,18 @@ def matmul(x, w, layout, axis, precision, bias=None):
         return _apply(x, w, bias, layout, axis, precision)
     y = _products.fprop(x, w, layout, axis, precision)
     return y if bias is None else _add_bias(y, bias, axis)
+
+
+def dense_product(x, w, layout, axis):
+    """``x @ W`` (``axis=1``) or ``W.T @ x`` (``axis=0``) with ``W`` the dense matrix of the packed
+    blocks ``w``, built by differentiable copies: the product under ``torch.func`` transforms,
+    whose batched tensors the kernels and the reference path's autograd functions cannot take."""
+    lay = _plan.state(layout).layout
+    bs, cb, kb = lay.block_size, lay.CB, lay.KB
+    coords = torch.tensor(np.asarray(lay.coords, dtype=np.int64).reshape(-1, 2), device=w.device)
+    tiles = w.new_zeros((cb * kb, bs, bs)).index_copy(0, coords[:, 0] * kb + coords[:, 1], w)
+    dense = tiles.view(cb, kb, bs, bs).transpose(1, 2).reshape(cb * bs, kb * bs)
+    return x @ dense if axis == 1 else dense.t() @ x
 
 
 def native_ids(x, w, layout, axis, precision, bias=False):

@@ -178,7 +178,8 @@ class LinearDispatch(nn.Module):
         if backend == "triton":
             if self.bsmm is None:
                 raise ValueError(f"BLOCKSPARSE_BACKEND=triton asks for the kernels, which have no block "
-                                 f"size dividing {self.layout.block_size}; unset it, or use impl='portable'")
+                                 f"size dividing {self.layout.block_size}; unset it (it overrides impl=) to "
+                                 "run this layer")
             return "kernels", "BLOCKSPARSE_BACKEND=triton"
         if backend == "reference":
             return ("reference" if self.bsmm is not None else "portable"), "BLOCKSPARSE_BACKEND=reference"

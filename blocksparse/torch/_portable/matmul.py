@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._backend import autocast_dtype_of
+
 
 __all__ = ["PortableTables", "dense_matmul", "portable_matmul"]
 
@@ -70,7 +72,8 @@ class PortableTables(nn.Module):
 class _SegmentSum(torch.autograd.Function):
     """``embedding_bag(mode="sum")`` of the table's rows into their output blocks, with a backward
     built of differentiable ops (a gather of each row's block), so that gradients of gradients
-    exist: ``embedding_bag``'s own backward has none."""
+    exist: ``embedding_bag``'s own backward has none.  ``torch.func`` works through it: the sum is
+    linear (its tangent is the sum of the tangent), and a batch of tables is one wider table."""
 
     @staticmethod
     def forward(table, bag_index, bag_offsets, table_cols):
@@ -78,12 +81,41 @@ class _SegmentSum(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
+        ctx.blocks = output.shape[0]
         ctx.save_for_backward(inputs[3])
+        ctx.save_for_forward(inputs[3])
 
     @staticmethod
     def backward(ctx, grad):
         (table_cols,) = ctx.saved_tensors
         return grad.index_select(0, table_cols), None, None, None
+
+    @staticmethod
+    def vmap(info, in_dims, table, bag_index, bag_offsets, table_cols):
+        if any(d is not None for d in in_dims[1:]):
+            raise ValueError("the portable path's index tables cannot be batched by vmap")
+        if in_dims[0] is None:
+            return segment_sum(table, bag_index, bag_offsets, table_cols), None
+        t = table.movedim(in_dims[0], 1)  # [rows, B, width]: the batch side by side in each row
+        out = segment_sum(t.reshape(t.shape[0], -1), bag_index, bag_offsets, table_cols)
+        return out.view(out.shape[0], *t.shape[1:]), 1
+
+
+class _SegmentSumJvp(_SegmentSum):
+    """:class:`_SegmentSum` with forward-mode derivatives (eager only: Dynamo refuses a custom
+    ``jvp``)."""
+
+    @staticmethod
+    def jvp(ctx, table_tangent, *_):
+        (table_cols,) = ctx.saved_tensors
+        out = table_tangent.new_zeros((ctx.blocks, table_tangent.shape[1]))
+        return out.index_add_(0, table_cols, table_tangent)
+
+
+def segment_sum(table, bag_index, bag_offsets, table_cols):
+    """Rows of ``table`` summed into their output blocks (:class:`_SegmentSum`)."""
+    fn = _SegmentSum if torch.compiler.is_compiling() else _SegmentSumJvp
+    return fn.apply(table, bag_index, bag_offsets, table_cols)
 
 
 def portable_matmul(x, w, tables, bias=None):
@@ -107,11 +139,35 @@ def portable_matmul(x, w, tables, bias=None):
         wg = wg.view(r, m, bs, bs).transpose(2, 3).reshape(r, m * bs, bs)
         xg = xt if all_rows else xt.index_select(0, getattr(tables, f"rows{i}"))
         # [r, m*bs, bs] @ [r, bs, N] -> [r, m*bs, N]: one (bs, N) slab per block
-        parts.append(torch.bmm(wg, xg).view(r * m, bs * n))
+        parts.append(_slab_products(wg, xg).reshape(r * m, bs * n))
     table = parts[0] if len(parts) == 1 else torch.cat(parts)
-    yt = _SegmentSum.apply(table, tables.bag_index, tables.bag_offsets, tables.table_cols)  # [KB, bs*N]
-    y = yt.view(t.KB * bs, n).t()
+    yt = segment_sum(table, tables.bag_index, tables.bag_offsets, tables.table_cols)  # [KB, bs*N]
+    y = yt.reshape(t.KB * bs, n).t().to(_product_dtype(x, w))  # (a copy only under vmap)
     return y if bias is None else y + bias.to(y.dtype)
+
+
+def _product_dtype(x, w):
+    """The dtype of the products: autocast's where it casts (floating operands below float64), else
+    the operands'."""
+    cast = autocast_dtype_of(x.device.type)
+    return cast if cast is not None and torch.float64 not in (x.dtype, w.dtype) else torch.promote_types(
+        x.dtype, w.dtype)
+
+
+def _slab_products(wg, xg):
+    """``torch.bmm(wg, xg)``, in float32 for 16-bit operands (or autocast's 16-bit dtype): a
+    column's slabs are summed after the products, and 16-bit slabs would round each block's
+    product apart (cancelling blocks lost ~1000x one rounding); the products of 16-bit operands
+    are exact in float32, so the sum keeps the float32 accumulation of a matmul."""
+    low = _product_dtype(xg, wg)
+    if low not in (torch.float16, torch.bfloat16):
+        return torch.bmm(wg, xg)
+    dev = wg.device.type
+    with torch.autocast(dev, enabled=False):
+        wg, xg = wg.to(low), xg.to(low)  # the operands autocast (or the caller) gives the product
+        if dev == "cuda":  # tensor cores, float32 results
+            return torch.bmm(wg, xg, out_dtype=torch.float32)
+        return torch.bmm(wg.float(), xg.float())
 
 
 def _densify(w, tables):

@@ -327,3 +327,14 @@ def test_empty_batch(monkeypatch, backend):
     o = attention(q, q, q, AttentionLayout(layouts.causal(2), 16), causal=True)
     o.sum().backward()
     assert o.shape == q.shape and q.grad.shape == q.shape
+
+
+@pytest.mark.parametrize("length", [2**31, 2**32 + 5, 2**40])
+def test_lengths_past_int32_are_clamped(length):
+    """Lengths are clamped to 0 .. S before the kernels' int32: 2**32 + 5 once read as 5."""
+    gen = torch.Generator().manual_seed(length % 1000)
+    q, k, v = (torch.randn(1, 1, 32, 16, generator=gen) for _ in range(3))
+    lay = np.tril(np.ones((2, 2)))
+    full = attention(q, k, v, lay)
+    got = attention(q, k, v, lay, seqlens=torch.tensor([length], dtype=torch.int64))
+    assert torch.equal(got, full)

@@ -224,3 +224,43 @@ def test_pixelfly_kernels_off_cuda_run_the_reference_path(rng):
     y = layer(x)
     ref = x.double() @ layer.dense_weight().detach().double() + layer.bias.detach().double()
     assert rel_error(y, ref) < tolerance("float32")
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["plain", "autocast"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_16bit_products_round_once(rng, dtype, autocast):
+    """A column fed by two nearly cancelling blocks: every path rounds the float32 sum once (the
+    portable path once summed 16-bit products of each block: ~1000x the error of one rounding)."""
+    dispatch = for_layout(Layout(np.ones((2, 1), dtype=int), 16))
+    x, w, _ = _inputs(rng, dispatch.layout, 8, "float64")
+    w[1] = -w[0] * 1.001
+    x[:, 16:] = x[:, :16]
+    low = DTYPES[dtype]
+    exact = dispatch.run("dense", x.to(low).double(), w.to(low).double())
+    one = (exact.to(low).double() - exact).abs().max()
+    for impl in ("portable", "dense") if autocast else ("portable", "dense", "reference"):
+        if autocast:  # the framework paths multiply the operands autocast rounds, as nn.Linear
+            with torch.autocast("cpu", dtype=low):
+                y = dispatch.run(impl, x.float(), w.float())
+        else:
+            y = dispatch.run(impl, x.to(low), w.to(low))
+        assert y.dtype == low
+        err = (y.double() - exact).abs().max()
+        assert err <= 4 * one, f"{impl}: {err} against one rounding {one}"
+
+
+def test_torch_func_through_the_portable_path(rng):
+    """vmap, forward-mode (jvp) and reverse-mode (jacrev) transforms of the portable path against
+    the dense masked product (plain PyTorch ops), per sample."""
+    mask = random_layout(rng, 3, 4, 0.5, empty_rows=1)
+    dispatch = for_layout(Layout(mask, 3, any_block_size=True))
+    x, w, _ = _inputs(rng, dispatch.layout, 4, "float64")
+    xs = torch.from_numpy(rng.standard_normal((5, 4, dispatch.layout.C)))
+    portable = lambda a, b=w: dispatch.run("portable", a, b)  # noqa: E731
+    dense = lambda a, b=w: dispatch.run("dense", a, b)  # noqa: E731
+    assert rel_error(torch.func.vmap(portable)(xs), torch.stack([dense(a) for a in xs])) < 1e-12
+    tangent = torch.randn_like(x)
+    (y, dy), (y_ref, dy_ref) = (torch.func.jvp(f, (x,), (tangent,)) for f in (portable, dense))
+    assert rel_error(y, y_ref) < 1e-12 and rel_error(dy, dy_ref) < 1e-12
+    jac = torch.func.jacrev(lambda b: portable(x, b))(w)
+    assert rel_error(jac, torch.func.jacrev(lambda b: dense(x, b))(w)) < 1e-12

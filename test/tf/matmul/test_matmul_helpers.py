@@ -122,3 +122,9 @@ def test_graph_helpers_need_graphs():
         b = tf.constant(2.0)
         with pytest.raises(ValueError, match="same graph"):
             add_control_input(b, a)
+
+
+@pytest.mark.parametrize("sizes", [32, None, "32"])
+def test_largest_block_sizes_must_be_a_sequence(sizes):
+    with pytest.raises(TypeError, match="block_sizes must be a sequence"):
+        largest_block(64, block_sizes=sizes)

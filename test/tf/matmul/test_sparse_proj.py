@@ -193,5 +193,25 @@ def test_unknown_rows_are_checked_at_run_time():
         z = proj.gather(x)
         with tf.compat.v1.Session() as sess:
             assert sess.run(z, {x: np.ones((16, 2))}).shape == (3, 2)
-            with pytest.raises(tf.errors.InvalidArgumentError, match="x must have 16 rows"):
+            with pytest.raises(tf.errors.InvalidArgumentError, match=r"x must have shape \(16, None\)"):
                 sess.run(z, {x: np.ones((12, 2))})
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["function", "xla"])
+@pytest.mark.parametrize("rank", [2, None], ids=["rank2", "unknown_rank"])
+def test_graph_shapes_are_checked_where_assertions_are_dropped(jit, rank):
+    """Inside tf.function (and under XLA, which drops assertions) a wrong row count or a trailing
+    shape that would broadcast must fail, never give a silently wrong result."""
+    proj = SparseProj(6, gather_lut=[0, 2, 4])
+    sig = tf.TensorSpec([None] * rank if rank else None, tf.float32)
+    gather = tf.function(proj.gather, input_signature=[sig], jit_compile=jit)
+    ops = {op: tf.function(getattr(proj, op), input_signature=[sig, sig], jit_compile=jit)
+           for op in ("scatter_add", "scatter_mul")}
+    assert gather(tf.ones((6, 2))).shape == (3, 2)
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        gather(tf.ones((5, 2)))
+    for op, fn in ops.items():
+        assert fn(tf.ones((6, 2)), tf.ones((3, 2))).shape == (6, 2)
+        for xs, ys in [((6, 2), (3, 1)), ((6, 1), (3, 2)), ((1, 2), (3, 2)), ((6, 2), (1, 2))]:
+            with pytest.raises(tf.errors.InvalidArgumentError):
+                fn(tf.ones(xs), tf.ones(ys))

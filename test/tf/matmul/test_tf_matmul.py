@@ -581,3 +581,16 @@ def test_autograph_leaves_the_library_alone():
 
     assert conversion.is_allowlisted(BlocksparseMatMul.__call__)
     assert conversion.is_allowlisted(blocksparse.norms.layer_norm)
+
+
+@pytest.mark.parametrize("axis", [1, 0])
+def test_unknown_rank_in_tf_function_names_the_input(axis):
+    """A rank-1 or scalar input in a tf.function of unknown rank: the error names I (a shape slice
+    once failed first, as Grappler need not run the rank check before it)."""
+    bsmm = BlocksparseMatMul(LAYOUT_2x3, block_size=8, feature_axis=axis)
+    f = tf.function(lambda x, w: bsmm(x, w), input_signature=[tf.TensorSpec(None), tf.TensorSpec(bsmm.w_shape)])
+    good = (3, 16) if axis else (16, 3)
+    assert f(tf.ones(good), tf.zeros(bsmm.w_shape)).shape == ((3, 24) if axis else (24, 3))
+    for shape in [(48,), (), (3, 16, 1) if axis else (16, 3, 1)]:
+        with pytest.raises(tf.errors.InvalidArgumentError, match="I must have|tensor x"):
+            f(tf.ones(shape), tf.zeros(bsmm.w_shape))

@@ -165,3 +165,22 @@ def test_group_param_grads_merges_any_products(rng, impl):
             sess.run(tf.compat.v1.global_variables_initializer())
             merged = sess.run(grouped)
     assert rel_error(merged, ref) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("axis", [1, 0], ids=["axis1", "axis0"])
+def test_16bit_products_round_once(rng, dtype, axis):
+    """A column fed by two nearly cancelling blocks: every path rounds the float32 sum once (the
+    portable path once rounded each block's product to 16 bits: ~16x the error)."""
+    lay = Layout(np.ones((2, 1), dtype=int), 16)
+    x, w, dy = _case(rng, lay, axis, 8)
+    w[1] = -w[0] * 1.001
+    x = np.concatenate([x[:, :16], x[:, :16]], 1) if axis else np.concatenate([x[:16], x[:16]], 0)
+    tdt = tf.as_dtype(dtype)
+    xq, wq = (tf.cast(tf.cast(a, tdt), tf.float64).numpy() for a in (x, w))
+    exact = dense_products(lay, xq, wq, dy.astype(np.float64), axis)[0]
+    one = np.abs(tf.cast(tf.cast(exact, tdt), tf.float64).numpy() - exact).max()
+    for impl, products in PRODUCTS.items():
+        (y, _, _), _ = _eager(products, lay, axis, x, w, dy, tdt, tf.float32)
+        err = np.abs(tf.cast(y, tf.float64).numpy() - exact).max()
+        assert err <= 4 * one, f"{impl}: {err} against one rounding {one}"
