@@ -94,6 +94,8 @@ def fused_lstm_gates(c, *args, bias=None, forget_bias=1.0, name=None):
     with tf.name_scope(ewargs.op_name(name, "LSTMGates")):
         c = float_tensor(c, "c")
         gates, merged = _gates(c, args)
+        if c.shape.rank == 0:
+            raise ValueError("c must have rank >= 1, shape (..., K); got a scalar")
         if bias is not None:
             if c.shape.rank is None or c.shape[-1] is None:
                 raise ValueError("c must have a known last dimension K when a bias (4K,) is given; "

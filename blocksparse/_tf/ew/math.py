@@ -33,7 +33,10 @@ def gelu(x, alpha):
     Written as ``x * sigmoid(2u)`` (the same function): ``1 + tanh(u)`` cancels to nothing in
     float32 for large negative ``x``, the sigmoid keeps full relative precision there.
     """
-    return x * tf.sigmoid(2.0 * _SQRT_2_OVER_PI * (x + alpha * x * x * x))
+    # the cube of |x| > 1e12 would overflow float32 and make the gradient inf * 0 = NaN; the
+    # sigmoid is saturated long before, so clipping there changes no value
+    xc = tf.clip_by_value(x, -1e12, 1e12)
+    return x * tf.sigmoid(2.0 * _SQRT_2_OVER_PI * (x + alpha * xc * xc * xc))
 
 
 def swish(x, alpha):

@@ -98,6 +98,18 @@ def test_binary_graph_modes(rng, op, mode):
     check_binary(op, res, tf.float16)
 
 
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
+def test_gelu_gradient_is_finite_for_huge_inputs(dtype):
+    """The cube of |x| > 1e13 overflows float32: the gradient was inf * 0 = NaN there."""
+    x = tf.constant([-1e30, -1e20, -1e13, -50.0, 50.0, 1e13, 1e20, 1e30], dtype)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = ew.gelu(x)
+    grad = tf.cast(tape.gradient(y, x), tf.float64).numpy()
+    np.testing.assert_array_equal(grad, [0, 0, 0, 0, 1, 1, 1, 1])
+    np.testing.assert_array_equal(tf.cast(y, tf.float64).numpy()[4:], tf.cast(x, tf.float64).numpy()[4:])
+
+
 def test_python_number_takes_the_tensors_dtype(rng):
     x = tf.constant(rng.standard_normal((3, 4)), tf.bfloat16)
     for z in (ew.add(x, 2.0), ew.multiply(0.5, x), ew.maximum(x, 0), ew.divide(1.0, ew.add(x, 10.0))):
