@@ -79,3 +79,41 @@ def test_gpu_plan_names_its_source():
     plan = layer.plan(8192)
     assert plan.impl in ("kernels", "portable", "dense") and plan.why
     assert plan.source in ("torch-cuda.json", "default rule")
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["plain", "autocast"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_portable_16bit_products_round_once(rng, dtype, autocast):
+    """A column of two nearly cancelling blocks: the portable path's slabs are float32 products
+    (``bmm`` with float32 results on CUDA), so the sum is rounded once, as the dense product's."""
+    dispatch = for_layout(Layout(np.ones((2, 1), dtype=int), 48, any_block_size=True), device="cuda")
+    x = torch.from_numpy(rng.standard_normal((64, 96))).cuda()
+    w = torch.from_numpy(rng.standard_normal((2, 48, 48))).cuda()
+    w[1] = -w[0] * 1.001
+    x[:, 48:] = x[:, :48]
+    low = DTYPES[dtype]
+    exact = dispatch.run("dense", x.to(low).double(), w.to(low).double())
+    one = (exact.to(low).double() - exact).abs().max()
+    for impl in ("portable", "dense"):
+        if autocast:
+            with torch.autocast("cuda", dtype=low):
+                y = dispatch.run(impl, x.float(), w.float())
+        else:
+            y = dispatch.run(impl, x.to(low), w.to(low))
+        assert y.dtype == low
+        assert (y.double() - exact).abs().max() <= 4 * one, impl
+
+
+def test_torch_func_through_the_kernels(rng):
+    """vmap and grad of a layer that runs the kernels: the transforms take the dense product."""
+    from blocksparse.torch import BlocksparseLinear
+
+    layer = BlocksparseLinear(np.ones((4, 2)), 32, device="cuda", impl="kernels")
+    xs = torch.randn(3, 5, 128, device="cuda")
+    got = torch.func.vmap(layer)(xs)
+    assert rel_error(got, torch.stack([layer(x) for x in xs])) < tolerance("float32")
+    params = dict(layer.named_parameters())
+    grads = torch.func.grad(lambda p, x: torch.func.functional_call(layer, p, (x,)).sum())(params, xs[0])
+    ref = torch.autograd.grad(layer(xs[0]).sum(), [layer.weight, layer.bias])
+    assert rel_error(grads["weight"], ref[0]) < tolerance("float32")
+    assert rel_error(grads["bias"], ref[1]) < tolerance("float32")
