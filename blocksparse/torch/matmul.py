@@ -6,11 +6,11 @@ from torch import nn
 
 from .._checks import check_bool
 from .._frontend import LayoutShapes, check_feature_axis
-from ..layout import Layout
+from ..layout import BLOCK_SIZES, Layout
 from ._backend import autocast_dtype_of
 from ._matmul import ops as _ops
 from ._matmul import plan as _plan
-from ._portable.dispatch import Dispatched, LinearDispatch, check_input, uniform_fan_in_
+from ._portable.dispatch import Dispatched, LinearDispatch, check_input, for_layout, uniform_fan_in_
 
 _BSMM_IMPLS = ("kernels", "reference")  # the implementations that run through BlocksparseMatMul
 
@@ -132,7 +132,9 @@ class BlocksparseLinear(Dispatched, nn.Module):
     layout : array_like, shape (in_features // block_size, out_features // block_size)
         0/1 block mask, or a :class:`blocksparse.layout.Layout`.
     block_size : int
-        One of 8, 16, 32, 64, 128.
+        Any block edge >= 1: 8, 16, 32, 64, 128 run the kernels as they are, multiples of 16-128
+        (48, 256, ...) on a refined layout, the rest the portable and dense paths only (as
+        :class:`~blocksparse.torch.PixelflyLinear`).
     bias : bool
         Add a learnable bias of shape ``(out_features,)``.
     device, dtype
@@ -162,19 +164,30 @@ class BlocksparseLinear(Dispatched, nn.Module):
     def __init__(self, layout, block_size=32, bias=True, device=None, dtype=None, *,
                  z_order=False, allow_tf32=False, impl="auto", cost_model=None):
         super().__init__()
-        self.bsmm = BlocksparseMatMul(layout, block_size, feature_axis=1, z_order=z_order,
-                                      allow_tf32=allow_tf32)
-        self._dispatch = LinearDispatch(self.bsmm.layout, self.bsmm, impl=impl, cost_model=cost_model,
+        given = layout.block_size if isinstance(layout, Layout) else block_size
+        if given in BLOCK_SIZES:
+            self.bsmm = BlocksparseMatMul(layout, block_size, feature_axis=1, z_order=z_order,
+                                          allow_tf32=allow_tf32)
+            self._dispatch = LinearDispatch(self.bsmm.layout, self.bsmm, impl=impl, cost_model=cost_model,
+                                            device=device)
+        else:  # any other block size: the portable and dense paths, the kernels on a refinement
+            if not isinstance(layout, Layout):
+                layout = Layout(layout, block_size, z_order=z_order, any_block_size=True)
+            elif layout.block_size != block_size:
+                raise ValueError(f"block_size must match the Layout's block size {layout.block_size}; "
+                                 f"got {block_size}")
+            self._dispatch = for_layout(layout, allow_tf32=allow_tf32, impl=impl, cost_model=cost_model,
                                         device=device)
-        self.in_features, self.out_features = self.bsmm.C, self.bsmm.K
+            self.bsmm = self._dispatch.bsmm
+        self.in_features, self.out_features = self.layout.C, self.layout.K
         factory = {"device": device, "dtype": dtype}
-        self.weight = nn.Parameter(torch.empty(self.bsmm.w_shape, **factory))
+        self.weight = nn.Parameter(torch.empty(self.layout.w_shape, **factory))
         self.bias = nn.Parameter(torch.empty(self.out_features, **factory)) if check_bool(bias, "bias") else None
         self.reset_parameters()
 
     @property
     def layout(self):
-        return self.bsmm.layout
+        return self._dispatch.layout
 
     def reset_parameters(self):
         """Uniform in +-1/sqrt(fan_in) per output feature, fan_in = features of its blocks; the layout's
@@ -193,8 +206,8 @@ class BlocksparseLinear(Dispatched, nn.Module):
         y = dispatch.native(x2, w, bias)  # the eager CUDA fast path, else None
         if y is None:
             impl = dispatch.choose(x2, w)
-            if impl in _BSMM_IMPLS:  # the matmul ops: the kernels on CUDA, else the reference path
-                y = self.bsmm._linear(x2, w, bias)
+            if impl in _BSMM_IMPLS and dispatch.refinement is None:  # the matmul ops: the kernels on CUDA,
+                y = self.bsmm._linear(x2, w, bias)                        # else the reference path
             else:
                 y = dispatch.run(impl, x2, w, bias)
         return y if x2 is x else y.reshape(*x.shape[:-1], self.out_features)

@@ -240,7 +240,9 @@ def test_bad_constructor_args():
     with pytest.raises(ValueError, match="layout"):
         BlocksparseMatMul([[0, 0]], 16)
     with pytest.raises(ValueError, match="block_size"):
-        BlocksparseLinear([[1]], block_size=12)
+        BlocksparseLinear([[1]], block_size=0)
+    with pytest.raises(ValueError, match="block_size must match"):
+        BlocksparseLinear(Layout([[1]], 48, any_block_size=True), block_size=32)
     with pytest.raises(ValueError, match="block_size must match"):
         BlocksparseMatMul(Layout([[1]], 16), block_size=32)
     for make, name in ((lambda: BlocksparseMatMul([[1]], 16, z_order=1), "z_order"),
@@ -324,3 +326,24 @@ def test_copy_rows_pads_with_zeros_or_cuts(rng, cols_in, cols_out):
     keep = min(cols_in, cols_out)
     want[:, :keep] = x[:, :keep]
     assert y.is_contiguous() and y.shape == (9, cols_out) and torch.equal(y, want)
+
+
+@pytest.mark.parametrize("bs, impls", [(1, ("auto", "portable", "dense")), (3, ("auto", "portable", "dense")),
+                                       (48, ("auto", "portable", "dense", "kernels", "reference"))],
+                         ids=["bs1", "bs3", "bs48"])
+def test_linear_any_block_size(rng, bs, impls):
+    """Block sizes the kernels do not take run the portable and dense paths (and the kernels on a
+    refined layout where a kernel size divides them), as PixelflyLinear's do; float64 references."""
+    mask = random_layout(rng, 4, 5, 0.5, empty_rows=1)
+    for impl in impls:
+        lin = BlocksparseLinear(mask, block_size=bs, dtype=torch.float64, impl=impl)
+        x = torch.from_numpy(rng.standard_normal((3, 2, lin.in_features))).requires_grad_()
+        y = lin(x)
+        dense = torch.from_numpy(lin.layout.dense(lin.weight.detach().numpy()))
+        assert rel_err(y, x.detach() @ dense + lin.bias.detach()) < 1e-12, impl
+        dy = torch.from_numpy(rng.standard_normal(y.shape))
+        y.backward(dy)
+        assert rel_err(x.grad, dy @ dense.t()) < 1e-12, impl
+    if bs < 8:
+        with pytest.raises(ValueError, match="cannot run block size"):
+            BlocksparseLinear(mask, block_size=bs, impl="kernels")
