@@ -24,6 +24,7 @@ from ._frontend import LayoutShapes, check_feature_axis
 from ._initializers import identity_blocks, ortho_blocks
 from ._tf import tf
 from ._tf import checks
+from ._tf.device import in_xla
 from ._tf.matmul import autodiff, backend, graph_edit, grouping, sparse_proj, weights
 from .dispatch import check_impl
 from .layout import BLOCK_SIZES, Layout
@@ -360,12 +361,14 @@ class SparseProj:
             return x
         if tf.executing_eagerly():
             return x
-        if x.shape.rank is not None:  # EnsureShape holds under XLA and Grappler, which drop assertions
-            return checks.check_shape(x, (rows,) + (None,) * (x.shape.rank - 1), name)
         message = f"{name} must have {rows} rows on axis 0"
         x = checks.checked(x, [tf.debugging.assert_equal(tf.shape(x)[0], rows, message=message)])
-        # unknown rank: a reshape to `rows` rows fails where the sizes differ, also where Grappler
-        # or XLA drop the assertion
+        if not in_xla():  # (an EnsureShape or a reshape here would let Grappler fold the assertion away)
+            return x
+        # XLA drops assertions: an EnsureShape, or (rank unknown) a reshape to `rows` rows, which
+        # fails where the sizes differ
+        if x.shape.rank is not None:
+            return tf.ensure_shape(tf.identity(x, name=checks.node_name(name)), [rows] + [None] * (x.shape.rank - 1))
         return tf.reshape(x, tf.concat([[rows], tf.shape(x)[1:]], 0), name=checks.node_name(message))
 
     def _pair(self, x, y):

@@ -193,7 +193,7 @@ def test_unknown_rows_are_checked_at_run_time():
         z = proj.gather(x)
         with tf.compat.v1.Session() as sess:
             assert sess.run(z, {x: np.ones((16, 2))}).shape == (3, 2)
-            with pytest.raises(tf.errors.InvalidArgumentError, match=r"x must have shape \(16, None\)"):
+            with pytest.raises(tf.errors.InvalidArgumentError, match="x must have 16 rows"):
                 sess.run(z, {x: np.ones((12, 2))})
 
 
