@@ -11,8 +11,18 @@ from .layout import BLOCK_SIZES, Layout
 
 __all__ = ["BLOCK_SIZES", "Layout", "__version__", "build_info"]
 
-#: Names the original package exported at its top level, imported (with their framework) on first use.
-_LAZY = {"BlocksparseTransformer": "transformer"}
+#: Names the original package exported at its top level (those this package has), imported (with
+#: their framework) on first use: ``import blocksparse as bs; bs.float_cast(...)`` as its examples do.
+_LAZY = {
+    **dict.fromkeys(["add", "multiply", "subtract", "divide", "maximum", "minimum", "negative", "reciprocal",
+                     "square", "sqrt", "exp", "log", "sigmoid", "tanh", "relu", "elu", "gelu", "swish",
+                     "fast_gelu", "float_cast", "dropout", "add_n8"], "ewops"),
+    **dict.fromkeys(["fused_lstm_gates", "split4", "concat4"], "lstm"),
+    **dict.fromkeys(["BlocksparseMatMul", "SparseProj", "group_param_grads"], "matmul"),
+    **dict.fromkeys(["layer_norm", "batch_norm"], "norms"),
+    "cwise_linear": "conv",
+    **dict.fromkeys(["BlocksparseTransformer", "clear_bst_constants"], "transformer"),
+}
 
 
 def __getattr__(name):

@@ -128,3 +128,16 @@ def test_graph_helpers_need_graphs():
 def test_largest_block_sizes_must_be_a_sequence(sizes):
     with pytest.raises(TypeError, match="block_sizes must be a sequence"):
         largest_block(64, block_sizes=sizes)
+
+
+def test_top_level_names_of_the_original():
+    """``import blocksparse as bs; bs.float_cast(...)``: the original's top-level names that this
+    package has are the submodules' objects (imported on first use)."""
+    import importlib
+
+    import blocksparse as bs
+
+    for name, module in bs._LAZY.items():
+        assert getattr(bs, name) is getattr(importlib.import_module(f"blocksparse.{module}"), name), name
+    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+        bs.not_a_name
