@@ -82,8 +82,9 @@ class BlocksparseMatMul(LayoutShapes):
     w_shape : tuple
         ``(blocks, block_size, block_size)``, the packed weight: ``W[b]`` is block
         ``block_coord(b)``, rows along ``C``.
-    blocks, C, K, CB, KB, bsize, axis, z_order, name
-        As above; ``bsize`` is the block size and ``axis`` the feature axis.
+    blocks, C, K, CB, KB, bsize, block_size, axis, z_order, name
+        As above; ``bsize`` (the original's name) and ``block_size`` are the block size, ``axis`` the
+        feature axis.
     sparsity : float
         Fraction of the layout's blocks present, ``blocks / (CB * KB)`` (the original's name).
     flops : int
@@ -97,7 +98,7 @@ class BlocksparseMatMul(LayoutShapes):
         self.layout = Layout(layout, block_size, z_order=bool(z_order))
         self.z_order = self.layout.z_order
         self.name = checks.op_name(name, "BlocksparseMatMul")
-        self.bsize = self.layout.block_size
+        self.bsize = self.block_size = self.layout.block_size
         self.blocks = self.layout.blocks
         self.CB, self.KB = self.layout.CB, self.layout.KB
         self.C, self.K = self.layout.C, self.layout.K

@@ -225,7 +225,7 @@ def test_attributes():
     lay = np.array([[1, 0, 1], [0, 0, 1]])
     bsmm = BlocksparseMatMul(lay, block_size=16, feature_axis=0, name="proj")
     assert isinstance(bsmm.layout, Layout)
-    assert (bsmm.blocks, bsmm.bsize, bsmm.axis, bsmm.z_order, bsmm.name) == (3, 16, 0, False, "proj")
+    assert (bsmm.blocks, bsmm.bsize, bsmm.block_size, bsmm.axis, bsmm.z_order, bsmm.name) == (3, 16, 16, 0, False, "proj")
     assert (bsmm.CB, bsmm.KB, bsmm.C, bsmm.K) == (2, 3, 32, 48)
     assert bsmm.w_shape == (3, 16, 16)
     assert bsmm.i_shape(5) == (32, 5) and bsmm.o_shape(None) == (48, None)
