@@ -7,6 +7,8 @@ follows PyTorch's own setting (``torch.backends.cuda.matmul.allow_tf32`` /
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -131,18 +133,31 @@ def portable_matmul(x, w, tables, bias=None):
     bs, n = t.block_size, x.shape[0]
     if n == 0:  # embedding_bag refuses zero-width rows; the dense product gives the empty result and zero dW
         return dense_matmul(x, w, tables, bias)
-    xt = x.t().reshape(t.CB, bs, n)
-    parts = []
-    for i, (r, m, all_rows, first) in enumerate(tables.groups):
-        wg = w.narrow(0, first, r * m) if first >= 0 else w.index_select(0, getattr(tables, f"blocks{i}"))
-        # per row: its m blocks transposed and stacked, [m*bs, bs]
-        wg = wg.view(r, m, bs, bs).transpose(2, 3).reshape(r, m * bs, bs)
-        xg = xt if all_rows else xt.index_select(0, getattr(tables, f"rows{i}"))
-        # [r, m*bs, bs] @ [r, bs, N] -> [r, m*bs, N]: one (bs, N) slab per block
-        parts.append(_slab_products(wg, xg).reshape(r * m, bs * n))
-    table = parts[0] if len(parts) == 1 else torch.cat(parts)
-    yt = segment_sum(table, tables.bag_index, tables.bag_offsets, tables.table_cols)  # [KB, bs*N]
-    y = yt.reshape(t.KB * bs, n).t().to(_product_dtype(x, w))  # (a copy only under vmap)
+    low = _product_dtype(x, w)
+    # 16-bit products become float32 slabs: a column's slabs are summed after the products, and
+    # 16-bit slabs would round each block's product apart (cancelling blocks lost ~1000x one
+    # rounding); products of 16-bit operands are exact in float32, so the sum keeps a matmul's
+    # float32 accumulation.  CUDA: bmm with float32 results (tensor cores); elsewhere float32 operands.
+    wide = low in (torch.float16, torch.bfloat16)
+    with torch.autocast(x.device.type, enabled=False) if wide else contextlib.nullcontext():
+        if wide:
+            x, w = x.to(low), w.to(low)  # the operands autocast (or the caller) gives the product
+            if not x.is_cuda:
+                x, w = x.float(), w.float()
+        out_dtype = torch.float32 if wide and x.is_cuda else None
+        xt = x.t().reshape(t.CB, bs, n)
+        parts = []
+        for i, (r, m, all_rows, first) in enumerate(tables.groups):
+            wg = w.narrow(0, first, r * m) if first >= 0 else w.index_select(0, getattr(tables, f"blocks{i}"))
+            # per row: its m blocks transposed and stacked, [m*bs, bs]
+            wg = wg.view(r, m, bs, bs).transpose(2, 3).reshape(r, m * bs, bs)
+            xg = xt if all_rows else xt.index_select(0, getattr(tables, f"rows{i}"))
+            # [r, m*bs, bs] @ [r, bs, N] -> [r, m*bs, N]: one (bs, N) slab per block
+            prod = torch.bmm(wg, xg) if out_dtype is None else torch.bmm(wg, xg, out_dtype=out_dtype)
+            parts.append(prod.reshape(r * m, bs * n))
+        table = parts[0] if len(parts) == 1 else torch.cat(parts)
+        yt = segment_sum(table, tables.bag_index, tables.bag_offsets, tables.table_cols)  # [KB, bs*N]
+    y = yt.reshape(t.KB * bs, n).t().to(low)  # (a copy only under vmap)
     return y if bias is None else y + bias.to(y.dtype)
 
 
@@ -152,22 +167,6 @@ def _product_dtype(x, w):
     cast = autocast_dtype_of(x.device.type)
     return cast if cast is not None and torch.float64 not in (x.dtype, w.dtype) else torch.promote_types(
         x.dtype, w.dtype)
-
-
-def _slab_products(wg, xg):
-    """``torch.bmm(wg, xg)``, in float32 for 16-bit operands (or autocast's 16-bit dtype): a
-    column's slabs are summed after the products, and 16-bit slabs would round each block's
-    product apart (cancelling blocks lost ~1000x one rounding); the products of 16-bit operands
-    are exact in float32, so the sum keeps the float32 accumulation of a matmul."""
-    low = _product_dtype(xg, wg)
-    if low not in (torch.float16, torch.bfloat16):
-        return torch.bmm(wg, xg)
-    dev = wg.device.type
-    with torch.autocast(dev, enabled=False):
-        wg, xg = wg.to(low), xg.to(low)  # the operands autocast (or the caller) gives the product
-        if dev == "cuda":  # tensor cores, float32 results
-            return torch.bmm(wg, xg, out_dtype=torch.float32)
-        return torch.bmm(wg.float(), xg.float())
 
 
 def _densify(w, tables):
