@@ -205,9 +205,10 @@ def test_bad_inputs(rng, impl, make, err, words):
 
 @pytest.mark.parametrize("kwargs, err, words", [
     ({"impl": "fast"}, ValueError, "impl must be one of"),
-    ({"block_size": 24}, ValueError, "block_size"),
+    ({"block_size": 0}, ValueError, "block_size"),
+    ({"block_size": 3, "impl": "kernels"}, ValueError, "cannot run block size 3"),
     ({"layout": np.ones((2, 2, 2))}, ValueError, "layout"),
-], ids=["impl", "block-size", "3d-layout"])
+], ids=["impl", "block-size", "block-size-kernels", "3d-layout"])
 def test_bad_constructor_args(kwargs, err, words):
     args = {"layout": np.ones((2, 2)), "block_size": 8, **kwargs}
     with pytest.raises(err, match=words):
