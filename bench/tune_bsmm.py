@@ -12,6 +12,7 @@ Produces the numbers behind ``blocksparse/ops/matmul/configs.py``.  One run:
     python bench/tune_bsmm.py --pixelfly2 --out px2.jsonl      # sweep 13: fewer stages, two programs a SM (~2 min)
     python bench/tune_bsmm.py --bias-grad --out bias.jsonl     # sweep 14: the bias gradient in the updat (~1 min)
     python bench/tune_bsmm.py --short --out short.jsonl        # sweep 15: short columns, several programs a SM
+    python bench/tune_bsmm.py --bm256 --out bm256.jsonl        # sweep 16: [256, 128] tiles at blocks of 128
 
 (Sweeps 6 and 7 append a JSON line per variant; ``--start N`` resumes after a variant that lost the
 CUDA context.)
@@ -311,6 +312,23 @@ def short_cases():
     return out
 
 
+# Sweep 16 (``--bm256``): sweep 15 found blocks of 128 at d = 0.5 (8192 tokens) 12-13% faster on
+# [256, 128] output tiles, 8 warps, 3-4 stages walking the table one step ahead than on the
+# table's [128, 128] tile: the same on the large pixelfly MLP's layers (refined, packed) and on
+# random layouts at fewer tokens (fewer programs) and d = 0.25.
+BM256_VARIANTS = [X(256, 1, 8, 3, BK=64, PREFETCH=True), X(256, 1, 8, 4, BK=64, PREFETCH=True)]
+
+
+def bm256_cases():
+    """(problem key, op, impl, cfg, waves) of sweep 16: per problem the table's tile first."""
+    from blocksparse.ops.matmul.configs import xprop_config
+
+    keys = [("pixelfly", 8192, *layer) for layer in PIXELFLY_LAYERS]
+    keys += [("random", n, C, K, 128, d, "bf16") for n in (8192, 2048) for d in (0.25, 0.5)]
+    return [(key, op, "tma", c, 2) for key in keys for op in ("fprop", "bprop")
+            for c in [xprop_config(128, key[1])] + BM256_VARIANTS]
+
+
 def _kb(bs, kb, w, st, bn=0):
     return X(64, 1, w, st, BN=bn, WAVES=0, KB=kb, TMA=False)
 
@@ -570,6 +588,8 @@ def main():
                     "table one step ahead, N = 8192 and 64, bf16, and float32 at N = 64 (JSON lines appended to --out)")
     ap.add_argument("--pixelfly2", action="store_true", help="sweep 13 only: the large pixelfly MLP's layers, "
                     "bs 128 tiles with fewer stages")
+    ap.add_argument("--bm256", action="store_true", help="sweep 16 only: [256, 128] tiles at blocks of 128 "
+                    "(pixelfly layers, random layouts)")
     ap.add_argument("--short", action="store_true", help="sweep 15 only: short columns (d = 0.1 against 0.5), "
                     "bf16 fprop / bprop tiles with fewer stages or tokens, several programs a SM")
     ap.add_argument("--updat", action="store_true", help="sweep 12 only: bf16 updat tiles at blocks of 32 and 64")
@@ -586,10 +606,10 @@ def main():
     if args.bias_grad:
         return bias_grad_rows(args)
     if (args.narrow or args.pixelfly or args.native256 or args.few or args.tickets or args.prefetch or args.prefetch_more
-            or args.updat or args.pixelfly2 or args.short):
+            or args.updat or args.pixelfly2 or args.short or args.bm256):
         todo = (narrow_cases() if args.narrow else pixelfly_cases() if args.pixelfly
                 else pixelfly2_cases() if args.pixelfly2 else updat_cases() if args.updat
-                else short_cases() if args.short
+                else short_cases() if args.short else bm256_cases() if args.bm256
                 else native256_cases() if args.native256
                 else ticket_cases() if args.tickets else prefetch_cases() if args.prefetch
                 else prefetch_cases(PREFETCH_MORE) + prefetch_waves_cases() + few16_cases() if args.prefetch_more
