@@ -76,10 +76,13 @@ INTERPRETER_UPDAT = U(G=1, BK=16, num_warps=4, num_stages=1, TMA=False)
 # (raw/tune-prefetch-more-h200.jsonl): float32 bs 16 at 8192 tokens 0.92 of the time with it (bs 32-128
 # within 2%, kept); few-token bs 32 split to ~4 programs per SM, not 8 (0.94-0.95); few-token bs 16
 # on the pointer kernel, 8 blocks a step, split to ~4 per SM: 0.70 / 0.77 of the TMA tile's time
-# (fprop / bprop, d = 0.5), 0.72 at d = 0.25.
+# (fprop / bprop, d = 0.5), 0.72 at d = 0.25.  16-bit bs 128 at many tokens: [256, 128] output tiles,
+# 8 warps, 4 stages walking the table ahead (sweeps 15 / 16, raw/tune-short-h200.jsonl,
+# raw/tune-bm256-h200.jsonl): 0.88-0.93 of the [128, 128] tile's time at d = 0.5 (8192 tokens),
+# 0.96 at 2048, 0.97-1.05 at d = 0.1-0.25; the large pixelfly MLP's layers 0.89-1.06 (-26 µs a step).
 _XPROP = {
     ("tma", "16bit", "large"): {16: X(256, 1, 8, 6, UNROLL=2), 32: X(256, 1, 8, 4, PREFETCH=True),
-                                64: X(256, 1, 8, 5, PREFETCH=True), 128: X(128, 1, 4, 6, BK=64)},
+                                64: X(256, 1, 8, 5, PREFETCH=True), 128: X(256, 1, 8, 4, BK=64, PREFETCH=True)},
     ("tma", "16bit", "small"): {16: X(64, 1, 4, 3, WAVES=4, KB=8, TMA=False),
                                 32: X(64, 1, 4, 3, WAVES=4, PREFETCH=True),
                                 64: X(64, 1, 4, 3, BN=32, WAVES=4, PREFETCH=True),
@@ -126,6 +129,8 @@ _XPROP_T = {
     ("ptr", "fp32", "small"): {128: X(32, 1, 4, 2, WAVES=4, TMA=False)},
     # the (N, C) few-token tile of blocks of 64 (whole 64-feature slices) spilled 3.9 KB here
     ("tma", "fp32", "small"): {64: X(64, 1, 4, 3, BN=32, WAVES=4)},
+    # 16-bit bs 128: the [256, 128] tile of (N, C) activations was timed on those only; (C, N) keeps this
+    ("tma", "16bit", "large"): {128: X(128, 1, 4, 6, BK=64)},
 }
 #: The pointer kernels' updat tables where TMA cannot run (same shapes, no descriptors).
 _UPDAT_PTR = {16: U(8, 64, 4, 4, TMA=False), 32: U(8, 64, 8, 3, TMA=False), 64: U(2, 64, 4, 4, TMA=False),

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._autograd import functorch_active
 from .._backend import autocast_dtype_of
 
 
@@ -142,9 +143,9 @@ def portable_matmul(x, w, tables, bias=None):
     with torch.autocast(x.device.type, enabled=False) if wide else contextlib.nullcontext():
         if wide:
             x, w = x.to(low), w.to(low)  # the operands autocast (or the caller) gives the product
-            if not x.is_cuda:
+            if not x.is_cuda or functorch_active():
                 x, w = x.float(), w.float()
-        out_dtype = torch.float32 if wide and x.is_cuda else None
+        wide_bmm = wide and x.is_cuda and not functorch_active()
         xt = x.t().reshape(t.CB, bs, n)
         parts = []
         for i, (r, m, all_rows, first) in enumerate(tables.groups):
@@ -153,12 +154,33 @@ def portable_matmul(x, w, tables, bias=None):
             wg = wg.view(r, m, bs, bs).transpose(2, 3).reshape(r, m * bs, bs)
             xg = xt if all_rows else xt.index_select(0, getattr(tables, f"rows{i}"))
             # [r, m*bs, bs] @ [r, bs, N] -> [r, m*bs, N]: one (bs, N) slab per block
-            prod = torch.bmm(wg, xg) if out_dtype is None else torch.bmm(wg, xg, out_dtype=out_dtype)
+            prod = _WideBmm.apply(wg, xg) if wide_bmm else torch.bmm(wg, xg)
             parts.append(prod.reshape(r * m, bs * n))
         table = parts[0] if len(parts) == 1 else torch.cat(parts)
         yt = segment_sum(table, tables.bag_index, tables.bag_offsets, tables.table_cols)  # [KB, bs*N]
     y = yt.reshape(t.KB * bs, n).t().to(low)  # (a copy only under vmap)
     return y if bias is None else y + bias.to(y.dtype)
+
+
+class _WideBmm(torch.autograd.Function):
+    """``torch.bmm`` of 16-bit operands with float32 results (tensor cores; CUDA), differentiable
+    (twice too): PyTorch's ``bmm(..., out_dtype=)`` has no derivative.  The gradients are 16-bit
+    products of the float32 output gradient rounded to the operands' dtype -- exactly, where it is
+    a gathered 16-bit gradient, as it is here (the segment sum's backward gathers ``dy``)."""
+
+    @staticmethod
+    def forward(a, b):
+        return torch.bmm(a, b, out_dtype=torch.float32)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        g = grad.to(a.dtype)
+        return torch.bmm(g, b.transpose(1, 2)), torch.bmm(a.transpose(1, 2), g)
 
 
 def _product_dtype(x, w):

@@ -135,7 +135,7 @@ def test_grouped_config_keeps_large_blocks_ungrouped_on_a_gpu():
     """Blocks of 128 group by the model but ran slower grouped on the H200: G = 1 outside the
     interpreter (whose tests keep covering the grouped kernels)."""
     lay = refine(Layout(butterfly_layout(2048, 8192, 256, 64), 256, any_block_size=True), 128).layout
-    cfg = configs.xprop_config(128, 8192)
+    cfg = configs.XpropConfig(BM=128, G=1, num_warps=4, num_stages=6, BK=64)  # a [128, 128] tile
     assert grouping.choose_group(lay, "fprop", bm=cfg.BM)[0] == 2 and grouping.groups_well(lay)
     assert grouping.grouped_config(cfg, lay, "fprop") is cfg
     assert grouping.grouped_config(cfg, lay, "fprop", interpret=True).G == 2
