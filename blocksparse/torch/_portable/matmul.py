@@ -143,9 +143,10 @@ def portable_matmul(x, w, tables, bias=None):
     with torch.autocast(x.device.type, enabled=False) if wide else contextlib.nullcontext():
         if wide:
             x, w = x.to(low), w.to(low)  # the operands autocast (or the caller) gives the product
-            if not x.is_cuda or functorch_active():
+            if not x.is_cuda or functorch_active() or torch.compiler.is_compiling():
                 x, w = x.float(), w.float()
-        wide_bmm = wide and x.is_cuda and not functorch_active()
+        # (eager only: traced, or under torch.func, the float32 operands, whose ops every transform knows)
+        wide_bmm = wide and x.is_cuda and not functorch_active() and not torch.compiler.is_compiling()
         xt = x.t().reshape(t.CB, bs, n)
         parts = []
         for i, (r, m, all_rows, first) in enumerate(tables.groups):

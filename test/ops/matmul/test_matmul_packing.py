@@ -118,3 +118,27 @@ def test_updat_writes_packed_gradients(rng, dtype, axis, variant, r, group, spli
     assert got.shape == coarse.w_shape
     assert rel_error(got.double().numpy(), dw_ref) < TOL[str(dtype).removeprefix("torch.")]
     assert torch.equal(got, packed(fine, r))
+
+
+@pytest.mark.parametrize("packing", [2, 1], ids=["packed-256", "plain-128"])
+def test_many_token_tile_of_blocks_of_128(rng, packing):
+    """The tables' own 16-bit tile at blocks of 128 and many tokens ([256, 128] outputs, BK 64, the
+    table walked one step ahead; what the kernel library compiles), on a partial token tile, packed
+    (the pixelfly layers' 256-blocks) and plain, against float64."""
+    from blocksparse.ops.matmul.configs import xprop_config
+
+    cfg = xprop_config(128, 8192)
+    assert (cfg.BM, cfg.BK, cfg.PREFETCH) == (256, 64, True)
+    coarse = Layout(random_layout(rng, 3, 3, 0.6, empty_rows=1), 128 * packing, any_block_size=True)
+    lay = refine(coarse, 128, packed=True).layout if packing > 1 else coarse
+    t = lambda a: torch.from_numpy(a).bfloat16()  # noqa: E731
+    x, dy = t(rng.standard_normal((300, coarse.C))), t(rng.standard_normal((300, coarse.K)))
+    w = t(rng.standard_normal(coarse.w_shape) / 16)
+    y_ref, dx_ref, _ = dense_products(coarse, x.double().numpy(), w.double().numpy(), dy.double().numpy(), 1)
+    for kind, inp, out_features, ref in (("fprop", x, coarse.K, y_ref), ("bprop", dy, coarse.C, dx_ref)):
+        headers, entries, _ = _tables(lay, kind, None, 1)
+        with poisoned_empty():
+            got = _triton.xprop_tma(inp, w, headers, entries, out_features=out_features, bs=128, axis=1,
+                                    trans=kind == "bprop", cfg=cfg, atomic=False, precision="ieee",
+                                    **({"pack": packing} if packing > 1 else {}))
+        assert rel_error(got.double().numpy(), ref) < TOL["bfloat16"], kind
