@@ -54,6 +54,7 @@ docker-base: install  ## make the local Debian base image of the docker cells (c
 
 # DRY_RUN, RUN_MATRIX and REPOSITORY_URL reach harness/release.py through the environment (make
 # exports command-line variables), so a password in REPOSITORY_URL is never on a command line.
+# CELLS, ARCHS and PYTEST_ARGS do not reach the matrix run a release starts: it covers every cell.
 release: install  ## gates + twine check + tag + upload; DRY_RUN=1 (default) only prints the plan
 	@$(PY) -m harness.release; $(harness_status)
 

@@ -1,10 +1,15 @@
 """Build script.  The wheel's version and TensorFlow window come from the TensorFlow it is built
 for: ``BLOCKSPARSE_TF_VERSION`` if set, else the installed ``tensorflow`` / ``tensorflow-cpu``.
+An sdist is made for one TensorFlow and keeps it: built from an unpacked sdist (its ``PKG-INFO``
+beside this file), the wheel takes the sdist's version, whatever TensorFlow the build environment
+holds (none, with pip's build isolation), so ``pip install blocksparse-2.21.0.tar.gz`` gives the
+2.21.0 wheel: pure Python (the reference path; the GPU kernels come with the platform wheels).
 
 When ``scripts/build_ops.py`` has built the kernel library and the TensorFlow op library into the
 package (``make compile``), the wheel is a platform wheel tagged from their manifest
 (``py3-none-manylinux_2_X_x86_64``: the libraries need no Python ABI, and X follows the glibc /
 libstdc++ symbol versions they require); otherwise it is pure Python."""
+import email.parser
 import json
 import os
 import runpy
@@ -21,9 +26,25 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 _version = runpy.run_path(os.path.join(HERE, "blocksparse", "_version.py"))
 
 
+def _sdist_version():
+    """The version in ``PKG-INFO`` when this is an unpacked sdist, else None."""
+    try:
+        with open(os.path.join(HERE, "PKG-INFO"), encoding="utf-8") as f:
+            return email.parser.Parser().parse(f, headersonly=True)["Version"]
+    except FileNotFoundError:
+        return None
+
+
 def _target_tf_version():
-    if os.environ.get("BLOCKSPARSE_TF_VERSION"):
-        return os.environ["BLOCKSPARSE_TF_VERSION"]
+    wanted, sdist = os.environ.get("BLOCKSPARSE_TF_VERSION"), _sdist_version()
+    if sdist:
+        if wanted and _minor(wanted) != _minor(sdist):
+            raise SystemExit(f"blocksparse: this sdist is blocksparse {sdist}, for TensorFlow "
+                             f"{_minor(sdist)}; BLOCKSPARSE_TF_VERSION={wanted} asks for another: "
+                             "take the sdist of that version")
+        return sdist
+    if wanted:
+        return wanted
     for dist in ("tensorflow", "tensorflow-cpu"):
         try:
             return metadata.version(dist)

@@ -37,9 +37,12 @@ Output contract (what ``make release`` and CI read)
         {"commit": "<git rev-parse HEAD of the tested tree, or null outside git>",
          "dirty": <true when the tested tree differed from that commit (edits or untracked
                    files), null outside git>,
-         "executor": "local" | "docker", "cells_selected": <regex or null>,
-         "pytest_args": [...], "started": ISO-8601, "finished": ISO-8601,
+         "executor": "local" | "docker", "cells_selected": <CELLS regex or null>,
+         "pytest_args": [<PYTEST_ARGS>], "archs": [<ARCHS>] or null (matrix.yaml's),
+         "started": ISO-8601, "finished": ISO-8601, or null while running or when interrupted,
          "ok": <false when a gating cell failed>,
+         "complete": <true when the report covers the whole matrix (below)>,
+         "incomplete": [<why not, one sentence each; empty when complete>],
          "stale_entries": [<known-failure entries whose cells match no cell, with "why">],
          "cells": {"<cell>": {
              "status": "passed" | "built" | "regressed" | "known-fixed" | "build-failed"
@@ -54,11 +57,18 @@ Output contract (what ``make release`` and CI read)
              "tensorflow": "2.21", "python": "3.11", "cuda": "12.5", "cudnn": "9.3",
              "archs": [...], "image": "...", "matrix_status": "supported" | "compile-only"
                                                             | "allowed-to-fail",
-             "gating": <bool>, "wheels": ["dist/<cell>/blocksparse-....whl"],
+             "gating": <bool>,
+             "wheels": [{"path": "dist/<cell>/blocksparse-....whl", "sha256": "<hex>"}],
+             "commit": <the tree this cell tested>, "dirty": <bool>,
+             "pytest_args": [<the tests it ran; empty: the whole suite>],
              "log": "reports/<cell>/log.txt", "junit": <path or null>,
              "duration_s": <float>, "executor": "local" | "docker"}}}
 
-    Paths are relative to the project root.  A wheel is fit to publish when its cell's status
-    is ``passed`` (tested) or ``built`` (compile-only), ``gating`` is true, and the summary's
-    ``commit`` is the release commit with ``dirty`` false.
+    Paths are relative to the project root.  The report is *complete*
+    (`harness.summary.coverage_gaps`) when the run finished and it has a result for every
+    gating cell of matrix.yaml and no other, each made at the report's commit, for matrix.yaml's
+    archs, with the whole suite.  A wheel is fit to publish when the report is complete, its
+    ``commit`` is the release commit with ``dirty`` false, its cell's status is ``passed`` (with
+    a test passed) or ``built`` (compile-only), ``gating`` is true, its version is final (not
+    built for a TensorFlow pre-release), and the file still has the listed sha256.
 """

@@ -5,7 +5,6 @@ place that catches `FatalError`: it prints the message and exits with the error'
 table in `harness.errors`; 1 means "a cell failed").
 """
 import argparse
-import re
 import shlex
 import signal
 import sys
@@ -15,7 +14,7 @@ from .environment import read_pins
 from .errors import INTERRUPTED, ConfigError, FatalError, StaleFilesError
 from .executors import EXECUTORS
 from .executors.docker import BASES
-from .matrix import ARCH_PATTERN, load_matrix
+from .matrix import arch_problem, load_matrix
 from .render import ROOT, generated_files, stale_generated, write_generated
 from .run import Paths, RunOptions, rebuild_report, run_matrix
 
@@ -55,9 +54,11 @@ def _pytest_args(text):
 def _archs(text):
     """``"sm_90,compute_80"`` -> ``("sm_90", "compute_80")``, each checked as matrix.yaml checks archs."""
     archs = tuple(a.strip() for a in text.split(",") if a.strip())
-    bad = [a for a in archs if not re.fullmatch(ARCH_PATTERN, a)]
-    if not archs or bad:
-        raise argparse.ArgumentTypeError(f"ARCHS must be a comma-separated list like sm_90,compute_80; got {text!r}")
+    problems = [arch_problem(a) for a in archs if arch_problem(a)]
+    if not archs or problems:
+        raise argparse.ArgumentTypeError(f"ARCHS must be a comma-separated list of GPU targets like "
+                                         f"sm_90,compute_80; got {text!r}"
+                                         + "".join(f"; {p}" for p in problems))
     return archs
 
 
@@ -86,29 +87,35 @@ def _parser():
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("render", help="write docker/generated/, the GPU workflow, the README table")
-    p.add_argument("--check", action="store_true", help="only report stale files (exit 1 if any)")
+    p.add_argument("--check", action="store_true",
+                   help="only report stale files (exit 10 if any, writing nothing)")
     p.set_defaults(func=_render)
 
     p = sub.add_parser("matrix", help="build and test the selected cells, write reports/")
-    p.add_argument("--cells", help="regex searched in cell names (default: every cell)")
+    p.add_argument("--cells", help="regex searched in cell names (default: every cell; a report "
+                                   "of fewer cells than the gating ones cannot be released)")
     p.add_argument("--executor", choices=EXECUTORS, default="local")
     p.add_argument("--docker-base", choices=BASES, default="auto",
                    help="docker: the images' base: cuda (the CUDA devel images, GPUs attached), "
                         "local (the Debian base, no GPU), auto (cuda where the engine has the "
                         "nvidia runtime)")
-    p.add_argument("--pytest-args", default="", help="pytest arguments for every cell, one string")
+    p.add_argument("--pytest-args", default="",
+                   help="pytest arguments for every cell, one string (default: the whole suite; a "
+                        "report made with others cannot be released)")
     p.add_argument("--archs", type=_archs, default=None,
                    help="GPU targets of every cell's kernel build, e.g. sm_90 (default: matrix.yaml's; a smoke "
-                        "run's smaller build)")
+                        "run's smaller build, whose report cannot be released)")
     p.add_argument("--dry-run", action="store_true", help="check and show the plan, run nothing")
     p.add_argument("--fresh", action="store_true", help="recreate local cell environments")
-    p.add_argument("--test-timeout", type=int, default=900, help="per-test timeout, seconds")
+    p.add_argument("--test-timeout", type=int, default=900,
+                   help="per-test timeout, seconds (default: %(default)s)")
     p.add_argument("--run-timeout", type=int, default=7200,
-                   help="limit of one cell's whole test run, seconds")
+                   help="limit of one cell's whole test run, seconds (default: %(default)s)")
     p.set_defaults(func=_matrix)
 
     p = sub.add_parser("report", help="rebuild summary.json, matrix.md, index.html from "
-                                      "reports/<cell>/result.json")
+                                      "reports/<cell>/result.json (exit 1 when a gating cell "
+                                      "failed or the report does not cover the whole matrix)")
     p.set_defaults(func=_report)
 
     p = sub.add_parser("docker-base", help="make the local base image of the docker cells "

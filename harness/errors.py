@@ -12,8 +12,10 @@ code   meaning
 2      a setting is invalid (``ConfigError``): matrix.yaml, ci/known_failures.yaml, a make
        variable, a command-line option, ``.pypirc``
 3      release: the working tree has uncommitted changes
-4      release: the matrix report is missing or made for another tree
-5      release: the gate (regressions, failed builds, unknown statuses)
+4      release: the matrix report is missing, incomplete or made for another tree;
+       ``python -m harness report``: the cell results were tested at different commits
+5      release: the gate (a cell regressed, known-fixed, build-failed, error, or passed with
+       no test passed); a malformed report or cell result (an unknown status too)
 6      release: the cells' wheels (missing, conflicting, wrong metadata)
 7      release: building the sdist or ``twine check`` failed
 8      release: a release tag is on another commit
@@ -50,10 +52,12 @@ ConfigError = _kind("ConfigError", 2, "A setting is invalid: ``matrix.yaml``, "
                     "``.pypirc``.")
 DirtyTreeError = _kind("DirtyTreeError", 3, "The working tree has uncommitted changes: a "
                        "release must come from a commit.")
-StaleReportError = _kind("StaleReportError", 4, "``reports/summary.json`` is missing or was "
-                         "made for another tree, and was not (re)made.")
-GateError = _kind("GateError", 5, "The matrix report shows regressions, failed builds or "
-                  "outcomes the tool does not know.")
+StaleReportError = _kind("StaleReportError", 4, "``reports/summary.json`` is missing, incomplete "
+                         "or was made for another tree, and was not (re)made; or the cell results "
+                         "to merge were tested at different commits.")
+GateError = _kind("GateError", 5, "The matrix report blocks the release (regressions, failed "
+                  "builds, errors, known failures that pass, no test passed) or is malformed "
+                  "(an unknown status too).")
 ArtifactError = _kind("ArtifactError", 6, "A cell's wheel is missing, ambiguous, conflicting or "
                       "carries the wrong metadata.")
 CheckError = _kind("CheckError", 7, "Building the sdist or ``twine check --strict`` failed.")

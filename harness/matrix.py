@@ -3,7 +3,10 @@
 ``matrix.yaml`` lists *builds*, one per TensorFlow release (or the nightly); every Python version
 of a build becomes one cell, named for its dimensions: ``tf2.21-cu12.5-py3.11``.  Everything that
 depends on a TensorFlow / CUDA / Python version (Dockerfiles, the GPU workflow, the README table,
-the executors) reads these records and nothing else.
+the executors) reads these records and nothing else.  Validated at load, every error naming the
+build and the key: among others, each GPU target must be one the kernel compiler builds
+(``blocksparse/aot/targets.py``: ``sm_80`` or newer, PTX ``compute_80`` to ``compute_89``), and
+no two cells may build the same TensorFlow for the same Python (their wheels would share a name).
 
 >>> cells = parse_matrix({"builds": [{"tensorflow": "2.21", "cuda": "12.5", "cudnn": "9.3",
 ...     "python": ["3.11", "3.13"], "image": "nvidia/cuda:12.5.1-devel-ubuntu22.04"}]})
@@ -13,13 +16,16 @@ the executors) reads these records and nothing else.
 ('tensorflow-cpu==2.21.*', ('sm_80', 'sm_90'))
 """
 import re
+import runpy
 from dataclasses import dataclass
 
 from ._schema import Fields, load_yaml
 from .errors import ConfigError
+from .templating import ROOT
 from .versions import MIN_TF, tf_minor
 
-__all__ = ["Cell", "STATUSES", "PYTHONS", "load_matrix", "parse_matrix", "select_cells"]
+__all__ = ["Cell", "STATUSES", "PYTHONS", "load_matrix", "parse_matrix", "select_cells",
+           "arch_problem"]
 
 #: Cell statuses: ``supported`` cells are built and tested and gate the run; ``compile-only``
 #: cells are built but not tested; ``allowed-to-fail`` cells run fully but never fail the run.
@@ -35,6 +41,9 @@ _BUILD_KEYS = ("tensorflow", "cuda", "cudnn", "python", "image", "archs", "statu
 _IMAGE = r"[a-z0-9]+(?:[._/-][a-z0-9]+)*:[A-Za-z0-9][A-Za-z0-9._-]*"
 #: cubin targets (sm_XY) and PTX targets (compute_XY: 8.x only, see blocksparse.aot.targets)
 ARCH_PATTERN = r"sm_\d{2,3}a?|compute_8\d"  # one GPU target of a build
+#: The kernel compiler's own reading of GPU targets, loaded by path (importing blocksparse
+#: would import numpy, which the harness does not need).
+_parse_targets = runpy.run_path(str(ROOT / "blocksparse" / "aot" / "targets.py"))["parse_targets"]
 _RUNNER_LABEL = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 
 
@@ -126,6 +135,21 @@ def _distro(image):
     return match.group(1) if match else None
 
 
+def arch_problem(arch):
+    """Why the kernel compiler cannot build for GPU target ``arch`` (a sentence), or None.
+
+    >>> arch_problem("sm_90"), arch_problem("sm_75")
+    (None, "the kernels need sm_80 or newer; got 'sm_75'")
+    """
+    if not re.fullmatch(ARCH_PATTERN, arch):
+        return f"expected a GPU target such as sm_90 or compute_80 (matching {ARCH_PATTERN}); got {arch!r}"
+    try:
+        _parse_targets([arch])
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def load_matrix(path):
     """Read and validate ``matrix.yaml``; returns the cells in file order."""
     return parse_matrix(load_yaml(path), source=str(path))
@@ -142,7 +166,7 @@ def parse_matrix(data, source="matrix.yaml"):
     builds = data.get("builds")
     if not isinstance(builds, list) or not builds:
         raise ConfigError(f"{source}: builds: expected a non-empty list of builds")
-    cells, seen = [], {}
+    cells, seen, wheels = [], {}, {}
     for i, build in enumerate(builds):
         tf = build.get("tensorflow") if isinstance(build, dict) else None
         where = f"{source}: builds[{i}]" + (f" (tensorflow {tf})" if isinstance(tf, str) else "")
@@ -150,15 +174,25 @@ def parse_matrix(data, source="matrix.yaml"):
             if cell.name in seen:
                 raise ConfigError(f"{where}: cell {cell.name} is already defined by "
                                   f"{seen[cell.name]}")
-            seen[cell.name] = where
+            other = wheels.get((cell.tensorflow, cell.python))
+            if other is not None:  # the CUDA version is not part of a wheel's name
+                raise ConfigError(f"{where}: cell {cell.name} builds TensorFlow {cell.tensorflow} "
+                                  f"for Python {cell.python}, as cell {other.name} of "
+                                  f"{seen[other.name]} does: their wheels would have the same "
+                                  f"file name; keep one CUDA version per TensorFlow")
+            seen[cell.name], wheels[(cell.tensorflow, cell.python)] = where, cell
             cells.append(cell)
     return tuple(cells)
 
 
 def _read_common(f):
     """The keys a build shares with ``defaults`` (None where absent)."""
+    archs = f.string_list("archs", pattern=ARCH_PATTERN, example="sm_90", required=False)
+    for i, arch in enumerate(archs or ()):
+        if arch_problem(arch):
+            raise f.error(f"archs[{i}]", arch_problem(arch))
     return {
-        "archs": f.string_list("archs", pattern=ARCH_PATTERN, example="sm_90", required=False),
+        "archs": archs,
         "status": f.choice("status", STATUSES, required=False) if f.has("status") else None,
         "runs_on": f.string_list("runs_on", pattern=_RUNNER_LABEL, example="gpu",
                                  required=False, scalar_ok=True),

@@ -1,11 +1,15 @@
 """``make release``: publish the matrix's wheels with twine -- gated, checked, tagged, idempotent.
 
-Steps: the tree must be clean -> ``reports/summary.json`` must belong to ``HEAD`` (else ``make
-matrix`` runs first, or with ``RUN_MATRIX=0`` the release stops) -> the gate (no regression, no
-failed build, no unknown status) -> the passed cells' wheels are collected from
-``dist/<cell>/`` and checked (version ``X.Y.P`` for TensorFlow ``X.Y``, no ``+local``, the window
-``>=X.Y,<X.(Y+1)`` under both TensorFlow extras, no conflicting duplicates) -> the sdist is built
-for the newest TensorFlow of the release -> ``twine check --strict`` -> ``dist/release/SHA256SUMS``
+Steps: the tree must be clean -> ``reports/summary.json`` must belong to ``HEAD`` and cover the
+whole matrix (else ``make matrix`` runs first -- every cell, the whole suite: ``CELLS``, ``ARCHS``
+and ``PYTEST_ARGS`` are not passed on -- or with ``RUN_MATRIX=0`` the release stops) -> the gate
+(no regression, no failed build or error, no known failure that passes, no unknown status, no
+passed cell without a passed test; cells built for a TensorFlow pre-release are left out) -> the
+wheels the report lists for the released cells are taken from ``dist/<cell>/``, each with the
+sha256 the report recorded, and checked (version ``X.Y.P`` for TensorFlow ``X.Y``, no
+``+local``, the window ``>=X.Y,<X.(Y+1)`` under both TensorFlow extras, no conflicting
+duplicates) -> the sdist is built from the committed tree for the newest TensorFlow of the
+release -> ``twine check --strict`` -> ``dist/release/SHA256SUMS``
 -> one tag ``vX.Y.P`` per released version on ``HEAD`` -> ``twine upload`` of the files the index
 does not hold yet (twine's own ``--skip-existing`` as well on PyPI, the only index it supports).
 
@@ -32,16 +36,19 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import git
+from .errors import (CheckError, ConfigError, DirtyTreeError, FatalError, StaleReportError,
+                     TagError, UploadError)
+from .matrix import load_matrix
 from .release_dists import PROJECT, collect_wheels, sha256_file, write_manifest
-from .errors import (CheckError, ConfigError, DirtyTreeError, FatalError,
-                             StaleReportError, TagError, UploadError)
 from .release_gate import gate, load_summary, stale_reason
+from .source import stage_tree
 from .release_index import is_pypi, published_files, simple_index_url
 from .release_secrets import Credentials, Masker, check_url, split_userinfo
 
@@ -58,6 +65,9 @@ MANIFEST = "SHA256SUMS"
 # line (REPOSITORY_URL included) and would also turn the matrix into a dry run.
 _PRIVATE_ENV = ("DRY_RUN", "RUN_MATRIX", "REPOSITORY_URL", "INDEX_URL", "MAKEFLAGS", "MFLAGS",
                 "TWINE_USERNAME", "TWINE_PASSWORD", "TWINE_REPOSITORY", "TWINE_REPOSITORY_URL")
+# `make matrix` settings that narrow a run (`make release CELLS=...` exports them): the matrix
+# run of a release covers every cell with the whole suite, so they never reach it.
+_NARROWING_ENV = ("CELLS", "ARCHS", "PYTEST_ARGS")
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
@@ -149,38 +159,47 @@ class Console:
 
 
 def _child_env(environ, **extra):
-    env = {k: v for k, v in environ.items() if k not in _PRIVATE_ENV}
+    env = {k: v for k, v in environ.items() if k not in _PRIVATE_ENV + _NARROWING_ENV}
     env.update(extra)
     return env
 
 
 def _fresh_summary(settings, console, environ, head):
-    """The matrix report for ``head``: loaded, or made by running the matrix first."""
+    """The matrix report for ``head`` and its whole matrix: loaded, or made by running the
+    matrix first."""
     path = settings.root / SUMMARY
+    cells = load_matrix(settings.root / "matrix.yaml")
     summary = load_summary(path)
-    reason = stale_reason(summary, head)
+    reason = stale_reason(summary, head, cells)
     if reason is None:
         return summary
     command = " ".join(settings.matrix_command)
     if not settings.run_matrix:
         raise StaleReportError(f"{reason}; run `{command}` first (RUN_MATRIX=0 stops here)")
+    ignored = [f"{k}={environ[k]}" for k in _NARROWING_ENV if environ.get(k, "").strip()]
+    if ignored:
+        console.say(f"note: {', '.join(ignored)} not passed on: a release's matrix run covers "
+                    "every cell with the whole test suite")
     with console.step(f"{reason}: running `{command}`"):
         code, _ = console.run(list(settings.matrix_command), cwd=settings.root,
                               env=_child_env(environ))
     summary = load_summary(path)
-    reason = stale_reason(summary, head)
+    reason = stale_reason(summary, head, cells)
     if reason is not None:
         raise StaleReportError(f"`{command}` exited with {code} and still {reason}")
     return summary
 
 
 def _build_sdist(settings, console, environ, outdir, version):
-    """Build the sdist into ``outdir`` for TensorFlow ``major.minor`` of ``version``."""
+    """Build the sdist into ``outdir`` for TensorFlow ``major.minor`` of ``version``, from a copy
+    of the committed tree (never a local build's op library, ignored files or ``build/``)."""
     tf = f"{version.major}.{version.minor}"
-    cmd = [sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir",
-           str(outdir.relative_to(settings.root)), "."]
-    code, output = console.run(cmd, cwd=settings.root, show=False,
-                               env=_child_env(environ, BLOCKSPARSE_TF_VERSION=tf))
+    with tempfile.TemporaryDirectory(prefix="blocksparse-sdist-") as tmp:
+        src = stage_tree(settings.root, Path(tmp) / "src")
+        cmd = [sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir",
+               str(outdir), "."]
+        code, output = console.run(cmd, cwd=src, show=False,
+                                   env=_child_env(environ, BLOCKSPARSE_TF_VERSION=tf))
     expected = outdir / f"{PROJECT}-{version}.tar.gz"
     if code != 0:
         raise CheckError(f"building the sdist failed (exit {code}):\n{output}")
@@ -222,8 +241,8 @@ def release(settings, environ, console):
     summary = _fresh_summary(settings, console, environ, head)
     with console.step(f"gate: matrix report for {head[:12]}"):
         result = gate(summary)
-        for name, status in result.left_out:
-            console.say(f"    not released: {name} ({status}: no wheel from this cell)")
+        for name, why in result.left_out:
+            console.say(f"    not released: {name} ({why})")
         for note in result.notes:
             console.say(f"    note: {note}")
     wheels, files = _build_release_dir(settings, console, environ, result.released)
@@ -271,7 +290,7 @@ def _build_release_dir(settings, console, environ, cells):
     """Fill ``dist/release/`` with the cells' checked wheels and the sdist; twine-check them."""
     root = settings.root
     with console.step("collect and check the cells' wheels"):
-        wheels = collect_wheels(root / "dist", [c.name for c in cells])
+        wheels = collect_wheels(root, cells)
         outdir = root / RELEASE_DIR
         shutil.rmtree(outdir, ignore_errors=True)
         outdir.mkdir(parents=True)

@@ -1,6 +1,8 @@
 """The release's files: collect each cell's wheel, check its name and metadata, hash them.
 
-A cell named ``tfX.Y-...`` builds ``dist/<cell>/blocksparse-X.Y.P-*.whl``.  Its metadata must
+A cell named ``tfX.Y-...`` builds ``dist/<cell>/blocksparse-X.Y.P-*.whl``; the matrix report lists
+it with its sha256, and the release takes exactly that file: missing, or with other bytes than the
+matrix tested, it stops the release.  Its metadata must
 follow the tensorflow-text convention: version ``X.Y.P`` with no ``+local`` label (PyPI refuses
 them), and the TensorFlow window ``>=X.Y,<X.(Y+1)`` under both extras (``tensorflow`` and
 ``tensorflow-cpu``), never as a hard dependency.  The window is computed here from the cell's name,
@@ -19,6 +21,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import Version
 
 from .errors import ArtifactError
+from .summary import sha256_file
 from .versions import tf_minor
 
 __all__ = ["PROJECT", "TF_EXTRAS", "CellWheel", "cell_tf_version", "check_wheel",
@@ -47,15 +50,6 @@ def cell_tf_version(cell):
         raise ArtifactError(f"cannot tell which TensorFlow cell {cell!r} is for: cell names start "
                             "with tfX.Y (e.g. tf2.21-cu12.5-py3.11)")
     return version
-
-
-def sha256_file(path):
-    """Hex sha256 of a file's bytes."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _wheel_metadata(path):
@@ -138,34 +132,45 @@ def _members(path):
         return {info.filename: hashlib.sha256(zf.read(info)).hexdigest() for info in zf.infolist()}
 
 
-def _find_cell_wheel(dist_dir, cell):
-    found = sorted((Path(dist_dir) / cell).glob(f"{PROJECT}-*.whl"))
-    if not found:
-        raise ArtifactError(f"{cell}: passed, but no wheel in {Path(dist_dir) / cell}/ "
-                            f"(expected {PROJECT}-X.Y.P-*.whl)")
-    if len(found) > 1:
-        raise ArtifactError(f"{cell}: more than one wheel in {Path(dist_dir) / cell}/: "
-                            f"{[p.name for p in found]}; a cell builds exactly one")
-    return found[0]
+def _tested_wheel(root, cell):
+    """The path of the one wheel the report lists for ``cell`` (a `CellResult`), checked to be
+    the file the matrix tested."""
+    if len(cell.wheels) != 1:
+        raise ArtifactError(f"{cell.name}: the matrix report lists {len(cell.wheels)} wheels "
+                            f"({', '.join(w['path'] for w in cell.wheels) or 'none'}); a cell "
+                            f"builds exactly one")
+    (wheel,) = cell.wheels
+    path = Path(root) / wheel["path"]
+    if not path.is_file():
+        raise ArtifactError(f"{cell.name}: {wheel['path']} is missing: the matrix report lists "
+                            "it; re-run `make matrix`")
+    found = sha256_file(path)
+    if found != wheel["sha256"]:
+        raise ArtifactError(f"{cell.name}: {wheel['path']} is not the wheel the matrix tested "
+                            f"(sha256 {found}, the report says {wheel['sha256']}); re-run "
+                            "`make matrix`")
+    return path
 
 
-def collect_wheels(dist_dir, cells):
-    """Find, check and de-duplicate the wheels of ``cells`` under ``dist_dir/<cell>/``.
+def collect_wheels(root, cells):
+    """Check and de-duplicate the wheels the matrix report lists for ``cells``.
 
-    Cells that built the same file name with the same contents (a pure-Python wheel built in two
-    cells) share one entry.  The same name with different contents is a conflict: only one file
-    of a name can ever be uploaded.  All wheels must carry the same ``PATCH``.
+    ``cells`` are the report's `CellResult` objects; each lists one wheel (its path under
+    ``root`` and sha256), which must be on disk with those bytes.  Cells that built the same file
+    name with the same contents (a pure-Python wheel built in two cells) share one entry.  The
+    same name with different contents is a conflict: only one file of a name can ever be
+    uploaded.  All wheels must carry the same ``PATCH``.
 
     Raises
     ------
     ArtifactError
-        A wheel is missing, doubled, wrong (see :func:`check_wheel`) or conflicting; every
-        problem is listed.
+        A wheel is missing, altered, not exactly one per cell, wrong (see :func:`check_wheel`)
+        or conflicting; every problem is listed.
     """
     by_name, problems = {}, []
     for cell in cells:
         try:
-            wheel = check_wheel(_find_cell_wheel(dist_dir, cell), cell)
+            wheel = check_wheel(_tested_wheel(root, cell), cell.name)
         except ArtifactError as exc:
             problems.append(str(exc))
             continue
@@ -173,11 +178,11 @@ def collect_wheels(dist_dir, cells):
         if first is None:
             by_name[wheel.path.name] = wheel
         elif first.sha256 == wheel.sha256 or _members(first.path) == _members(wheel.path):
-            by_name[wheel.path.name] = CellWheel(cells=first.cells + (cell,), path=first.path,
+            by_name[wheel.path.name] = CellWheel(cells=first.cells + (cell.name,), path=first.path,
                                                  version=first.version, sha256=first.sha256)
         else:
             problems.append(f"{wheel.path.name} was built by {', '.join(first.cells)} and by "
-                            f"{cell} with different contents; only one file of a name can be "
+                            f"{cell.name} with different contents; only one file of a name can be "
                             "uploaded (give the cells different wheel tags or drop one)")
     patches = {w.version.micro for w in by_name.values()}
     if len(patches) > 1:

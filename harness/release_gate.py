@@ -1,21 +1,27 @@
 """The release gate: read the matrix report (``reports/summary.json``) and decide what may ship.
 
-The report is written by ``make matrix``::
+The report is written by ``make matrix`` (its form: ``harness/__init__.py``)::
 
-    {"commit": "<HEAD of the tested tree>", "dirty": false,
+    {"commit": "<HEAD of the tested tree>", "dirty": false, "finished": "...",
      "cells": {"tf2.21-cu12.5-py3.11": {"status": "passed", "passed": 812, "skipped": 40,
-                                        "regressions": [], "known": [], "fixed": [], "flaky": []}}}
+                                        "regressions": [], "known": [], "fixed": [], "flaky": [],
+                                        "wheels": [{"path": "dist/...", "sha256": "..."}], ...}}}
 
-A release goes ahead only when the report belongs to the commit being released (same ``commit``,
-made from a clean tree) and no cell regressed or failed to build.  Each status is sorted by
-:data:`STATUS_ACTIONS`; a status missing there stops the release, naming it, because a gate that
-guesses is no gate.
+A release goes ahead only when the report vouches for the commit being released and its whole
+matrix (`stale_reason`: same ``commit``, a clean tree, a finished run with a result for every
+gating cell of matrix.yaml, each built for matrix.yaml's GPU targets and run on the whole test
+suite), and no cell regressed, failed or passed without a single test passing (`gate`).  Each
+status is sorted by :data:`STATUS_ACTIONS`; a status missing there stops the release, naming it,
+because a gate that guesses is no gate.
 """
 import json
 from dataclasses import dataclass, replace
+from pathlib import PurePath
+
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from .errors import GateError
-from .summary import CellResult, Summary
+from .summary import CellResult, Summary, coverage_gaps
 
 __all__ = ["RELEASE", "NOT_RELEASED", "BLOCKS", "STATUS_ACTIONS", "CellResult", "Summary",
            "GateResult", "load_summary", "stale_reason", "gate"]
@@ -69,8 +75,9 @@ def load_summary(path):
     return replace(summary, cells=tuple(sorted(summary.cells, key=lambda c: c.name)))
 
 
-def stale_reason(summary, head):
-    """Why ``summary`` cannot vouch for commit ``head`` (a sentence), or None when it can."""
+def stale_reason(summary, head, cells):
+    """Why ``summary`` cannot vouch for commit ``head`` and its matrix ``cells`` (matrix.yaml's),
+    as a sentence, or None when it can (see `harness.summary.coverage_gaps`)."""
     if summary is None:
         return "there is no matrix report (reports/summary.json)"
     if summary.commit != head:
@@ -78,17 +85,37 @@ def stale_reason(summary, head):
                 f"but HEAD is {head[:12]}")
     if summary.dirty:
         return "the matrix report was made from a tree with uncommitted changes"
+    gaps = coverage_gaps(summary, cells)
+    if gaps:
+        return "the matrix report does not cover the whole matrix: " + "; ".join(gaps)
     return None
+
+
+def _prerelease_wheels(cell):
+    """The names of the cell's wheels built for a pre-release of TensorFlow (``2.22.0rc0``)."""
+    names = []
+    for wheel in cell.wheels:
+        name = PurePath(wheel["path"]).name
+        try:
+            if parse_wheel_filename(name)[1].is_prerelease:
+                names.append(name)
+        except InvalidWheelFilename:
+            pass  # the wheels' own check names it
+    return names
 
 
 def gate(summary):
     """Sort the report's cells into released and left out, or refuse the release.
 
+    A cell whose wheel was built for a pre-release of TensorFlow (only ``2.22.0rc0`` tested: its
+    wheel is ``2.22.PATCHrc0``) is left out: a release publishes final wheels only.
+
     Raises
     ------
     GateError
-        Any cell regressed, failed to build, or has a status not in :data:`STATUS_ACTIONS`;
-        or no cell has anything to release.  Every such cell is named in the message.
+        Any cell regressed, failed to build, has a status not in :data:`STATUS_ACTIONS`, or is
+        ``passed`` with no test passed; or no cell has anything to release.  Every such cell is
+        named in the message.
     """
     released, left_out, notes, problems = [], [], [], []
     for cell in summary.cells:
@@ -107,6 +134,13 @@ def gate(summary):
             # A report that says "passed" but lists regressions is contradicting itself.
             problems.append(f"{cell.name}: status {cell.status!r} but regressions listed: "
                             f"{', '.join(cell.regressions)}")
+        elif cell.status == "passed" and cell.passed == 0:
+            problems.append(f"{cell.name}: passed, but no test passed ({cell.skipped} skipped): "
+                            "nothing vouches for its wheel")
+        elif action == RELEASE and (prerelease := _prerelease_wheels(cell)):
+            left_out.append((cell.name, f"{cell.status}, but built for a pre-release of "
+                                        f"TensorFlow ({', '.join(prerelease)}): only final "
+                                        "wheels are published"))
         elif action == RELEASE:
             released.append(cell)
         else:

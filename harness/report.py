@@ -8,21 +8,17 @@ is the collection of those, so the per-cell jobs of CI can be merged later
 """
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from .errors import CELLS_FAILED
 from .executors import BUILD_FAILED, INSTALL_FAILED, TESTS_KILLED, TIMED_OUT
-from .summary import CellResult, Summary
+from .summary import FAILING, STATUSES, CellResult, Summary, coverage_gaps, wheel_record
 from .templating import template_env
 
 __all__ = ["STATUSES", "FAILING", "cell_result", "summarize", "exit_code", "write_reports",
            "write_result", "load_results", "render_markdown", "render_html"]
 
-#: A cell's status.  The ``FAILING`` ones fail the run unless the cell is allowed to fail, in
-#: which case its status is ``allowed-failure`` and ``outcome`` keeps the underlying one.
-STATUSES = ("passed", "built", "regressed", "known-fixed", "build-failed", "error", "skipped",
-            "allowed-failure")
-FAILING = ("regressed", "known-fixed", "build-failed", "error")
 _CATEGORIES = (("regression", "regressions"), ("known", "known"), ("fixed", "fixed"),
                ("flaky", "flaky"))
 _PYTEST_EXIT = {2: "interrupted (collection errors?)", 3: "internal error", 4: "usage error",
@@ -41,7 +37,8 @@ def _read_outcomes(path):
         return None
 
 
-def cell_result(cell, run, *, root, reports, dist, duration, run_timeout=None):
+def cell_result(cell, run, *, root, reports, dist, duration, run_timeout=None, commit=None,
+                dirty=None, pytest_args=()):
     """The `CellResult` of one cell.
 
     Parameters
@@ -55,6 +52,10 @@ def cell_result(cell, run, *, root, reports, dist, duration, run_timeout=None):
         The cell's report and wheel directories.
     duration : float
         Seconds the cell took.
+    commit, dirty : str, bool
+        The tested tree (`harness.git.state`).
+    pytest_args : tuple
+        The tests the cell ran (``()``: the whole suite).
     """
     reports, dist = Path(reports), Path(dist)
     tests = {"passed": 0, "skipped": 0, **{key: [] for _, key in _CATEGORIES}, "details": {},
@@ -68,8 +69,8 @@ def cell_result(cell, run, *, root, reports, dist, duration, run_timeout=None):
         **{k: tuple(v) if isinstance(v, list) else v for k, v in tests.items()},
         tensorflow=cell.tensorflow, python=cell.python, cuda=cell.cuda, cudnn=cell.cudnn,
         archs=tuple(cell.archs), image=cell.image, matrix_status=cell.status,
-        gating=cell.gating,
-        wheels=tuple(sorted(_rel(p, root) for p in dist.glob("*.whl"))) if dist.is_dir() else (),
+        gating=cell.gating, wheels=tuple(wheel_record(p, root) for p in sorted(dist.glob("*.whl"))),
+        commit=commit, dirty=dirty, pytest_args=tuple(pytest_args),
         log=_rel(reports / "log.txt", root),
         junit=_rel(reports / "junit.xml", root) if (reports / "junit.xml").is_file() else None,
         duration_s=round(duration, 1))
@@ -133,17 +134,19 @@ def _sort_tests(outcomes, entry):
     entry["stale_entries"] = list(outcomes.get("stale", []))
 
 
-def summarize(results, *, commit, dirty, stale_entries=(), **info):
+def summarize(results, *, commit, dirty, matrix, stale_entries=(), **info):
     """The `Summary` of ``results`` (``{name: CellResult}``, in matrix order).
 
     ``commit`` is ``git rev-parse HEAD`` of the tested tree; ``dirty`` says whether the tree
-    differed from it.  ``stale_entries`` are known-failure entries that match no cell of the
-    matrix; ``info`` adds top-level fields (executor, selection ...).
+    differed from it.  ``matrix`` are the cells of matrix.yaml: ``incomplete`` says how the
+    report falls short of them (`coverage_gaps`).  ``stale_entries`` are known-failure entries
+    that match no cell of the matrix; ``info`` adds top-level fields (executor, selection ...).
     """
     ok = not any(r.status in FAILING for r in results.values())
     info = {k: tuple(v) if isinstance(v, list) else v for k, v in info.items()}
-    return Summary(commit=commit, dirty=dirty, ok=ok, cells=tuple(results.values()),
-                   stale_entries=tuple(stale_entries), **info)
+    summary = Summary(commit=commit, dirty=dirty, ok=ok, cells=tuple(results.values()),
+                      stale_entries=tuple(stale_entries), **info)
+    return replace(summary, incomplete=coverage_gaps(summary, matrix))
 
 
 def exit_code(summary):
@@ -151,15 +154,16 @@ def exit_code(summary):
     return 0 if summary.ok else CELLS_FAILED
 
 
-def load_results(reports_dir, order=()):
-    """``{cell: CellResult}`` from ``reports/<cell>/result.json``; ``order`` lists names to put
-    first."""
+def load_results(reports_dir, names):
+    """``{cell: CellResult}`` from ``reports/<cell>/result.json`` of the cells ``names`` that have
+    one, in that order; a malformed file (an unknown status too) is a `GateError` naming it."""
     found = {}
-    for path in sorted(Path(reports_dir).glob("*/result.json")):
-        with open(path, encoding="utf-8") as f:
-            found[path.parent.name] = CellResult.from_json(path.parent.name, json.load(f), path)
-    ranked = [n for n in order if n in found] + sorted(n for n in found if n not in order)
-    return {n: found[n] for n in ranked}
+    for name in names:
+        path = Path(reports_dir) / name / "result.json"
+        if path.is_file():
+            with open(path, encoding="utf-8") as f:
+                found[name] = CellResult.from_json(name, json.load(f), path)
+    return found
 
 
 def _view(summary, reports_dir):
@@ -169,7 +173,7 @@ def _view(summary, reports_dir):
     for cell in summary.cells:
         links = {"log": cell.log, "junit": cell.junit}
         links = {k: os.path.relpath(root / v, reports_dir) for k, v in links.items() if v}
-        wheels = [os.path.relpath(root / w, reports_dir) for w in cell.wheels]
+        wheels = [os.path.relpath(root / w["path"], reports_dir) for w in cell.wheels]
         cells.append({"cell": cell, "links": links, "wheel_links": wheels})
     stale = [*summary.stale_entries,
              *({**e, "cell": c.name} for c in summary.cells for e in c.stale_entries)]

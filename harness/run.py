@@ -16,7 +16,7 @@ from pathlib import Path
 
 from . import report
 from .environment import cell_requirements, read_pins
-from .errors import ConfigError, StaleFilesError
+from .errors import CELLS_FAILED, ConfigError, StaleFilesError, StaleReportError
 from .executors import EXECUTORS, STEP_MARKER, CellJob, make_executor
 from .known_failures import load_known_failures, plugin_json, stale_for_matrix
 from .matrix import load_matrix, select_cells
@@ -96,6 +96,7 @@ def _normalize_pytest_args(args, root):
 @dataclass(frozen=True, kw_only=True)
 class Plan:
     cells: tuple
+    matrix: tuple                # every cell of matrix.yaml, as written there
     known_failures: tuple
     stale_entries: tuple         # known-failure entries that match no cell of matrix.yaml
     pins: dict
@@ -121,7 +122,7 @@ def plan(paths, options):
                                   f"run `make render` and commit the result")
     if options.archs:  # a smoke run's smaller kernel build; the images do not depend on it
         cells = tuple(replace(cell, archs=tuple(options.archs)) for cell in cells)
-    return Plan(cells=cells, known_failures=known, pins=pins,
+    return Plan(cells=cells, matrix=every_cell, known_failures=known, pins=pins,
                 stale_entries=stale_for_matrix(known, every_cell),
                 pytest_args=_normalize_pytest_args(options.pytest_args, paths.root))
 
@@ -152,7 +153,7 @@ def _line_sink(log_file, progress):
     return log
 
 
-def _one_cell(executor, job, paths, options, progress):
+def _one_cell(executor, job, paths, options, progress, tree):
     cell = job.cell
     for d in (job.dist, job.reports):
         shutil.rmtree(d, ignore_errors=True)
@@ -166,7 +167,8 @@ def _one_cell(executor, job, paths, options, progress):
         log(f"== executor result: {run}")
     result = report.cell_result(cell, run, root=paths.root, reports=job.reports, dist=job.dist,
                                 duration=time.monotonic() - start,
-                                run_timeout=options.run_timeout)
+                                run_timeout=options.run_timeout, commit=tree[0], dirty=tree[1],
+                                pytest_args=job.pytest_args)
     result = replace(result, executor=executor.name)
     report.write_result(job.reports, result)
     return result
@@ -222,7 +224,7 @@ def run_matrix(root, options, *, executor=None, progress=None, out=None):
     (stage / "known_failures.json").write_text(
         plugin_json(the_plan.known_failures, source="ci/known_failures.yaml"), encoding="utf-8")
     info = {"executor": executor.name, "cells_selected": options.cells,
-            "pytest_args": list(the_plan.pytest_args),
+            "pytest_args": list(the_plan.pytest_args), "archs": options.archs,
             "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "stale_entries": the_plan.stale_entries}
     progress = progress or Progress()
@@ -234,35 +236,68 @@ def run_matrix(root, options, *, executor=None, progress=None, out=None):
             job = CellJob(cell=cell, stage=stage, dist=paths.dist(cell),
                           reports=paths.cell_reports(cell), pytest_args=the_plan.pytest_args,
                           test_timeout=options.test_timeout, run_timeout=options.run_timeout)
-            result = _one_cell(executor, job, paths, options, progress)
+            result = _one_cell(executor, job, paths, options, progress, (commit, dirty))
             results[cell.name] = result
             progress.finish_cell(result.status, _finish_line(result))
             _notes(result, progress, job.reports / "log.txt")
-            summary = report.summarize(results, commit=commit, dirty=dirty, **info)
+            summary = report.summarize(results, commit=commit, dirty=dirty, matrix=the_plan.matrix,
+                                       **info)
             report.write_reports(paths.reports, summary)
     finally:
         progress.close()
-    summary = report.summarize(results, commit=commit, dirty=dirty, **info,
+    summary = report.summarize(results, commit=commit, dirty=dirty, matrix=the_plan.matrix, **info,
                                finished=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     report.write_reports(paths.reports, summary)
     verdict = "OK" if summary.ok else "FAILED"
     print(f"matrix: {verdict}; reports in {os.path.relpath(paths.reports)}/ "
           f"(summary.json, matrix.md, index.html)", file=out)
+    _say_incomplete("matrix", summary, out)
     return report.exit_code(summary)
+
+
+def _say_incomplete(what, summary, out):
+    for gap in summary.incomplete:
+        print(f"{what}: incomplete, not releasable: {gap}", file=out)
+
+
+def _tested_tree(results):
+    """``(commit, dirty)`` shared by every cell result; a `StaleReportError` names the cells of
+    each commit when they differ (a report vouches for one tree)."""
+    trees = {}
+    for result in results.values():
+        trees.setdefault(result.commit, []).append(result)
+    if len(trees) > 1:
+        raise StaleReportError(
+            "the cell results were tested at different commits, so they make no one report: "
+            + "; ".join(f"{commit or 'no commit recorded'}: {', '.join(r.name for r in cells)}"
+                        for commit, cells in trees.items())
+            + ". Re-run the other cells at one commit (make matrix CELLS=...)")
+    commit = next(iter(trees), None)
+    return commit, any(r.dirty for r in results.values()) if results else None
 
 
 def rebuild_report(root, *, out=None):
-    """Rebuild the summary from ``reports/<cell>/result.json`` (merging CI's per-cell jobs)."""
+    """Rebuild the summary from ``reports/<cell>/result.json`` of the cells of matrix.yaml
+    (merging CI's per-cell jobs); returns 0, or `CELLS_FAILED` when a gating cell failed or the
+    report does not cover the whole matrix (a cell's result missing, one made with ``ARCHS`` or
+    ``PYTEST_ARGS``).  Results made at different commits are a `StaleReportError`: nothing is
+    written."""
     out = out or sys.stdout
     paths = Paths(Path(root).resolve())
-    order = [c.name for c in load_matrix(paths.matrix)]
-    results = report.load_results(paths.reports, order)
-    commit, dirty = git.state(paths.root)
+    matrix = load_matrix(paths.matrix)
+    results = report.load_results(paths.reports, [c.name for c in matrix])
+    for path in sorted(paths.reports.glob("*/result.json")):
+        if path.parent.name not in results:
+            print(f"report: ignored {os.path.relpath(path)}: {path.parent.name} is not a cell of "
+                  "matrix.yaml", file=out)
+    commit, dirty = _tested_tree(results)
     executors = sorted({r.executor or "unknown" for r in results.values()})
     known = load_known_failures(paths.known_failures)
-    summary = report.summarize(results, commit=commit, dirty=dirty,
-                               stale_entries=stale_for_matrix(known, load_matrix(paths.matrix)),
-                               executor=", ".join(executors) or "none")
+    summary = report.summarize(results, commit=commit, dirty=dirty, matrix=matrix,
+                               stale_entries=stale_for_matrix(known, matrix),
+                               executor=", ".join(executors) or "none",
+                               finished=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     report.write_reports(paths.reports, summary)
     print(f"report: {len(results)} cell(s), {'OK' if summary.ok else 'FAILED'}", file=out)
-    return report.exit_code(summary)
+    _say_incomplete("report", summary, out)
+    return report.exit_code(summary) or (CELLS_FAILED if summary.incomplete else 0)

@@ -3,18 +3,49 @@
 ``make matrix`` writes them (`harness.report`), ``python -m harness report`` merges them, and the
 release gate (`harness.release_gate`) reads them back, all through these two classes; the JSON
 form is documented in `harness` (``summary.json``).  Reading checks the fields a release relies
-on and names the file, the cell and the key of anything wrong.
+on and names the file, the cell and the key of anything wrong.  `coverage_gaps` says whether a
+report vouches for the whole matrix: the one rule of what a complete report is, for the report
+itself (``complete``, ``incomplete``) and the release.
 """
+import hashlib
 import json
+import re
+import shlex
 from dataclasses import asdict, dataclass, field, fields
 
 from .errors import GateError
 
-__all__ = ["TEST_LISTS", "CellResult", "Summary"]
+__all__ = ["STATUSES", "FAILING", "TEST_LISTS", "CellResult", "Summary", "coverage_gaps",
+           "sha256_file", "wheel_record"]
 
+#: A cell's status.  The ``FAILING`` ones fail the run unless the cell is allowed to fail, in
+#: which case its status is ``allowed-failure`` and ``outcome`` keeps the underlying one.
+STATUSES = ("passed", "built", "regressed", "known-fixed", "build-failed", "error", "skipped",
+            "allowed-failure")
+FAILING = ("regressed", "known-fixed", "build-failed", "error")
 #: The per-cell lists of test ids, by outcome.
 TEST_LISTS = ("regressions", "known", "fixed", "flaky")
 _COUNTS = ("passed", "skipped")
+
+
+def sha256_file(path):
+    """Hex sha256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def wheel_record(path, root):
+    """``{"path": <relative to root>, "sha256": ...}``: a wheel as a cell result lists it."""
+    return {"path": path.relative_to(root).as_posix(), "sha256": sha256_file(path)}
+
+
+def _is_wheel_record(value):
+    return (isinstance(value, dict) and isinstance(value.get("path"), str)
+            and isinstance(value.get("sha256"), str)
+            and re.fullmatch(r"[0-9a-f]{64}", value["sha256"]) is not None)
 
 
 def _fields_of(cls, data, skip):
@@ -29,7 +60,7 @@ class CellResult:
     """One cell's entry of the report (see ``harness/__init__.py`` for every field)."""
 
     name: str
-    status: str
+    status: str                    # one of STATUSES
     outcome: str = None            # the underlying status of an ``allowed-failure``
     reason: str = None
     passed: int = 0
@@ -49,7 +80,10 @@ class CellResult:
     image: str = None
     matrix_status: str = None
     gating: bool = True
-    wheels: tuple = ()
+    wheels: tuple = ()             # of {"path", "sha256"}: what the cell built, and tested
+    commit: str = None             # the tree the cell tested (see Summary)
+    dirty: bool = None
+    pytest_args: tuple = ()        # the tests it ran: () is the whole suite
     log: str = None
     junit: str = None
     duration_s: float = 0.0
@@ -74,6 +108,8 @@ class CellResult:
         status = entry.get("status")
         if not isinstance(status, str) or not status:
             raise GateError(f"{where}: cell {name!r} has no 'status' string; got {status!r}")
+        if status not in STATUSES:
+            raise bad("status", f"one of {', '.join(STATUSES)}", status)
         for key in _COUNTS:
             value = entry.get(key, 0)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -84,6 +120,9 @@ class CellResult:
                 raise bad(key, "a list of test ids", value)
         if not isinstance(entry.get("gating", True), bool):
             raise bad("gating", "true or false", entry.get("gating"))
+        wheels = entry.get("wheels", [])
+        if not isinstance(wheels, list) or not all(map(_is_wheel_record, wheels)):
+            raise bad("wheels", 'a list of {"path": ..., "sha256": <64 hex digits>}', wheels)
         return cls(name=name, **_fields_of(cls, entry, "name"))
 
 
@@ -98,9 +137,16 @@ class Summary:
     executor: str = None
     cells_selected: str = None
     pytest_args: tuple = ()
+    archs: tuple = None            # ARCHS: every cell's GPU targets instead of matrix.yaml's
     started: str = None
-    finished: str = None
+    finished: str = None           # None: the run did not finish (interrupted, or still running)
     stale_entries: tuple = ()      # known-failure entries that match no cell of matrix.yaml
+    incomplete: tuple = ()         # coverage_gaps() when the report was written
+
+    @property
+    def complete(self):
+        """Whether the report vouched for the whole matrix when it was written."""
+        return not self.incomplete
 
     def cell(self, name):
         return next(c for c in self.cells if c.name == name)
@@ -108,6 +154,7 @@ class Summary:
     def to_json(self):
         data = asdict(self)
         data["cells"] = {c.name: c.to_json() for c in self.cells}
+        data["complete"] = self.complete
         return {k: list(v) if isinstance(v, tuple) else v for k, v in data.items()}
 
     def dumps(self):
@@ -129,3 +176,35 @@ class Summary:
         return cls(**_fields_of(cls, data, "cells"),
                    cells=tuple(CellResult.from_json(name, entry, where)
                                for name, entry in cells.items()))
+
+
+def coverage_gaps(summary, cells):
+    """Why ``summary`` does not vouch for the whole matrix, as sentences; empty when it does.
+
+    ``cells`` are matrix.yaml's (`harness.matrix.Cell`).  A complete report comes from a run that
+    finished and has a result for every gating cell and no other, each made at the report's
+    commit, for matrix.yaml's GPU targets, with the whole test suite: not a run narrowed by
+    ``CELLS``, ``ARCHS`` or ``PYTEST_ARGS``, nor a merge that lacks a cell.
+    """
+    gaps = [] if summary.finished else ["the run did not finish (interrupted, or still running)"]
+    wanted = {c.name: c for c in cells}
+    have = {c.name: c for c in summary.cells}
+    missing = [name for name, cell in wanted.items() if cell.gating and name not in have]
+    if missing:
+        gaps.append(f"no result for the gating cell(s) {', '.join(missing)}")
+    extra = [name for name in have if name not in wanted]
+    if extra:
+        gaps.append(f"cell(s) {', '.join(extra)} are not in matrix.yaml")
+    for name, cell in wanted.items():
+        result = have.get(name)
+        if result is None or not cell.gating:
+            continue
+        if tuple(result.archs) != tuple(cell.archs):
+            gaps.append(f"{name} was built for GPU targets {','.join(result.archs) or 'not recorded'}, "
+                        f"not matrix.yaml's {','.join(cell.archs)} (ARCHS=)")
+        if result.pytest_args:
+            gaps.append(f"{name} ran only the tests of PYTEST_ARGS={shlex.join(result.pytest_args)!r}")
+        if (result.commit, result.dirty) != (summary.commit, summary.dirty):
+            gaps.append(f"{name} was tested at commit {result.commit} (dirty: {result.dirty}), the "
+                        f"report is for {summary.commit} (dirty: {summary.dirty})")
+    return tuple(gaps)

@@ -5,6 +5,7 @@ No download: the cell's virtualenv is made here beforehand and sees the developm
 environment's packages (TensorFlow, pytest ...) through a .pth file, so the executor takes its
 "reuse" path.  Everything after that -- build, install, test, reports -- is the real thing.
 """
+import hashlib
 import io
 import json
 import re
@@ -61,7 +62,9 @@ def test_one_cell_end_to_end(tmp_path):
     # the platform wheel with the TensorFlow op library (its tag follows the library's glibc needs)
     (wheel,) = entry["wheels"]
     assert re.fullmatch(rf"dist/{re.escape(CELL)}/blocksparse-2\.21\.0-py3-none-manylinux_2_\d+_x86_64\.whl",
-                        wheel), wheel
+                        wheel["path"]), wheel
+    assert wheel["sha256"] == hashlib.sha256((project / wheel["path"]).read_bytes()).hexdigest()
+    assert (entry["commit"], entry["pytest_args"]) == (None, ["test/test_planted.py", "checks/test_extra.py"])
     junit = (project / "reports" / CELL / "junit.xml").read_text()
     assert junit.count("<testcase ") == 7 and f'name="{CELL}"' in junit
     assert not (project / "test" / "flaky-ran-once").exists()  # tests ran from a copy

@@ -4,6 +4,7 @@ failures in a container, a container killed mid-run, Ctrl-C, and no engine at al
 The image of the tf2.21 / Python 3.11 cell is built from the local Debian base the first time
 (minutes) and reused after that; every test checks that no container of ours is left behind.
 """
+import hashlib
 import io
 import json
 import os
@@ -72,8 +73,9 @@ def test_planted_failures_in_a_container(engine, tmp_path):
     assert [e["entry"] for e in entry["stale_entries"]] == [6]
     (wheel,) = entry["wheels"]
     assert re.fullmatch(rf"dist/{re.escape(CELL)}/blocksparse-2\.21\.0-py3-none-manylinux_2_\d+"
-                        r"_x86_64\.whl", wheel), wheel
-    assert (project / wheel).stat().st_uid == os.getuid()
+                        r"_x86_64\.whl", wheel["path"]), wheel
+    assert wheel["sha256"] == hashlib.sha256((project / wheel["path"]).read_bytes()).hexdigest()
+    assert (project / wheel["path"]).stat().st_uid == os.getuid()
     assert ours(engine, project) == []
     # The image is tagged by its recipe: asked again, it is reused, nothing is built.
     lines = []

@@ -1,5 +1,7 @@
 """`make matrix` end to end with a fake executor: planning, outputs, summary, exit code."""
 import json
+import os
+import random
 import subprocess
 
 import pytest
@@ -8,6 +10,8 @@ import yaml
 from harness.cli import main
 from harness.errors import ConfigError, ExecutorUnavailable, StaleFilesError
 from harness.executors import CellRun
+from harness.matrix import load_matrix
+from harness.release_gate import load_summary, stale_reason
 from harness.render import README_BEGIN, README_END
 from harness.run import RunOptions, rebuild_report, run_matrix
 from harness_support import BUILD, PINS
@@ -55,7 +59,7 @@ class FakeExecutor:
         assert known["entries"][0]["test"] == "test/test_a.py::test_old"
         run, tests = self.outcomes[job.cell.name]
         log("::cell-step:: build")
-        (job.dist / "blocksparse-2.21.0-py3-none-any.whl").write_bytes(b"")
+        (job.dist / "blocksparse-2.21.0-py3-none-any.whl").write_bytes(os.urandom(32))
         if tests is not None:
             log("::cell-step:: test")
             (job.reports / "outcomes.json").write_text(json.dumps(
@@ -137,14 +141,20 @@ def test_selection_and_pytest_args(project):
     assert list(summary["cells"]) == ["tf2.21-cu12.5-py3.11"] and summary["ok"]
 
 
-def test_commit_and_dirty_come_from_git(project):
+def commit_all(project):
+    """Make ``project`` a git repository with one commit; returns its hash."""
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run([*git, "init", "-q"], cwd=project, check=True)
-    (project / ".gitignore").write_text(".venv/\nreports/\ndist/\n.matrix/\n")
+    if not (project / ".git").exists():
+        subprocess.run([*git, "init", "-q"], cwd=project, check=True)
+        (project / ".gitignore").write_text(".venv/\nreports/\ndist/\n.matrix/\n")
     subprocess.run([*git, "add", "-A"], cwd=project, check=True)
-    subprocess.run([*git, "commit", "-qm", "c"], cwd=project, check=True)
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=project, check=True,
+    subprocess.run([*git, "commit", "-qm", "c", "--allow-empty"], cwd=project, check=True)
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=project, check=True,
                           capture_output=True, text=True).stdout.strip()
+
+
+def test_commit_and_dirty_come_from_git(project):
+    head = commit_all(project)
     options = RunOptions(cells="py3.11")
     run_matrix(project, options, executor=FakeExecutor(OUTCOMES), progress=FakeProgress())
     summary = json.loads((project / "reports" / "summary.json").read_text())
@@ -277,3 +287,116 @@ def test_archs_override_every_cells_kernel_build(project):
     assert all(cell.archs == ("sm_90", "compute_80") for cell in smoke.cells)
     with pytest.raises(SystemExit):
         main(["--root", str(project), "matrix", "--archs", "sm90", "--dry-run"])
+
+
+ALL_PASS = {name: (CellRun(returncode=0), passing("test/test_a.py::test_ok")) for name in OUTCOMES}
+
+
+def summary_json(project):
+    return json.loads((project / "reports" / "summary.json").read_text())
+
+
+class Interrupted(FakeExecutor):
+    """Ctrl-C during the second cell."""
+
+    def run(self, job, log):
+        if self.jobs:
+            raise KeyboardInterrupt
+        return super().run(job, log)
+
+
+@pytest.mark.parametrize("options, words", [
+    (RunOptions(cells=random.choice(["py3.11", "tf2.20", "py3.1[13]"])), "no result for the gating cell(s) "),
+    (RunOptions(archs=(random.choice(["sm_90", "sm_100", "compute_80"]),)), "was built for GPU targets"),
+    (RunOptions(pytest_args=("test/test_a.py", "-k", random.choice(["ok", "not slow"]))),
+     "ran only the tests of PYTEST_ARGS="),
+    (None, "the run did not finish"),
+], ids=["cells", "archs", "pytest-args", "interrupted"])
+def test_a_narrowed_or_unfinished_run_is_marked_and_the_release_refuses_it(project, options, words):
+    head = commit_all(project)
+    if options is None:
+        with pytest.raises(KeyboardInterrupt):
+            run_matrix(project, RunOptions(), executor=Interrupted(ALL_PASS), progress=FakeProgress())
+    else:
+        assert run_matrix(project, options, executor=FakeExecutor(ALL_PASS), progress=FakeProgress()) == 0
+    data = summary_json(project)
+    assert data["complete"] is False and any(words in gap for gap in data["incomplete"])
+    reason = stale_reason(load_summary(project / "reports" / "summary.json"), head,
+                          load_matrix(project / "matrix.yaml"))
+    assert reason.startswith("the matrix report does not cover the whole matrix") and words in reason
+
+
+def test_a_whole_run_is_complete(project):
+    head = commit_all(project)
+    assert run_matrix(project, RunOptions(), executor=FakeExecutor(ALL_PASS), progress=FakeProgress()) == 0
+    data = summary_json(project)
+    assert data["complete"] is True and data["incomplete"] == [] and data["finished"]
+    assert all((c["commit"], c["dirty"], c["pytest_args"]) == (head, False, [])
+               for c in data["cells"].values())
+    assert stale_reason(load_summary(project / "reports" / "summary.json"), head,
+                        load_matrix(project / "matrix.yaml")) is None
+
+
+def test_report_of_a_missing_cell_is_incomplete(project, capsys):
+    head = commit_all(project)
+    run_matrix(project, RunOptions(), executor=FakeExecutor(ALL_PASS), progress=FakeProgress())
+    assert rebuild_report(project) == 0 and summary_json(project)["complete"] is True
+    gone = random.choice(list(ALL_PASS))
+    subprocess.run(["rm", "-r", str(project / "reports" / gone)], check=True)
+    assert rebuild_report(project) == 1  # CI's merge job fails
+    data = summary_json(project)
+    assert data["ok"] is True and data["complete"] is False and data["commit"] == head
+    assert data["incomplete"] == [f"no result for the gating cell(s) {gone}"]
+    assert f"report: incomplete, not releasable: no result for the gating cell(s) {gone}" in \
+        capsys.readouterr().out
+    assert "not cover the whole matrix" in stale_reason(load_summary(project / "reports" / "summary.json"),
+                                                        head, load_matrix(project / "matrix.yaml"))
+
+
+def test_report_refuses_results_of_different_commits(project, capsys):
+    first = commit_all(project)
+    run_matrix(project, RunOptions(), executor=FakeExecutor(ALL_PASS), progress=FakeProgress())
+    (project / "test" / "test_b.py").write_text("def test_b():\n    pass\n")
+    second = commit_all(project)
+    cell = random.choice(list(ALL_PASS))
+    run_matrix(project, RunOptions(cells=f"^{cell}$"), executor=FakeExecutor(ALL_PASS),
+               progress=FakeProgress())
+    (project / "reports" / "summary.json").unlink()
+    assert main(["--root", str(project), "report"]) == 4
+    err = capsys.readouterr().err
+    assert "the cell results were tested at different commits" in err
+    assert f"{second}: {cell}" in err and f"{first}: " in err
+    assert not (project / "reports" / "summary.json").exists()
+
+
+def test_report_with_an_unknown_status_writes_nothing(project, capsys):
+    commit_all(project)
+    run_matrix(project, RunOptions(), executor=FakeExecutor(ALL_PASS), progress=FakeProgress())
+    cell = random.choice(list(ALL_PASS))
+    path = project / "reports" / cell / "result.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "status": "timed-out"}))
+    for name in ("summary.json", "matrix.md", "index.html"):
+        (project / "reports" / name).unlink()
+    assert main(["--root", str(project), "report"]) == 5
+    assert f"cell '{cell}' key 'status' must be one of passed, " in capsys.readouterr().err
+    assert not any((project / "reports" / name).exists() for name in ("summary.json", "matrix.md"))
+
+
+def test_archs_the_kernel_compiler_cannot_build_are_refused(project, capsys):
+    arch = random.choice(["sm_75", "sm_70", "compute_90"])
+    with pytest.raises(SystemExit) as info:
+        main(["--root", str(project), "matrix", "--archs", f"sm_90,{arch}", "--dry-run"])
+    assert info.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"ARCHS must be a comma-separated list of GPU targets like sm_90,compute_80; got 'sm_90,{arch}'" in err
+    assert f"got {arch!r}" in err.split(";", 1)[1]
+
+
+def test_help_tells_the_defaults_and_exit_codes(capsys):
+    for command in ("matrix", "render"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "per-test timeout, seconds (default: 900)" in text
+    assert "limit of one cell's whole test run, seconds (default: 7200)" in text
+    assert f"only report stale files (exit {StaleFilesError.exit_code} if any" in text

@@ -1,10 +1,18 @@
 """matrix.yaml: validation at load (errors name the build and the key), expansion, selection."""
+import itertools
+import random
+import re
+
 import pytest
 
 from harness.errors import ConfigError
-from harness.matrix import load_matrix, parse_matrix, select_cells
+from harness.matrix import STATUSES, load_matrix, parse_matrix, select_cells
 from harness.render import ROOT
 from harness_support import BUILD, make_cells
+
+#: A GPU target the pattern admits but the kernel compiler does not build.
+OLD_ARCH = random.choice(["sm_75", "sm_70", "sm_61", "sm_75a"])
+OTHER_CUDA = {"cuda": "12.3", "image": "nvidia/cuda:12.3.2-devel-ubuntu22.04"}
 
 
 def test_build_expands_into_one_cell_per_python():
@@ -61,10 +69,11 @@ def test_bad_flavor_is_an_error(cell):
     ({"image": "nvidia/cuda:12.5.1-devel-rockylinux9"}, r"image: tag must end with one of"),
     ({"archs": ["80"]}, r"archs\[0\]: expected a string such as 'sm_90'"),
     ({"archs": ["sm_90", "compute_90"]}, r"archs\[1\]: expected a string such as 'sm_90' \(matching"),
+    ({"archs": ["sm_80", "sm_90", OLD_ARCH]}, rf"archs\[2\]: the kernels need sm_80 or newer; got '{OLD_ARCH}'"),
     ({"cudnn": None}, r"cudnn: missing \(required\)"),
 ], ids=["unknown-key", "float-python", "float-cuda", "old-python", "no-python", "twice",
         "old-tf", "bad-tf", "bad-status", "latest-image", "untagged", "cuda-mismatch",
-        "unknown-distro", "bad-arch", "ptx-of-sm90", "missing-key"])
+        "unknown-distro", "bad-arch", "ptx-of-sm90", "arch-too-old", "missing-key"])
 def test_bad_build(change, words):
     build = {**BUILD, **change}
     build = {k: v for k, v in build.items() if v is not None}
@@ -81,7 +90,14 @@ def test_bad_build(change, words):
     ({"builds": [BUILD, BUILD]}, r"builds\[1\] \(tensorflow 2.21\): cell tf2.21-cu12.5-py3.11 "
                                  r"is already defined by .*builds\[0\]"),
     ({"builds": ["2.21"]}, r"builds\[0\]: expected a mapping, got str '2.21'"),
-], ids=["empty", "no-builds", "top-typo", "defaults-typo", "duplicate", "not-a-mapping"])
+    ({"defaults": {"archs": [OLD_ARCH]}, "builds": [BUILD]},
+     rf"defaults: archs\[0\]: the kernels need sm_80 or newer; got '{OLD_ARCH}'"),
+    ({"builds": [BUILD, {**BUILD, **OTHER_CUDA, "python": ["3.12", "3.11"]}]},
+     r"builds\[1\] \(tensorflow 2.21\): cell tf2.21-cu12.3-py3.11 builds TensorFlow 2.21 for Python "
+     r"3.11, as cell tf2.21-cu12.5-py3.11 of .*builds\[0\] .* does: their wheels would have the "
+     r"same file name"),
+], ids=["empty", "no-builds", "top-typo", "defaults-typo", "duplicate", "not-a-mapping",
+        "defaults-arch-too-old", "same-tf-and-python-other-cuda"])
 def test_bad_matrix(data, words):
     with pytest.raises(ConfigError, match=words):
         parse_matrix(data, source="test-matrix.yaml")
@@ -113,3 +129,18 @@ def test_the_project_matrix():
     assert {"2.16", "2.17", "2.18", "2.19", "2.20", "2.21"} <= main_cells
     assert len({c.name for c in cells}) == len(cells)
     assert all({"sm_80", "sm_90", "sm_100", "sm_120", "compute_80"} <= set(c.archs) for c in cells)
+
+
+def test_same_tensorflow_other_python_and_cuda_is_fine():
+    cells = make_cells({}, {**OTHER_CUDA, "python": ["3.12"]})
+    assert [c.name for c in cells] == ["tf2.21-cu12.5-py3.11", "tf2.21-cu12.3-py3.12"]
+
+
+def test_the_header_comment_is_true():
+    """matrix.yaml's header names files that exist and the statuses the harness knows."""
+    lines = (ROOT / "matrix.yaml").read_text().splitlines()
+    header = "\n".join(itertools.takewhile(lambda line: line.startswith("#"), lines))
+    paths = re.findall(r"(?<![\w/])([.\w-]+(?:/[\w.-]+)+\.(?:ya?ml|py))", header)
+    assert paths and [p for p in paths if not (ROOT / p).is_file()] == []
+    listed = re.search(r"^# status: (.*)", header, re.S | re.M).group(1)
+    assert set(re.findall(r"([a-z]+(?:-[a-z]+)*) \(", listed)) == set(STATUSES)

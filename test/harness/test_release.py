@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,13 +23,18 @@ import pytest
 
 from harness.errors import ConfigError
 from harness.interpreters import PYTHON_SETUP_VARIABLES
+from harness.matrix import load_matrix
 from harness.release import DEFAULT_REPOSITORY_URL, Settings, main
+from harness.report import summarize
+from harness.summary import CellResult, wheel_record
 
 ROOT = Path(__file__).resolve().parents[2]
 GIT = ["git", "-c", "user.name=release test", "-c", "user.email=release-test@example.invalid",
        "-c", "commit.gpgsign=false", "-c", "tag.gpgsign=false"]
 CELLS = {"tf2.20-cu12.5-py3.11": "2.20", "tf2.21-cu12.5-py3.11": "2.21"}
-SKIPPED_CELL = "tf2.16-cu12.3-py3.13"
+SKIPPED_CELL = "tf2.21-cu12.5-py3.13"
+#: A TensorFlow line with only a release candidate out: its wheel is built for that.
+RC = "2.21.0rc0"
 # Settings of the caller's shell that must not leak into the release under test, nor its Python
 # setup into the clone's builds and the fresh virtualenv (PYTHONPATH would import this source tree).
 _FOREIGN = ("DRY_RUN", "RUN_MATRIX", "REPOSITORY_URL", "TWINE_USERNAME", "TWINE_PASSWORD",
@@ -65,7 +71,7 @@ def project(tmp_path_factory):
     run([*GIT, "add", "-A"], cwd=src)
     run([*GIT, "commit", "-qm", "snapshot"], cwd=src)
     wheels = {}
-    for tf in sorted(set(CELLS.values())):
+    for tf in sorted(set(CELLS.values())) + [RC]:
         out = tmp_path_factory.mktemp(f"wheel-{tf}")
         run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), "."],
             cwd=src, env=clean_env(BLOCKSPARSE_TF_VERSION=tf))
@@ -73,18 +79,31 @@ def project(tmp_path_factory):
     return SimpleNamespace(path=src, wheels=wheels)
 
 
-def write_summary(repo, commit=None, dirty=False, **statuses):
-    cells = {}
-    for cell in [*CELLS, SKIPPED_CELL]:
-        status = statuses.get(cell, "skipped" if cell == SKIPPED_CELL else "passed")
-        regressions = ["test/test_layout.py::test_lut"] if status == "regressed" else []
-        cells[cell] = {"status": status, "passed": 0 if status == "skipped" else 25,
-                       "skipped": 2, "regressions": regressions, "known": [], "fixed": [],
-                       "flaky": []}
-    summary = {"commit": commit or git_out(repo, "rev-parse", "HEAD"), "dirty": dirty,
-               "cells": cells}
+FINISHED = "2025-01-02T03:04:05+00:00"
+
+
+def write_summary(repo, commit=None, dirty=False, finished=FINISHED, edits=None, **statuses):
+    """``reports/summary.json`` as a whole ``make matrix`` run writes it for the clone's HEAD and
+    matrix.yaml: the `CELLS` passed, with their wheels in ``dist/``, the other cells skipped.
+    ``statuses`` (``cell=status``) and ``edits`` (``{cell: {field: value}}``, or ``{cell: None}``
+    to leave a cell out) change that."""
+    commit = commit or git_out(repo, "rev-parse", "HEAD")
+    results = {}
+    for cell in load_matrix(repo / "matrix.yaml"):
+        edit = (edits or {}).get(cell.name, {})
+        if edit is None:
+            continue
+        status = statuses.get(cell.name, "passed" if cell.name in CELLS else "skipped")
+        wheels = sorted((repo / "dist" / cell.name).glob("*.whl"))
+        results[cell.name] = CellResult(**{
+            "name": cell.name, "status": status, "passed": 0 if status == "skipped" else 25,
+            "skipped": 2, "regressions": ("test/test_layout.py::test_lut",) if status == "regressed" else (),
+            "archs": cell.archs, "gating": cell.gating, "commit": commit, "dirty": dirty,
+            "wheels": tuple(wheel_record(w, repo) for w in wheels), **edit})
+    summary = summarize(results, commit=commit, dirty=dirty, matrix=load_matrix(repo / "matrix.yaml"),
+                        executor="local", finished=finished)
     (repo / "reports").mkdir(exist_ok=True)
-    (repo / "reports" / "summary.json").write_text(json.dumps(summary, indent=1))
+    (repo / "reports" / "summary.json").write_text(summary.dumps())
 
 
 @pytest.fixture
@@ -155,7 +174,7 @@ def test_dry_run_checks_everything_and_prints_the_plan(repo, project):
     run(["sha256sum", "--check", "--quiet", "SHA256SUMS"], cwd=outdir)
     for line in (outdir / "SHA256SUMS").read_text().splitlines():
         assert line in out
-    assert f"not released: {SKIPPED_CELL} (skipped" in out
+    assert f"not released: {SKIPPED_CELL} (skipped)" in out
     assert "tags:        v2.20.0 (new), v2.21.0 (new)" in out
     assert f"upload to:   {DEAD_INDEX}" in out
     assert f"index:       {DEAD_INDEX}simple/ cannot be read" in out
@@ -168,12 +187,39 @@ def test_dry_run_checks_everything_and_prints_the_plan(repo, project):
     assert git_out(repo, "status", "--porcelain") == ""
 
 
-def test_sdist_is_built_for_the_newest_tensorflow(repo):
+def test_sdist_is_built_for_the_newest_tensorflow_from_the_committed_tree(repo):
+    (repo / "blocksparse" / "_tf_ops.so").write_bytes(os.urandom(64))  # a local build's, ignored by git
     assert release(repo)[0] == 0
     sdist = repo / "dist" / "release" / "blocksparse-2.21.0.tar.gz"
     listing = run(["tar", "-xzOf", str(sdist), "blocksparse-2.21.0/PKG-INFO"], cwd=repo).stdout
     assert "Version: 2.21.0" in listing
     assert 'Requires-Dist: tensorflow<2.22,>=2.21; extra == "tensorflow"' in listing
+    names = run(["tar", "-tzf", str(sdist)], cwd=repo).stdout.split()
+    assert "blocksparse-2.21.0/setup.py" in names and not [n for n in names if n.endswith(".so")]
+
+
+@pytest.mark.parametrize("isolation", [True, False], ids=["build-isolation", "no-build-isolation"])
+def test_the_sdist_builds_its_own_version_anywhere(project, tmp_path, isolation):
+    """pip builds the sdist's own version: in an isolated build environment (no TensorFlow), and
+    next to another TensorFlow (this environment's 2.21 under a 2.20 sdist)."""
+    run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", str(tmp_path / "sdist"),
+         "."], cwd=project.path, env=clean_env(BLOCKSPARSE_TF_VERSION="2.20"))
+    (sdist,) = (tmp_path / "sdist").glob("*.tar.gz")
+    env = clean_env()
+    env.pop("BLOCKSPARSE_TF_VERSION", None)
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "-q", "-w", str(tmp_path / "out"),
+         *([] if isolation else ["--no-build-isolation"]), str(sdist)], cwd=tmp_path, env=env)
+    (wheel,) = (tmp_path / "out").glob("*.whl")
+    assert wheel.name == "blocksparse-2.20.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel) as zf:
+        metadata = zf.read("blocksparse-2.20.0.dist-info/METADATA").decode()
+    assert 'Requires-Dist: tensorflow-cpu<2.21,>=2.20; extra == "tensorflow-cpu"' in metadata
+    other = run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "--no-build-isolation",
+                 "-w", str(tmp_path / "other"), str(sdist)], cwd=tmp_path,
+                env=dict(env, BLOCKSPARSE_TF_VERSION="2.19"), check=False)
+    assert other.returncode != 0
+    assert "this sdist is blocksparse 2.20.0, for TensorFlow 2.20; BLOCKSPARSE_TF_VERSION=2.19" in \
+        other.stdout + other.stderr
 
 
 def test_existing_tag_on_head_is_fine(repo):
@@ -264,17 +310,29 @@ def test_stale_report_with_run_matrix_0_names_the_command(repo, state, reason):
     assert not (repo / "dist" / "release").exists()
 
 
+@pytest.mark.parametrize("edits, finished, reason", [
+    ({SKIPPED_CELL: None}, FINISHED, f"no result for the gating cell(s) {SKIPPED_CELL}"),
+    ({"tf2.21-cu12.5-py3.11": {"archs": ("sm_90",)}}, FINISHED,
+     "tf2.21-cu12.5-py3.11 was built for GPU targets sm_90, not matrix.yaml's"),
+    ({"tf2.20-cu12.5-py3.11": {"pytest_args": ("test/test_layout.py",)}}, FINISHED,
+     "tf2.20-cu12.5-py3.11 ran only the tests of PYTEST_ARGS='test/test_layout.py'"),
+    (None, None, "the run did not finish"),
+], ids=["cells", "archs", "pytest-args", "unfinished"])
+def test_partial_report_is_refused(repo, edits, finished, reason):
+    write_summary(repo, edits=edits, finished=finished)
+    code, out, err = release(repo, RUN_MATRIX="0")
+    assert code == 4, out + err
+    assert "the matrix report does not cover the whole matrix" in err and reason in err
+    assert not (repo / "dist" / "release").exists()
+
+
 FAKE_MATRIX = """\
-import json, os, subprocess, sys
+import json, os, shutil, sys
 from pathlib import Path
-Path("matrix-env.json").write_text(json.dumps(sorted(os.environ)))
+Path("matrix-env.json").write_text(json.dumps(dict(os.environ)))
 if sys.argv[1] == "good":
-    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout
-    cells = {"tf2.21-cu12.5-py3.11": {"status": "passed", "passed": 1, "skipped": 0,
-             "regressions": [], "known": [], "fixed": [], "flaky": []}}
     Path("reports").mkdir(exist_ok=True)
-    Path("reports/summary.json").write_text(json.dumps(
-        {"commit": head.strip(), "dirty": False, "cells": cells}))
+    shutil.copy(sys.argv[2], "reports/summary.json")
 print("matrix done, TWINE_PASSWORD=" + os.environ.get("TWINE_PASSWORD", "<unset>"))
 sys.exit(0 if sys.argv[1] == "good" else 3)
 """
@@ -282,15 +340,19 @@ sys.exit(0 if sys.argv[1] == "good" else 3)
 
 @pytest.mark.parametrize("outcome", ["good", "bad"])
 def test_stale_report_runs_the_matrix_first(repo, outcome):
-    (repo / "reports" / "summary.json").unlink()
+    write_summary(repo, **{"tf2.20-cu12.5-py3.11": "skipped"})  # what the matrix run will report
+    good = (repo / "reports" / "summary.json").rename(repo.parent / "good-summary.json")
     script = repo.parent / "fake_matrix.py"
     script.write_text(FAKE_MATRIX)
     # The matrix itself lives in an ignored folder of the clone, so the tree stays clean.
-    code, out, err = release(repo, "--matrix-command", f"{sys.executable} {script} {outcome}",
+    narrowing = {"CELLS": "tf2.21", "ARCHS": "sm_90", "PYTEST_ARGS": "-k lut"}
+    code, out, err = release(repo, "--matrix-command", f"{sys.executable} {script} {outcome} {good}",
                              TWINE_PASSWORD="pw-matrix", REPOSITORY_URL="http://u:pw@127.0.0.1:9/",
-                             DRY_RUN="1")
-    seen = set(json.loads((repo / "matrix-env.json").read_text()))
-    assert not seen & {"TWINE_PASSWORD", "REPOSITORY_URL", "DRY_RUN", "MAKEFLAGS"}
+                             DRY_RUN="1", **narrowing)
+    seen = json.loads((repo / "matrix-env.json").read_text())
+    assert not set(seen) & {"TWINE_PASSWORD", "REPOSITORY_URL", "DRY_RUN", "MAKEFLAGS", *narrowing}
+    assert ("note: CELLS=tf2.21, ARCHS=sm_90, PYTEST_ARGS=-k lut not passed on: a release's matrix "
+            "run covers every cell") in out
     assert "there is no matrix report (reports/summary.json): running" in out
     assert "matrix done, TWINE_PASSWORD=<unset>" in out
     if outcome == "good":
@@ -301,16 +363,40 @@ def test_stale_report_runs_the_matrix_first(repo, outcome):
         assert code == 4 and "exited with 3 and still there is no matrix report" in err
 
 
-@pytest.mark.parametrize("status, words", [
-    ("regressed", "tf2.21-cu12.5-py3.11: regressed: test/test_layout.py::test_lut"),
-    ("build-failed", "tf2.21-cu12.5-py3.11: build-failed"),
-    ("timed-out", "tf2.21-cu12.5-py3.11: unknown status 'timed-out'"),
-])
-def test_gate_refuses_a_bad_matrix(repo, status, words):
-    write_summary(repo, **{"tf2.21-cu12.5-py3.11": status})
+@pytest.mark.parametrize("status, edits, words", [
+    ("regressed", None, "tf2.21-cu12.5-py3.11: regressed: test/test_layout.py::test_lut"),
+    ("build-failed", None, "tf2.21-cu12.5-py3.11: build-failed"),
+    ("known-fixed", None, "tf2.21-cu12.5-py3.11: known-fixed"),
+    ("error", None, "tf2.21-cu12.5-py3.11: error"),
+    ("passed", {"passed": 0}, "tf2.21-cu12.5-py3.11: passed, but no test passed (2 skipped)"),
+    ("timed-out", None, "cell 'tf2.21-cu12.5-py3.11' key 'status' must be one of passed, built,"),
+], ids=["regressed", "build-failed", "known-fixed", "error", "no-test-passed", "unknown-status"])
+def test_gate_refuses_a_bad_matrix(repo, status, edits, words):
+    write_summary(repo, edits={"tf2.21-cu12.5-py3.11": edits or {}}, **{"tf2.21-cu12.5-py3.11": status})
     code, _, err = release(repo, RUN_MATRIX="0")
     assert code == 5 and words in err
     assert not (repo / "dist" / "release").exists()
+
+
+def test_a_cell_built_for_a_tensorflow_release_candidate_is_left_out(repo, project):
+    """Only TensorFlow 2.21.0rc0 tested for 2.21: its wheel is 2.21.0rc0 (requiring TensorFlow from
+    that candidate on), never published as 2.21.0; the release goes on with the others."""
+    rc_wheel = project.wheels[RC]
+    assert rc_wheel.name == "blocksparse-2.21.0rc0-py3-none-any.whl"
+    with zipfile.ZipFile(rc_wheel) as zf:
+        metadata = zf.read("blocksparse-2.21.0rc0.dist-info/METADATA").decode()
+    assert 'Requires-Dist: tensorflow<2.22,>=2.21.0rc0; extra == "tensorflow"' in metadata
+    dist = repo / "dist" / "tf2.21-cu12.5-py3.11"
+    shutil.rmtree(dist)
+    dist.mkdir()
+    shutil.copy2(rc_wheel, dist)
+    write_summary(repo)
+    code, out, err = release(repo, RUN_MATRIX="0")
+    assert code == 0, out + err
+    assert ("not released: tf2.21-cu12.5-py3.11 (passed, but built for a pre-release of TensorFlow "
+            "(blocksparse-2.21.0rc0-py3-none-any.whl): only final wheels are published)") in out
+    assert sorted(p.name for p in (repo / "dist" / "release").iterdir()) == [
+        "SHA256SUMS", "blocksparse-2.20.0-py3-none-any.whl", "blocksparse-2.20.0.tar.gz"]
 
 
 @pytest.mark.parametrize("change", ["modified", "untracked"])
@@ -324,13 +410,27 @@ def test_dirty_tree_is_refused(repo, change):
     assert code == 3 and ("README.md" if change == "modified" else "notes.txt") in err
 
 
-def test_missing_and_mismatched_wheels_are_refused(repo, project):
+def test_missing_and_altered_wheels_are_refused(repo, project):
+    """The release takes the wheels the report lists, with the bytes the matrix tested."""
     shutil.rmtree(repo / "dist" / "tf2.20-cu12.5-py3.11")
-    (repo / "dist" / "tf2.21-cu12.5-py3.11" / project.wheels["2.21"].name).unlink()
-    shutil.copy2(project.wheels["2.20"], repo / "dist" / "tf2.21-cu12.5-py3.11")
+    altered = repo / "dist" / "tf2.21-cu12.5-py3.11" / project.wheels["2.21"].name
+    with zipfile.ZipFile(altered, "a") as zf:  # e.g. rebuilt after the matrix ran
+        zf.writestr("blocksparse/_rebuilt.py", secrets.token_hex(8))
     code, _, err = release(repo)
     assert code == 6
-    assert "tf2.20-cu12.5-py3.11: passed, but no wheel" in err
+    assert ("tf2.20-cu12.5-py3.11: dist/tf2.20-cu12.5-py3.11/blocksparse-2.20.0-py3-none-any.whl "
+            "is missing: the matrix report lists it") in err
+    assert (f"tf2.21-cu12.5-py3.11: dist/tf2.21-cu12.5-py3.11/{altered.name} is not the wheel the "
+            "matrix tested (sha256 ") in err
+    assert not (repo / "dist" / "release").exists()
+
+
+def test_a_wheel_for_another_tensorflow_is_refused(repo, project):
+    (repo / "dist" / "tf2.21-cu12.5-py3.11" / project.wheels["2.21"].name).unlink()
+    shutil.copy2(project.wheels["2.20"], repo / "dist" / "tf2.21-cu12.5-py3.11")
+    write_summary(repo)  # the matrix tested it so
+    code, _, err = release(repo)
+    assert code == 6
     assert "does not match the cell's TensorFlow 2.21" in err
     assert "extra [tensorflow] requires tensorflow<2.21,>=2.20, expected tensorflow<2.22,>=2.21" in err
 

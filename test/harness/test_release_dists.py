@@ -4,12 +4,18 @@ The wheels are synthetic (a zip with a METADATA file), so these tests pin the ch
 independently of setup.py; test_release.py checks that the real build passes them.
 """
 import hashlib
+import os
+import random
+import runpy
 import zipfile
 
 import pytest
+from packaging.specifiers import SpecifierSet
 
-from harness.release_dists import cell_tf_version, check_wheel, collect_wheels, write_manifest
 from harness.errors import ArtifactError
+from harness.release_dists import cell_tf_version, check_wheel, collect_wheels, write_manifest
+from harness.render import ROOT
+from harness.summary import CellResult, wheel_record
 
 CELL = "tf2.21-cu12.5-py3.11"
 
@@ -91,13 +97,19 @@ def test_corrupt_wheel(tmp_path):
         check_wheel(path, CELL)
 
 
+def reported(root, *wheels_by_cell):
+    """The report's entries of cells (``(cell, wheel paths)``): what `make matrix` records."""
+    return [CellResult(name=cell, status="passed", wheels=tuple(wheel_record(p, root) for p in paths))
+            for cell, *paths in wheels_by_cell]
+
+
 def test_collect_sorts_by_version_and_merges_identical_builds(tmp_path):
     dist = tmp_path / "dist"
-    make_wheel(dist / "tf2.21-cu12.5-py3.11")
-    make_wheel(dist / "tf2.21-cu12.5-py3.12")   # same pure-Python wheel, same bytes
-    make_wheel(dist / "tf2.20-cu12.5-py3.11", "2.20.0", requires=tf_requires("2.20", "2.21"))
-    wheels = collect_wheels(dist, ["tf2.21-cu12.5-py3.11", "tf2.21-cu12.5-py3.12",
-                                   "tf2.20-cu12.5-py3.11"])
+    cells = reported(tmp_path, ("tf2.21-cu12.5-py3.11", make_wheel(dist / "tf2.21-cu12.5-py3.11")),
+                   ("tf2.21-cu12.5-py3.12", make_wheel(dist / "tf2.21-cu12.5-py3.12")),  # same bytes
+                   ("tf2.20-cu12.5-py3.11", make_wheel(dist / "tf2.20-cu12.5-py3.11", "2.20.0",
+                                                       requires=tf_requires("2.20", "2.21"))))
+    wheels = collect_wheels(tmp_path, cells)
     assert [str(w.version) for w in wheels] == ["2.20.0", "2.21.0"]
     assert wheels[1].cells == ("tf2.21-cu12.5-py3.11", "tf2.21-cu12.5-py3.12")
 
@@ -112,38 +124,86 @@ def test_collect_accepts_same_contents_with_other_zip_timestamps(tmp_path):
             info.date_time = (2001, 2, 3, 4, 5, 6)
             dst.writestr(info, src.read(info))
     assert first.read_bytes() != second.read_bytes()
-    (wheel,) = collect_wheels(dist, ["tf2.21-a", "tf2.21-b"])
+    (wheel,) = collect_wheels(tmp_path, reported(tmp_path, ("tf2.21-a", first), ("tf2.21-b", second)))
     assert wheel.cells == ("tf2.21-a", "tf2.21-b")
 
 
 def test_collect_refuses_conflicting_files_of_one_name(tmp_path):
     dist = tmp_path / "dist"
-    make_wheel(dist / "tf2.21-cu12.5-py3.11", tag="cp311-cp311-linux_x86_64", payload=b"a")
-    make_wheel(dist / "tf2.21-cu12.8-py3.11", tag="cp311-cp311-linux_x86_64", payload=b"b")
+    cells = reported(tmp_path,
+                   ("tf2.21-cu12.5-py3.11", make_wheel(dist / "tf2.21-cu12.5-py3.11",
+                                                       tag="cp311-cp311-linux_x86_64", payload=b"a")),
+                   ("tf2.21-cu12.8-py3.11", make_wheel(dist / "tf2.21-cu12.8-py3.11",
+                                                       tag="cp311-cp311-linux_x86_64", payload=b"b")))
     with pytest.raises(ArtifactError, match="built by tf2.21-cu12.5-py3.11 and by "
                                             "tf2.21-cu12.8-py3.11 with different contents"):
-        collect_wheels(dist, ["tf2.21-cu12.5-py3.11", "tf2.21-cu12.8-py3.11"])
+        collect_wheels(tmp_path, cells)
 
 
 def test_collect_lists_every_problem(tmp_path):
     dist = tmp_path / "dist"
-    make_wheel(dist / "tf2.21-a", "2.21.0+local")
-    make_wheel(dist / "tf2.20-b", "2.20.0", requires=tf_requires("2.20", "2.21"))
-    make_wheel(dist / "tf2.20-b", "2.20.1", requires=tf_requires("2.20", "2.21"))
-    (dist / "tf2.19-c").mkdir()
-    message = str(pytest.raises(ArtifactError, collect_wheels, dist,
-                                ["tf2.21-a", "tf2.20-b", "tf2.19-c", "tf2.18-d"]).value)
+    cells = reported(tmp_path, ("tf2.21-a", make_wheel(dist / "tf2.21-a", "2.21.0+local")),
+                   ("tf2.20-b", make_wheel(dist / "tf2.20-b", "2.20.0", requires=tf_requires("2.20", "2.21")),
+                    make_wheel(dist / "tf2.20-b", "2.20.1", requires=tf_requires("2.20", "2.21"))),
+                   ("tf2.19-c",))
+    message = str(pytest.raises(ArtifactError, collect_wheels, tmp_path, cells).value)
     assert "tf2.21-a" in message and "local label" in message
-    assert "tf2.20-b: more than one wheel" in message
-    assert "tf2.19-c: passed, but no wheel" in message and "tf2.18-d: passed, but no wheel" in message
+    assert "tf2.20-b: the matrix report lists 2 wheels (dist/tf2.20-b/blocksparse-2.20.0" in message
+    assert "tf2.19-c: the matrix report lists 0 wheels (none); a cell builds exactly one" in message
+
+
+def test_collect_takes_exactly_the_wheels_the_matrix_tested(tmp_path):
+    """A wheel the report lists must be there with the bytes the matrix tested; others in dist/
+    are not released."""
+    dist = tmp_path / "dist"
+    tfs = [f"2.{minor}" for minor in random.sample(range(16, 22), 3)]
+    cells = [f"tf{tf}-cu12.5-py3.11" for tf in tfs]
+
+    def build(cell, tf, patch=0):
+        upper = f"2.{int(tf.split('.')[1]) + 1}"
+        return make_wheel(dist / cell, f"{tf}.{patch}", requires=tf_requires(tf, upper))
+
+    results = reported(tmp_path, *((cell, build(cell, tf)) for cell, tf in zip(cells, tfs)))
+    (kept, gone, altered), (_, gone_tf, altered_tf) = cells, tfs
+    build(kept, tfs[0], patch=7)  # another wheel beside the tested one: not the report's
+    (dist / gone / f"blocksparse-{gone_tf}.0-py3-none-any.whl").unlink()
+    altered_path = dist / altered / f"blocksparse-{altered_tf}.0-py3-none-any.whl"
+    with zipfile.ZipFile(altered_path, "a") as zf:  # rebuilt since: still a good wheel, other bytes
+        zf.writestr("blocksparse/extra.py", os.urandom(8).hex())
+    message = str(pytest.raises(ArtifactError, collect_wheels, tmp_path, results).value)
+    assert (f"{gone}: dist/{gone}/blocksparse-{gone_tf}.0-py3-none-any.whl is missing: the matrix "
+            "report lists it") in message
+    assert (f"{altered}: dist/{altered}/blocksparse-{altered_tf}.0-py3-none-any.whl is not the wheel "
+            f"the matrix tested (sha256 {hashlib.sha256(altered_path.read_bytes()).hexdigest()}, the "
+            f"report says {results[2].wheels[0]['sha256']})") in message
+    assert kept not in message
+    (wheel,) = collect_wheels(tmp_path, results[:1])
+    assert wheel.path.name == f"blocksparse-{tfs[0]}.0-py3-none-any.whl"
 
 
 def test_collect_refuses_mixed_patch_levels(tmp_path):
     dist = tmp_path / "dist"
-    make_wheel(dist / "tf2.21-a", "2.21.1")
-    make_wheel(dist / "tf2.20-b", "2.20.0", requires=tf_requires("2.20", "2.21"))
+    cells = reported(tmp_path, ("tf2.21-a", make_wheel(dist / "tf2.21-a", "2.21.1")),
+                   ("tf2.20-b", make_wheel(dist / "tf2.20-b", "2.20.0", requires=tf_requires("2.20", "2.21"))))
     with pytest.raises(ArtifactError, match="disagree on PATCH"):
-        collect_wheels(dist, ["tf2.21-a", "tf2.20-b"])
+        collect_wheels(tmp_path, cells)
+
+
+VERSION = runpy.run_path(str(ROOT / "blocksparse" / "_version.py"))
+
+
+@pytest.mark.parametrize("tf, suffix", [("2.22.0rc0", "rc0"), ("2.22.0-rc1", "rc1"), ("2.22.0b2", "b2"),
+                                        ("2.22.0-dev20250101", ".dev20250101")])
+def test_a_tensorflow_prerelease_gives_a_prerelease_wheel_that_admits_it(tf, suffix):
+    patch = VERSION["PATCH"]
+    assert VERSION["wheel_version"](tf) == f"2.22.{patch}{suffix}"
+    low, high = VERSION["tf_window"](tf)
+    window = SpecifierSet(f"{low},{high}")
+    assert window.contains(tf) and window.contains("2.22.0") and window.contains("2.22.3")
+    assert not window.contains("2.23.0rc0") and not window.contains("2.21.9")
+    final = random.choice(["2.22.0", "2.22.4", "2.22"])
+    assert VERSION["tf_window"](final) == (">=2.22", "<2.23")
+    assert VERSION["wheel_version"](final) == f"2.22.{patch}"
 
 
 def test_manifest_is_sha256sum_format(tmp_path):

@@ -1,12 +1,19 @@
 """The release gate: reading reports/summary.json, staleness, and which cells may ship."""
 import json
+import random
+import re
 
 import pytest
 
 from harness.errors import GateError
-from harness.release_gate import gate, load_summary, stale_reason
+from harness.release_gate import BLOCKS, NOT_RELEASED, STATUS_ACTIONS, gate, load_summary, stale_reason
+from harness.render import ROOT
+from harness.summary import STATUSES
+from harness_support import make_cells
 
 HEAD = "a" * 40
+#: matrix.yaml of these tests: two gating cells and an allowed-to-fail nightly.
+MATRIX = make_cells({"python": ["3.11", "3.13"]}, {"tensorflow": "nightly", "status": "allowed-to-fail"})
 
 
 def cell(status="passed", **extra):
@@ -62,13 +69,55 @@ def test_malformed_report_names_the_key(tmp_path, data, words):
     assert words in str(info.value)
 
 
+def whole_matrix(top=None, edits=None):
+    """A report of every cell of `MATRIX` as a full `make matrix` run makes it; ``top`` changes the
+    report's keys, ``edits`` its cells (``{name: {key: value}}``, or ``{name: None}`` to drop one)."""
+    cells = {c.name: cell(archs=list(c.archs), gating=c.gating, commit=HEAD, dirty=False)
+             for c in MATRIX}
+    for name, edit in (edits or {}).items():
+        if edit is None:
+            del cells[name]
+        else:
+            cells[name].update(edit)
+    return {"commit": HEAD, "dirty": False, "finished": "2025-01-02T03:04:05+00:00", "cells": cells,
+            **(top or {})}
+
+
 def test_stale_reasons(tmp_path):
-    assert "no matrix report" in stale_reason(None, HEAD)
-    other = summary_of(tmp_path, {}, commit="b" * 40)
-    assert stale_reason(other, HEAD) == (f"the matrix report tested commit {'b' * 12}, "
-                                         f"but HEAD is {'a' * 12}")
-    assert "uncommitted changes" in stale_reason(summary_of(tmp_path, {}, dirty=True), HEAD)
-    assert stale_reason(summary_of(tmp_path, {}), HEAD) is None
+    assert "no matrix report" in stale_reason(None, HEAD, MATRIX)
+    other = load_summary(write(tmp_path, whole_matrix({"commit": "b" * 40})))
+    assert stale_reason(other, HEAD, MATRIX) == (f"the matrix report tested commit {'b' * 12}, "
+                                                 f"but HEAD is {'a' * 12}")
+    dirty = load_summary(write(tmp_path, whole_matrix({"dirty": True})))
+    assert "uncommitted changes" in stale_reason(dirty, HEAD, MATRIX)
+    assert stale_reason(load_summary(write(tmp_path, whole_matrix())), HEAD, MATRIX) is None
+    # the allowed-to-fail nightly may be missing: it is never published
+    nightly = load_summary(write(tmp_path, whole_matrix(edits={"tfnightly-cu12.5-py3.11": None})))
+    assert stale_reason(nightly, HEAD, MATRIX) is None
+
+
+SMOKE_ARCHS = random.choice([["sm_90"], ["sm_80", "compute_80"], ["sm_100"]])
+TESTS = random.choice([["test/test_layout.py"], ["-k", "lut"], ["test/tf", "-x"]])
+
+
+@pytest.mark.parametrize("top, edits, words", [
+    ({"finished": None}, None, "the run did not finish"),
+    (None, {"tf2.21-cu12.5-py3.13": None}, "no result for the gating cell(s) tf2.21-cu12.5-py3.13"),
+    (None, {"tf2.21-cu12.5-py3.11": {"archs": SMOKE_ARCHS}},
+     f"tf2.21-cu12.5-py3.11 was built for GPU targets {','.join(SMOKE_ARCHS)}, not matrix.yaml's "
+     "sm_80,sm_90 (ARCHS=)"),
+    (None, {"tf2.21-cu12.5-py3.13": {"pytest_args": TESTS}},
+     "tf2.21-cu12.5-py3.13 ran only the tests of PYTEST_ARGS="),
+    (None, {"tf2.21-cu12.5-py3.13": {"commit": "c" * 40}},
+     f"tf2.21-cu12.5-py3.13 was tested at commit {'c' * 40}"),
+    ({"cells": {**whole_matrix()["cells"], "tf2.20-cu12.5-py3.11": cell()}}, None,
+     "cell(s) tf2.20-cu12.5-py3.11 are not in matrix.yaml"),
+], ids=["unfinished", "cells-subset", "archs", "pytest-args", "other-commit", "not-in-matrix"])
+def test_a_report_of_less_than_the_whole_matrix_is_stale(tmp_path, top, edits, words):
+    summary = load_summary(write(tmp_path, whole_matrix(top, edits)))
+    reason = stale_reason(summary, HEAD, MATRIX)
+    assert reason.startswith("the matrix report does not cover the whole matrix: ")
+    assert words in reason
 
 
 def test_gate_releases_passed_cells_and_says_what_is_left_out(tmp_path):
@@ -97,10 +146,11 @@ def test_gate_releases_passed_cells_and_says_what_is_left_out(tmp_path):
     (cell("build-failed", passed=0), "tf2.20-cu12.5-py3.11: build-failed"),
     (cell("known-fixed", fixed=["t.py::y"]), "tf2.20-cu12.5-py3.11: known-fixed"),
     (cell("error", passed=3), "tf2.20-cu12.5-py3.11: error"),
-    (cell("exploded"), "unknown status 'exploded'"),
     (cell("passed", regressions=["t.py::x"]), "status 'passed' but regressions listed: t.py::x"),
-], ids=["regressed", "build-failed", "known-fixed", "error", "unknown-status",
-        "passed-with-regressions"])
+    (cell("passed", passed=0, skipped=random.randint(0, 900)),
+     "tf2.20-cu12.5-py3.11: passed, but no test passed"),
+], ids=["regressed", "build-failed", "known-fixed", "error", "passed-with-regressions",
+        "no-test-passed"])
 def test_gate_refuses(tmp_path, bad, words):
     s = summary_of(tmp_path, {"tf2.21-cu12.5-py3.11": cell(), "tf2.20-cu12.5-py3.11": bad})
     with pytest.raises(GateError, match="blocks the release") as info:
@@ -121,3 +171,51 @@ def test_gate_needs_something_to_release(tmp_path):
     with pytest.raises(GateError, match="no passed cell"):
         gate(s)
 
+
+
+def test_an_unknown_status_is_refused_when_read(tmp_path):
+    status = random.choice(["exploded", "timed-out", "Passed", "ok"])
+    with pytest.raises(GateError, match="summary.json") as info:
+        summary_of(tmp_path, {"tf2.21-cu12.5-py3.11": cell(), "tf2.20-cu12.5-py3.11": cell(status)})
+    assert (f"cell 'tf2.20-cu12.5-py3.11' key 'status' must be one of {', '.join(STATUSES)}; "
+            f"got {status!r}") in str(info.value)
+
+
+def test_every_status_has_an_action():
+    assert set(STATUS_ACTIONS) == set(STATUSES)
+
+
+def wheel(path):
+    return {"path": path, "sha256": "%064x" % random.getrandbits(256)}
+
+
+def test_a_cell_built_for_a_tensorflow_prerelease_is_left_out(tmp_path):
+    pre = random.choice(["rc0", "rc2", "b1", ".dev20250101"])
+    s = summary_of(tmp_path, {
+        "tf2.21-cu12.5-py3.11": cell(wheels=[wheel("dist/tf2.21-cu12.5-py3.11/"
+                                                   "blocksparse-2.21.0-py3-none-manylinux_2_17_x86_64.whl")]),
+        "tf2.22-cu12.5-py3.11": cell(wheels=[wheel(f"dist/tf2.22-cu12.5-py3.11/blocksparse-2.22.0{pre}-"
+                                                   "py3-none-manylinux_2_17_x86_64.whl")])})
+    result = gate(s)
+    assert [c.name for c in result.released] == ["tf2.21-cu12.5-py3.11"]
+    assert result.left_out == (("tf2.22-cu12.5-py3.11",
+                                f"passed, but built for a pre-release of TensorFlow (blocksparse-2.22.0{pre}-"
+                                "py3-none-manylinux_2_17_x86_64.whl): only final wheels are published"),)
+
+
+def _releasing_step(number):
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("\n## Releasing\n"):]
+    return re.search(rf"^{number}\. (.*?)(?=^\d+\. )", section, re.M | re.S).group(1)
+
+
+def test_the_readme_states_the_gate():
+    """README "Releasing", step 3: every status that stops the release, every one left out, the
+    exit code, and the statuses by their real names."""
+    step = " ".join(_releasing_step(3).split())
+    for status, action in STATUS_ACTIONS.items():
+        if action in (BLOCKS, NOT_RELEASED):
+            assert f"`{status}`" in step, status
+    assert "exit code 5" in step and "no test passed" in step and "pre-release" in step
+    named = set(re.findall(r"`([a-z]+(?:-[a-z]+)*)`", step))
+    assert named <= set(STATUSES) | {"allowed-to-fail", "compile-only"}, named - set(STATUSES)

@@ -1,13 +1,18 @@
 """Cell results and the matrix report, built from recorded executor results and outcomes."""
+import hashlib
 import json
+import os
 from dataclasses import replace
 
 import pytest
 
+from harness.errors import GateError
 from harness.executors import CellRun
 from harness.report import (cell_result, exit_code, load_results, render_html, render_markdown,
                             summarize, write_reports)
 from harness_support import make_cells
+
+WHEEL = os.urandom(64)  # the bytes of the cell's wheel (fresh each run)
 
 FAIL_ENTRY = {"entry": 3, "test": "test/test_a.py::test_old", "cells": None, "kind": "fail",
               "reason": "wrong on old TF", "link": "https://example.org/1", "reruns": None,
@@ -40,14 +45,14 @@ def recorded(tmp_path, tests, exitstatus=1):
     return reports
 
 
-def result(tmp_path, run, tests=None, cell=None):
+def result(tmp_path, run, tests=None, cell=None, **tree):
     cell = cell or make_cells()[0]
     reports = recorded(tmp_path, tests) if tests is not None else tmp_path / "reports" / "c"
     dist = tmp_path / "dist" / "c"
     dist.mkdir(parents=True, exist_ok=True)
-    (dist / "blocksparse-2.21.0-py3-none-any.whl").write_bytes(b"")
+    (dist / "blocksparse-2.21.0-py3-none-any.whl").write_bytes(WHEEL)
     return cell_result(cell, run, root=tmp_path, reports=reports, dist=dist, duration=61.26,
-                       run_timeout=600)
+                       run_timeout=600, **tree)
 
 
 def test_every_test_is_sorted(tmp_path):
@@ -60,11 +65,23 @@ def test_every_test_is_sorted(tmp_path):
     assert entry.flaky == ("test/test_a.py::test_race",)
     assert [e["entry"] for e in entry.fixed_entries] == [4]
     assert entry.details["test/test_a.py::test_new"]["message"] == "AssertionError: 1 != 2"
-    assert entry.wheels == ("dist/c/blocksparse-2.21.0-py3-none-any.whl",)
+    assert entry.wheels == ({"path": "dist/c/blocksparse-2.21.0-py3-none-any.whl",
+                             "sha256": hashlib.sha256(WHEEL).hexdigest()},)
     assert entry.log == "reports/c/log.txt" and entry.junit == "reports/c/junit.xml"
     assert (entry.tensorflow, entry.python, entry.matrix_status) == ("2.21", "3.11",
                                                                               "supported")
     assert entry.duration_s == 61.3
+
+
+def test_a_result_records_the_tree_and_the_tests_it_ran(tmp_path):
+    commit, args = os.urandom(20).hex(), ("test/test_layout.py", "-k", os.urandom(3).hex())
+    entry = result(tmp_path, CellRun(returncode=0), without("regression", "fixed"), commit=commit,
+                   dirty=True, pytest_args=args)
+    assert (entry.commit, entry.dirty, entry.pytest_args) == (commit, True, args)
+    assert json.loads(json.dumps(entry.to_json()))["commit"] == commit
+    whole = result(tmp_path, CellRun(returncode=0), without("regression", "fixed"), commit=commit,
+                   dirty=False)
+    assert whole.pytest_args == ()
 
 
 def without(*outcomes):
@@ -115,21 +132,22 @@ def test_summary_and_exit_code(tmp_path):
     passed = replace(result(tmp_path, CellRun(returncode=0), without("regression", "fixed")),
                      name="a")
     skipped = replace(result(tmp_path, CellRun(skipped="python3.13 not found on PATH")), name="b")
-    summary = summarize({"a": passed, "b": skipped}, commit="abc123", dirty=False,
+    summary = summarize({"a": passed, "b": skipped}, commit="abc123", dirty=False, matrix=(),
                         executor="local")
     assert summary.commit == "abc123" and summary.dirty is False and summary.ok
     assert [c.name for c in summary.cells] == ["a", "b"] and exit_code(summary) == 0
     for key in ("status", "passed", "skipped", "regressions", "known", "fixed", "flaky"):
         assert key in summary.to_json()["cells"]["a"]
     regressed = replace(result(tmp_path, CellRun(returncode=1), RECORDED), name="c")
-    failed = summarize({"a": passed, "c": regressed}, commit=None, dirty=None, executor="local")
+    failed = summarize({"a": passed, "c": regressed}, commit=None, dirty=None, matrix=(),
+                       executor="local")
     assert not failed.ok and exit_code(failed) == 1
 
 
 def test_reports_on_disk(tmp_path):
     regressed = result(tmp_path, CellRun(returncode=1), RECORDED)
     summary = summarize({"tf2.21-cu12.5-py3.11": regressed}, commit="abc123", dirty=True,
-                        executor="local")
+                        matrix=make_cells(), executor="local")
     reports = tmp_path / "reports"
     write_reports(reports, summary)
     assert json.loads((reports / "summary.json").read_text()) == summary.to_json()
@@ -154,14 +172,47 @@ def test_html_escapes_test_output(tmp_path):
     tests = {"test/t.py::test_x[<b>]": {"outcome": "regression", "entry": None, "attempts": 1,
                                          "message": "<script>alert(1)</script>"}}
     summary = summarize({"c": result(tmp_path, CellRun(returncode=1), tests)}, commit="a",
-                        dirty=False, executor="local")
+                        dirty=False, matrix=(), executor="local")
     html = render_html(summary, tmp_path / "reports")
     assert "<script>alert" not in html and "&lt;script&gt;" in html
     assert "test_x[<b>]" in render_markdown(summary, tmp_path / "reports")
 
 
-def test_load_results_in_matrix_order(tmp_path):
+def test_load_results_of_the_matrix_cells_in_its_order(tmp_path):
     for name in ("b", "a", "z"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "result.json").write_text(json.dumps({"status": "passed"}))
-    assert list(load_results(tmp_path, order=["z", "b", "missing"])) == ["z", "b", "a"]
+    assert list(load_results(tmp_path, ["z", "b", "missing"])) == ["z", "b"]
+
+
+def test_an_unknown_status_is_an_error_naming_the_file(tmp_path):
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "result.json").write_text(json.dumps({"status": "timed-out"}))
+    with pytest.raises(GateError, match=r"c/result.json: cell 'c' key 'status' must be one of "
+                                        r"passed, built, .*; got 'timed-out'"):
+        load_results(tmp_path, ["c"])
+
+
+def test_the_reports_say_what_makes_them_incomplete(tmp_path):
+    """Missing cells, another commit: listed in summary.json (``complete`` false), matrix.md and
+    index.html."""
+    cells = make_cells({"python": ["3.11", "3.12"]})
+    commit = os.urandom(20).hex()
+    passed = result(tmp_path, CellRun(returncode=0), without("regression", "fixed"), commit=commit,
+                    dirty=False)
+    summary = summarize({"tf2.21-cu12.5-py3.11": passed}, commit=commit, dirty=False,
+                        matrix=cells, executor="local", finished="2025-01-01T00:00:00+00:00")
+    assert summary.ok and not summary.complete
+    assert summary.incomplete == ("no result for the gating cell(s) tf2.21-cu12.5-py3.12",)
+    reports = tmp_path / "reports"
+    write_reports(reports, summary)
+    data = json.loads((reports / "summary.json").read_text())
+    assert data["complete"] is False and data["incomplete"] == list(summary.incomplete)
+    for name in ("matrix.md", "index.html"):
+        assert "no result for the gating cell(s) tf2.21-cu12.5-py3.12" in (reports / name).read_text()
+    other = replace(passed, name="tf2.21-cu12.5-py3.12", python="3.12")
+    whole = summarize({c.name: c for c in (passed, other)}, commit=commit, dirty=False, matrix=cells,
+                      executor="local", finished="2025-01-01T00:00:00+00:00")
+    assert whole.complete and whole.to_json()["complete"] is True
+    write_reports(reports, whole)
+    assert "Incomplete" not in (reports / "matrix.md").read_text()
