@@ -89,10 +89,10 @@ class BlocksparseConv(ConvShapes):
             return params.flat_filter(fs, "blocks"), "blocks", fs[0].dtype
         F = checks.float_tensor(F, "F")
         if F.shape.rank is None and spec.blocks.uniform:  # stacked or flat: only the run can tell
-            size = tf.debugging.assert_equal(
-                tf.size(F), spec.blocks.size, message=f"F must have shape {tuple(spec.filter_shape())} or "
-                                                      f"({spec.blocks.size},) = f_shape()")
-            return params.flat_filter(checks.checked(F, [size]), "flat"), "runtime", F.dtype
+            shape = checks.shape_one_of(F, [tuple(spec.filter_shape()), (spec.blocks.size,)],
+                                        f"F must have shape {tuple(spec.filter_shape())} or "
+                                        f"({spec.blocks.size},) = f_shape()")
+            return params.flat_filter(checks.checked(F, [shape]), "flat"), "runtime", F.dtype
         if F.shape.rank is not None and F.shape.is_fully_defined():
             form = spec.filter_form(F.shape.as_list())
         else:  # a graph placeholder of partly unknown shape: checked when the graph runs

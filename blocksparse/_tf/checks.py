@@ -73,7 +73,9 @@ def positive_float(value, name):
 
 
 def _shape_text(shape):
-    return "(" + ", ".join("None" if d is None else str(d) for d in shape) + ")"
+    """A shape as Python writes the tuple: ``(2,)``, ``(2, None)``, ``()``."""
+    dims = ["None" if d is None else str(d) for d in shape]
+    return "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
 
 
 def shape_assertions(tensor, expected, name, *, rank_hint=""):
@@ -110,6 +112,19 @@ def shape_assertions(tensor, expected, name, *, rank_hint=""):
                     message=f"{name} must have shape {want}{rank_hint}; dimension {axis} "
                             f"must be {size}"))
     return runtime
+
+
+def shape_one_of(tensor, shapes, message):
+    """The run-time assertion that ``tensor`` (of unknown rank) has one of ``shapes`` (tuples of
+    ints): its rank and every size, compared on its shape padded with zeros (which never fails to
+    slice, whatever the rank)."""
+    width = max(map(len, shapes))
+    got = tf.pad(tf.shape(tensor, out_type=tf.int64), [[0, width]])[:width]
+    rank = tf.rank(tensor)
+    matches = [tf.logical_and(tf.equal(rank, len(s)),
+                              tf.reduce_all(tf.equal(got, tf.constant(list(s) + [0] * (width - len(s)), tf.int64))))
+               for s in shapes]
+    return tf.debugging.assert_equal(tf.reduce_any(tf.stack(matches)), True, message=message)
 
 
 def check_shape(tensor, expected, name, *, rank_hint=""):

@@ -159,7 +159,10 @@ def attention(q, k, v, layout, *, block_size=None, causal=False, scale=None, seq
     seqlens = _check_seqlens(seqlens, B, q.device, S)
     if plain_ops_needed(q, k, v):
         return _ops.plain_forward(q, k, v, seqlens, handle, bool(causal), scale)[0]
-    return _ops.attention(q, k, v, seqlens, handle, bool(causal), scale)
+    # compiled with a raw array: the handle traced is that of the array first seen, so the ops also
+    # get the array's contents as the call passes them (dynamo guards its shape, not its values)
+    layout_now = torch.as_tensor(layout) if prepare is _prepared and torch.compiler.is_compiling() else None
+    return _ops.attention(q, k, v, seqlens, handle, bool(causal), scale, layout_now)
 
 
 def _inferred_block_size(layout, S):
@@ -226,10 +229,11 @@ def _check_block_masks(block_masks, layout, block_size):
     if block_masks.block_size != block_size:
         raise ValueError(f"block_masks must have the layout's block_size {block_size}; "
                          f"got {block_masks.block_size}")
-    index = block_masks.index if block_masks.index.ndim == 3 else block_masks.index[None]
-    if index.shape != layout.shape:
+    index = block_masks.index
+    if index.shape != layout.shape and index.shape != layout.shape[1:]:
         raise ValueError(f"block_masks.index must have the layout's shape {layout.shape} (or its last two "
-                         f"sizes); got {block_masks.index.shape}")
+                         f"sizes, shared by the heads); got {block_masks.index.shape}")
+    index = np.ascontiguousarray(np.broadcast_to(index, layout.shape))
     if ((index >= 0) & ~layout).any():
         raise ValueError("block_masks.index must be -1 wherever the layout drops a block")
     return index, block_masks.masks.astype(np.uint8)
@@ -238,8 +242,10 @@ def _check_block_masks(block_masks, layout, block_size):
 def _check_scale(scale, head_dim):
     if scale is None:
         return head_dim ** -0.5
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(f"scale must be a finite real number or None; got {scale!r}")
+    if not math.isfinite(scale):  # a number, of a bad value (as BlocksparseTransformer.masked_softmax says)
+        raise ValueError(f"scale must be a finite real number or None; got {scale!r}")
     return float(scale)
 
 
@@ -275,6 +281,19 @@ def _prepared_fields(layout, block_size, block_masks, seq_len):
 def _prepared(layout, block_size, block_masks, seq_len):
     """:func:`_prepared_fields` as a constant to ``torch.compile`` (for raw arrays)."""
     return _prepared_fields(layout, block_size, block_masks, seq_len)
+
+
+def _current_handle(handle, layout_now):
+    """The handle of raw layout ``layout_now`` (a compiled call's) where its contents differ from
+    those of ``handle`` (prepared when the call was traced), else ``handle``."""
+    st = _state.state(handle)
+    now = _check_layout(layout_now)
+    if np.array_equal(now, st.layout):
+        return handle
+    if st.mask_index is not None:
+        raise ValueError("layout must be the array torch.compile traced this call with when it has block_masks "
+                         "(the masks belong to that layout); pass an AttentionLayout instead")
+    return _prepare(now, st.block_size, None, None)._handle
 
 
 def _prepare(layout, block_size, block_masks, seq_len):

@@ -267,3 +267,13 @@ def test_torch_func_transforms(rng, monkeypatch, backend, axis):
     tangent = torch.randn_like(xs[0])
     _, dy = torch.func.jvp(lambda t: bsmm(t, w), (xs[0],), (tangent,))
     close(dy, nc(nc(tangent) @ dense), torch.float64)
+    # forward-mode tangents of torch.autograd.forward_ad (dual tensors, no transform): carried, not dropped
+    import torch.autograd.forward_ad as fwad
+    w_tangent = torch.randn_like(w)
+    dense_tangent = torch.from_numpy(dense_from_coords(coords, w_tangent.numpy(), 16, bsmm.C, bsmm.K))
+    for needs_grad in (False, True):
+        with fwad.dual_level():
+            y = bsmm(fwad.make_dual(xs[0].clone().requires_grad_(needs_grad), tangent), fwad.make_dual(w, w_tangent))
+            dy = fwad.unpack_dual(y).tangent
+        assert dy is not None
+        close(dy, nc(nc(tangent) @ dense + nc(xs[0]) @ dense_tangent), torch.float64)

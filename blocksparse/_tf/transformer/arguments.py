@@ -75,9 +75,14 @@ def autoregress_at_key(value):
         if value.shape.rank not in (0, None) or not value.dtype.is_integer:
             raise TypeError(f"autoregress_at_key must be an int or a scalar integer tensor; got a "
                             f"{value.dtype.name} tensor of shape {value.shape}")
-        value = tf.cast(value, tf.int32)
         check = tf.debugging.assert_non_negative(value, message="autoregress_at_key must be >= 0")
+        if value.dtype.max > _INT32_MAX:  # past every key alike: clamped before the cast could wrap it
+            value = tf.minimum(value, tf.constant(_INT32_MAX, value.dtype))
+        value = tf.cast(value, tf.int32)
         with tf.control_dependencies([check]):
             return tf.identity(value)
     value = check_autoregress_at_key(value)
-    return None if value is None else tf.constant(value, tf.int32)
+    return None if value is None else tf.constant(min(value, _INT32_MAX), tf.int32)
+
+
+_INT32_MAX = 2 ** 31 - 1

@@ -1,11 +1,13 @@
 """PyTorch custom ops of the fused block-sparse attention.
 
-``blocksparse::attention_fwd``  (q, k, v, seqlens?, layout, causal, scale) -> (o, lse); differentiable
-                                in q, k, v (registered autograd)
-``blocksparse::attention_bwd``  (do, q, k, v, o, lse, seqlens?, layout, causal, scale) -> (dq, dk, dv);
-                                differentiating it again raises a ``RuntimeError`` that says so
+``blocksparse::attention_fwd``  (q, k, v, seqlens?, layout, causal, scale, layout_now?) -> (o, lse);
+                                differentiable in q, k, v (registered autograd)
+``blocksparse::attention_bwd``  (do, q, k, v, o, lse, seqlens?, layout, causal, scale, layout_now?) ->
+                                (dq, dk, dv); differentiating it again raises a ``RuntimeError`` that says so
 
-``layout`` is an integer handle from :mod:`.state`.  Each op chooses at run time between the Triton
+``layout`` is an integer handle from :mod:`.state`.  ``layout_now``: a raw layout array's contents as
+a compiled call passes them (``torch.compile`` traced the handle of the array it first saw, and
+guards its shape, not its values): the ops take the handle of these contents (:func:`current`).  Each op chooses at run time between the Triton
 kernels and the reference path (:func:`use_triton`); both give the same answer.  Fake (shape)
 functions let ``torch.compile(fullgraph=True)`` trace them.
 
@@ -69,41 +71,51 @@ def backward_pass(do, q, k, v, o, lse, seqlens, layout, causal, scale):
     return _reference.backward(do, q, k, v, o, st.dense_mask(causal, q.device), seqlens, scale)
 
 
+def current(layout, layout_now):
+    """The handle of ``layout_now``'s contents where they differ from those of handle ``layout``
+    (a compiled call passing a raw layout array other than the one traced), else ``layout``."""
+    if layout_now is None:
+        return layout
+    from ..fused_attention import _current_handle  # the public module prepares raw layouts
+    return _current_handle(layout, layout_now)
+
+
 @torch.library.custom_op("blocksparse::attention_fwd", mutates_args=())
 def attention_fwd(q: Tensor, k: Tensor, v: Tensor, seqlens: Optional[Tensor], layout: int, causal: bool,
-                  scale: float) -> tuple[Tensor, Tensor]:
-    return forward_pass(q, k, v, seqlens, layout, causal, scale)
+                  scale: float, layout_now: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    return forward_pass(q, k, v, seqlens, current(layout, layout_now), causal, scale)
 
 
 @attention_fwd.register_fake
-def _(q, k, v, seqlens, layout, causal, scale):
+def _(q, k, v, seqlens, layout, causal, scale, layout_now):
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 @torch.library.custom_op("blocksparse::attention_bwd", mutates_args=())
 def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, seqlens: Optional[Tensor],
-                  layout: int, causal: bool, scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    return backward_pass(do, q, k, v, o, lse, seqlens, layout, causal, scale)
+                  layout: int, causal: bool, scale: float,
+                  layout_now: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    return backward_pass(do, q, k, v, o, lse, seqlens, current(layout, layout_now), causal, scale)
 
 
 @attention_bwd.register_fake
-def _(do, q, k, v, o, lse, seqlens, layout, causal, scale):
+def _(do, q, k, v, o, lse, seqlens, layout, causal, scale, layout_now):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, seqlens, layout, causal, scale = inputs
+    q, k, v, seqlens, layout, causal, scale, layout_now = inputs
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, seqlens)
+    ctx.save_for_backward(q, k, v, o, lse, seqlens, layout_now)
     ctx.meta = (layout, causal, scale)
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, do, _dlse):
-    q, k, v, o, lse, seqlens = ctx.saved_tensors
+    q, k, v, o, lse, seqlens, layout_now = ctx.saved_tensors
     layout, causal, scale = ctx.meta
-    dq, dk, dv = attention_bwd(do, q, k, v, o, lse, seqlens, layout, causal, scale)
-    return dq, dk, dv, None, None, None, None
+    dq, dk, dv = attention_bwd(do, q, k, v, o, lse, seqlens, layout, causal, scale, layout_now)
+    return dq, dk, dv, None, None, None, None, None
 
 
 def _no_double_backward(ctx, *grads):
@@ -131,19 +143,22 @@ class AttentionFunction(torch.autograd.Function):
     def backward(ctx, do):
         q, k, v, o, lse, seqlens = ctx.saved_tensors
         layout, causal, scale = ctx.meta
-        grads = attention_bwd if torch.is_grad_enabled() else backward_pass
-        dq, dk, dv = grads(do, q, k, v, o, lse, seqlens, layout, causal, scale)
+        if torch.is_grad_enabled():
+            dq, dk, dv = attention_bwd(do, q, k, v, o, lse, seqlens, layout, causal, scale, None)
+        else:
+            dq, dk, dv = backward_pass(do, q, k, v, o, lse, seqlens, layout, causal, scale)
         return dq, dk, dv, None, None, None, None
 
 
 _apply = direct_apply(AttentionFunction)
 
 
-def attention(q, k, v, seqlens, layout, causal, scale):
-    """``o`` (checked inputs): the custom op while ``torch.compile`` traces, else the eager path --
-    :class:`AttentionFunction` when a gradient is wanted, the forward alone when not."""
+def attention(q, k, v, seqlens, layout, causal, scale, layout_now=None):
+    """``o`` (checked inputs): the custom op while ``torch.compile`` traces (``layout_now``: see the
+    module's notes), else the eager path -- :class:`AttentionFunction` when a gradient is wanted,
+    the forward alone when not."""
     if torch.compiler.is_compiling():
-        return attention_fwd(q, k, v, seqlens, layout, causal, scale)[0]
+        return attention_fwd(q, k, v, seqlens, layout, causal, scale, layout_now)[0]
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _apply(q, k, v, seqlens, layout, causal, scale)
     return forward_pass(q, k, v, seqlens, layout, causal, scale)[0]

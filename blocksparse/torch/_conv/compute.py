@@ -23,7 +23,7 @@ import torch
 
 from ... import _env
 from ...ops.conv.implicit import worth_implicit
-from .._checks import autocast_off
+from .._checks import autocast_off, plain_ops_needed
 from .._matmul import ops as _matmul_ops
 from . import implicit as _implicit
 from .dense import convolution, dense, transposed
@@ -112,12 +112,15 @@ def convolve(x, flat, edge_bias, spec, tables, path=None):
                                                  or (edge_bias is not None and edge_bias.requires_grad))
         if path in (None, "auto"):
             path = choose(spec, x, training)
-        elif path == "implicit" and not _implicit.serves(spec, x):
-            path = "dense"
+        elif path == "implicit" and (not _implicit.serves(spec, x) or plain_ops_needed(x, flat, edge_bias)):
+            path = "dense"  # the kernels cannot serve x, or a torch.func transform / forward-mode tangent
         y = _PATHS[path](x, flat, spec, tables)
         if edge_bias is not None and spec.edge_count:
             padded = torch.cat([edge_bias.to(work), edge_bias.new_zeros((edge_bias.shape[0], 1), dtype=work)], 1)
-            y = y + padded.index_select(1, tables.edges).view(1, spec.blocks.K, *spec.geometry.MPQ)
+            # a gather, not index_select: Inductor (PyTorch 2.13, CPU) miscompiled the index_select form's
+            # gradient after a convolution of batch 1 (wrong values, heap corruption)
+            edges = padded.gather(1, tables.edges.expand(padded.shape[0], -1))
+            y = y + edges.view(1, spec.blocks.K, *spec.geometry.MPQ)
     return y.to(dtype)
 
 

@@ -32,12 +32,12 @@ input, since the backward (traced by the compiler) builds the dense filter from 
 
 import itertools
 import math
+import types
 import weakref
 
 import torch
 import triton
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from ... import _env
 from ...ops.conv import aot as _aot
@@ -50,7 +50,7 @@ from .._autograd import direct_apply, functorch_active
 from .._backend import kernels_serve, sm_count
 from .._reduce import sum_rows
 from .._launch import TRITON_TYPES, KernelLaunch, Operand, device_info, library, prepare
-from .dense import dense_grads, grad_frame, pad_widths
+from .dense import dense, dense_grads, grad_frame, pad_widths
 
 __all__ = ["implicit", "register", "serves", "launch_path", "native_path", "register_conv", "compiled_launch",
            "conv_implicit_fwd", "conv_implicit_dx", "conv_implicit_wgrad", "ImplicitConvFunction", "conv_implicit_op",
@@ -231,9 +231,21 @@ class ImplicitConvFunction(torch.autograd.Function):
         return conv_implicit_fwd(x, flat, tables.spec, tables.on(x.device), precision)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, dy):
+        if torch.is_grad_enabled():  # create_graph: the dense convolution's gradients, differentiable again
+            return (*_differentiable_grads(ctx, dy), None, None, None)
         return (*_grads(ctx, dy, _eager_dx, _eager_wgrad), None, None, None)
+
+
+def _differentiable_grads(ctx, dy):
+    """``(dx, dflat)`` as the dense masked convolution's autograd gives them, with their own graph
+    (a gradient taken with ``create_graph=True``): the kernels' gradients are not differentiable."""
+    x, flat, dense_index = ctx.saved_tensors
+    needs = ctx.needs_input_grad[:2]
+    spec = _tables(ctx.handle).spec
+    y = dense(x, flat, spec, types.SimpleNamespace(dense=dense_index))
+    grads = iter(torch.autograd.grad(y, [t for t, n in zip((x, flat), needs) if n], dy, create_graph=True))
+    return tuple(next(grads) if n else None for n in needs)
 
 
 def _grads(ctx, dy, input_grad, filter_grad=None, traced=False):

@@ -20,7 +20,8 @@ import torch
 from torch import Tensor
 
 from .. import _native
-from .._autograd import direct_apply, functorch_active
+from .._autograd import direct_apply
+from .._checks import plain_ops_needed
 from .._reduce import column_sums
 from . import plan as _plan
 from . import products as _products
@@ -184,7 +185,7 @@ def matmul(x, w, layout, axis, precision, bias=None):
     if torch.compiler.is_compiling():
         y = matmul_op(x, w, layout, axis, precision)
         return y if bias is None else y + (bias.to(y.dtype) if axis == 1 else bias.to(y.dtype)[:, None])
-    if functorch_active():  # vmap, grad, jvp, ...: plain PyTorch ops, which every transform knows
+    if plain_ops_needed(x, w, bias):  # torch.func transforms, forward-mode tangents: plain ops
         y = dense_product(x, w, layout, axis)
         return y if bias is None else _add_bias(y, bias, axis)
     if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad

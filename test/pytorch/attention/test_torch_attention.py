@@ -182,6 +182,42 @@ def test_torch_compile_of_raw_layouts_at_several_lengths(rng, reference, dynamic
         torch.testing.assert_close(compiled(q, k, v, lay), attention(q, k, v, lay, causal=True))
 
 
+@pytest.mark.parametrize("form", ["numpy", "tensor", "in-place"])
+def test_compiled_call_follows_the_raw_layout_it_is_given(rng, reference, form):
+    """One compiled function called with raw layouts of one shape but other contents (another array,
+    a tensor, the same array edited in place): each call attends by the layout it passes, forward
+    and backward (dynamo guards the array's shape, not its values)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v, lay: attention(q, k, v, lay), backend="aot_eager", fullgraph=True)
+    first = layouts.causal(4)
+    layout = first.copy() if form == "in-place" else first
+    q, k, v, do = _inputs(rng, 1, 2, 2, 64, 16, "float64")
+    for step in range(3):
+        if step:
+            other = rng.random((4, 4)) < 0.5
+            other[np.arange(4), rng.integers(0, 4, 4)] = True  # every row attends somewhere
+            if form == "in-place":
+                layout[...] = other
+            else:
+                layout = other
+        lay = torch.from_numpy(layout) if form == "tensor" else layout
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        o = compiled(*leaves, lay)
+        o.backward(do)
+        refs = attention_grads(q, k, v, keep_mask(element_mask(layout, 16)), 16 ** -0.5, do)
+        for got, ref in zip((o, *(t.grad for t in leaves)), refs):
+            assert rel_error(got, ref) < 1e-10, step
+
+
+def test_shared_block_masks_with_per_head_layout(rng, reference):
+    """A 2-D ``BlockMasks`` (one head's ``from_mask``) with a per-head layout of that mask: shared by
+    every head, as a 2-D layout is."""
+    dense = rng.random((64, 64)) < 0.3
+    layout, bm = layouts.from_mask(dense, 16, return_block_masks=True)
+    heads = np.stack([layout] * 3)
+    _check(rng, heads, bs=16, block_masks=bm, dense=np.stack([dense] * 3), HQ=3, HK=3, dtype="float64")
+
+
 def test_eager_calls_bypass_the_dispatcher(rng, reference, monkeypatch):
     """Eager calls run the implementations directly (the custom ops are torch.compile's); a
     backward that builds a graph still refuses double backward clearly."""
@@ -278,7 +314,8 @@ BAD = {
     "block-size-8": (lambda q, k, v, lay: AttentionLayout(layouts.causal(8), 8), ValueError,
                      "block_size must be one of \\(16, 32, 64, 128\\); got 8"),
     "causal-type": (lambda q, k, v, lay: attention(q, k, v, lay, causal="yes"), TypeError, "causal must be a bool"),
-    "scale": (lambda q, k, v, lay: attention(q, k, v, lay, scale=float("nan")), TypeError, "scale must be a finite"),
+    "scale": (lambda q, k, v, lay: attention(q, k, v, lay, scale=float("nan")), ValueError, "scale must be a finite"),
+    "scale-type": (lambda q, k, v, lay: attention(q, k, v, lay, scale="0.5"), TypeError, "scale must be a finite"),
     "seqlens-float": (lambda q, k, v, lay: attention(q, k, v, lay, seqlens=torch.ones(1)), TypeError,
                       "seqlens must hold integers"),
     "seqlens-shape": (lambda q, k, v, lay: attention(q, k, v, lay, seqlens=torch.ones(2, dtype=torch.int32)),

@@ -373,3 +373,18 @@ def test_cuda_matmul_path(rng, monkeypatch, case, dtype):
     op = KINDS[kind](bck, **args)
     check(op, case_of(op, bck, args.get("padding", "SAME"), kind == "deconv"), *random_inputs(rng, op, N=4),
           dtype=DTYPES[dtype], device="cuda", channels_last=len(args["TRS"]) == 2)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_compiled_edge_bias_at_batch_one(rng, kind):
+    """Inductor, one image, an input without gradient: the edge bias is gathered by a form Inductor
+    compiles right (it miscompiled ``index_select``'s gradient there: wrong values, heap corruption)."""
+    op, ref = build(rng, kind, "2d-same-stride-dilate")
+    F, x, dy, eb = random_inputs(rng, op, N=1)
+    fn = torch.compile(lambda F, x, eb: op(F, x, edge_bias=eb), fullgraph=True)
+    Ft, et = (torch.tensor(a, requires_grad=True) for a in (F, eb))
+    y = fn(Ft, torch.tensor(x), et)
+    y.backward(torch.tensor(dy))
+    y_ref, _, dF_ref, deb_ref = conv_products(ref, F, x, dy, eb)
+    for got, want in zip((y, Ft.grad, et.grad), (y_ref, dF_ref, deb_ref)):
+        assert rel_error(got, want) < 1e-5

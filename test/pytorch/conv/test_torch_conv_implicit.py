@@ -345,3 +345,46 @@ def glue_paths(device_tables):
     """``native_path`` and ``launch_path`` of both directions."""
     return (implicit_glue.native_path(device_tables), implicit_glue.launch_path(device_tables, False),
             implicit_glue.launch_path(device_tables, True))
+
+
+def _pointwise_op(path):
+    bck = [(range(0, 16), range(0, 16)), (range(16, 32), range(16, 32)), (range(0, 16), range(32, 48))]
+    return BlocksparseConv(bck, TRS=(1,), DHW=(6,), path=path), bck
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("path", ["implicit", "matmul"])
+def test_forward_mode_tangents_are_carried(rng, kernels, path):
+    """A forward-mode tangent through the kernels' paths: the dense path's plain ops carry it (the
+    kernels' autograd nodes know only reverse mode and would drop it silently)."""
+    import torch.autograd.forward_ad as fwad
+    op, bck = _pointwise_op(path)
+    ref = case_of(op, bck, "SAME", False)
+    F, x, dy, _ = random_inputs(rng, op, N=2)
+    t = rng.standard_normal(x.shape).astype(np.float32)
+    for needs_grad in (False, True):
+        with fwad.dual_level():
+            y = op(torch.tensor(F), fwad.make_dual(torch.tensor(x).requires_grad_(needs_grad), torch.tensor(t)))
+            tangent = fwad.unpack_dual(y).tangent
+        assert tangent is not None, needs_grad
+        assert rel_error(tangent, conv_products(ref, F, t, dy)[0]) < 1e-5  # the op is linear in x
+    fn = lambda xx: op(torch.tensor(F), xx)  # noqa: E731
+    _, jvp_out = torch.func.jvp(fn, (torch.tensor(x),), (torch.tensor(t),))
+    assert rel_error(jvp_out, conv_products(ref, F, t, dy)[0]) < 1e-5
+
+
+@pytest.mark.interpreter
+def test_second_derivatives(rng, kernels):
+    """A gradient of a gradient through the implicit path (``create_graph=True``): the dense
+    convolution's differentiable gradients, checked against a float64 dense convolution."""
+    op, ref = make_op(BlocksparseConv, rng, "2d-same-even-filter", layout="uniform", path="implicit", edge_bias=False)
+    F, x, dy, _ = random_inputs(rng, op)
+    results = []
+    for dtype in (torch.float32, torch.float64):  # float64: the kernels cannot run, the dense path serves
+        Ft, xt = (torch.tensor(a, dtype=dtype, requires_grad=True) for a in (F, x))
+        y = op(Ft, xt)
+        (dx,) = torch.autograd.grad(y, xt, torch.tensor(dy, dtype=dtype), create_graph=True)
+        (ddF,) = torch.autograd.grad(dx.square().sum(), Ft)
+        results.append((dx, ddF))
+    assert rel_error(results[0][0], conv_products(ref, F, x, dy)[1]) < 1e-5
+    assert rel_error(results[0][1], results[1][1].detach().numpy()) < 1e-5

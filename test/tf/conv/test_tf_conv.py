@@ -184,7 +184,7 @@ def test_l2_normalize_forms_and_dtype(rng):
     assert stacked.dtype == tf.float16 and rel_error(as_np(stacked), want) < tolerance("fp16")
     assert isinstance(blocks, list) and rel_error(np.stack([b.numpy() for b in blocks]), want) < 1e-6
     assert flat.shape == (F.size,) and rel_error(as_np(flat), want.reshape(-1)) < tolerance("bf16")
-    with pytest.raises(ValueError, match=r"gain must have shape \(7\) = \(K,\)"):
+    with pytest.raises(ValueError, match=r"gain must have shape \(7,\) = \(K,\)"):
         op.l2_normalize(F, gain=tf.ones([op.K + 1]))
     with pytest.raises(TypeError, match="dtype must be one of"):
         op.l2_normalize(F, dtype=tf.int32)
@@ -229,6 +229,24 @@ def test_unknown_sizes_checked_when_the_graph_runs(rng):
             assert sess.run(y, {xp: x}).shape == tuple(op.o_shape(2))
             with pytest.raises(tf.errors.InvalidArgumentError, match="I must have shape"):
                 sess.run(y, {xp: x[:, :2]})
+
+
+def test_filter_of_unknown_rank_checked_when_the_graph_runs(rng):
+    """A filter of unknown rank is taken in either form (stacked or flat) and nothing else of its
+    size: a wrongly shaped filter with the right element count fails, naming ``F``."""
+    op, ref = build(rng, "conv", "2d-same-stride-dilate", layout="uniform", edge_bias=False)
+    F, x, dy, _ = random_inputs(rng, op)
+    spec = [tf.TensorSpec(None, tf.float32), tf.TensorSpec(None, tf.float32)]
+    conv = tf.function(lambda F, x: op(F, x), input_signature=spec)
+    norm = tf.function(lambda F: op.l2_normalize(F), input_signature=spec[:1])
+    want = conv_products(ref, F, x, dy)[0]
+    for form in (F, F.reshape(-1)):
+        assert rel_error(conv(form, x), want) < 1e-5
+        assert norm(form).shape == form.shape
+    wrong = F.reshape(F.shape[0], -1)  # the right element count, neither form
+    for call in (lambda: conv(wrong, x), lambda: norm(wrong)):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"F must have shape"):
+            call()
 
 
 def test_module_doctest():

@@ -369,7 +369,7 @@ def test_l2_normalize_errors():
     w = tf.ones(bsmm.w_shape)
     with pytest.raises(ValueError, match=r"W must have shape \(4, 8, 8\)"):
         bsmm.l2_normalize(tf.ones((4, 8, 4)))
-    with pytest.raises(ValueError, match=r"gain must have shape \(16\)"):
+    with pytest.raises(ValueError, match=r"gain must have shape \(16,\)"):
         bsmm.l2_normalize(w, gain=tf.ones(8))
     with pytest.raises(ValueError, match="epsilon"):
         bsmm.l2_normalize(w, epsilon=0.0)

@@ -155,6 +155,18 @@ def test_tensor_scale_and_autoregress_at_key(rng):
     assert abs(float(ds) - numeric) < 1e-4 * max(1.0, abs(numeric))
 
 
+@pytest.mark.parametrize("key", [2**31, 2**32 + 5, 10**12])
+def test_autoregress_at_key_past_int32_sees_every_key(rng, key):
+    """A key of 2**31 or more (an int, or an int64 tensor) lies past every key, as any key past the
+    last does: no key is masked (it must not wrap in the int32 the op takes)."""
+    bst = BlocksparseTransformer(np.ones((3, 3)), 16, heads=2)
+    x = rng.standard_normal(bst.w_shape(2))
+    want = ref.softmax(bst.layout, x, 0.5, bst.masks, None)
+    for value in (key, tf.constant(key, tf.int64)):
+        y = bst.masked_softmax(tf.constant(x, tf.float32), 0.5, autoregress_at_key=value)
+        assert rel_error(y, want) < tolerance("float32")
+
+
 def test_second_order_gradient(rng):
     bst = BlocksparseTransformer(ref.random_layout(rng, 2, 2, 2, 0.6), 8)
     a, b = (tf.constant(rng.standard_normal((1, 16, 4)), tf.float32) for _ in range(2))
