@@ -9,22 +9,31 @@
 #include "spec_args.h"
 #include "sum_rows.h"
 
-static const char *const PRODUCTS[] = {"fwd", "bwd"};
+/* The one-launch forward and backward, and the two kernels of the split backward
+ * (blocksparse/ops/norms/split_bwd.py). */
+enum { P_FWD, P_BWD, P_PART, P_DX, P_COUNT };
+static const char *const PRODUCTS[P_COUNT] = {"fwd", "bwd", "bwd_part", "bwd_dx"};
 static const char *const DTYPES[] = {"fp16", "bf16", "fp32"};
 
 enum {
   V_X, V_G, V_B, V_Y, V_MEAN, V_RSTD, V_DY, V_DX, V_DG_PART, V_DB_PART, V_N, V_CS, V_EPSILON,
   V_STRIDE_XN, V_STRIDE_XF, V_STRIDE_YN, V_STRIDE_YF, V_STRIDE_DYN, V_STRIDE_DYF, V_STRIDE_DXN, V_STRIDE_DXF,
-  V_COUNT
+  V_C1_PART, V_C2_PART, V_FS, V_COUNT
 };
 static const char *const VALUE_NAMES[V_COUNT] = {
     "X", "G", "B", "Y", "MEAN", "RSTD", "DY", "DX", "DG_PART", "DB_PART", "N", "CS", "epsilon",
-    "stride_xn", "stride_xf", "stride_yn", "stride_yf", "stride_dyn", "stride_dyf", "stride_dxn", "stride_dxf"};
+    "stride_xn", "stride_xf", "stride_yn", "stride_yf", "stride_dyn", "stride_dyf", "stride_dxn", "stride_dxf",
+    "C1_PART", "C2_PART", "FS"};
 
 typedef struct {
   bsk_ops_args args;
-  int backward, dtype, param, axis, aligned, relu, one_chunk, bn, bc, programs_per_sm;
+  int product, dtype, param, axis, aligned, relu, one_chunk, bn, bc, programs_per_sm, fs, min_fs;
 } ln_spec;
+
+/* What runs a call: one kernel, or (dx not NULL) the split backward's two. */
+typedef struct {
+  const ln_spec *spec, *dx;
+} ln_plan;
 
 static ln_spec *table;
 static int table_count;
@@ -32,13 +41,14 @@ static pthread_once_t table_once = PTHREAD_ONCE_INIT;
 
 static void read_spec(int index, ln_spec *s) {
   bsk_ops_read_args(index, VALUE_NAMES, V_COUNT, &s->args);
-  s->backward = bsk_ops_text(index, "product", PRODUCTS, 2);
+  s->product = bsk_ops_text(index, "product", PRODUCTS, P_COUNT);
   s->dtype = bsk_ops_text(index, "dtype", DTYPES, 3);
   s->param = bsk_ops_text(index, "param", DTYPES, 3);
-  if (s->backward < 0 || s->dtype < 0 || s->param < 0 || !bsk_ops_int(index, "axis", &s->axis) ||
+  if (s->product < 0 || s->dtype < 0 || s->param < 0 || !bsk_ops_int(index, "axis", &s->axis) ||
       !bsk_ops_int(index, "aligned", &s->aligned) || !bsk_ops_int(index, "relu", &s->relu) ||
       !bsk_ops_int(index, "one_chunk", &s->one_chunk) || !bsk_ops_int(index, "bn", &s->bn) ||
-      !bsk_ops_int(index, "bc", &s->bc) || !bsk_ops_int(index, "programs_per_sm", &s->programs_per_sm))
+      !bsk_ops_int(index, "bc", &s->bc) || !bsk_ops_int(index, "programs_per_sm", &s->programs_per_sm) ||
+      !bsk_ops_int(index, "fs", &s->fs) || !bsk_ops_int(index, "min_fs", &s->min_fs))
     s->args.problem = "its keys are not those of blocksparse/ops/norms/aot.py fields()";
 }
 
@@ -70,7 +80,7 @@ static int better(const ln_spec *s, int rank, const ln_spec *best, int best_rank
 typedef struct {
   int valid, dtype, params, axis, relu, segments, rows_aligned, arch;
   int64_t features;
-  const ln_spec *spec;
+  ln_plan plan;
 } ln_choice;
 static _Thread_local ln_choice last_choice[2];
 
@@ -80,34 +90,35 @@ static int same_choice(const ln_choice *c, const bsk_layer_norm_call *call, int 
          c->rows_aligned == rows_aligned && c->arch == arch;
 }
 
-static const ln_spec *scan(const bsk_layer_norm_call *call, int backward, int arch, int rows_aligned);
+static ln_plan scan_plan(const bsk_layer_norm_call *call, int backward, int arch, int rows_aligned);
 
-static const ln_spec *choose(const bsk_layer_norm_call *call, int backward, int arch) {
+static ln_plan choose(const bsk_layer_norm_call *call, int backward, int arch) {
+  const ln_plan none = {NULL, NULL};
   if (!call || call->dtype < BSK_FP16 || call->dtype > BSK_FP32 || call->segments < 1 || call->features < 1 ||
       call->features % call->segments)
-    return NULL;
+    return none;
   /* (N, C) specs assume rows of a multiple of 16 features.  "Aligned" specs also a multiple of 16
    * along the contiguous axis -- segments of (N, C), tokens of (C, N) -- where their loads are
    * vectors. */
-  if (call->axis == 1 && call->features % 16) return NULL;
+  if (call->axis == 1 && call->features % 16) return none;
   int rows_aligned = (call->axis == 1 ? segment_features(call) : call->n_tokens) % 16 == 0;
   ln_choice *last = &last_choice[!!backward];
   if (!same_choice(last, call, rows_aligned, arch)) {
     ln_choice c = {1, call->dtype, !!call->params, call->axis, !!call->relu, call->segments, rows_aligned, arch,
-                   call->features, scan(call, backward, arch, rows_aligned)};
+                   call->features, scan_plan(call, backward, arch, rows_aligned)};
     *last = c;
   }
-  return last->spec;
+  return last->plan;
 }
 
-static const ln_spec *scan(const bsk_layer_norm_call *call, int backward, int arch, int rows_aligned) {
+static const ln_spec *scan(const bsk_layer_norm_call *call, int product, int arch, int rows_aligned) {
   pthread_once(&table_once, read_table);
   const ln_spec *best = NULL;
   int best_rank = 0, param = call->params ? call->dtype : BSK_FP32;
   for (int i = 0; i < table_count; ++i) {
     const ln_spec *s = &table[i];
     int rank = bsk_ops_rank(s->args.index, arch);
-    if (s->args.problem || s->backward != !!backward || s->dtype != call->dtype || s->param != param ||
+    if (s->args.problem || s->product != product || s->dtype != call->dtype || s->param != param ||
         s->axis != call->axis ||
         s->relu != !!call->relu || !rank)
       continue;
@@ -118,8 +129,20 @@ static const ln_spec *scan(const bsk_layer_norm_call *call, int backward, int ar
   return best;
 }
 
+/* The backward of segments no one-chunk tile holds takes the split backward where both its kernels
+ * serve the call (aligned (C, N) activations), as blocksparse/ops/norms/configs.py's
+ * split_backward_config decides. */
+static ln_plan scan_plan(const bsk_layer_norm_call *call, int backward, int arch, int rows_aligned) {
+  ln_plan plan = {scan(call, backward ? P_BWD : P_FWD, arch, rows_aligned), NULL};
+  if (backward && !(plan.spec && plan.spec->one_chunk)) {
+    const ln_spec *part = scan(call, P_PART, arch, rows_aligned), *dx = scan(call, P_DX, arch, rows_aligned);
+    if (part && dx) plan.spec = part, plan.dx = dx;
+  }
+  return plan;
+}
+
 int bsk_layer_norm_select(const bsk_layer_norm_call *call, int backward, int arch) {
-  const ln_spec *s = choose(call, backward, arch);
+  const ln_spec *s = choose(call, backward, arch).spec;
   return s ? s->args.index : -1;
 }
 
@@ -145,19 +168,42 @@ static size_t part_bytes(int64_t programs, const bsk_layer_norm_call *call) {
   return ((size_t)programs * (size_t)call->features * 4 + 15) / 16 * 16;
 }
 
-static int device_spec(const bsk_layer_norm_call *call, int backward, void *stream, const ln_spec **s, int *arch,
+/* The split backward's grid: token tiles, slices of a segment's features (halved from fs, down to
+ * min_fs, until the grid holds programs_per_sm programs a SM: SplitConfig.slice_features), segments. */
+typedef struct {
+  int64_t tiles, fs, slices;
+} ln_split;
+
+static ln_split split_grid(const ln_spec *s, const bsk_layer_norm_call *call, int sms) {
+  ln_split g = {bsk_ops_cdiv(call->n_tokens, s->bn), s->fs, 0};
+  const int64_t cs = segment_features(call), tiles = g.tiles * call->segments;
+  while (g.fs > s->min_fs && tiles * bsk_ops_cdiv(cs, g.fs) < (int64_t)s->programs_per_sm * sms) g.fs /= 2;
+  g.slices = bsk_ops_cdiv(cs, g.fs);
+  return g;
+}
+
+/* The split backward's float32 (segments * slices, N) partial c1 and c2, rounded up like part_bytes. */
+static size_t stats_bytes(const ln_split *g, const bsk_layer_norm_call *call) {
+  return ((size_t)call->segments * (size_t)g->slices * (size_t)call->n_tokens * 4 + 15) / 16 * 16;
+}
+
+static int device_spec(const bsk_layer_norm_call *call, int backward, void *stream, ln_plan *plan, int *arch,
                        int *sms, char *message, size_t size) {
   /* x's address: the context of its GPU where the thread has none (PyTorch's autograd worker) */
   int status = bsk_device_at(stream, call ? call->x : 0, arch, sms, message, size);
   if (status) return status;
-  if (!(*s = choose(call, backward, *arch)))
+  *plan = choose(call, backward, *arch);
+  if (!plan->spec)
     return bsk_fail(message, size, BSK_ERR_UNSUPPORTED,
                     "no compiled layer_norm %s kernel for dtype %d axis=%d relu=%d C=%lld segments=%d N=%lld on "
                     "sm_%d", PRODUCTS[!!backward], call ? call->dtype : -1, call ? call->axis : -1,
                     call ? call->relu : -1, call ? (long long)call->features : -1LL, call ? call->segments : -1,
                     call ? (long long)call->n_tokens : -1LL, *arch);
-  if ((*s)->args.problem)
-    return bsk_fail(message, size, BSK_ERR_INVALID, "spec %s cannot run: %s", (*s)->args.name, (*s)->args.problem);
+  const ln_spec *kernels[2] = {plan->spec, plan->dx};
+  for (int k = 0; k < 2; ++k)
+    if (kernels[k] && kernels[k]->args.problem)
+      return bsk_fail(message, size, BSK_ERR_INVALID, "spec %s cannot run: %s", kernels[k]->args.name,
+                      kernels[k]->args.problem);
   if (call->n_tokens < 0 || call->n_tokens > INT32_MAX || call->features > INT32_MAX)
     return bsk_fail(message, size, BSK_ERR_INVALID, "N and C must be in [0, 2^31); got %lld and %lld",
                     (long long)call->n_tokens, (long long)call->features);
@@ -166,10 +212,15 @@ static int device_spec(const bsk_layer_norm_call *call, int backward, void *stre
 
 int bsk_layer_norm_workspace(const bsk_layer_norm_call *call, void *stream, size_t *bytes, char *message,
                              size_t size) {
-  const ln_spec *s;
-  int arch, sms, status = device_spec(call, 1, stream, &s, &arch, &sms, message, size);
+  ln_plan plan;
+  int arch, sms, status = device_spec(call, 1, stream, &plan, &arch, &sms, message, size);
   if (status) return status;
-  *bytes = 2 * part_bytes(programs(s, call, sms), call);
+  if (plan.dx) {
+    const ln_split g = split_grid(plan.spec, call, sms);
+    *bytes = 2 * stats_bytes(&g, call) + 2 * part_bytes(g.tiles, call);
+  } else {
+    *bytes = 2 * part_bytes(programs(plan.spec, call, sms), call);
+  }
   return BSK_OK;
 }
 
@@ -186,7 +237,32 @@ static int run_forward(const ln_spec *s, const bsk_layer_norm_call *call, int sm
   return bsk_ops_launch(&s->args, grid, v, stream, message, size);
 }
 
-static int run_backward(const ln_spec *s, const bsk_layer_norm_call *call, int arch, int sms, void *stream,
+/* The split backward: partial sums over feature slices, then dx; dg and db summed from the token
+ * tiles' partial rows. */
+static int run_split(const ln_plan *plan, const bsk_layer_norm_call *call, int arch, int sms, void *stream,
+                     char *message, size_t size) {
+  const ln_split g = split_grid(plan->spec, call, sms);
+  const size_t stats = stats_bytes(&g, call), part = part_bytes(g.tiles, call);
+  const uint64_t c1 = call->workspace, c2 = c1 + stats, dg_part = c2 + stats, db_part = dg_part + part;
+  bsk_arg v[V_COUNT];
+  memset(v, 0, sizeof(v));
+  bsk_ops_ptr(&v[V_X], call->x), bsk_ops_ptr(&v[V_G], call->g), bsk_ops_ptr(&v[V_B], call->b);
+  bsk_ops_ptr(&v[V_DY], call->dy), bsk_ops_ptr(&v[V_DX], call->dx);
+  bsk_ops_ptr(&v[V_MEAN], call->mean), bsk_ops_ptr(&v[V_RSTD], call->rstd);
+  bsk_ops_ptr(&v[V_C1_PART], c1), bsk_ops_ptr(&v[V_C2_PART], c2);
+  bsk_ops_ptr(&v[V_DG_PART], dg_part), bsk_ops_ptr(&v[V_DB_PART], db_part);
+  bsk_ops_i32(&v[V_N], call->n_tokens), bsk_ops_i32(&v[V_CS], segment_features(call)), bsk_ops_i32(&v[V_FS], g.fs);
+  strides(&v[V_STRIDE_XN], &v[V_STRIDE_XF], call), strides(&v[V_STRIDE_DYN], &v[V_STRIDE_DYF], call);
+  strides(&v[V_STRIDE_DXN], &v[V_STRIDE_DXF], call);
+  unsigned grid[3] = {(unsigned)g.tiles, (unsigned)g.slices, (unsigned)call->segments};
+  int status = bsk_ops_launch(&plan->spec->args, grid, v, stream, message, size);
+  if (!status) status = bsk_ops_launch(&plan->dx->args, grid, v, stream, message, size);
+  if (status) return status;
+  return bsk_sum_rows_run("norms", arch, call->params ? call->dtype : BSK_FP32, dg_part, db_part, call->dg, call->db,
+                          g.tiles, call->features, stream, message, size);
+}
+
+static int run_backward(const ln_plan *plan, const bsk_layer_norm_call *call, int arch, int sms, void *stream,
                         char *message, size_t size) {
   int status;
   if (call->n_tokens == 0) { /* no tokens: dg and db are zero */
@@ -195,6 +271,8 @@ static int run_backward(const ln_spec *s, const bsk_layer_norm_call *call, int a
   }
   if (call->workspace % 16)
     return bsk_fail(message, size, BSK_ERR_INVALID, "workspace must be aligned to 16 bytes");
+  if (plan->dx) return run_split(plan, call, arch, sms, stream, message, size);
+  const ln_spec *s = plan->spec;
   int64_t n_programs = programs(s, call, sms);
   size_t part = part_bytes(n_programs, call);
   uint64_t dg_part = call->workspace, db_part = call->workspace + part;
@@ -220,9 +298,9 @@ static int run_backward(const ln_spec *s, const bsk_layer_norm_call *call, int a
 
 int bsk_layer_norm_run(const bsk_layer_norm_call *call, int backward, void *stream, char *message, size_t size) {
   if (!call) return bsk_fail(message, size, BSK_ERR_INVALID, "call must not be NULL");
-  const ln_spec *s;
-  int arch, sms, status = device_spec(call, backward, stream, &s, &arch, &sms, message, size);
+  ln_plan plan;
+  int arch, sms, status = device_spec(call, backward, stream, &plan, &arch, &sms, message, size);
   if (status) return status;
-  if (!backward) return call->n_tokens ? run_forward(s, call, sms, stream, message, size) : BSK_OK;
-  return run_backward(s, call, arch, sms, stream, message, size);
+  if (!backward) return call->n_tokens ? run_forward(plan.spec, call, sms, stream, message, size) : BSK_OK;
+  return run_backward(&plan, call, arch, sms, stream, message, size);
 }

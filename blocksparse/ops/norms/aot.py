@@ -19,6 +19,10 @@ are scalar and the kernels ran at a third to two thirds of the speed.  Unaligned
 rest: ``(C, N)`` with the widest one-chunk tile of :data:`.configs.UNALIGNED_TOKEN_TILES` (smaller:
 their loads are scalar) and the chunked one; ``(N, C)`` segments of up to
 ``UNALIGNED_MAX_ROW`` features one chunk each, longer ones chunked.
+
+The aligned ``(C, N)`` backward of segments longer than its one-chunk tiles is the split backward
+(:mod:`.split_bwd`): its two kernels are the products ``bwd_part`` and ``bwd_dx``, compiled in
+place of the chunked ``bwd`` tile (:func:`.configs.split_backward_config`).
 """
 from __future__ import annotations
 
@@ -26,9 +30,10 @@ from dataclasses import asdict, dataclass
 
 from ..common.aot import SumRowsSpec, signature, sum_rows_compile_args, sum_rows_fields
 from ...aot.family import CompileArgs
-from .configs import MAX_ROW, NormConfig, layer_norm_config
+from .configs import MAX_ROW, NormConfig, SplitConfig, layer_norm_config, split_backward_config
 
-__all__ = ["NormSpec", "specializations", "kernel", "compile_args", "fields", "DTYPES", "MIN_ROW", "UNALIGNED_MAX_ROW"]
+__all__ = ["NormSpec", "specializations", "kernel", "compile_args", "fields", "DTYPES", "MIN_ROW", "UNALIGNED_MAX_ROW",
+           "SPLIT_PRODUCTS"]
 
 #: Triton dtype name -> element size.
 DTYPES = {"fp16": 2, "bf16": 2, "fp32": 4}
@@ -37,25 +42,32 @@ MIN_ROW = {1: 64, 0: 16}
 #: The longest one-chunk tile of the unaligned ``(N, C)`` specs (segments of other than a multiple of
 #: 16 features are short in practice; longer ones take the chunked tile).
 UNALIGNED_MAX_ROW = 1024
+#: The split backward's two kernels, in launch order.
+SPLIT_PRODUCTS = ("bwd_part", "bwd_dx")
 
 
 @dataclass(frozen=True)
 class NormSpec:
-    """One layer-norm kernel: ``product`` ``"fwd"`` or ``"bwd"``."""
+    """One layer-norm kernel: ``product`` ``"fwd"``, ``"bwd"`` or one of :data:`SPLIT_PRODUCTS` (their
+    ``config`` a :class:`SplitConfig`)."""
 
     arch: int
     product: str
     dtype: str
     axis: int
     relu: bool
-    config: NormConfig
+    config: NormConfig | SplitConfig
     one_chunk: bool
     aligned: bool = True   # the contiguous axis' bound is a multiple of 16: CS (axis 1), N (axis 0)
     param: str = "fp32"    # the dtype of g and b: float32, or the activations' (16-bit) dtype
 
     @property
+    def split(self):
+        return self.product in SPLIT_PRODUCTS
+
+    @property
     def name(self):
-        tile = f"{'c' if self.one_chunk else 'k'}{self.config.BC}"
+        tile = f"s{self.config.R}" if self.split else f"{'c' if self.one_chunk else 'k'}{self.config.BC}"
         param = "" if self.param == "fp32" else f"_g{self.param}"
         return (f"ln_{self.product}_{self.dtype}_a{self.axis}{'' if self.aligned else 'u'}"
                 f"{'_relu' if self.relu else ''}{param}_{tile}_sm{self.arch}")
@@ -88,6 +100,11 @@ def specializations(archs):
                     for relu in (False, True):
                         for product in ("fwd", "bwd"):
                             for row in _rows(axis, size, aligned, product == "bwd", relu):
+                                split = product == "bwd" and split_backward_config(axis, row, size, relu, aligned)
+                                if split:  # in place of the chunked tile
+                                    specs += [NormSpec(arch, part, dtype, axis, relu, split, False, aligned, param)
+                                              for part in SPLIT_PRODUCTS]
+                                    continue
                                 cfg = layer_norm_config(axis, row, size, product == "bwd", relu, aligned)
                                 specs.append(NormSpec(arch, product, dtype, axis, relu, cfg, cfg.one_chunk(row),
                                                       aligned, param))
@@ -99,22 +116,26 @@ def specializations(archs):
 def kernel(spec):
     from ..common.reduce import sum_rows_kernel
     from .layer_norm import layer_norm_bwd_kernel, layer_norm_fwd_kernel
+    from .split_bwd import layer_norm_bwd_dx_kernel, layer_norm_bwd_part_kernel
 
     if isinstance(spec, SumRowsSpec):
         return sum_rows_kernel
-    return layer_norm_fwd_kernel if spec.product == "fwd" else layer_norm_bwd_kernel
+    return {"fwd": layer_norm_fwd_kernel, "bwd": layer_norm_bwd_kernel, "bwd_part": layer_norm_bwd_part_kernel,
+            "bwd_dx": layer_norm_bwd_dx_kernel}[spec.product]
 
 
 def fields(spec):
     """What selects ``spec`` at run time (scalars are C keys): product, dtype, the parameters' dtype
-    ``param``, axis, aligned, relu, one_chunk, the tile (``bn``, ``bc``), ``programs_per_sm``, and
-    the whole ``config``."""
+    ``param``, axis, aligned, relu, one_chunk, the tile (``bn``, ``bc``: the split kernels' step ``R``),
+    ``programs_per_sm``, the split kernels' slices (``fs``, ``min_fs``; 0 for the others), and the
+    whole ``config``."""
     if isinstance(spec, SumRowsSpec):
         return sum_rows_fields(spec)
     cfg = spec.config
     return {"product": spec.product, "dtype": spec.dtype, "param": spec.param, "axis": spec.axis,
-            "aligned": spec.aligned, "relu": spec.relu, "one_chunk": spec.one_chunk, "bn": cfg.BN, "bc": cfg.BC,
-            "programs_per_sm": cfg.programs_per_sm, "config": asdict(cfg)}
+            "aligned": spec.aligned, "relu": spec.relu, "one_chunk": spec.one_chunk, "bn": cfg.BN,
+            "bc": cfg.R if spec.split else cfg.BC, "programs_per_sm": cfg.programs_per_sm,
+            "fs": cfg.FS if spec.split else 0, "min_fs": cfg.MIN_FS if spec.split else 0, "config": asdict(cfg)}
 
 
 def _stride_names(axis, tensors):
@@ -133,19 +154,28 @@ def compile_args(spec) -> CompileArgs:
         types = {"X": f"*{t}", "G": f"*{p}", "B": f"*{p}", "Y": f"*{t}", "MEAN": "*fp32", "RSTD": "*fp32",
                  "N": "i32", "CS": "i32", "epsilon": "fp32"}
         pointers, tensors = ("X", "G", "B", "Y", "MEAN", "RSTD"), ("x", "y")
-    else:
+    elif spec.product == "bwd":
         types = {"X": f"*{t}", "G": f"*{p}", "B": f"*{p}", "DY": f"*{t}", "DX": f"*{t}", "MEAN": "*fp32",
                  "RSTD": "*fp32", "DG_PART": "*fp32", "DB_PART": "*fp32", "N": "i32", "CS": "i32"}
         pointers, tensors = ("X", "G", "B", "DY", "DX", "MEAN", "RSTD", "DG_PART", "DB_PART"), ("x", "dy", "dx")
+    else:
+        dx = spec.product == "bwd_dx"
+        pointers = ("X", "G", "B", "DY") + (("DX",) if dx else ()) + ("MEAN", "RSTD", "C1_PART", "C2_PART") + \
+            (() if dx else ("DG_PART", "DB_PART"))
+        types = {name: "*fp32" for name in pointers} | {"X": f"*{t}", "G": f"*{p}", "B": f"*{p}", "DY": f"*{t}"}
+        types |= ({"DX": f"*{t}"} if dx else {}) | {"N": "i32", "CS": "i32", "FS": "i32"}
+        tensors = ("x", "dy", "dx") if dx else ("x", "dy")
     unit, wide = _stride_names(spec.axis, tensors)
     types |= {name: "i32" for name in wide}
     cfg = spec.config
-    consts = {"BN": cfg.BN, "BC": cfg.BC, "ONE_CHUNK": spec.one_chunk, "HAS_G": True, "HAS_B": True,
-              "RELU": spec.relu} | {name: 1 for name in unit}
+    tile = {"BN": cfg.BN, "R": cfg.R} if spec.split else {"BN": cfg.BN, "BC": cfg.BC, "ONE_CHUNK": spec.one_chunk}
+    consts = tile | {"HAS_G": True, "HAS_B": True, "RELU": spec.relu} | {name: 1 for name in unit}
     # (N, C) rows always hold a multiple of 16 features (the row stride); aligned specs also the
     # bound of the contiguous axis: vector loads under the masks
     divisible = set(pointers) | (set(wide) if spec.aligned or spec.axis == 1 else set())
     if spec.aligned:
         divisible.add("CS" if spec.axis == 1 else "N")
+    if spec.split:
+        divisible.add("FS")  # a power of two of at least MIN_FS features
     fn = kernel(spec)
     return CompileArgs(signature(fn, types, consts), consts, frozenset(divisible), cfg.num_warps, num_stages=1)

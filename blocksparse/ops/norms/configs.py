@@ -14,6 +14,10 @@ tile is loaded once and kept in registers (``one_chunk``); longer segments are w
   contiguous bytes (coalesced over tokens), so ``BN`` depends on the element size; a tile holds
   ``TOKEN_TILE`` elements and longer segments are chunked.  The forward runs a program per tile.
 
+The ``(C, N)`` backward of segments longer than its one-chunk tiles runs in two launches over
+feature slices instead (:mod:`.split_bwd`, :data:`SPLIT_BWD`): many programs, rows of ``BN`` tokens,
+one reduction per program rather than one per chunk.
+
 The backward's tiles are half as large in both layouts (``MAX_ROW // 2`` features, ``TOKEN_TILE //
 2`` elements): it holds ``x``, ``dy`` and the next tile's, and the full sizes spill registers
 (2-3 KB a thread; one such float32 ``(C, N)`` backward ran at 0.08 of HBM bandwidth);
@@ -41,7 +45,7 @@ from dataclasses import dataclass
 
 import triton
 
-__all__ = ["NormConfig", "layer_norm_config", "MEASURED", "MEASURED_RELU", "TILE", "MAX_ROW", "TOKEN_BYTES",
+__all__ = ["NormConfig", "SplitConfig", "layer_norm_config", "split_backward_config", "MEASURED", "MEASURED_RELU", "TILE", "MAX_ROW", "TOKEN_BYTES",
            "TOKEN_TILE", "UNALIGNED_TOKEN_TILES"]
 
 #: Elements per ``(N, C)`` program tile (at least one segment).
@@ -81,6 +85,45 @@ class NormConfig:
         if self.programs_per_sm <= 0:
             return max(1, tiles)
         return max(1, min(tiles, self.programs_per_sm * sms // segments))
+
+
+@dataclass(frozen=True)
+class SplitConfig:
+    """The two-launch ``(C, N)`` backward (:mod:`.split_bwd`): programs of ``BN`` tokens walk slices
+    of at most ``FS`` features ``R`` at a time; slices are halved (down to ``MIN_FS``) until the grid
+    holds ``programs_per_sm`` programs a SM."""
+
+    BN: int = 128
+    R: int = 16
+    num_warps: int = 4
+    FS: int = 512
+    MIN_FS: int = 64
+    programs_per_sm: int = 2
+
+    def slice_features(self, tokens, segment_features, segments, sms):
+        """Features per slice for a call (a multiple of ``R``)."""
+        tiles = triton.cdiv(tokens, self.BN) * segments
+        fs = self.FS
+        while fs > self.MIN_FS and tiles * triton.cdiv(segment_features, fs) < self.programs_per_sm * sms:
+            fs //= 2
+        return fs
+
+
+#: The split backward's tiles (from a sweep of prototypes on an H100: ``BN`` 64-256, ``R`` 16-32, 4-8 warps,
+#: slices of 64-2048 features).  Against the table's one-launch tile in the same run
+#: (``bench/norms_split.py``, ``bench/results/raw/norms-split-bwd-h100.json``, CUDA graphs, N 4096-16384 x
+#: C 1024-8192): 1.00-1.53x as fast, never slower; bf16 0.40-0.53 of the HBM copy bandwidth (from 0.30-0.44),
+#: float32 0.43-0.57 (from 0.38-0.50).  It moves ``x`` and ``dy`` twice: its ceiling is 0.6.
+SPLIT_BWD = SplitConfig()
+
+
+def split_backward_config(axis, segment_features, element_size, relu=False, aligned=True):
+    """The :class:`SplitConfig` where the backward runs in two launches -- ``(C, N)`` activations
+    loaded as vectors (``aligned``) whose segments the table's tile walks in chunks -- else None."""
+    if axis != 0 or not aligned:
+        return None
+    cfg = layer_norm_config(axis, segment_features, element_size, backward=True, relu=relu, aligned=aligned)
+    return None if cfg.one_chunk(segment_features) else SPLIT_BWD
 
 
 #: Tiles measured best on a GPU, over the rule below: ``(axis, features rounded up to a power of two,

@@ -5,9 +5,11 @@ contiguous in the same layout.  ``mean`` / ``rstd`` are float32 ``(segments, N)`
 overrides the tile table (:func:`blocksparse.ops.norms.configs.layer_norm_config`).
 """
 import torch
+import triton
 
-from ...ops.norms.configs import layer_norm_config
+from ...ops.norms.configs import SplitConfig, layer_norm_config, split_backward_config
 from ...ops.norms.layer_norm import layer_norm_bwd_kernel, layer_norm_fwd_kernel
+from ...ops.norms.split_bwd import layer_norm_bwd_dx_kernel, layer_norm_bwd_part_kernel
 from .._backend import sm_count
 from .._reduce import sum_rows
 
@@ -49,13 +51,19 @@ def layer_norm_fwd(x, g, b, *, axis, epsilon, relu, segments, cfg=None):
 
 
 def layer_norm_bwd(dy, x, g, b, mean, rstd, *, axis, relu, segments, cfg=None):
-    """``(dx, dg, db)`` (``dg`` / ``db`` None where ``g`` / ``b`` is) from the forward's statistics."""
+    """``(dx, dg, db)`` (``dg`` / ``db`` None where ``g`` / ``b`` is) from the forward's statistics.
+    ``cfg``: a :class:`~blocksparse.ops.norms.configs.NormConfig` (the one-launch kernel) or a
+    :class:`~blocksparse.ops.norms.configs.SplitConfig` (two launches)."""
     n, c, cs = _dims(x, axis, segments)
     dx = x.new_empty(x.shape)
-    cfg = cfg or layer_norm_config(axis, cs, x.element_size(), backward=True, relu=relu,
-                                   aligned=_aligned(axis, n, x, dy, dx))
     if not n:
         return dx, *(None if p is None else torch.zeros_like(p) for p in (g, b))
+    if cfg is None:
+        aligned = _aligned(axis, n, x, dy, dx)
+        cfg = split_backward_config(axis, cs, x.element_size(), relu, aligned) or \
+            layer_norm_config(axis, cs, x.element_size(), backward=True, relu=relu, aligned=aligned)
+    if isinstance(cfg, SplitConfig):
+        return _split_bwd(dy, x, dx, g, b, mean, rstd, axis, relu, segments, cfg)
     one_chunk = cfg.one_chunk(cs)
     programs = cfg.programs(n, segments, sm_count(x.device))
     # one chunk: every program writes its whole row once; chunked: rows are accumulated into
@@ -71,8 +79,32 @@ def layer_norm_bwd(dy, x, g, b, mean, rstd, *, axis, relu, segments, cfg=None):
         HAS_G=g is not None, HAS_B=b is not None, RELU=relu,
         num_warps=cfg.num_warps,
     )
+    return dx, *_param_grads(dg_part, db_part, g, b)
+
+
+def _split_bwd(dy, x, dx, g, b, mean, rstd, axis, relu, segments, cfg):
+    """The backward in two launches over feature slices (:mod:`blocksparse.ops.norms.split_bwd`)."""
+    n, c, cs = _dims(x, axis, segments)
+    fs = cfg.slice_features(n, cs, segments, sm_count(x.device))
+    grid = (triton.cdiv(n, cfg.BN), triton.cdiv(cs, fs), segments)
+    c1 = x.new_empty((segments * grid[1], n), dtype=torch.float32)
+    c2 = torch.empty_like(c1)
+    dg_part = None if g is None else x.new_empty((grid[0], c), dtype=torch.float32)
+    db_part = None if b is None else x.new_empty((grid[0], c), dtype=torch.float32)
+    params = (x if g is None else g, x if b is None else b)
+    flags = dict(BN=cfg.BN, R=cfg.R, HAS_G=g is not None, HAS_B=b is not None, RELU=relu, num_warps=cfg.num_warps)
+    layer_norm_bwd_part_kernel[grid](
+        x, *params, dy, mean, rstd, c1, c2,
+        c1 if dg_part is None else dg_part, c1 if db_part is None else db_part,
+        n, cs, fs, *_strides(x, axis), *_strides(dy, axis), **flags)
+    layer_norm_bwd_dx_kernel[grid](
+        x, *params, dy, dx, mean, rstd, c1, c2,
+        n, cs, fs, *_strides(x, axis), *_strides(dy, axis), *_strides(dx, axis), **flags)
+    return dx, *_param_grads(dg_part, db_part, g, b)
+
+
+def _param_grads(dg_part, db_part, g, b):
+    """``(dg, db)`` from their partial rows (None where the parameter is)."""
     wanted = [(part, t.dtype) for part, t in ((dg_part, g), (db_part, b)) if t is not None]
     sums = sum_rows(wanted) if wanted else []
-    dg = sums.pop(0) if g is not None else None
-    db = sums.pop(0) if b is not None else None
-    return dx, dg, db
+    return (sums.pop(0) if g is not None else None), (sums.pop(0) if b is not None else None)

@@ -6,7 +6,7 @@ import pytest
 from blocksparse.ops.common.aot import SUM_ROWS_BPS, SumRowsSpec
 from blocksparse.ops.norms import aot
 from blocksparse.ops.common.reduce import sum_rows_tile
-from blocksparse.ops.norms.configs import MAX_ROW, layer_norm_config
+from blocksparse.ops.norms.configs import MAX_ROW, SPLIT_BWD, layer_norm_config
 
 ALL = aot.specializations((80, 90))
 NORMS = [s for s in ALL if not isinstance(s, SumRowsSpec)]
@@ -15,7 +15,8 @@ BUILT = ("ln_fwd_bf16_a1_c256_sm90", "ln_fwd_bf16_a1_c1024_sm90", "ln_fwd_bf16_a
          "ln_bwd_bf16_a1_relu_c1024_sm90", "ln_fwd_bf16_a0_c64_sm90", "ln_fwd_bf16_a0u_c512_sm90",
          "ln_fwd_bf16_a0u_k512_sm90", "ln_fwd_bf16_a1_c1024_sm80", "ln_fwd_bf16_a1_gbf16_c1024_sm90",
          "ln_bwd_bf16_a1_gbf16_c1024_sm90", "ln_fwd_bf16_a1u_c64_sm90", "sum_rows_ab_p64_sm90",
-         "sum_rows_ab_p512_sm90", "sum_rows_abu_p512_sm90", "sum_rows_ab_bf16_p512_sm90")
+         "sum_rows_ab_p512_sm90", "sum_rows_abu_p512_sm90", "sum_rows_ab_bf16_p512_sm90",
+         "ln_bwd_bf16_a0_c256_sm90", "ln_bwd_part_bf16_a0_s16_sm90", "ln_bwd_dx_bf16_a0_s16_sm90")
 
 
 def test_names_are_unique_c_identifiers():
@@ -26,7 +27,8 @@ def test_names_are_unique_c_identifiers():
 @pytest.mark.parametrize("arch", [80, 90])
 def test_every_call_kind_has_a_tile_for_every_segment_length(arch):
     """Each (direction, dtype, axis, alignment, relu) has a one-chunk tile per power of two up to
-    the longest and a chunked one, so every segment length is served; one reduction per arch."""
+    the longest and a chunked one -- for the aligned ``(C, N)`` backward the split backward's two
+    kernels instead --, so every segment length is served; one reduction per arch."""
     for product in ("fwd", "bwd"):
         for dtype, size in aot.DTYPES.items():
             for param in {"fp32", dtype}:  # 16-bit activations: float32 parameters, or their own dtype
@@ -34,7 +36,13 @@ def test_every_call_kind_has_a_tile_for_every_segment_length(arch):
                     for relu in (False, True):
                         mine = [s for s in NORMS if (s.arch, s.product, s.dtype, s.param, s.axis, s.aligned, s.relu)
                                 == (arch, product, dtype, param, axis, aligned, relu)]
-                        assert [s for s in mine if not s.one_chunk], (product, dtype, param, axis, relu)
+                        split = [s.product for s in NORMS if s.split and (s.arch, s.dtype, s.param, s.axis, s.aligned,
+                                 s.relu) == (arch, dtype, param, axis, aligned, relu)]
+                        assert split == (list(aot.SPLIT_PRODUCTS) if axis == 0 and aligned else [])
+                        if product == "bwd" and axis == 0 and aligned:
+                            assert all(s.one_chunk for s in mine)
+                        else:
+                            assert [s for s in mine if not s.one_chunk], (product, dtype, param, axis, relu)
                         tiles = sorted(s.config.BC for s in mine if s.one_chunk)
                         assert tiles and all(b == 2 * a for a, b in zip(tiles, tiles[1:]))
     # reductions per output dtype of dg and db (float32, or the 16-bit parameters'), for rows of a
@@ -46,6 +54,9 @@ def test_every_call_kind_has_a_tile_for_every_segment_length(arch):
 def test_tiles_are_those_the_pytorch_launcher_uses():
     """A segment of a tile's width gets the same tile from the table the JIT launches use."""
     for s in NORMS:
+        if s.split:
+            assert s.config == SPLIT_BWD, s.name
+            continue
         row = s.config.BC if s.one_chunk else 2 * s.config.BC
         if s.axis == 1 and not s.one_chunk:
             row = 2 * MAX_ROW
@@ -163,3 +174,10 @@ def test_c_selection_of_the_backward(runtime):
     index = runtime.select(_call(relu=True), True, 90)
     assert runtime.specs[index]["name"] == "ln_bwd_bf16_a1_relu_c1024_sm90"
     assert runtime.select(_call(relu=False), True, 90) == -1
+    # (C, N): a segment one tile holds, else the split backward (its first kernel); unaligned tokens
+    # would take the chunked tile, which the small library lacks
+    name = lambda index: runtime.specs[index]["name"] if index >= 0 else None  # noqa: E731
+    assert name(runtime.select(_call(axis=0, features=256), True, 90)) == "ln_bwd_bf16_a0_c256_sm90"
+    assert name(runtime.select(_call(axis=0, features=1024), True, 90)) == "ln_bwd_part_bf16_a0_s16_sm90"
+    assert name(runtime.select(_call(axis=0, features=2048, segments=2), True, 90)) == "ln_bwd_part_bf16_a0_s16_sm90"
+    assert name(runtime.select(_call(axis=0, features=1024, n=4097), True, 90)) is None

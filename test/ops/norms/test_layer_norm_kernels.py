@@ -7,7 +7,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from blocksparse.ops.norms.configs import UNALIGNED_TOKEN_TILES, NormConfig, layer_norm_config  # noqa: E402
+from blocksparse.ops.norms.configs import (UNALIGNED_TOKEN_TILES, NormConfig, SplitConfig,  # noqa: E402
+                                           layer_norm_config, split_backward_config)
 from blocksparse.testing import rel_error, tolerance  # noqa: E402
 from blocksparse.testing import norms as ref  # noqa: E402
 from blocksparse.torch._norms import launch  # noqa: E402
@@ -21,7 +22,9 @@ CHUNKED = NormConfig(BN=4, BC=32, num_warps=4, programs_per_sm=1)
 #: whole segments, two tokens a tile: programs take several tiles each (one per SM), or one each
 PERSISTENT = NormConfig(BN=2, BC=256, num_warps=4, programs_per_sm=1)
 PER_TILE = NormConfig(BN=2, BC=256, num_warps=4, programs_per_sm=0)
-CONFIGS = dict(table=None, chunked=CHUNKED, persistent=PERSISTENT, per_tile=PER_TILE)
+#: the two-launch backward: slices of 16 features walked 8 at a time (partial last slices and steps)
+SPLIT = SplitConfig(BN=4, R=8, num_warps=4, FS=16, MIN_FS=8, programs_per_sm=0)
+CONFIGS = dict(table=None, chunked=CHUNKED, persistent=PERSISTENT, per_tile=PER_TILE, split=SPLIT)
 SHAPES = [(7, 96, 1), (1, 200, 4), (10, 80, 2)]
 
 
@@ -36,7 +39,8 @@ def _run(rng, dtype, axis, n, c, segments, relu, cfg, *, affine=(True, True), of
     dy = t(ref.relu_safe(f64(dy), y_ref)) if relu else dy
     grads_ref = ref.layer_norm_grad(f64(dy), f64(x), f64(g), f64(b), **kw)
     cs = c // segments
-    y, mean, rstd = launch.layer_norm_fwd(x, g, b, cfg=cfg, **kw)  # None: the launcher's table
+    fwd_cfg = None if isinstance(cfg, SplitConfig) else cfg  # a split config is the backward's
+    y, mean, rstd = launch.layer_norm_fwd(x, g, b, cfg=fwd_cfg, **kw)  # None: the launcher's table
     del kw["epsilon"]
     dx, dg, db = launch.layer_norm_bwd(dy, x, g, b, mean, rstd, cfg=cfg, **kw)
     assert y.dtype == dx.dtype == x.dtype
@@ -77,13 +81,13 @@ def test_fused_relu(rng, axis, n, c, segments, cfg):
 
 
 @pytest.mark.parametrize("affine", [(True, False), (False, True), (False, False)], ids=["g", "b", "none"])
-@pytest.mark.parametrize("cfg", [None, CHUNKED], ids=["table", "chunked"])
+@pytest.mark.parametrize("cfg", [None, CHUNKED, SPLIT], ids=["table", "chunked", "split"])
 @pytest.mark.parametrize("axis", [1, 0], ids=["NC", "CN"])
 def test_without_gain_or_bias(rng, affine, cfg, axis):
     _check(_run(rng, "float32", axis, 9, 48, 3, True, cfg, affine=affine), "float32")
 
 
-@pytest.mark.parametrize("cfg", [None, CHUNKED], ids=["table", "chunked"])
+@pytest.mark.parametrize("cfg", [None, CHUNKED, SPLIT], ids=["table", "chunked", "split"])
 def test_large_mean(rng, cfg):
     """A mean far from zero: statistics from centred values (chunks merged pairwise).
 
@@ -108,6 +112,41 @@ def test_strided_activations(rng, axis):
     kw = dict(axis=axis, segments=2)
     assert rel_error(y, ref.layer_norm(x64, g64, b64, **kw)) < tolerance("float32")
     for got, want in zip((dx, dg, db), ref.layer_norm_grad(dy64, x64, g64, b64, **kw)):
+        assert rel_error(got, want) < tolerance("float32")
+
+
+def test_long_token_major_segments_take_the_split_backward():
+    """``(C, N)`` segments longer than the table's backward tile, loaded as vectors, take the two
+    launches; short segments, ``(N, C)`` and unaligned calls the one-launch kernel."""
+    for size in (2, 4):
+        long = 2 * layer_norm_config(0, 1 << 20, size, backward=True).BC
+        assert isinstance(split_backward_config(0, long, size), SplitConfig)
+        assert split_backward_config(0, 16, size) is None
+        assert split_backward_config(0, long, size, aligned=False) is None
+        assert split_backward_config(1, 1 << 16, size) is None
+
+
+def test_split_slices_fill_the_gpu():
+    """Slices halve until the grid holds ``programs_per_sm`` programs a SM, never below ``MIN_FS``."""
+    cfg = SplitConfig(BN=128, R=16, FS=512, MIN_FS=64, programs_per_sm=2)
+    assert cfg.slice_features(16384, 8192, 1, 132) == 512      # 128 tiles x 16 slices
+    assert cfg.slice_features(16384, 1024, 1, 132) == 256      # 128 x 2 < 264: 128 x 4
+    assert cfg.slice_features(4096, 1024, 1, 132) == 64        # 32 x 16 = 512
+    assert cfg.slice_features(128, 1024, 1, 132) == 64         # never below MIN_FS
+    assert cfg.slice_features(16384, 1024, 4, 132) == 512      # the segments count too
+
+
+def test_split_backward_reads_any_strides(rng):
+    """The split kernels address activations by strides like the one-launch kernel: a slice of a
+    wider ``(C, N)`` tensor, ``dy`` in the other memory order."""
+    x64, g64, b64, dy64 = ref.draw_layer_norm(rng, 6, 40, 0)
+    x = torch.randn(40, 20)[:, 4:10]
+    x.copy_(torch.from_numpy(x64))
+    dy = torch.from_numpy(dy64).float().t().contiguous().t()
+    g, b = torch.from_numpy(g64).float(), torch.from_numpy(b64).float()
+    _, mean, rstd = launch.layer_norm_fwd(x, g, b, axis=0, epsilon=1e-6, relu=False, segments=2)
+    got = launch.layer_norm_bwd(dy, x, g, b, mean, rstd, axis=0, relu=False, segments=2, cfg=SPLIT)
+    for got, want in zip(got, ref.layer_norm_grad(dy64, x64, g64, b64, axis=0, segments=2)):
         assert rel_error(got, want) < tolerance("float32")
 
 

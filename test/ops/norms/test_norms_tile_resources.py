@@ -26,13 +26,13 @@ MAX_STACK = 512
 
 def _specs():
     """``family:name`` of every sm_90 tile of the two tables for 16- and 32-bit floats: forwards
-    without the relu, backwards with it (it recomputes the forward: the larger of the two); aligned,
+    without the relu, backwards (the split backward's two kernels too) with it (it recomputes the forward: the larger of the two); aligned,
     and the float32 unaligned ``(C, N)`` ones (scalar loads: the aligned tiles spilled 0.7-2.3 KB
     there).  The 16-bit unaligned ``(C, N)`` tiles spill but were measured faster than the tiles
     that do not (``configs.UNALIGNED_TOKEN_TILES``)."""
     names = [f"norms:{s.name}" for s in norms_aot.specializations([90])
              if getattr(s, "dtype", None) in ("bf16", "fp32") and (s.aligned or s.axis == 0 and s.dtype == "fp32")
-             and s.relu == (s.product == "bwd")]
+             and s.relu == (s.product != "fwd")]
     names += [f"lstm:{s.name}" for s in lstm_aot.specializations([90]) if getattr(s, "dtype", None) in ("bf16", "fp32")]
     names += [f"norms:{s.name}" for s in norms_aot.specializations([90]) if s.product == "sum_rows"]
     return names

@@ -1,0 +1,67 @@
+"""The ``(C, N)`` layer-norm backward on a GPU: the table's one-launch tile against the split
+backward (:mod:`blocksparse.ops.norms.split_bwd`), interleaved in one run.
+
+    python bench/norms_split.py --out bench/results/raw     # about 40 s
+
+For N in {4096, 8192, 16384} tokens x C in {1024, 4096, 8192} features, bfloat16 and float32: both
+backwards through the PyTorch launcher (Triton's JIT), each checked against float64 (``dx``, ``dg``,
+``db``: the largest relative error), then timed in CUDA graphs (``do_bench_cudagraph``).  ``hbm`` =
+the backward's bytes (``x``, ``dy``, ``dx``: ``3e`` an element) / time over the device-to-device copy
+bandwidth measured in the same run.  Writes ``norms-split-bwd-<gpu>.json``.
+"""
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+from triton.testing import do_bench_cudagraph  # noqa: E402
+
+import common  # noqa: E402
+from blocksparse.ops.norms.configs import layer_norm_config, split_backward_config  # noqa: E402
+from blocksparse.testing import norms as ref  # noqa: E402
+from blocksparse.testing import rel_error  # noqa: E402
+from blocksparse.torch._norms.launch import layer_norm_bwd, layer_norm_fwd  # noqa: E402
+
+EPS = 1e-5
+
+
+def case(dtype, n, c, hbm):
+    x = (torch.randn(c, n, device="cuda") * 2 + 1).to(dtype)
+    dy = torch.randn(c, n, device="cuda").to(dtype)
+    g, b = torch.randn(c, device="cuda"), torch.randn(c, device="cuda")
+    _, mean, rstd = layer_norm_fwd(x, g, b, axis=0, epsilon=EPS, relu=False, segments=1)
+    want = ref.layer_norm_grad(dy.double(), x.double(), g.double(), b.double(), axis=0, segments=1, epsilon=EPS,
+                               xp=torch)
+    old = layer_norm_config(0, c, x.element_size(), backward=True)
+    row = dict(dtype=str(dtype).removeprefix("torch."), N=n, C=c, old_tile=[old.BN, old.BC],
+               split=split_backward_config(0, c, x.element_size()) is not None)
+    for name, cfg in (("old", old), ("new", None)):  # None: the launcher's choice (the split backward)
+        call = lambda: layer_norm_bwd(dy, x, g, b, mean, rstd, axis=0, relu=False, segments=1, cfg=cfg)  # noqa: E731
+        row[f"{name}_err"] = max(rel_error(got, w) for got, w in zip(call(), want))
+        row[f"{name}_ms"] = ms = do_bench_cudagraph(call, rep=50)
+        row[f"{name}_hbm"] = 3 * n * c * x.element_size() / ms / 1e6 / hbm
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="bench/results/raw")
+    args = ap.parse_args()
+    hbm = common.hbm_bandwidth_gbs()
+    rows = []
+    for dtype in (torch.bfloat16, torch.float32):
+        for n in (4096, 8192, 16384):
+            for c in (1024, 4096, 8192):
+                rows.append(case(dtype, n, c, hbm))
+                print(json.dumps(rows[-1]), flush=True)
+    gpu = "h200" if "H200" in torch.cuda.get_device_name() else "h100"
+    with open(os.path.join(args.out, f"norms-split-bwd-{gpu}.json"), "w") as f:
+        json.dump(dict(device=torch.cuda.get_device_name(), hbm_gbs=hbm, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
