@@ -180,11 +180,11 @@ def _keep_prob(keep_prob):
             checks.append(tf.debugging.assert_rank(keep_prob, 0, message="keep_prob must be a scalar"))
             with tf.control_dependencies(checks):
                 keep_prob = tf.reshape(keep_prob, [])
-        checks.append(tf.debugging.assert_equal(
-            tf.logical_and(keep_prob > 0.0, keep_prob <= 1.0), True,
-            message="keep_prob must be in (0, 1]"))
+        valid = tf.logical_and(keep_prob > 0.0, keep_prob <= 1.0)
+        checks.append(tf.debugging.assert_equal(valid, True, message="keep_prob must be in (0, 1]"))
         with tf.control_dependencies(checks):
-            return tf.identity(keep_prob)
+            # NaN where XLA drops the assertion: an invalid keep_prob never scales silently
+            return tf.where(valid, keep_prob, float("nan"))
     return args.real(keep_prob, "keep_prob", low=0.0, high=1.0, low_open=True)
 
 

@@ -14,7 +14,7 @@ one after the other along its last axis, each ``K`` wide, as ``tf.nn.rnn_cell.Ba
 and the original's final kernels lay them out; the four-tensor form takes them in that order.
 """
 from ._tf import tf
-from ._tf.checks import checked, float_tensor, same_dtype
+from ._tf.checks import float_tensor, same_dtype, shape_guard
 from ._tf.ew import args as ewargs
 from ._tf.norms import backend
 from ._tf.norms import gpu as gpu_ops
@@ -37,8 +37,7 @@ def _merged_shape(h, c):
     if tf.executing_eagerly() or (h.shape.is_fully_defined() and c.shape.is_fully_defined()):
         return h
     want = tf.concat([tf.shape(c)[:-1], 4 * tf.shape(c)[-1:]], axis=0)
-    return checked(h, [tf.debugging.assert_equal(
-        tf.shape(h), want, message=f"h must have {_SHAPE}")])
+    return shape_guard(h, want, f"h must have {_SHAPE}")
 
 
 def _gates(c, gate_args):

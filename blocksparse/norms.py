@@ -12,6 +12,8 @@ the input's dtype.  Works in eager mode, inside ``tf.function`` (unknown minibat
 ``tf.compat.v1`` graphs, on any device and under XLA.
 """
 
+import numpy as np
+
 from ._checks import check_bool, check_int
 from ._tf import tf
 from ._tf.checks import float_tensor
@@ -23,8 +25,13 @@ __all__ = ["layer_norm", "batch_norm", "batch_norm_inference"]
 
 
 def _epsilon(value):
-    """``epsilon`` as a finite float > 0 (an infinite one would silently give ``y = b``)."""
-    return ewargs.real(value, "epsilon", low=0.0, low_open=True)
+    """``epsilon`` as a finite float > 0 in float32, where the ops add it (an infinite one would
+    silently give ``y = b``, one that rounds to 0 divide by zero)."""
+    value = ewargs.real(value, "epsilon", low=0.0, low_open=True)
+    if not 0.0 < np.float32(value) < np.inf:
+        raise ValueError(f"epsilon must be a positive float32 number (in [{np.finfo(np.float32).smallest_subnormal:.3g}, "
+                         f"{np.finfo(np.float32).max:.3g}]); got {value}")
+    return value
 
 
 def layer_norm(x, g, b, axis=1, epsilon=1e-6, relu=False, *, segments=1, name=None):

@@ -158,6 +158,18 @@ def same_trailing(tensor, like, name, like_name):
         return tf.concat([like[:0], tensor], 0, name=node_name(message))
 
 
+def shape_guard(tensor, expected, message):
+    """``tensor``, failing when the graph runs unless its shape is ``expected`` (an int32 vector of its
+    rank): an assertion whose error is ``message``, and an op XLA cannot compile unless the shapes
+    match (it compiles assertions to nothing, so a wrong size would broadcast silently there): two
+    empty tensors of the two shapes concatenated, named after ``message``."""
+    assertion = tf.debugging.assert_equal(tf.shape(tensor), expected, message=message)
+    with tf.control_dependencies([assertion]):
+        empty = lambda shape: tf.zeros(tf.concat([shape, [0]], 0), tf.int8)  # noqa: E731
+        probe = tf.concat([empty(tf.shape(tensor)), empty(expected)], -1, name=node_name(message))
+    return checked(tensor, [assertion, probe])
+
+
 def checked(tensor, assertions):
     """``tensor``, made to depend on ``assertions`` when there are any."""
     assertions = [a for a in assertions if a is not None]

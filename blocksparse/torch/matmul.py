@@ -7,6 +7,7 @@ from torch import nn
 from .._checks import check_bool
 from .._frontend import LayoutShapes, check_feature_axis
 from ..layout import BLOCK_SIZES, Layout
+from . import _checks
 from ._backend import autocast_dtype_of
 from ._matmul import ops as _ops
 from ._matmul import plan as _plan
@@ -165,7 +166,7 @@ class BlocksparseLinear(Dispatched, nn.Module):
                  z_order=False, allow_tf32=False, impl="auto", cost_model=None):
         super().__init__()
         given = layout.block_size if isinstance(layout, Layout) else block_size
-        if given in BLOCK_SIZES:
+        if type(given) is int and given in BLOCK_SIZES:  # (16.0 is checked, and refused, by Layout)
             self.bsmm = BlocksparseMatMul(layout, block_size, feature_axis=1, z_order=z_order,
                                           allow_tf32=allow_tf32)
             self._dispatch = LinearDispatch(self.bsmm.layout, self.bsmm, impl=impl, cost_model=cost_model,
@@ -180,7 +181,7 @@ class BlocksparseLinear(Dispatched, nn.Module):
                                         device=device)
             self.bsmm = self._dispatch.bsmm
         self.in_features, self.out_features = self.layout.C, self.layout.K
-        factory = {"device": device, "dtype": dtype}
+        factory = {"device": device, "dtype": None if dtype is None else _checks.float_dtype("dtype", dtype)}
         self.weight = nn.Parameter(torch.empty(self.layout.w_shape, **factory))
         self.bias = nn.Parameter(torch.empty(self.out_features, **factory)) if check_bool(bias, "bias") else None
         self.reset_parameters()

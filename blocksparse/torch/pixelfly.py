@@ -10,6 +10,7 @@ from torch import nn
 from .._checks import check_bool, check_int
 from ..layout import Layout
 from ..layouts.butterfly import butterfly_layout, default_butterfly_size
+from . import _checks
 from ._portable.dispatch import Dispatched, check_input, for_layout, uniform_fan_in_
 
 __all__ = ["PixelflyLinear"]
@@ -93,7 +94,7 @@ class PixelflyLinear(Dispatched, nn.Module):
         self.stretch = stretch
         self._dispatch = for_layout(Layout(mask, block_size, any_block_size=True), allow_tf32=allow_tf32,
                                     impl=impl, cost_model=cost_model, device=device)
-        factory = {"device": device, "dtype": dtype}
+        factory = {"device": device, "dtype": None if dtype is None else _checks.float_dtype("dtype", dtype)}
         self.weight = nn.Parameter(torch.empty(self.layout.w_shape, **factory))
         if lowrank_size:
             self.lowrank_first = nn.Parameter(torch.empty(lowrank_size, in_features, **factory))

@@ -9,7 +9,7 @@ import numbers
 import numpy as np
 
 from .. import tf
-from ..checks import checked, float_tensor, op_name, parameter_tensor, same_dtype
+from ..checks import float_tensor, op_name, parameter_tensor, same_dtype, shape_guard
 
 __all__ = ["channel_vector", "channels_first", "divisible_by_4", "feature_axis", "feature_size", "known_rank",
            "op_name", "operand_pair", "real", "same_shape", "to_compute"]
@@ -105,8 +105,8 @@ def divisible_by_4(x, name):
         raise ValueError(f"{name} must have a last dimension divisible by 4; got shape "
                          f"{_text(x.shape)}")
     if width is None and not tf.executing_eagerly():
-        x = checked(x, [tf.debugging.assert_equal(
-            tf.shape(x)[-1] % 4, 0, message=f"{name} must have a last dimension divisible by 4")])
+        whole = tf.concat([tf.shape(x)[:-1], tf.shape(x)[-1:] // 4 * 4], 0)
+        x = shape_guard(x, whole, f"{name} must have a last dimension divisible by 4")
     return x
 
 
@@ -127,8 +127,7 @@ def same_shape(t, ref, name, ref_name):
             return t
     if tf.executing_eagerly():
         return t
-    return checked(t, [tf.debugging.assert_equal(
-        tf.shape(t), tf.shape(ref), message=f"{name} must have the shape of {ref_name}")])
+    return shape_guard(t, tf.shape(ref), f"{name} must have the shape of {ref_name}")
 
 
 def channel_vector(value, size, name, what):
@@ -151,11 +150,11 @@ def channel_vector(value, size, name, what):
         return tf.reshape(v, [size]) if dims != [size] else v
     if shape.rank is not None and sum(d not in (None, 1) for d in shape.as_list()) > 1:
         raise ValueError(f"{name} must have shape ({size},) ({what}); got {_text(shape)}")
-    if not tf.executing_eagerly():
-        v = checked(v, [tf.debugging.assert_equal(
-            tf.size(v), size, message=f"{name} must have shape ({size},) ({what})")])
-    # Not reshape(v, [size]): Grappler takes that reshape as a fact about v, folds tf.size(v) to
-    # `size` and drops the assertion, so a wrong size broadcasts silently (a size of 1 would).
-    v = tf.reshape(v, [-1])
+    # (only graphs get here: eager tensors have their shapes.)  `size` elements along one axis, ones
+    # elsewhere: the flat vector must hold `size`, and is held to length 0 (an error) where its
+    # elements span several axes.  Not reshape(v, [size]): Grappler takes that reshape as a fact
+    # about v and folds the checks away, so a wrong size would broadcast silently.
+    one_axis = tf.equal(tf.reduce_max(tf.concat([tf.shape(v), [1]], 0)), size)  # (not ==: identity in v1 graphs)
+    v = shape_guard(tf.reshape(v, [-1]), tf.where(one_axis, [size], [0]), f"{name} must have shape ({size},) ({what})")
     v.set_shape([size])
     return v

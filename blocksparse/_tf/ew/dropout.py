@@ -15,8 +15,12 @@ def make_mask(x, keep_prob, seed):
 def apply_mask(x, mask, keep_prob):
     """``x * mask / keep_prob`` in float32, returned in the dtype of ``x``; the gradient is
     ``dy * mask / keep_prob`` (none for the mask or ``keep_prob``)."""
+    # dropped elements are 0 * keep_prob: NaN where an invalid keep_prob tensor was made NaN (XLA,
+    # which drops its assertion), never a silent zero
+    dropped = 0.0 * keep_prob
+
     def scaled(t, mask):
-        return tf.where(mask, to_compute(t) / keep_prob, 0.0)
+        return tf.where(mask, to_compute(t) / keep_prob, dropped)
 
     @tf.custom_gradient
     def blocksparse_dropout(x):

@@ -205,6 +205,9 @@ def dense_product(x, w, layout, axis):
     whose batched tensors the kernels and the reference path's autograd functions cannot take."""
     lay = _plan.state(layout).layout
     bs, cb, kb = lay.block_size, lay.CB, lay.KB
+    if lay.packing > 1:  # a packed refinement: w holds the coarse blocks, fine block f in block f // r^2
+        r = lay.packing
+        w = w.reshape(-1, r, bs, r, bs).transpose(2, 3).reshape(-1, bs, bs)
     coords = torch.tensor(np.asarray(lay.coords, dtype=np.int64).reshape(-1, 2), device=w.device)
     tiles = w.new_zeros((cb * kb, bs, bs)).index_copy(0, coords[:, 0] * kb + coords[:, 1], w)
     dense = tiles.view(cb, kb, bs, bs).transpose(1, 2).reshape(cb * bs, kb * bs)

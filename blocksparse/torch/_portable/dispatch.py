@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ... import _env
-from ..._checks import check_int
+from ..._checks import check_bool, check_int
 from ..._initializers import fan_in_bounds
 from ...dispatch import Problem, check_cost_model, check_impl, model_for, override_plan
 from ...layout import Layout
@@ -75,6 +75,7 @@ def for_layout(layout, *, allow_tf32=False, impl="auto", cost_model=None, device
     over ``layout`` itself, or over its refinement (:func:`kernel_layout`), or none."""
     from ..matmul import BlocksparseMatMul  # the public module imports this one
 
+    allow_tf32 = check_bool(allow_tf32, "allow_tf32")  # checked whether or not a kernel product is built
     fine, refinement = kernel_layout(layout)
     bsmm = BlocksparseMatMul(fine, fine.block_size, allow_tf32=allow_tf32) if fine is not None else None
     return LinearDispatch(layout, bsmm, refinement, impl=impl, cost_model=cost_model, device=device)

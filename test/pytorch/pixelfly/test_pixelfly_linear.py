@@ -225,3 +225,34 @@ def test_meta_device_layer_loaded_from_a_state_dict(rng, impl, recipe, make):
         layer.to_empty(device="cpu")
         layer.load_state_dict(trained.state_dict())
     torch.testing.assert_close(layer(x), trained(x))
+
+
+@pytest.mark.parametrize("block_size", [48, 256])
+@pytest.mark.parametrize("impl", ["reference", "kernels"])
+def test_torch_func_on_packed_refinements(rng, block_size, impl):
+    """Blocks of 48 and 256 run the kernels' product on a packed refinement (the weight kept in its
+    coarse blocks): vmap and forward-mode tangents through it take the dense product of those blocks."""
+    layer = BlocksparseLinear(np.array([[1, 0], [1, 1]]), block_size, impl=impl).double()
+    x = torch.from_numpy(rng.standard_normal((3, 2, 2 * block_size)))
+    dense = layer._dispatch.run("dense", torch.eye(2 * block_size, dtype=torch.float64), layer.weight)
+    want = x @ dense + layer.bias
+    with torch.no_grad():
+        assert rel_error(torch.func.vmap(layer)(x), want) < 1e-12
+        tangent = torch.from_numpy(rng.standard_normal(x[0].shape))
+        y, dy = torch.func.jvp(layer, (x[0],), (tangent,))
+    assert rel_error(y, want[0]) < 1e-12 and rel_error(dy, tangent @ dense) < 1e-12
+
+
+def test_constructor_checks_do_not_depend_on_the_block_size():
+    for bs in (3, 16):
+        with pytest.raises(TypeError, match="allow_tf32 must be a bool; got 1"):
+            BlocksparseLinear(np.ones((2, 2)), bs, allow_tf32=1)
+    with pytest.raises(TypeError, match="allow_tf32 must be a bool"):
+        PixelflyLinear(12, 24, 3, allow_tf32="no")
+    with pytest.raises(TypeError, match="block_size must be an int >= 1; got 16.0"):
+        BlocksparseLinear(np.ones((2, 2)), 16.0)
+    for make in (lambda: BlocksparseLinear(np.ones((2, 2)), 16, dtype=torch.int32),
+                 lambda: PixelflyLinear(96, 96, 48, dtype="int64")):
+        with pytest.raises(TypeError, match="dtype must be float16, bfloat16, float32 or float64"):
+            make()
+    assert PixelflyLinear(96, 96, 48, dtype="bfloat16").weight.dtype == torch.bfloat16
