@@ -178,6 +178,7 @@ static ln_split split_grid(const ln_spec *s, const bsk_layer_norm_call *call, in
   ln_split g = {bsk_ops_cdiv(call->n_tokens, s->bn), s->fs, 0};
   const int64_t cs = segment_features(call), tiles = g.tiles * call->segments;
   while (g.fs > s->min_fs && tiles * bsk_ops_cdiv(cs, g.fs) < (int64_t)s->programs_per_sm * sms) g.fs /= 2;
+  while (bsk_ops_cdiv(cs, g.fs) > 65535) g.fs *= 2; /* the slices are the grid's y (MAX_GRID_Y) */
   g.slices = bsk_ops_cdiv(cs, g.fs);
   return g;
 }

@@ -87,6 +87,10 @@ class NormConfig:
         return max(1, min(tiles, self.programs_per_sm * sms // segments))
 
 
+#: The largest y (and z) extent of a CUDA grid.
+MAX_GRID_Y = 65535
+
+
 @dataclass(frozen=True)
 class SplitConfig:
     """The two-launch ``(C, N)`` backward (:mod:`.split_bwd`): programs of ``BN`` tokens walk slices
@@ -106,6 +110,8 @@ class SplitConfig:
         fs = self.FS
         while fs > self.MIN_FS and tiles * triton.cdiv(segment_features, fs) < self.programs_per_sm * sms:
             fs //= 2
+        while triton.cdiv(segment_features, fs) > MAX_GRID_Y:  # the slices are the grid's y
+            fs *= 2
         return fs
 
 

@@ -134,6 +134,7 @@ def test_split_slices_fill_the_gpu():
     assert cfg.slice_features(4096, 1024, 1, 132) == 64        # 32 x 16 = 512
     assert cfg.slice_features(128, 1024, 1, 132) == 64         # never below MIN_FS
     assert cfg.slice_features(16384, 1024, 4, 132) == 512      # the segments count too
+    assert cfg.slice_features(128, 1 << 26, 1, 132) == 1 << 11  # at most 65535 slices (the grid's y)
 
 
 def test_split_backward_reads_any_strides(rng):
