@@ -2,6 +2,7 @@
 backward (:mod:`blocksparse.ops.norms.split_bwd`), interleaved in one run.
 
     python bench/norms_split.py --out bench/results/raw     # about 40 s
+    python bench/norms_split.py --out /tmp/smoke --cpu      # one tiny case through Triton's interpreter
 
 For N in {4096, 8192, 16384} tokens x C in {1024, 4096, 8192} features, bfloat16 and float32: both
 backwards through the PyTorch launcher (Triton's JIT), each checked against float64 (``dx``, ``dg``,
@@ -13,6 +14,11 @@ import argparse
 import json
 import os
 import sys
+import time
+
+CPU = "--cpu" in sys.argv
+if CPU:  # before triton is imported: the kernels through the interpreter on CPU tensors
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -29,10 +35,19 @@ from blocksparse.torch._norms.launch import layer_norm_bwd, layer_norm_fwd  # no
 EPS = 1e-5
 
 
+def _time_ms(call):
+    if CPU:  # one call: a smoke run
+        start = time.perf_counter()
+        call()
+        return (time.perf_counter() - start) * 1e3
+    return do_bench_cudagraph(call, rep=50)
+
+
 def case(dtype, n, c, hbm):
-    x = (torch.randn(c, n, device="cuda") * 2 + 1).to(dtype)
-    dy = torch.randn(c, n, device="cuda").to(dtype)
-    g, b = torch.randn(c, device="cuda"), torch.randn(c, device="cuda")
+    device = "cpu" if CPU else "cuda"
+    x = (torch.randn(c, n, device=device) * 2 + 1).to(dtype)
+    dy = torch.randn(c, n, device=device).to(dtype)
+    g, b = torch.randn(c, device=device), torch.randn(c, device=device)
     _, mean, rstd = layer_norm_fwd(x, g, b, axis=0, epsilon=EPS, relu=False, segments=1)
     want = ref.layer_norm_grad(dy.double(), x.double(), g.double(), b.double(), axis=0, segments=1, epsilon=EPS,
                                xp=torch)
@@ -42,25 +57,29 @@ def case(dtype, n, c, hbm):
     for name, cfg in (("old", old), ("new", None)):  # None: the launcher's choice (the split backward)
         call = lambda: layer_norm_bwd(dy, x, g, b, mean, rstd, axis=0, relu=False, segments=1, cfg=cfg)  # noqa: E731
         row[f"{name}_err"] = max(rel_error(got, w) for got, w in zip(call(), want))
-        row[f"{name}_ms"] = ms = do_bench_cudagraph(call, rep=50)
-        row[f"{name}_hbm"] = 3 * n * c * x.element_size() / ms / 1e6 / hbm
+        row[f"{name}_ms"] = ms = _time_ms(call)
+        row[f"{name}_hbm"] = hbm and 3 * n * c * x.element_size() / ms / 1e6 / hbm
     return row
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench/results/raw")
+    ap.add_argument("--cpu", action="store_true", help="one tiny float32 case through Triton's interpreter")
     args = ap.parse_args()
-    hbm = common.hbm_bandwidth_gbs()
+    hbm = None if CPU else common.hbm_bandwidth_gbs()
+    cases = [(torch.float32, 16, 1024)] if CPU else [
+        (dtype, n, c) for dtype in (torch.bfloat16, torch.float32) for n in (4096, 8192, 16384) for c in (1024, 4096, 8192)]
     rows = []
-    for dtype in (torch.bfloat16, torch.float32):
-        for n in (4096, 8192, 16384):
-            for c in (1024, 4096, 8192):
-                rows.append(case(dtype, n, c, hbm))
-                print(json.dumps(rows[-1]), flush=True)
-    gpu = "h200" if "H200" in torch.cuda.get_device_name() else "h100"
+    for dtype, n, c in cases:
+        rows.append(case(dtype, n, c, hbm))
+        print(json.dumps(rows[-1]), flush=True)
+    device = "cpu" if CPU else torch.cuda.get_device_name()
+    gpu = "cpu" if CPU else "h200" if "H200" in device else "h100"
+    os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"norms-split-bwd-{gpu}.json"), "w") as f:
-        json.dump(dict(device=torch.cuda.get_device_name(), hbm_gbs=hbm, rows=rows), f, indent=1)
+        json.dump(dict(device=device, hbm_gbs=hbm, rows=rows), f, indent=1)
+    return rows
 
 
 if __name__ == "__main__":
