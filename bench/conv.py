@@ -81,12 +81,26 @@ def bck_of(mask, bs):
             for k in range(mask.shape[1]) for c in np.flatnonzero(mask[:, k])]
 
 
-def cases(quick, cpu):
-    """``(dtype, shape, block size, density, layout kind)`` of every row."""
+def only(names, only_names):
+    """``names`` (a dict or tuple) cut to the comma-separated ``only_names`` (None: all), in that order;
+    an unknown name raises ``ValueError``."""
+    if not only_names:
+        return names
+    wanted = only_names.split(",")
+    unknown = [n for n in wanted if n not in names]
+    if unknown:
+        raise ValueError(f"unknown names {unknown}; expected some of {list(names)}")
+    return {n: names[n] for n in wanted} if isinstance(names, dict) else tuple(wanted)
+
+
+def cases(quick, cpu, only_shapes=None, only_dtypes=None):
+    """``(dtype, shape, block size, density, layout kind)`` of every row (``only_*``: comma-separated
+    names to keep)."""
     if cpu:
         shapes, blocks, dtypes = CPU_SHAPES, CPU_BLOCKS, ("fp32",)
     else:
         shapes, blocks, dtypes = SHAPES, BLOCKS, tuple(DTYPES)
+    shapes, dtypes = only(shapes, only_shapes), only(dtypes, only_dtypes)
     if quick:
         shapes = ["8x8x64-3x3"] if cpu else ["28x28x512-3x3"]
         return [(dtypes[0], shapes[0], blocks[1], 0.25, "balanced")]
@@ -250,6 +264,8 @@ def begin_run(doc, stem, argv, quick_help, cpu_help, install=None):
     parser.add_argument("--quick", action="store_true", help=quick_help)
     parser.add_argument("--cpu", action="store_true", help=cpu_help)
     parser.add_argument("--tag", default=None, help="file name tag (default: h200 / the GPU's name / cpu)")
+    parser.add_argument("--shapes", default=None, help="comma-separated shape names: only these (a part of a run)")
+    parser.add_argument("--dtypes", default=None, help="comma-separated dtypes: only these (a part of a run)")
     args = parser.parse_args(argv)
     device = "cpu" if args.cpu else "cuda"
     if device == "cuda":
@@ -312,7 +328,7 @@ def main(argv=None):
         return out
 
     names = ("dtype", "shape", "bs", "density", "layout")
-    rows = run_rows([dict(zip(names, c)) for c in cases(args.quick, args.cpu)], measure, path_json, meta,
+    rows = run_rows([dict(zip(names, c)) for c in cases(args.quick, args.cpu, args.shapes, args.dtypes)], measure, path_json, meta,
                     dense_ms, device)
     with open(path_json[:-len(".json")] + ".md", "w") as f:
         f.write(markdown(rows, meta))

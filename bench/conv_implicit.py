@@ -4,6 +4,7 @@
     python bench/conv_implicit.py --out /tmp/ci --quick          (GPU, one row: ~20 s with compiling)
     python bench/conv_implicit.py --out /tmp/ci --quick --cpu    (tiny sizes, Triton's interpreter: checks the script)
     python bench/conv_implicit.py --out bench/results --install  (also writes the suggested rule into the package)
+    python bench/conv_implicit.py --out /tmp/ci --shapes 28x28x512-3x3 --dtypes bf16   (a part of a run)
 
 PyTorch, the ResNet-like 2-D layers of ``bench/conv.py`` (N = 32; 56x56x256, 28x28x512,
 14x14x1024; 3x3 and 1x1 filters; stride 1 and 2), ``C = K`` in blocks of 32 / 64 / 128 channels
@@ -55,7 +56,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import common  # noqa: E402
-from conv import CPU_SHAPES, DENSITIES, DTYPES, SHAPES, _geomean, begin_run, bck_of, run_rows, timer  # noqa: E402
+from conv import (CPU_SHAPES, DENSITIES, DTYPES, SHAPES, _geomean, begin_run, bck_of, only, run_rows,  # noqa: E402
+                  timer)
 
 from blocksparse.ops.conv.implicit import IMPLICIT_MAX_DENSITY  # noqa: E402
 from blocksparse.testing import rel_error, tolerance  # noqa: E402
@@ -77,11 +79,12 @@ def balanced(CB, density, seed):
     return ((perm[:, None] + np.arange(CB)[None, :]) % CB < per).astype(int)
 
 
-def cases(quick, cpu):
-    """``(dtype, shape, block size, density)`` of every row."""
+def cases(quick, cpu, only_shapes=None, only_dtypes=None):
+    """``(dtype, shape, block size, density)`` of every row (``only_*``: comma-separated names to keep)."""
     if quick:
         return [("fp32", "8x8x64-3x3", 16, 0.25)] if cpu else [("bf16", "28x28x512-3x3", 64, 0.25)]
     shapes, blocks, dtypes = (CPU_SHAPES, CPU_BLOCKS, ("fp32",)) if cpu else (SHAPES, BLOCKS, tuple(DTYPES))
+    shapes, dtypes = only(shapes, only_shapes), only(dtypes, only_dtypes)
     rows = []
     for dt in dtypes:
         for shape in shapes:
@@ -275,7 +278,7 @@ def main(argv=None):
         return dict(density_actual=case.density, **measure(case, ms, dense_ms, f"{row['dtype']} {row['shape']}"))
 
     names = ("dtype", "shape", "bs", "density")
-    rows = run_rows([dict(zip(names, c)) for c in cases(args.quick, args.cpu)], measure_row, path_json, meta,
+    rows = run_rows([dict(zip(names, c)) for c in cases(args.quick, args.cpu, args.shapes, args.dtypes)], measure_row, path_json, meta,
                     dense_ms, device)
     with open(path_json[:-len(".json")] + ".md", "w") as f:
         f.write(markdown(rows, meta))
