@@ -12,7 +12,10 @@ Comparison: bf16, 16 heads, block size 128; seq 4096 (batch 4), 16384 and 65536 
 ``bigbird`` (window +-1 block, 1 global block, 3 random blocks per row, seed 0), all with causal
 masking inside the diagonal blocks except bigbird.  Implementations:
 
-* ``ours``   ``blocksparse.torch.attention`` with a prepared ``AttentionLayout``;
+* ``ours``   ``blocksparse.torch.attention`` with a prepared ``AttentionLayout``, as users call it: on
+  the causal layout (every block up to the diagonal) that is PyTorch's SDPA, which the call
+  dispatches to for layouts that drop no block;
+* ``kernels`` (causal only) the same call with ``BLOCKSPARSE_ATTENTION_SDPA=off``: our fused kernels;
 * ``flex``   ``torch.nn.attention.flex_attention`` under ``torch.compile(dynamic=False)`` (a static
   kernel per shape, as the anchors measured it), with the ``BlockMask`` that ``create_block_mask`` builds (BLOCK_SIZE 128) from the
   same layout and causal mask_mod; layouts of one shape share one mask_mod, so they share its
@@ -152,6 +155,18 @@ class Problem:
     def ours(self):
         return attention(self.q, self.k, self.v, self.layout, causal=self.causal)
 
+    def kernels(self):
+        """:meth:`ours` on the fused kernels whatever the layout (``BLOCKSPARSE_ATTENTION_SDPA=off``)."""
+        saved = os.environ.get("BLOCKSPARSE_ATTENTION_SDPA")
+        os.environ["BLOCKSPARSE_ATTENTION_SDPA"] = "off"
+        try:
+            return self.ours()
+        finally:
+            if saved is None:
+                os.environ.pop("BLOCKSPARSE_ATTENTION_SDPA")
+            else:
+                os.environ["BLOCKSPARSE_ATTENTION_SDPA"] = saved
+
 
 def run_grads(fn, p):
     """Output and (dq, dk, dv) of one call with fresh gradients, outputs NaN-poisoned."""
@@ -265,7 +280,7 @@ def flex_impl(p):
 # --------------------------------------------------------------------------- comparison
 def compare_case(name, S, B, D, device, cpu, rounds):
     """Rows (ours, flex, sdpa, flash) of one case: each checked, then all timed interleaved."""
-    attention_launch._plans.clear()  # the launches this case prepares are recorded with its row
+    attention_launch._PLANS._plans.clear()  # the launches this case prepares are recorded with its row
     p = Problem(name, S, B, D, device, heads=2 if cpu else HEADS)
     base = dict(S=S, B=B, H=p.q.shape[1], D=D, layout=name, causal=p.causal, kept_pct=round(p.kept_pct(), 1))
     ref = reference_subset(p) if S <= 4096 else None
@@ -274,6 +289,13 @@ def compare_case(name, S, B, D, device, cpu, rounds):
     if ref is not None:
         rows["ours"].update(_errors_row(errors(ours, ref, 2)))
     calls = fwd_and_fwdbwd("ours", p.ours, p)
+    if p.layout._dense is not None:  # ours ran PyTorch's dense attention: the kernels too
+        got = run_grads(p.kernels, p)
+        rows["kernels"] = dict(base, impl="kernels", check="float64" if ref is not None else "vs-ours")
+        rows["kernels"].update(_errors_row(errors(got, ref, 2) if ref is not None else errors(got, ours),
+                                           factor=1.0 if ref is not None else 2.0))
+        del got
+        calls.update(fwd_and_fwdbwd("kernels", p.kernels, p))
     if not cpu:
         try:
             flex, same = flex_impl(p)
@@ -304,7 +326,7 @@ def compare_case(name, S, B, D, device, cpu, rounds):
             calls.update(fwd_and_fwdbwd("sdpa", sdpa, p))
             calls.update(fwd_and_fwdbwd("flash", flash, p))
     del ours
-    rows["ours"]["launches"] = sorted({r.path for plan in attention_launch._plans.values() for r in plan})
+    rows["ours"]["launches"] = sorted({r.path for plan in attention_launch._PLANS._plans.values() for r in plan})
     for (impl, kind), (ms, spread) in interleaved(calls, rounds, p.leaves).items():
         rows[impl][f"{kind}_ms"] = ms
         rows[impl][f"{kind}_spread"] = round(spread, 3)
@@ -348,20 +370,24 @@ def comparison_markdown(meta, rows):
              "Speedup = Flex ms / ours ms (goal >= 1.2); ours/sdpa = our ms / dense causal SDPA ms as PyTorch "
              "dispatches it (goal <= 1.1; on the H200 cuDNN's flash kernel); flash: SDPA forced onto the flash "
              f"backend (FlashAttention 2), for reference. Our launches: {meta.get('kernels', 'jit')}.", "",
-             "| S | B | D | layout (kept %) | ours fwd / fwd+bwd | Flex fwd / fwd+bwd | sdpa fwd / fwd+bwd "
-             "| flash fwd / fwd+bwd | speedup vs Flex fwd / fwd+bwd | ours/sdpa fwd / fwd+bwd | checked "
-             "| max spread |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "Layouts that drop no block (causal) run PyTorch's SDPA through our call; `kernels` times "
+             "the same call on our fused kernels (`BLOCKSPARSE_ATTENTION_SDPA=off`).", "",
+             "| S | B | D | layout (kept %) | ours fwd / fwd+bwd | kernels fwd / fwd+bwd | Flex fwd / fwd+bwd "
+             "| sdpa fwd / fwd+bwd | flash fwd / fwd+bwd | speedup vs Flex fwd / fwd+bwd | ours/sdpa fwd / fwd+bwd "
+             "| kernels/sdpa fwd / fwd+bwd | checked | max spread |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for (S, B, D, name), g in by.items():
-        o, f, sd, fl = g.get("ours"), g.get("flex"), g.get("sdpa"), g.get("flash")
+        o, kn, f, sd, fl = g.get("ours"), g.get("kernels"), g.get("flex"), g.get("sdpa"), g.get("flash")
         ratio = lambda a, b, k: (f"{a[k] / b[k]:.2f}" if a and b and a.get(k) and b.get(k) else "–")  # noqa: E731
-        ok = "ok" if o and o.get("ok") and (f is None or f.get("ok")) else "FAIL"
+        ok = "ok" if o and o.get("ok") and all(r is None or r.get("ok") for r in (f, kn)) else "FAIL"
         kept = (o or f or {}).get("kept_pct", "?")
         spread = max((r.get(k, 0.0) for r in g.values() for k in ("fwd_spread", "fwdbwd_spread")), default=0.0)
         lines.append(f"| {S} | {B} | {D} | {name} ({kept}) | {fmt(o, 'fwd_ms')} / {fmt(o, 'fwdbwd_ms')} "
+                     f"| {fmt(kn, 'fwd_ms')} / {fmt(kn, 'fwdbwd_ms')} "
                      f"| {fmt(f, 'fwd_ms')} / {fmt(f, 'fwdbwd_ms')} | {fmt(sd, 'fwd_ms')} / {fmt(sd, 'fwdbwd_ms')} "
                      f"| {fmt(fl, 'fwd_ms')} / {fmt(fl, 'fwdbwd_ms')} | {ratio(f, o, 'fwd_ms')} / {ratio(f, o, 'fwdbwd_ms')} "
-                     f"| {ratio(o, sd, 'fwd_ms')} / {ratio(o, sd, 'fwdbwd_ms')} | {ok} | {100 * spread:.0f}% |")
+                     f"| {ratio(o, sd, 'fwd_ms')} / {ratio(o, sd, 'fwdbwd_ms')} "
+                     f"| {ratio(kn, sd, 'fwd_ms')} / {ratio(kn, sd, 'fwdbwd_ms')} | {ok} | {100 * spread:.0f}% |")
     errs = [r for r in rows if "error" in r]
     if errs:
         lines += ["", "Errors:", *[f"- {r['S']} {r['D']} {r['layout']} {r['impl']}: {r['error']}" for r in errs]]

@@ -115,6 +115,13 @@ def conv_wgrad():
     return value
 
 
+def attention_sdpa():
+    """``BLOCKSPARSE_ATTENTION_SDPA``: True unless ``off`` (or ``0`` / ``false``): whether fused-attention
+    calls on layouts that keep every block (or every block up to the diagonal, causal) run PyTorch's
+    dense ``scaled_dot_product_attention`` (read at every call)."""
+    return getenv("BLOCKSPARSE_ATTENTION_SDPA", "auto").strip().lower() not in ("off", "0", "false")
+
+
 def cache_dir():
     """``BLOCKSPARSE_CACHE_DIR``, else ``~/.cache/blocksparse`` (``$XDG_CACHE_HOME`` honoured)."""
     given = os.environ.get("BLOCKSPARSE_CACHE_DIR", "").strip()

@@ -9,7 +9,9 @@ from collections import OrderedDict
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
+from .. import _env
 from .._checks import check_bool
 from ..layouts.attention import BlockMasks, check_attention_layout
 from ..ops.attention.configs import HEAD_DIMS, KERNEL_BLOCK_SIZES
@@ -70,6 +72,7 @@ class AttentionLayout:
             if arr is not None:
                 digest.update(np.ascontiguousarray(arr).tobytes())
         self._key = digest.hexdigest()
+        self._dense = _dense_kind(self.layout) if index is None else None
         self._handle = _state.handle(self._key, lambda: _state.LayoutState(self.layout, self.block_size,
                                                                              index, masks))
 
@@ -126,6 +129,12 @@ def attention(q, k, v, layout, *, block_size=None, causal=False, scale=None, seq
         Element masks of the blocks kept in part (with a raw ``layout`` only; an
         ``AttentionLayout`` carries its own).
 
+    A layout that drops no block -- every block kept, or with ``causal`` every block on and below the
+    diagonal -- is dense attention: on CUDA (16-bit, one key/value head per query head, no
+    ``seqlens``) such calls run ``torch.nn.functional.scaled_dot_product_attention`` (PyTorch's fused
+    flash kernels, cuDNN's on Hopper), which computes dense attention faster than the block-sparse
+    kernels do; ``BLOCKSPARSE_ATTENTION_SDPA=off`` keeps them on the kernels.
+
     Returns
     -------
     torch.Tensor, shape (B, HQ, S, D), the dtype of ``q``
@@ -149,7 +158,7 @@ def attention(q, k, v, layout, *, block_size=None, causal=False, scale=None, seq
     if block_size is None and prepare is _prepared:
         block_size = _inferred_block_size(layout, S)
     # the length serves only to infer a block size (not a constant under dynamic shapes)
-    handle, heads, blocks, bs = prepare(layout, block_size, block_masks, S if block_size is None else None)
+    handle, heads, blocks, bs, dense = prepare(layout, block_size, block_masks, S if block_size is None else None)
     if heads not in (1, HQ):
         raise ValueError(f"layout must have 1 or {HQ} (the query heads) heads; got {heads}")
     if blocks * bs != S:
@@ -159,9 +168,12 @@ def attention(q, k, v, layout, *, block_size=None, causal=False, scale=None, seq
     seqlens = _check_seqlens(seqlens, B, q.device, S)
     if plain_ops_needed(q, k, v):
         return _ops.plain_forward(q, k, v, seqlens, handle, bool(causal), scale)[0]
+    traced_raw = prepare is _prepared and torch.compiler.is_compiling()
+    if _dense_serves(dense, causal, q, k, seqlens, traced_raw):  # nothing to skip: the dense kernel is faster
+        return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), scale=scale)
     # compiled with a raw array: the handle traced is that of the array first seen, so the ops also
     # get the array's contents as the call passes them (dynamo guards its shape, not its values)
-    layout_now = torch.as_tensor(layout) if prepare is _prepared and torch.compiler.is_compiling() else None
+    layout_now = torch.as_tensor(layout) if traced_raw else None
     return _ops.attention(q, k, v, seqlens, handle, bool(causal), scale, layout_now)
 
 
@@ -239,6 +251,28 @@ def _check_block_masks(block_masks, layout, block_size):
     return index, block_masks.masks.astype(np.uint8)
 
 
+def _dense_kind(layout):
+    """``"full"`` where ``layout`` keeps every block, ``"causal"`` where it keeps every block on and below
+    the diagonal (in every head), else None: the layouts dense attention computes as well."""
+    if layout.all():
+        return "full"
+    upper = ~np.tril(np.ones(layout.shape[1:], dtype=bool))
+    return "causal" if (layout | upper).all() else None
+
+
+def _dense_serves(dense, causal, q, k, seqlens, traced_raw):
+    """Whether PyTorch's ``scaled_dot_product_attention`` computes this call: a layout that drops no
+    block (``dense``: :func:`_dense_kind`; ``"causal"`` with ``causal`` only), where the kernels would
+    run (CUDA, 16-bit), without ragged lengths or grouped heads, and not a raw layout traced by
+    ``torch.compile`` (whose contents may change between calls).  ``BLOCKSPARSE_ATTENTION_SDPA=off``:
+    never."""
+    if dense is None or (dense == "causal" and not causal) or seqlens is not None or traced_raw:
+        return False
+    if not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16) or q.shape[1] != k.shape[1]:
+        return False
+    return _env.attention_sdpa() and _env.backend() != "reference"
+
+
 def _check_scale(scale, head_dim):
     if scale is None:
         return head_dim ** -0.5
@@ -272,9 +306,10 @@ _cache_lock = threading.Lock()
 
 
 def _prepared_fields(layout, block_size, block_masks, seq_len):
-    """``(handle, heads, blocks, block_size)`` of ``layout`` prepared (:func:`_prepare`): plain ints."""
+    """``(handle, heads, blocks, block_size, dense)`` of ``layout`` prepared (:func:`_prepare`): plain ints,
+    and the layout's :func:`_dense_kind`."""
     prepared = _prepare(layout, block_size, block_masks, seq_len)
-    return prepared._handle, prepared.heads, prepared.blocks, prepared.block_size
+    return prepared._handle, prepared.heads, prepared.blocks, prepared.block_size, prepared._dense
 
 
 @torch.compiler.assume_constant_result

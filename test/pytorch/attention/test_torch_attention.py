@@ -375,3 +375,49 @@ def test_lengths_past_int32_are_clamped(length):
     full = attention(q, k, v, lay)
     got = attention(q, k, v, lay, seqlens=torch.tensor([length], dtype=torch.int64))
     assert torch.equal(got, full)
+
+
+def test_layouts_that_drop_no_block_are_known_as_dense():
+    from blocksparse.torch.fused_attention import _dense_kind
+
+    nb = 6
+    full, tril = np.ones((2, nb, nb), bool), np.broadcast_to(np.tril(np.ones((nb, nb), bool)), (2, nb, nb))
+    assert _dense_kind(full) == "full"
+    assert _dense_kind(tril.copy()) == "causal" == _dense_kind(layouts.causal(nb)[None].astype(bool))
+    extra = tril.copy()
+    extra[1, 0, 4] = True  # a block above the diagonal: causal masking drops it anyway
+    assert _dense_kind(extra) == "causal"
+    for h, i, j in [(0, 3, 3), (1, 5, 0), (0, 2, 1)]:  # one block on or below the diagonal missing
+        holed = tril.copy()
+        holed[h, i, j] = False
+        assert _dense_kind(holed) is None
+    assert _dense_kind(layouts.sliding_window(nb, 1)[None].astype(bool)) is None
+    assert AttentionLayout(layouts.causal(nb), 16)._dense == "causal"
+    assert AttentionLayout(np.ones((nb, nb)), 16)._dense == "full"
+    dense = np.ones((2, nb * 16, nb * 16), bool)
+    dense[0, 5, 7] = False  # kept blocks with element masks are not dense
+    layout, bm = layouts.from_mask(dense, 16, return_block_masks=True)
+    assert AttentionLayout(layout, 16, block_masks=bm)._dense is None
+
+
+@pytest.mark.parametrize("case", ["ok", "ok-full-causal", "sparse", "causal-layout-not-causal", "cpu", "float32",
+                                  "gqa", "seqlens", "traced-raw", "env-off", "reference"])
+def test_which_calls_dense_attention_computes(monkeypatch, case):
+    """The rule of :func:`_dense_serves`, on stand-ins for CUDA tensors (no GPU here; the GPU tests
+    check the values)."""
+    from types import SimpleNamespace
+
+    from blocksparse.torch.fused_attention import _dense_serves
+
+    def fake(heads, dtype=torch.bfloat16, cuda=True):
+        return SimpleNamespace(is_cuda=cuda, dtype=dtype, shape=(2, heads, 256, 64))
+
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "reference" if case == "reference" else "auto")
+    monkeypatch.setenv("BLOCKSPARSE_ATTENTION_SDPA", "off" if case == "env-off" else "auto")
+    dense = {"sparse": None, "ok-full-causal": "full"}.get(case, "causal")
+    causal = case != "causal-layout-not-causal"
+    q = fake(4, torch.float32 if case == "float32" else torch.bfloat16, case != "cpu")
+    k = fake(2 if case == "gqa" else 4)
+    seqlens = torch.ones(2) if case == "seqlens" else None
+    assert _dense_serves(dense, causal, q, k, seqlens, case == "traced-raw") == case.startswith("ok")
+    assert _dense_serves("full", False, fake(4), fake(4), None, False) == (case not in ("env-off", "reference"))

@@ -19,6 +19,13 @@ GRAD_FACTOR = 2
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+@pytest.fixture(autouse=True)
+def kernels_only(monkeypatch):
+    """Layouts that drop no block run on the kernels here too (not PyTorch's dense attention; see
+    :func:`test_layouts_that_drop_no_block_run_dense_attention`)."""
+    monkeypatch.setenv("BLOCKSPARSE_ATTENTION_SDPA", "off")
+
+
 def _check(rng, layout, *, bs, causal, B=2, HQ=4, HK=2, D=128, dtype="bfloat16", seqlens=None,
            block_masks=None, dense=None, strided=False):
     S = np.asarray(layout).shape[-1] * bs
@@ -109,3 +116,37 @@ def test_torch_compile_inductor(rng):
     want = torch.autograd.grad(step(q, k, v), (q, k, v))
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("name", ["causal", "full"])
+def test_layouts_that_drop_no_block_run_dense_attention(rng, monkeypatch, name):
+    """Causal layouts with every block up to the diagonal, and full ones, run PyTorch's SDPA (eager and
+    compiled), right against float64; ``BLOCKSPARSE_ATTENTION_SDPA=off`` and grouped heads take the
+    kernels."""
+    import torch.nn.functional as F
+
+    calls, real = [], F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **kw: (calls.append(kw), real(*a, **kw))[1])
+    layout, causal = (layouts.causal(8), True) if name == "causal" else (np.ones((8, 8), int), False)
+    monkeypatch.setenv("BLOCKSPARSE_ATTENTION_SDPA", "auto")
+    o_sdpa, g_sdpa = _check(rng, layout, bs=128, causal=causal, HQ=4, HK=4, D=64)
+    assert calls == [{"is_causal": causal, "scale": 64 ** -0.5}]
+    calls.clear()
+    _check(rng, layout, bs=128, causal=causal, HQ=4, HK=2, D=64)  # grouped heads: the kernels
+    assert calls == []
+    monkeypatch.setenv("BLOCKSPARSE_ATTENTION_SDPA", "off")
+    _check(rng, layout, bs=128, causal=causal, HQ=4, HK=4, D=64)
+    assert calls == []
+    monkeypatch.setenv("BLOCKSPARSE_ATTENTION_SDPA", "auto")
+    lay = AttentionLayout(layout, 128)
+    q, k, v = (torch.randn(1, 4, 1024, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+
+    def step(q, k, v):
+        return attention(q, k, v, lay, causal=causal).float().square().sum()
+
+    got = torch.autograd.grad(torch.compile(step, fullgraph=True)(q, k, v), (q, k, v))
+    monkeypatch.setenv("BLOCKSPARSE_ATTENTION_SDPA", "off")
+    want = torch.autograd.grad(step(q, k, v), (q, k, v))
+    for a, b in zip(got, want):
+        assert rel_error(a, b) < 2 * tolerance("bfloat16")
