@@ -102,7 +102,10 @@ def fwd_config(head_dim, block_size):
 #: (``heads_first``).  From ``bench/attention.py`` on an H200 (bench/results/raw/attention-d64-bwd-heads-first-h200.md):
 #: at head dim 64 it took forward + backward of BigBird 16k from 1.31 to 1.04 ms and 64k from 5.43 to
 #: 3.95 ms, "fixed" 16k from 1.30 to 1.20 ms, but causal layouts (half the blocks) 4-6% longer.
-SPARSE_HEADS_FIRST = {64: 0.25}
+#: At head dim 128 (bench/results/raw/attention-d128-bwd-heads-first-h100.md, on an H100, the table's
+#: backward and its heads-first twin interleaved): BigBird 16k (6.2% kept) 1.20 -> 1.03 ms, "fixed" 64k
+#: (7.0%) 17.1 -> 16.7 ms, but BigBird 4k (24%) 0.99 -> 1.16 ms: only the sparsest layouts take it.
+SPARSE_HEADS_FIRST = {64: 0.25, 128: 0.08}
 
 
 def bwd_config(head_dim, block_size, density=None):
