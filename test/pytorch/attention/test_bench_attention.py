@@ -2,22 +2,17 @@
 against float64 -- ours as users call it and, on layouts that drop no block, the fused kernels
 alone -- then timed, written as JSON and Markdown with the launches that served."""
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from bench_scripts import run_bench
 
 pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.interpreter
 def test_the_benchmark_smoke_run(tmp_path):
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "attention.py"), "--quick", "--cpu",
-                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_bench("attention.py", "--quick", "--cpu", "--out", tmp_path)
     rows = json.loads((tmp_path / "attention-cpu.json").read_text())["rows"]
     assert {r["layout"] for r in rows} == {"causal", "fixed", "bigbird"}
     assert all("error" not in r and r["ok"] and r["fwd_ms"] > 0 and r["fwdbwd_ms"] > 0 for r in rows), rows

@@ -2,22 +2,18 @@
 checked against float64 and timed, the implicit row saying which launches served it, written as
 JSON and Markdown."""
 import json
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from bench_scripts import BENCH, run_bench
 
 pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.interpreter
 def test_the_benchmark_smoke_run(tmp_path):
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "conv_implicit.py"), "--quick", "--cpu",
-                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_bench("conv_implicit.py", "--quick", "--cpu", "--out", tmp_path)
     result = json.loads((tmp_path / "conv-implicit-cpu.json").read_text())
     (row,) = result["rows"]
     assert result["meta"]["kernels"]["launch"] in ("aot", "jit")
@@ -28,12 +24,12 @@ def test_the_benchmark_smoke_run(tmp_path):
 
 
 def test_a_part_of_a_run_keeps_only_the_named_shapes_and_dtypes():
-    sys.path.insert(0, str(ROOT / "bench"))
+    sys.path.insert(0, str(BENCH))
     try:
         import conv
         import conv_implicit
     finally:
-        sys.path.remove(str(ROOT / "bench"))
+        sys.path.remove(str(BENCH))
     every = conv_implicit.cases(False, False)
     part = conv_implicit.cases(False, False, "28x28x512-3x3,14x14x1024-1x1", "bf16")
     assert part and set(part) < set(every)

@@ -2,23 +2,17 @@
 kernel library): every row planned against the library's few-token specs, checked against float64,
 timed, and written as JSON and Markdown."""
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from bench_scripts import run_bench
 
 pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.interpreter
 def test_the_benchmark_smoke_run(kernel_library_path, tmp_path):
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "aot_vs_jit.py"), "--quick", "--cpu",
-                           "--kernels", str(kernel_library_path), "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_bench("aot_vs_jit.py", "--quick", "--cpu", "--kernels", kernel_library_path, "--out", tmp_path)
     result = json.loads((tmp_path / "aot-vs-jit-cpu.json").read_text())
     rows = result["rows"]
     assert result["cpu"] is True and len(rows) == 6 and {r["op"] for r in rows} == {"fprop", "bprop", "updat"}
