@@ -62,7 +62,25 @@ def _dilate(w, dilates):
     return w
 
 
+def _widen_single_channels(geometry):
+    """Whether single-channel operands must be widened to two channels: TensorFlow's CPU convolution
+    (oneDNN, TF 2.21) reads past its buffers for one input channel, a batch of two or more and a
+    stride above 1 on a 2-D / 3-D layer whose output is one position wide there (outputs ~1e35, no
+    error; the gradient of a transposed convolution with one output channel alike).  A zero second
+    channel costs nothing at one channel and sidesteps it on every device."""
+    return geometry.ndim > 1 and max(geometry.strides) > 1
+
+
+def _widened(t, axis):
+    """``t`` with one zero slice appended along ``axis``."""
+    pads = [[0, 0]] * len(t.shape)
+    pads[axis] = [0, 1]
+    return tf.pad(t, pads)
+
+
 def _convolution(x, w, geometry):
+    if x.shape[-1] == 1 and _widen_single_channels(geometry):
+        x, w = _widened(x, -1), _widened(w, -2)  # filter: taps + (in, out)
     x = _frame(x, geometry.pads)
     strides, dilates = list(geometry.strides), list(geometry.dilates)
     if max(strides) > 1 and max(dilates) > 1:
@@ -75,11 +93,17 @@ def _convolution(x, w, geometry):
 def _transposed(x, w, geometry, channels):
     """The transposed convolution's output on the padded frame, cropped to the image."""
     w = _dilate(w, geometry.dilates)
+    written = channels
+    if _widen_single_channels(geometry):  # filter: taps + (out, in); see _widen_single_channels
+        if x.shape[-1] == 1:
+            x, w = _widened(x, -1), _widened(w, -1)
+        if channels == 1:
+            w, written = _widened(w, -2), 2
     spans = [a.span for a in geometry.axes]
-    shape = tf.stack([tf.shape(x)[0], *spans, channels])
+    shape = tf.stack([tf.shape(x)[0], *spans, written])
     full = tf.nn.conv_transpose(x, w, shape, strides=list(geometry.strides), padding="VALID",
                                 data_format=_CHANNELS_LAST[geometry.ndim])
-    full = tf.ensure_shape(full, [None, *spans, channels])
+    full = tf.ensure_shape(full, [None, *spans, written])[..., :channels]
     return _frame(full, [(-a.pad, -a.pad_after) for a in geometry.axes])
 
 

@@ -31,15 +31,16 @@ def _channel_list(value, b, side):
     arr = np.asarray(value)
     if arr.size == 0:
         raise ValueError(f"{name} is empty: every block needs at least one {side} channel")
-    if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer)
-                             or all(isinstance(v, numbers.Integral) and not isinstance(v, bool)
-                                    for v in value)):
+    # an array of an integer dtype, or ints one by one (a bool among them is not a channel index)
+    ints = np.issubdtype(arr.dtype, np.integer) if isinstance(value, np.ndarray) else \
+        all(isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) for v in value)
+    if arr.ndim != 1 or not ints:
         raise TypeError(f"{name} must be a flat sequence of ints; got {value!r}")
-    arr = arr.astype(np.int64)
-    bad = arr[(arr < 0) | (arr >= MAX_CHANNELS)]
-    if bad.size:
-        raise ValueError(f"{name} holds out-of-range channel index {int(bad[0])}; indices must be in "
+    bad = [v for v in arr.tolist() if not 0 <= v < MAX_CHANNELS]  # Python ints: no wrap-around
+    if bad:
+        raise ValueError(f"{name} holds out-of-range channel index {bad[0]}; indices must be in "
                          f"[0, {MAX_CHANNELS})")
+    arr = arr.astype(np.int64)
     uniq, counts = np.unique(arr, return_counts=True)
     if uniq.size != arr.size:
         raise ValueError(f"{name} lists channel {int(uniq[counts > 1][0])} twice")

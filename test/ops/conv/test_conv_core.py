@@ -99,6 +99,12 @@ def test_bad_geometry(kwargs, error, match):
     pytest.param([([0], [1], [2])], TypeError, r"BCK\[0\] must be a pair", id="triple"),
     pytest.param([([0.5], [1])], TypeError, "sequence of ints", id="float-index"),
     pytest.param([([True], [1])], TypeError, "sequence of ints", id="bool-index"),
+    pytest.param([([0, True], [1])], TypeError, "sequence of ints", id="bool-among-ints"),
+    pytest.param([([0], [np.bool_(True)])], TypeError, r"BCK\[0\]\[1\].*sequence of ints", id="numpy-bool-among-ints"),
+    pytest.param([(np.array([0, 1], dtype=bool), [1])], TypeError, "sequence of ints", id="bool-array"),
+    pytest.param([(np.array([2 ** 63], dtype=np.uint64), [0])], ValueError,
+                 "out-of-range channel index 9223372036854775808", id="uint64-index-reported-as-given"),
+    pytest.param([([0, 2 ** 70], [0])], ValueError, f"out-of-range channel index {2 ** 70}", id="huge-python-int"),
     pytest.param([(0, [1])], TypeError, "sequence of ints", id="scalar-list"),
     pytest.param("blocks", TypeError, "BCK must be a sequence", id="string"),
 ])

@@ -11,7 +11,7 @@ import blocksparse.conv
 from blocksparse.conv import BlocksparseConv, BlocksparseDeconv
 from blocksparse._tf.conv import compute
 from blocksparse.testing import rel_error, tolerance
-from blocksparse.testing.conv import CASES, conv_products, l2_normalize_products, make_op, random_inputs
+from blocksparse.testing.conv import CASES, case_of, conv_products, l2_normalize_products, make_op, random_inputs
 
 DTYPES = {"fp32": tf.float32, "fp16": tf.float16, "bf16": tf.bfloat16}
 KINDS = {"conv": BlocksparseConv, "deconv": BlocksparseDeconv}
@@ -252,3 +252,21 @@ def test_filter_of_unknown_rank_checked_when_the_graph_runs(rng):
 def test_module_doctest():
     result = doctest.testmod(blocksparse.conv, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.parametrize("kind, bck, TRS, DHW, strides, padding", [
+    ("conv", [([0], [0, 1])], (3, 4), (6, 4), (1, 3), "VALID"),
+    ("conv", [([0], [0, 4, 2])], (2, 4), (6, 3), (1, 3), "SAME"),
+    ("conv", [([0], [0])], (2, 3, 4), (1, 4, 1), (2, 1, 3), "SAME"),
+    ("deconv", [([0, 1], [0])], (3, 2), (6, 1), (1, 3), "SAME"),
+    ("deconv", [([0], [0, 1])], (3, 2), (6, 1), (1, 3), "SAME"),
+], ids=["conv-1-in", "conv-1-in-same", "conv3d-1-in", "deconv-1-out", "deconv-1-in"])
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_single_channels_with_strides(rng, kind, bck, TRS, DHW, strides, padding, mode):
+    """One input (or, transposed, output) channel, strides and a one-wide output, a batch of several:
+    TensorFlow's CPU convolution read past its buffers there (outputs ~1e35, no error); the layer
+    widens such operands to two channels."""
+    cls = BlocksparseConv if kind == "conv" else BlocksparseDeconv
+    op = cls(bck, TRS, DHW, strides=strides, padding=padding, edge_bias=True)
+    F, x, dy, eb = random_inputs(rng, op, N=3)
+    check(op, case_of(op, bck, padding, kind == "deconv"), F, x, dy, eb, mode=mode)
