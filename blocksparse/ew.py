@@ -34,8 +34,7 @@ __all__ = ["add", "multiply", "subtract", "divide", "maximum", "minimum",
 
 def _binary(op, x, y, name, default):
     with tf.name_scope(args.op_name(name, default)):
-        x, y = args.operand_pair(x, y)
-        return math.binary(op, x, y)
+        return math.binary(op, *args.operand_pair(x, y))
 
 
 def _unary(op, x, name, default, *params):

@@ -24,6 +24,7 @@ from ._frontend import LayoutShapes, check_feature_axis
 from ._initializers import identity_blocks, ortho_blocks
 from ._tf import tf
 from ._tf import checks
+from ._tf.ew.args import channel_vector
 from ._tf.device import in_xla
 from ._tf.matmul import autodiff, backend, graph_edit, grouping, sparse_proj, weights
 from .dispatch import check_impl
@@ -168,8 +169,8 @@ class BlocksparseMatMul(LayoutShapes):
         W : tensor, shape ``w_shape``
             Packed weight (float32, float16 or bfloat16).
         gain : tensor, shape ``(K,)``, optional
-            Per-output-feature scale applied after normalising (any float dtype; numpy arrays
-            are converted to float32).
+            Per-output-feature scale applied after normalising (any float dtype: numpy arrays and
+            float64 tensors are converted to float32; shape ``(1, K)`` or ``(K, 1)`` is flattened).
         epsilon : float
             Lower bound of the squared norm (guards empty or zero columns).
         dtype : dtype
@@ -187,8 +188,7 @@ class BlocksparseMatMul(LayoutShapes):
         with tf.name_scope(self.name + "_l2_normalize"):
             W = checks.check_shape(W, self.w_shape, "W")
             if gain is not None:
-                gain = checks.parameter_tensor(gain, "gain")
-                gain = checks.check_shape(gain, (self.K,), "gain", rank_hint=" = (K,)")
+                gain = channel_vector(gain, self.K, "gain", "K, the output features")
             return weights.l2_normalize(W, self.layout, gain, epsilon, dtype)
 
     def __call__(self, I, W, dw_dtype=tf.float32, name=None):
@@ -299,7 +299,7 @@ class SparseProj:
         self.name = checks.op_name(name, "SparseProj")
         if gather_lut is not None:
             gather_lut = self._check_gather_lut(gather_lut)
-            if nproj is not None and nproj != gather_lut.size:
+            if nproj is not None and _check_int(nproj, "nproj", 1) != gather_lut.size:
                 raise ValueError(f"nproj must equal len(gather_lut) = {gather_lut.size} when both "
                                  f"are given; got {nproj}")
             if proj_stride is not None:

@@ -40,26 +40,34 @@ def _is_number(value):
 
 
 def operand_pair(x, y):
-    """The operands of a binary op as tensors of one floating dtype.
+    """The operands of a binary op as tensors, and the dtype of its result.
 
     A Python number takes the other operand's dtype (``ew.add(x, 1.0)`` works for a float16
-    ``x``); tensors must already share theirs.  Their static shapes must broadcast.
+    ``x``), held as a float32 constant beside a 16-bit tensor: the op computes in float32 and
+    rounds once, so ``ew.divide(x, 1e5)`` does not divide by 1e5 rounded to 16 bits (or to
+    infinity).  Tensors must already share their dtype.  Their static shapes must broadcast.
     """
     if _is_number(y) and not _is_number(x):
         x = float_tensor(x, "x")
-        y = tf.constant(y, dtype=x.dtype)
+        dtype, y = x.dtype, tf.constant(y, dtype=_number_dtype(x.dtype))
     elif _is_number(x) and not _is_number(y):
         y = float_tensor(y, "y")
-        x = tf.constant(x, dtype=y.dtype)
+        dtype, x = y.dtype, tf.constant(x, dtype=_number_dtype(y.dtype))
     else:
         x, y = float_tensor(x, "x"), float_tensor(y, "y")
-    same_dtype(x, y, "x", "y")
+        same_dtype(x, y, "x", "y")
+        dtype = x.dtype
     try:
         tf.broadcast_static_shape(x.shape, y.shape)
     except ValueError:
         raise ValueError(f"x and y must have shapes that broadcast (TensorFlow's rules); got x "
                          f"{_text(x.shape)} and y {_text(y.shape)}") from None
-    return x, y
+    return x, y, dtype
+
+
+def _number_dtype(dtype):
+    """The dtype a Python number is held in beside a tensor of ``dtype``: float32 for 16-bit ones."""
+    return tf.float32 if dtype in (tf.float16, tf.bfloat16) else dtype
 
 
 def _text(shape):

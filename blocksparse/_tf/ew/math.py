@@ -85,13 +85,13 @@ def unary(op, x, *params):
     return _in_dtype(fn(to_compute(x), *params), x.dtype)
 
 
-def binary(op, x, y):
-    """The op named ``op`` (a key of :data:`BINARY`) of ``x`` and ``y`` (checked: one dtype,
-    shapes that broadcast), in their dtype."""
+def binary(op, x, y, dtype):
+    """The op named ``op`` (a key of :data:`BINARY`) of ``x`` and ``y`` (checked: shapes that
+    broadcast; one dtype, or a float32 number beside a 16-bit tensor), in ``dtype``."""
     fn = BINARY[op]
-    if op in NATIVE and x.shape.is_fully_defined() and x.shape == y.shape:
+    if op in NATIVE and x.dtype == y.dtype and x.shape.is_fully_defined() and x.shape == y.shape:
         return fn(x, y)
-    return _in_dtype(fn(to_compute(x), to_compute(y)), x.dtype)
+    return _in_dtype(fn(to_compute(x), to_compute(y)), dtype)
 
 
 def add_n(xs):

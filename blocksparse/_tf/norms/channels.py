@@ -36,8 +36,9 @@ def batch_norm(x, g, b, epsilon):
         y = tf.reshape(xhat * _per_channel(g) + _per_channel(b), shape)
 
         def grad(dy, dmean, dvar):
+            shape = tf.shape(dy)  # not the forward's (XLA in a loop: see layer_norm's gradient)
             dy3 = _ncp(dy, shape)
-            count = tf.cast(tf.size(x3) // tf.shape(x3)[1], tf.float32)   # N * P per channel
+            count = tf.cast(tf.size(dy3) // tf.shape(dy3)[1], tf.float32)   # N * P per channel
             dg = tf.reduce_sum(dy3 * xhat, axis=[0, 2])
             db = tf.reduce_sum(dy3, axis=[0, 2])
             scale = to_compute(g) * rstd

@@ -39,6 +39,9 @@ def layer_norm(x, g, b, axis, segments, epsilon, relu):
             y4 = tf.nn.relu(y4)
 
         def grad(dy):
+            # the shape from dy, not the forward's: under XLA inside a loop a value carried over from
+            # the forward is a run-time value, which a reshape cannot take as its shape
+            shape = tf.shape(dy)
             dy4 = _segmented(to_compute(dy), shape, axis, segments)
             if relu:
                 dy4 = tf.where(y4 > 0, dy4, 0.0)

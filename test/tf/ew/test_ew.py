@@ -118,6 +118,24 @@ def test_python_number_takes_the_tensors_dtype(rng):
     assert rel_error(tf.cast(ew.multiply(0.5, x), tf.float64), expect) < tolerance(tf.bfloat16)
 
 
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16])
+def test_python_number_is_not_rounded_to_16_bits(rng, dtype):
+    """A number beside a 16-bit tensor enters the float32 computation as given: the result is
+    rounded once, not the number first (1e5 in float16 is inf; 1e-8 is 0 in float16)."""
+    x = tf.constant([3.0, 1000.0, -7.5], dtype)
+    x64 = np.asarray(tf.cast(x, tf.float64))
+    for got, want in ((ew.divide(x, 1e5), x64 / 1e5), (ew.multiply(x, 1e-6), x64 * 1e-6),
+                      (ew.divide(3e4, x), 3e4 / x64), (ew.add(x, 1e-3), x64 + 1e-3), (ew.subtract(0.3, x), 0.3 - x64)):
+        assert got.dtype == dtype
+        want16 = np.asarray(tf.cast(tf.constant(want, tf.float32), dtype), dtype=np.float64)
+        np.testing.assert_array_equal(np.asarray(tf.cast(got, tf.float64)), want16)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = ew.multiply(x, 1e-3)
+    grad = tape.gradient(y, x, output_gradients=tf.ones_like(x))
+    assert grad.dtype == dtype and rel_error(tf.cast(grad, tf.float64), np.full(3, 1e-3)) < tolerance(dtype)
+
+
 def test_fast_gelu_is_swish_1702(rng):
     x = rng.standard_normal((4, 9)).astype(np.float32)
     assert rel_error(ew.fast_gelu(x), ref.UNARY["swish"][0](x.astype(np.float64), 1.702)) < 1e-6

@@ -150,8 +150,12 @@ def test_pickle_round_trip():
     ({"gather_lut": [[0, 1]]}, ValueError, "1-D"),
     ({"gather_lut": [0.5, 1.0]}, TypeError, "gather_lut must hold ints"),
     ({"gather_lut": [0, 1], "nproj": 3}, ValueError, "nproj must equal len"),
+    ({"gather_lut": [1, 2], "nproj": 2.0}, TypeError, "nproj must be an int"),
+    ({"gather_lut": [1], "nproj": True}, TypeError, "nproj must be an int"),
+    ({"gather_lut": [1, 2], "nproj": "2"}, TypeError, "nproj must be an int"),
 ], ids=["none", "nproj0", "nproj-big", "nproj-float", "stride-big", "stride-empty", "two-ways",
-        "lut-repeat", "lut-range", "lut-2d", "lut-float", "lut-nproj"])
+        "lut-repeat", "lut-range", "lut-2d", "lut-float", "lut-nproj", "lut-nproj-float", "lut-nproj-bool",
+        "lut-nproj-str"])
 def test_bad_construction(kwargs, err, words):
     with pytest.raises(err, match=words):
         SparseProj(16, **kwargs)

@@ -364,6 +364,24 @@ def test_l2_normalize(rng, mode, gain):
     assert rel_error(bsmm.layout.dense(dw), np.nan_to_num(ref_dw)) < 1e-5
 
 
+@pytest.mark.parametrize("shape, dtype", [((1, 16), tf.float32), ((16,), tf.float64), ((16, 1), tf.float64)],
+                         ids=["1xK", "float64", "Kx1-float64"])
+def test_l2_normalize_gain_forms(rng, shape, dtype):
+    """"any float dtype" and the original's gain shapes holding K elements: as a float32 (K,) gain,
+    with the gain's gradient in the gain's own dtype and shape."""
+    bsmm = BlocksparseMatMul(np.ones((2, 2)), block_size=8)
+    w = tf.constant(rng.standard_normal(bsmm.w_shape), tf.float32)
+    g = rng.standard_normal(16)
+    want = bsmm.l2_normalize(w, gain=tf.constant(g, tf.float32))
+    gain = tf.constant(g.reshape(shape), dtype)
+    with tf.GradientTape() as tape:
+        tape.watch(gain)
+        got = bsmm.l2_normalize(w, gain=gain)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
+    dg = tape.gradient(got, gain)
+    assert dg.dtype == dtype and tuple(dg.shape) == shape
+
+
 def test_l2_normalize_errors():
     bsmm = BlocksparseMatMul(np.ones((2, 2)), block_size=8)
     w = tf.ones(bsmm.w_shape)

@@ -78,6 +78,34 @@ def test_xla(rng):
         assert rel_error(got, want) < 1e-5
 
 
+def test_xla_gradient_inside_a_loop(rng):
+    """An RNN step under XLA: the gradient of layer norms inside ``tf.while_loop`` compiles (its
+    reshapes take their shape from dy, not from a value the loop carries over) and matches float64."""
+    x, g, b, _ = case(rng, (4, 16), 1)
+    steps = 3
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 16])] + [tf.TensorSpec([16])] * 2, jit_compile=True)
+    def run(x, g, b):
+        with tf.GradientTape() as tape:
+            tape.watch([x, g, b])
+            _, h = tf.while_loop(lambda t, h: t < steps, lambda t, h: (t + 1, layer_norm(h, g, b, segments=2)),
+                                 [0, x], maximum_iterations=steps)
+            loss = tf.reduce_sum(h * h)
+        return loss, tape.gradient(loss, [x, g, b])
+
+    loss, grads = run(*(tf.constant(v, tf.float32) for v in (x, g, b)))
+    hs = [x]
+    for _ in range(steps):
+        hs.append(ref.layer_norm(hs[-1], g, b, segments=2))
+    dh, dg, db = 2 * hs[-1], 0.0, 0.0
+    for h in reversed(hs[:-1]):
+        dh, dg_t, db_t = ref.layer_norm_grad(dh, h, g, b, segments=2)
+        dg, db = dg + dg_t, db + db_t
+    assert rel_error(loss, np.sum(hs[-1] ** 2)) < 1e-5
+    for got, want in zip(grads, (dh, dg, db)):
+        assert rel_error(got, want) < 1e-4
+
+
 @pytest.mark.parametrize("g_shape", [(1, 32), (32, 1)], ids=["1xC", "Cx1"])
 def test_original_gain_shapes(rng, g_shape):
     """The original accepted g and b of any shape with C elements; gradients keep that shape."""

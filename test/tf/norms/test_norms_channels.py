@@ -121,6 +121,36 @@ def test_xla(rng):
     assert_close(dg, want_dg, 1e-5, "dg")
 
 
+def test_xla_gradient_inside_a_loop(rng):
+    """batch_norm's gradient inside ``tf.while_loop`` under XLA compiles (shapes from dy) and
+    matches float64."""
+    x = rng.standard_normal((4, 3, 5)).astype(np.float32)
+    g, b = (rng.standard_normal(3).astype(np.float32) for _ in range(2))
+    steps = 2
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3, 5]), tf.TensorSpec([3]), tf.TensorSpec([3])],
+                 jit_compile=True)
+    def run(x, g, b):
+        with tf.GradientTape() as tape:
+            tape.watch([x, g])
+            # tanh between the norms: batch_norm of a batch_norm would not depend on x at all
+            _, h = tf.while_loop(lambda t, h: t < steps, lambda t, h: (t + 1, tf.tanh(batch_norm(h, g, b)[0])),
+                                 [0, x], maximum_iterations=steps)
+            loss = tf.reduce_sum(h * h)
+        return tape.gradient(loss, [x, g])
+
+    dx, dg = run(x, g, b)
+    hs = [x.astype(np.float64)]
+    for _ in range(steps):
+        hs.append(np.tanh(ref.batch_norm(hs[-1], g, b)[0]))
+    dh, want_dg = 2 * hs[-1], 0.0
+    for h, out in zip(reversed(hs[:-1]), reversed(hs[1:])):
+        dh, dg_t, _ = ref.batch_norm_grad(dh * (1 - out ** 2), None, None, h, g, b)
+        want_dg = want_dg + dg_t
+    assert_close(dx, dh, 1e-4, "dx")
+    assert_close(dg, want_dg, 1e-4, "dg")
+
+
 X = tf.ones([2, 3, 4, 4])
 V3 = tf.ones([3])
 BAD = {
