@@ -13,6 +13,7 @@ Produces the numbers behind ``blocksparse/ops/matmul/configs.py``.  One run:
     python bench/tune_bsmm.py --bias-grad --out bias.jsonl     # sweep 14: the bias gradient in the updat (~1 min)
     python bench/tune_bsmm.py --short --out short.jsonl        # sweep 15: short columns, several programs a SM
     python bench/tune_bsmm.py --bm256 --out bm256.jsonl        # sweep 16: [256, 128] tiles at blocks of 128
+    python bench/tune_bsmm.py --persist --out persist.jsonl    # sweep 17: persistent programs on regular layouts
 
 (Sweeps 6 and 7 append a JSON line per variant; ``--start N`` resumes after a variant that lost the
 CUDA context.)
@@ -329,6 +330,25 @@ def bm256_cases():
             for c in [xprop_config(128, key[1])] + BM256_VARIANTS]
 
 
+# Sweep 17 (``--persist``): the pixelfly layers' columns (rows) all hold equally many blocks, so
+# persistent programs can deal the output tiles and overlap a tile's store with the next one's
+# first loads (:mod:`blocksparse.ops.matmul.xprop_persistent`); against the table's tile.
+PERSIST_VARIANTS = [X(256, 1, 8, 3, BK=64, PREFETCH=True, PERSIST=1),
+                    X(256, 1, 8, 4, BK=64, PREFETCH=True, PERSIST=1, SUBTILE=True),
+                    X(128, 1, 8, 5, BK=64, PREFETCH=True, PERSIST=1),
+                    X(128, 1, 8, 6, BK=64, PREFETCH=True, PERSIST=1, SUBTILE=True),
+                    X(128, 1, 4, 3, BK=64, PREFETCH=True, PERSIST=2, SUBTILE=True)]
+
+
+def persist_cases():
+    """(problem key, op, impl, cfg, waves) of sweep 17: per problem the table's tile first."""
+    from blocksparse.ops.matmul.configs import xprop_config
+
+    keys = [("pixelfly", 8192, *layer) for layer in PIXELFLY_LAYERS]
+    return [(key, op, "tma", c, 2) for key in keys for op in ("fprop", "bprop")
+            for c in [xprop_config(128, key[1])] + PERSIST_VARIANTS]
+
+
 def _kb(bs, kb, w, st, bn=0):
     return X(64, 1, w, st, BN=bn, WAVES=0, KB=kb, TMA=False)
 
@@ -510,9 +530,10 @@ def make_call(p, op, impl, cfg, waves, tensors=None, bias_first=None):
     offsets = torch.from_numpy(lut.offsets.astype(np.int32)).to(dev) if ticket and split else None
     inp, out_features = (x, p.K) if op == "fprop" else (dy, p.C)
     fn = _triton.xprop_ptr if impl == "ptr" else _triton.xprop_tma
+    extra = dict(count=lut.uniform_count) if cfg.PERSIST else {}
     return lambda: fn(inp, w, headers, entries, out_features=out_features, bs=bs, axis=1,
                       trans=op == "bprop", cfg=cfg, atomic=split and not ticket, precision="ieee",
-                      offsets=offsets)
+                      offsets=offsets, **extra)
 
 
 def _compile_chunk(chunk):
@@ -590,6 +611,8 @@ def main():
                     "bs 128 tiles with fewer stages")
     ap.add_argument("--bm256", action="store_true", help="sweep 16 only: [256, 128] tiles at blocks of 128 "
                     "(pixelfly layers, random layouts)")
+    ap.add_argument("--persist", action="store_true", help="sweep 17 only: persistent programs on the pixelfly "
+                    "layers' regular layouts against the table's tile")
     ap.add_argument("--short", action="store_true", help="sweep 15 only: short columns (d = 0.1 against 0.5), "
                     "bf16 fprop / bprop tiles with fewer stages or tokens, several programs a SM")
     ap.add_argument("--updat", action="store_true", help="sweep 12 only: bf16 updat tiles at blocks of 32 and 64")
@@ -606,10 +629,11 @@ def main():
     if args.bias_grad:
         return bias_grad_rows(args)
     if (args.narrow or args.pixelfly or args.native256 or args.few or args.tickets or args.prefetch or args.prefetch_more
-            or args.updat or args.pixelfly2 or args.short or args.bm256):
+            or args.updat or args.pixelfly2 or args.short or args.bm256 or args.persist):
         todo = (narrow_cases() if args.narrow else pixelfly_cases() if args.pixelfly
                 else pixelfly2_cases() if args.pixelfly2 else updat_cases() if args.updat
                 else short_cases() if args.short else bm256_cases() if args.bm256
+                else persist_cases() if args.persist
                 else native256_cases() if args.native256
                 else ticket_cases() if args.tickets else prefetch_cases() if args.prefetch
                 else prefetch_cases(PREFETCH_MORE) + prefetch_waves_cases() + few16_cases() if args.prefetch_more

@@ -19,6 +19,10 @@
     the convolution's implicit-GEMM path: the measured table's choice
     (:data:`blocksparse.ops.conv.wgrad.SPARSE_WGRAD_MAX_DENSITY`), the Triton kernel over the present
     blocks, or cuDNN's dense masked one.
+``BLOCKSPARSE_PERSISTENT``  ``auto`` (default) | ``off`` -- whether fprop / bprop of regular
+    layouts (every output column holding equally many blocks) run persistent programs where the
+    tile tables have them (:data:`blocksparse.ops.matmul.configs.PERSISTENT_XPROP`; none is
+    shipped until measured on a GPU).
 ``BLOCKSPARSE_CACHE_DIR``  where compiled artefacts are cached (default ``~/.cache/blocksparse``).
 ``TRITON_INTERPRET``  Triton's own switch; read here only to know that kernels may run on CPU.
 ``BLOCKSPARSE_CUDA_ARCHS``  build time only: the targets the kernel library's kernels are compiled
@@ -120,6 +124,13 @@ def attention_sdpa():
     calls on layouts that keep every block (or every block up to the diagonal, causal) run PyTorch's
     dense ``scaled_dot_product_attention`` (read at every call)."""
     return getenv("BLOCKSPARSE_ATTENTION_SDPA", "auto").strip().lower() not in ("off", "0", "false")
+
+
+def persistent_xprop():
+    """``BLOCKSPARSE_PERSISTENT``: True unless ``off`` (or ``0`` / ``false``): whether fprop / bprop
+    of regular layouts take the persistent kernel where the tile table has one (read when a call's
+    launch is planned)."""
+    return getenv("BLOCKSPARSE_PERSISTENT", "auto").strip().lower() not in ("off", "0", "false")
 
 
 def cache_dir():

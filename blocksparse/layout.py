@@ -190,6 +190,17 @@ class XpropLut:
         """Number of segments of each output group, shape ``(num_groups,)``."""
         return np.diff(self.offsets)
 
+    @property
+    def uniform_count(self):
+        """The entries of every segment where each output block (``group`` 1) is one segment, all hold
+        equally many (at least one) and segment ``s`` starts at entry ``s * count`` (regular layouts:
+        butterfly, banded, block-diagonal), else None."""
+        count = int(self.headers[0, 2])
+        starts = np.arange(self.num_segments) * count
+        regular = (self.group == 1 and self.num_segments == self.num_groups and count > 0
+                   and (self.headers[:, 2] == count).all() and (self.headers[:, 1] == starts).all())
+        return count if regular else None
+
 
 def _readonly(a):
     a = np.ascontiguousarray(a, dtype=np.int32)

@@ -34,7 +34,9 @@ class XpropConfig:
     reductions over several programs (float32 atomics) until about ``WAVES`` programs per SM run
     (0: never split).  ``TMA``: use the TMA kernel where it can run.  ``PREFETCH``: the TMA kernel
     walks its table one step ahead, so its tile loads get ``num_stages - 1`` steps of lead instead
-    of ``(num_stages - 1) // 2`` (:mod:`.xprop_tma`).
+    of ``(num_stages - 1) // 2`` (:mod:`.xprop_tma`).  ``PERSIST``: on layouts whose output
+    columns hold equally many blocks, ``PERSIST`` programs per SM deal the output tiles
+    (:mod:`.xprop_persistent`; 0: a program per tile); ``SUBTILE``: they store each tile in two halves.
     """
 
     BM: int
@@ -48,6 +50,8 @@ class XpropConfig:
     TMA: bool = True
     KB: int = 1
     PREFETCH: bool = False
+    PERSIST: int = 0
+    SUBTILE: bool = False
 
 
 @dataclass(frozen=True)
@@ -132,6 +136,13 @@ _XPROP_T = {
     # 16-bit bs 128: the [256, 128] tile of (N, C) activations was timed on those only; (C, N) keeps this
     ("tma", "16bit", "large"): {128: X(128, 1, 4, 6, BK=64)},
 }
+#: Regular layouts (every output column holds equally many blocks: butterfly / pixelfly, banded,
+#: block-diagonal) on ``(N, C)`` activations: persistent programs deal the output tiles
+#: (:mod:`.xprop_persistent`), each tile's store overlapping the next one's first loads.  Keyed
+#: like the tables above ((16-bit, float32), (large, small)) -> block size -> tile.  Empty until
+#: measured: ``bench/tune_bsmm.py --persist`` (sweep 17) times the candidates against the tables'
+#: tiles on a GPU; bench/README.md has the plan.
+PERSISTENT_XPROP: dict = {}
 #: The pointer kernels' updat tables where TMA cannot run (same shapes, no descriptors).
 _UPDAT_PTR = {16: U(8, 64, 4, 4, TMA=False), 32: U(8, 64, 8, 3, TMA=False), 64: U(2, 64, 4, 4, TMA=False),
               128: U(1, 64, 8, 3, TMA=False)}
@@ -152,6 +163,13 @@ def xprop_config(block_size, n_tokens, *, float32=False, tma=True, interpret=Fal
     if interpret:
         return INTERPRETER_XPROP
     return _xprop_table("tma" if tma else "ptr", _classes(n_tokens, float32), block_size, axis)
+
+
+def persistent_xprop_config(block_size, n_tokens, *, float32=False, axis=1):
+    """The persistent fprop / bprop tile of a regular layout (:data:`PERSISTENT_XPROP`), or None."""
+    if axis != 1:
+        return None
+    return PERSISTENT_XPROP.get(_classes(n_tokens, float32), {}).get(block_size)
 
 
 def output_slice(cfg, block_size, tma):

@@ -15,6 +15,7 @@ from ...ops.matmul import configs
 from ...ops.matmul.updat import updat_kernel
 from ...ops.matmul.updat_tma import updat_tma_kernel
 from ...ops.matmul.xprop import xprop_kernel
+from ...ops.matmul.xprop_persistent import xprop_persistent_kernel
 from ...ops.matmul.xprop_tma import xprop_tma_kernel
 from .._launch import Descriptor, JitLaunch, KernelLaunch, Operand
 from .._scratch import scratch
@@ -90,7 +91,7 @@ def transpose_blocks(w, pack=1):
 
 
 def xprop_launch(variant, x_shape, x_strides, dtype, headers, entries, *, blocks, out_features, bs, axis, trans,
-                 cfg, atomic, precision, bias=False, offsets=None, pack=1):
+                 cfg, atomic, precision, bias=False, offsets=None, pack=1, count=None, programs=None):
     """fprop (``trans=False``) or bprop of ``dtype`` activations ``x_shape`` / ``x_strides``
     through the ``"ptr"`` or ``"tma"`` kernel; ``headers`` / ``entries``: the xprop table built
     with ``cfg.G``.  The output is float32 where ``atomic``.  ``bias``: the kernel adds a fourth
@@ -98,7 +99,9 @@ def xprop_launch(variant, x_shape, x_strides, dtype, headers, entries, *, blocks
     (the table's CSR over headers, on the device): split segments are reduced in the kernel
     through operands 4 and 5 (:data:`WS`, :data:`COUNTERS`, zeroed; :func:`xprop_scratch`), and
     the output takes ``dtype``.  ``blocks``: the layout's; ``pack``: its packing (the weight is
-    ``(blocks / pack**2, pack * bs, pack * bs)``)."""
+    ``(blocks / pack**2, pack * bs, pack * bs)``).  ``count`` (every segment's entries, where all hold
+    as many and segment ``s`` starts at entry ``s * count``) with ``cfg.PERSIST``: the persistent
+    kernel (:mod:`~blocksparse.ops.matmul.xprop_persistent`) over ``programs`` programs at most."""
     if bias and atomic:
         raise ValueError("a split (atomic) product cannot add the bias: its sums are not final in the kernel")
     if atomic and offsets is not None:
@@ -135,8 +138,24 @@ def xprop_launch(variant, x_shape, x_strides, dtype, headers, entries, *, blocks
                     stride_yn=y_n, stride_yf=y_f, **fused)
         consts.update(BK=bk, BN=bn, X_T=axis == 0, UNROLL=cfg.UNROLL, PREFETCH=cfg.PREFETCH)
         grid = (segments * (bs // bn) * triton.cdiv(n, cfg.BM),)
+        if persistent(cfg, count, atomic, ticket):
+            yb = bn // 2 if cfg.SUBTILE else bn
+            args.update(y_desc=_desc(OUT, y_dtype, y_shape, y_strides, axis, cfg.BM, yb), num_tiles=grid[0],
+                        count=count)
+            for name in ("Y", "N", "stride_yn", "stride_yf", "WS", "COUNTERS", "OFFSETS"):
+                del args[name]
+            consts = dict(BS=bs, BM=cfg.BM, BK=bk, BN=bn, X_T=axis == 0, TRANS_W=trans, PRECISION=precision,
+                          PACK=pack, PREFETCH=cfg.PREFETCH, SUBTILE=cfg.SUBTILE)
+            return KernelLaunch(xprop_persistent_kernel, (min(grid[0], programs),), args, consts, cfg.num_warps,
+                                cfg.num_stages)
     return KernelLaunch(KERNELS[("xprop", variant)], grid, args, consts, cfg.num_warps, cfg.num_stages,
                         zero=(OUT,) if atomic else ())
+
+
+def persistent(cfg, count, atomic, ticket):
+    """Whether a TMA fprop / bprop of ``cfg`` runs the persistent kernel (``count``: the segments'
+    common length, or None)."""
+    return bool(cfg.PERSIST) and count is not None and cfg.G == 1 and not atomic and not ticket
 
 
 def updat_launch(variant, x_shape, x_strides, dy_shape, dy_strides, dtype, groups, *, bs, axis, cfg, split,
@@ -197,7 +216,7 @@ def updat(x, dy, groups, *, w_shape, bs, axis, cfg, split, precision, dw_dtype, 
 
 
 def _xprop_direct(variant, x, w, headers, entries, *, out_features, bs, axis, trans, cfg, atomic, precision,
-                  bias=None, offsets=None, pack=1):
+                  bias=None, offsets=None, pack=1, count=None):
     """``bias`` (fprop, per output feature): added by the kernel, after it where ``atomic``.
     ``offsets`` (the table's, on ``x``'s device): split segments reduced in the kernel instead of
     by atomics (``atomic`` False)."""
@@ -211,7 +230,7 @@ def _xprop_direct(variant, x, w, headers, entries, *, out_features, bs, axis, tr
         JitLaunch(xprop_launch(variant, tuple(x.shape), x.stride(), x.dtype, headers, entries,
                                blocks=w.shape[0] * pack * pack, out_features=out_features, bs=bs, axis=axis,
                                trans=trans, cfg=cfg, atomic=atomic, precision=precision, bias=fused, offsets=offsets,
-                               pack=pack))(operands)
+                               pack=pack, count=count, programs=cfg.PERSIST * _sms(x.device)))(operands)
     elif fused:
         fused = False  # nothing launched: the (empty) output takes the bias below
     out = _cast(out, x.dtype)
@@ -267,6 +286,11 @@ def updat_ptr(x, dy, groups, **kwargs):
 def updat_tma(x, dy, groups, **kwargs):
     """:func:`updat` through :func:`updat_tma_kernel` (needs :func:`tma_ok` tensors)."""
     return _updat_direct("tma", x, dy, groups, **kwargs)
+
+
+def _sms(device):
+    """Streaming multiprocessors of ``device`` (4 in the interpreter)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 def _cast(t, dtype):

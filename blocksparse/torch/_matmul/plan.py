@@ -313,6 +313,11 @@ def _jit_choice(layout, kind, n, dtype, interpret, sms, tma, axis):
     cfg = configs.xprop_config(bs, n, axis=axis, **opts)
     # structured layouts: one activation tile serves G output blocks (blocksparse.ops.matmul.grouping)
     cfg = grouping.grouped_config(cfg, layout, kind, float32=opts["float32"], interpret=interpret)
+    # regular layouts: persistent programs over equally long columns (blocksparse.ops.matmul.xprop_persistent)
+    persistent = configs.persistent_xprop_config(bs, n, float32=opts["float32"], axis=axis)
+    if (persistent is not None and tma and not interpret and cfg.G == 1 and _env.persistent_xprop()
+            and getattr(layout, kind)().uniform_count is not None):
+        return persistent, None
     return cfg, _xprop_segments(layout, kind, cfg, n, sms, cfg.TMA, _min_run(dtype, interpret))
 
 
@@ -378,10 +383,12 @@ def _build(state, kind, a, b, axis, precision, dw_dtype, aligned, target=None, b
         offsets = state.xprop_offsets(kind, max_segment, cfg.G, device) if ticket else None
         out_features = layout.C if trans else layout.K
         fused = bias and kind == "fprop" and not atomic
+        count = getattr(layout, kind)(max_segment, group=cfg.G).uniform_count if cfg.PERSIST else None
         launch = _kernels.xprop_launch(variant, tuple(a.shape), a.stride(), a.dtype, headers, entries,
                                        blocks=layout.blocks, out_features=out_features, bs=bs, axis=axis,
                                        trans=trans and not pretranspose, cfg=cfg, atomic=atomic, precision=precision,
-                                       bias=fused, offsets=offsets, pack=layout.packing)
+                                       bias=fused, offsets=offsets, pack=layout.packing, count=count,
+                                       programs=cfg.PERSIST * sms)
         scratch = _kernels.xprop_scratch(n, out_features, bs, cfg, tma) if ticket else None
         out = dict(out_shape=_kernels.activation_shape(n, out_features, axis),
                    out_dtype=torch.float32 if atomic else a.dtype, zero=atomic, cast_to=a.dtype if atomic else None,
