@@ -113,6 +113,14 @@ TABLE_BWD += [replace(c, heads_first=not c.heads_first) for c in TABLE_BWD]
 TABLE_BWD += [replace(c, fused=not c.fused) for c in TABLE_BWD]
 SWEEP_FWD += [c for c in TABLE_FWD if c not in SWEEP_FWD]
 SWEEP_BWD += [c for c in TABLE_BWD if c not in SWEEP_BWD]
+# ``--reduce-dq`` (head dim 128): the table's backward (7 products a tile pair) against dk/dv programs
+# that also add dq (5 products) by bulk reduce-adds of [BM1, 128] float32 tiles through a tensor
+# descriptor (the copy engine's reduction, as FlashAttention-3 accumulates dq), written 2026-12-05:
+# element atomics had taken 1.4x the table's time (attention-sweep-h200.md).  Compiled for sm_90:
+# 255 registers, 112 / 80 / 8 B of stack at BM1 64 x 3 stages / 64 x 2 / 32 x 3.
+REDUCE_DQ_BWD = [configs.bwd_config(128, BS)] + [
+    replace(configs.bwd_config(128, BS), atomic_dq=True, fused=False, **kw)
+    for kw in (dict(), dict(num_stages=2), dict(BM1=32), dict(heads_first=True), dict(prefetch=False))]
 
 
 # --------------------------------------------------------------------------- problems
@@ -510,6 +518,8 @@ def main():
     ap.add_argument("--sweep", action="store_true", help="time tile configs instead of comparing")
     ap.add_argument("--table", action="store_true", help="--sweep: only the tables' configs and their twins that "
                     "start every head's heaviest tiles first")
+    ap.add_argument("--reduce-dq", action="store_true", help="--sweep: head dim 128, the table's backward against "
+                    "dq added by bulk reduce-adds (REDUCE_DQ_BWD)")
     ap.add_argument("--quick", action="store_true", help="one shape / few configs: a smoke run")
     ap.add_argument("--cpu", action="store_true", help="tiny shapes in Triton's interpreter (no GPU)")
     ap.add_argument("--budget-s", type=float, default=None,
@@ -541,7 +551,9 @@ def main():
 
     if args.sweep:
         fwd_cfgs, bwd_cfgs = ((SWEEP_FWD[:2], SWEEP_BWD[:2]) if args.quick else (TABLE_FWD, TABLE_BWD) if args.table
-                              else (SWEEP_FWD, SWEEP_BWD))
+                              else (TABLE_FWD[:1], REDUCE_DQ_BWD) if args.reduce_dq else (SWEEP_FWD, SWEEP_BWD))
+        if args.reduce_dq and not args.cpu:
+            args.dims = [128]
         cases = ([("causal", 256, 1)] if args.cpu else args.sweep_shapes or (SWEEP_SHAPES[:1] if args.quick
                                                                             else SWEEP_SHAPES))
         dims = (64,) if args.cpu else tuple(D for D in HEAD_DIMS if not args.dims or D in args.dims)

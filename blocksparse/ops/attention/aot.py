@@ -60,7 +60,8 @@ def triton_args(kernel, *, dtype, head_dim, block_size, cfg, causal=False, seqle
              for name, rows in tiles.items()}
     types |= _POINTERS | _FLOATS
     if kernel == "attn_bwd_kernel" and cfg.atomic_dq:
-        types["DQ"] = "*fp32"          # the dk/dv programs add dq through a pointer
+        # the dk/dv programs add dq into float32: [BM1, D] tiles through a descriptor, else by pointer
+        types["DQ"] = f"tensordesc<fp32[1, 1, {cfg.BM1}, {head_dim}]>" if cfg.tma else "*fp32"
     flags = dict(BS=block_size, D=head_dim, CAUSAL=causal, HAS_SEQLENS=seqlens, HAS_MASKS=masks, TMA=cfg.tma)
     if kernel == "attn_fwd_kernel":
         consts = dict(flags, BM=cfg.BM, BN=cfg.BN, WARP_SPECIALIZE=cfg.warp_specialize, PREFETCH=cfg.prefetch,

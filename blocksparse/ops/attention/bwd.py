@@ -17,7 +17,8 @@ atomics: ``S`` and ``dP`` are recomputed in both); ``attn_bwd_delta_kernel``, th
 one launch, dk/dv programs first (``BwdConfig.fused``: the same products, and the last wave of the
 one runs beside the other's instead of alone); or (``BwdConfig.atomic_dq``) the delta kernel, then
 a dk/dv launch with ``ATOMIC_DQ``, which also adds each tile pair's ``dS k`` into a float32 ``dq``
-with atomics (five products, and atomic traffic).  The tile-config sweep measures them.
+(five products, and atomic traffic: with ``TMA`` one bulk reduce-add of the tile through a
+descriptor, else element atomics).  The tile-config sweep measures them.
 
 All walk full blocks without masking work, then partial ones; with ``PREFETCH`` the full blocks'
 walk reads each table entry one step ahead (:func:`.tiles.entry_ahead`).  A row that attends to nothing
@@ -139,10 +140,13 @@ def _dkdv_step(b_dk, b_dv, b_k, b_v, Q, DO, DQ, LSE, DELTA, i_b, i_hq, i_bh, q0,
     b_dpt = tl.dot(b_v, tl.trans(b_do))                  # [BN, D] @ [D, BM] -> [BN, BM]
     b_dst = (b_pt * (b_dpt - delta[None, :])).to(b_q.dtype)
     b_dk = tl.dot(b_dst, b_q, b_dk)                      # [BN, BM] @ [BM, D] -> [BN, D]
-    if ATOMIC_DQ:  # DQ: contiguous float32 (B, HQ, S, D)
+    if ATOMIC_DQ:  # DQ: contiguous float32 (B, HQ, S, D); with TMA a descriptor over it
         b_dq = tl.dot(tl.trans(b_dst), b_k) * sm_scale   # [BM, BN] @ [BN, D] -> [BM, D]
-        p_dq = DQ + (i_bh.to(tl.int64) * S + o_m[:, None]) * D + tl.arange(0, D)[None, :]
-        tl.atomic_add(p_dq, b_dq, sem="relaxed")
+        if TMA:  # one bulk reduce-add of the tile by the copy engine (as FlashAttention-3 adds dq)
+            DQ.atomic_add([i_b, i_hq, q0, 0], b_dq.reshape(1, 1, BM, D))
+        else:
+            p_dq = DQ + (i_bh.to(tl.int64) * S + o_m[:, None]) * D + tl.arange(0, D)[None, :]
+            tl.atomic_add(p_dq, b_dq, sem="relaxed")
     return b_dk, b_dv
 
 

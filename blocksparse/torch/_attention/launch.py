@@ -25,9 +25,10 @@ from .. import _launch
 from .._launch import TRITON_TYPES, Descriptor, KernelLaunch, Operand
 
 if _env.triton_interpret():
-    from ...ops.common.interpreter import patch_bf16_dot
+    from ...ops.common.interpreter import patch_bf16_dot, patch_descriptor_reduce
 
     patch_bf16_dot()
+    patch_descriptor_reduce()
 
 LOG2E = 1.0 / math.log(2.0)
 
@@ -155,8 +156,12 @@ def bwd_launches(q, k, v, o, do, has_seqlens, tables, *, block_size, causal, sca
                            ("do", do.stride()), ("dk", kv_out), ("dv", kv_out), ("dq", q_out)),
                 S=S, HQ=HQ, HL=rows.heads, NB=nb, GROUP=HQ // HK, KV_TILES=kv_tiles, KV_HEADS=B * HK,
                 Q_TILES=q_tiles, Q_HEADS=B * HQ, qk_scale=scale * LOG2E, sm_scale=scale)
-    # atomics add dq through a float32 pointer (zeroed first), else the dq programs store its tiles
-    args["DQ"] = Operand(DQ, torch.float32) if cfg.atomic_dq else _tiles(tma, t, (DQ, "DQ", q, q_out, cfg.BM2))["DQ"]
+    # atomics add dq into float32 (zeroed first; with TMA bulk reduce-adds of [BM1, D] tiles through a
+    # descriptor), else the dq programs store its tiles
+    if cfg.atomic_dq:
+        args["DQ"] = _tiles(tma, torch.float32, (DQ, "DQ", q, q_out, cfg.BM1))["DQ"]
+    else:
+        args["DQ"] = _tiles(tma, t, (DQ, "DQ", q, q_out, cfg.BM2))["DQ"]
     flags = dict(BS=block_size, BM1=cfg.BM1, BN1=cfg.BN1, BM2=cfg.BM2, BN2=cfg.BN2, D=D, CAUSAL=causal,
                  HAS_SEQLENS=has_seqlens, HAS_MASKS=tables.has_masks, TMA=tma, ATOMIC_DQ=cfg.atomic_dq,
                  PREFETCH=cfg.prefetch, HEADS_FIRST=cfg.heads_first)

@@ -62,7 +62,8 @@ def test_compile_args_name_every_parameter(kernel, atomic):
     assert list(signature) == list(fn.arg_names)
     assert {n for n, t in signature.items() if t == "constexpr"} == set(consts)
     for name, rows in aot.KERNELS[kernel].items():
-        want = "*fp32" if atomic and name == "DQ" else f"tensordesc<fp16[1, 1, {getattr(cfg, rows)}, 128]>"
+        want = (f"tensordesc<fp32[1, 1, {cfg.BM1}, 128]>" if atomic and name == "DQ"
+                else f"tensordesc<fp16[1, 1, {getattr(cfg, rows)}, 128]>")
         assert signature[name] == want, name
     assert all(t in ("constexpr", "i32", "fp32") or t.startswith(("*", "tensordesc")) for t in signature.values())
 

@@ -21,3 +21,14 @@ def test_the_benchmark_smoke_run(tmp_path):
     assert any(r["impl"] == "kernels" and r["layout"] == "causal" for r in rows)
     table = (tmp_path / "attention-cpu.md").read_text()
     assert "| kernels fwd / fwd+bwd |" in table and table.count("| ok |") == 3
+
+
+@pytest.mark.interpreter
+def test_the_reduce_dq_sweep_smoke_run(tmp_path):
+    """``--sweep --reduce-dq``: the table's backward and the bulk reduce-add variants, each checked
+    against float64, then timed."""
+    run_bench("attention.py", "--sweep", "--reduce-dq", "--cpu", "--out", tmp_path)
+    rows = json.loads((tmp_path / "attention-sweep-cpu.json").read_text())["rows"]
+    bwd = [r for r in rows if r["kind"] == "bwd"]
+    assert len(bwd) == 6 and sum(r["config"]["atomic_dq"] for r in bwd) == 5
+    assert all(r["ok"] and r["ms"] > 0 for r in rows), rows
