@@ -19,7 +19,8 @@ Robustness: every implementation's output and gradients are checked against floa
 rewritten after every case.  Timings are medians of ``--rounds`` rounds with the implementations
 interleaved within each round (the CPU may be shared with other work); each round runs a call
 enough times to last about ``--round-ms``.  The table's ``validation`` holds the leave-one-out
-check of the model (:func:`blocksparse.dispatch.model.leave_one_out`).
+check of the model (:func:`blocksparse.dispatch.model.leave_one_out`), under the work exponent fitted to the rows
+(:func:`~blocksparse.dispatch.model.fit_work_exponent`).
 
 Expected duration: about 3 minutes on an H200 (60 problems; most of the time is Triton compiling
 the kernels the first time), about 5-10 minutes per framework on two shared CPU cores (one thread).
@@ -42,7 +43,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from blocksparse.dispatch.model import leave_one_out  # noqa: E402
+from blocksparse.dispatch.model import fit_work_exponent, leave_one_out  # noqa: E402
 from blocksparse.dispatch.table import TABLES_DIR, Table  # noqa: E402
 from blocksparse.layout import Layout  # noqa: E402
 from blocksparse.layouts.butterfly import butterfly_layout, default_butterfly_size  # noqa: E402
@@ -356,7 +357,8 @@ def write(data, out, install):
     os.makedirs(out, exist_ok=True)
     name = f"{data['framework']}-{data['device']}"
     valid = [r for r in data["rows"] if r["fwdbwd_ms"]]
-    if len(valid) > 1:
+    if len(valid) > 1:  # the work exponent fitted to these rows, then the validation under it
+        data["work_exponent"] = fit_work_exponent(Table.from_dict({**data, "rows": valid}))
         data["validation"] = leave_one_out(Table.from_dict({**data, "rows": valid}))
     with open(os.path.join(out, f"{name}.json"), "w") as f:
         json.dump(data, f, indent=1)

@@ -2,7 +2,10 @@
 
 ``BLOCKSPARSE_BACKEND``  ``auto`` (default) | ``triton`` | ``reference`` -- which implementation
     serves the ops.  ``auto`` takes the fast GPU path where it can run (a CUDA device and the
-    kernels available) and the reference path (framework ops only) everywhere else.  ``triton``
+    kernels available) and the reference path (framework ops only) everywhere else; the
+    block-sparse linear products (TensorFlow's ``BlocksparseMatMul`` and the layers on it, PyTorch's
+    ``BlocksparseLinear`` / ``PixelflyLinear``) let the dispatch cost model choose among those that
+    can serve (kernels, dense masked product, portable, reference; :mod:`blocksparse.dispatch`).  ``triton``
     insists on the kernels (an error if they cannot run; with ``TRITON_INTERPRET=1`` they run on
     CPU tensors through Triton's interpreter).  ``reference`` always takes the reference path.
 ``BLOCKSPARSE_TF_OPS``  path of the compiled TensorFlow op library to load instead of the one
@@ -23,6 +26,12 @@
     layouts (every output column holding equally many blocks) run persistent programs where the
     tile tables have them (:data:`blocksparse.ops.matmul.configs.PERSISTENT_XPROP`; none is
     shipped until measured on a GPU).
+``BLOCKSPARSE_SPLIT_MIN_RUN``  a positive integer: blocks in series before the PyTorch matmul
+    plans split a reduction over several programs (read when a call shape is first planned; default
+    12 in 16 bits, 4 in float32; 1 splits every run).
+``BLOCKSPARSE_ATTENTION_SDPA``  ``auto`` (default) | ``off`` -- whether fused-attention calls on
+    layouts that keep every block (or every block up to the diagonal, causal) run PyTorch's dense
+    ``scaled_dot_product_attention`` (read at every call).
 ``BLOCKSPARSE_CACHE_DIR``  where compiled artefacts are cached (default ``~/.cache/blocksparse``).
 ``TRITON_INTERPRET``  Triton's own switch; read here only to know that kernels may run on CPU.
 ``BLOCKSPARSE_CUDA_ARCHS``  build time only: the targets the kernel library's kernels are compiled

@@ -123,7 +123,8 @@ class BlocksparseDense(keras.layers.Layer, LayoutShapes):
             return self._bsmm(x.reshape(-1, self.C), w).reshape(*x.shape[:-1], self.K)
         from ._tf import tf
 
-        if x.shape[-1] is None and not tf.executing_eagerly():   # keras's input_spec checks known sizes only
+        # keras's input_spec checks known sizes only
+        if tf.compat.dimension_value(x.shape[-1]) is None and not tf.executing_eagerly():
             check = tf.debugging.assert_equal(tf.shape(x)[-1], self.C,
                                               message=f"inputs must have C = {self.C} features on the last axis")
             with tf.control_dependencies([check]):

@@ -96,10 +96,10 @@ def fused_lstm_gates(c, *args, bias=None, forget_bias=1.0, name=None):
         if c.shape.rank == 0:
             raise ValueError("c must have rank >= 1, shape (..., K); got a scalar")
         if bias is not None:
-            if c.shape.rank is None or c.shape[-1] is None:
+            k = tf.compat.dimension_value(c.shape[-1]) if c.shape.rank is not None else None
+            if k is None:
                 raise ValueError("c must have a known last dimension K when a bias (4K,) is given; "
                                  f"got shape {c.shape}")
-            k = c.shape[-1]
             bias = ewargs.channel_vector(bias, 4 * k, "bias", f"4K = 4 * {k}: the biases of i, j, f, o")
         k = c.shape[-1] if c.shape.rank else None
 

@@ -217,7 +217,7 @@ class BlocksparseMatMul(LayoutShapes):
         I = checks.float_tensor(I, "I")
         W = checks.float_tensor(W, "W")
         checks.same_dtype(I, W, "I", "W")
-        tokens = I.shape[1 - self.axis] if I.shape.rank == 2 else None
+        tokens = tf.compat.dimension_value(I.shape[1 - self.axis]) if I.shape.rank == 2 else None
         products = backend.choose(self.layout, self.axis, I.dtype, tokens, self.impl)
         with tf.name_scope(checks.op_name(name, self.name)):
             hint = f" = {'(N, C)' if self.axis else '(C, N)'} for feature_axis={self.axis}"
@@ -355,8 +355,9 @@ class SparseProj:
         x = checks.float_tensor(value, name)
         if x.shape.rank == 0:
             raise ValueError(f"{name} must have rank >= 1 with {rows} rows on axis 0; got a scalar")
-        if x.shape.rank is not None and x.shape[0] is not None:
-            if x.shape[0] != rows:
+        known = tf.compat.dimension_value(x.shape[0]) if x.shape.rank is not None else None
+        if known is not None:
+            if known != rows:
                 raise ValueError(f"{name} must have {rows} rows on axis 0; got shape "
                                  f"{tuple(x.shape.as_list())}")
             return x

@@ -128,9 +128,10 @@ class PixelflyDense(keras.layers.Layer):
 
     def call(self, inputs):
         x = tf.convert_to_tensor(inputs)
-        if x.shape.rank is None or x.shape.rank == 0 or x.shape[-1] not in (None, self.in_features):
+        last = tf.compat.dimension_value(x.shape[-1]) if x.shape.rank else None
+        if x.shape.rank is None or x.shape.rank == 0 or last not in (None, self.in_features):
             raise ValueError(f"inputs must have shape (..., {self.in_features}); got {x.shape}")
-        if x.shape[-1] is None:  # checked when the graph runs
+        if last is None:  # checked when the graph runs
             check = tf.debugging.assert_equal(tf.shape(x)[-1], self.in_features,
                                               message=f"inputs must have shape (..., {self.in_features})")
             with tf.control_dependencies([check]):
@@ -138,7 +139,7 @@ class PixelflyDense(keras.layers.Layer):
         dtype = tf.as_dtype(self.compute_dtype)
         x2 = tf.reshape(tf.cast(x, dtype), [-1, self.in_features])
         w = tf.cast(self.kernel, dtype)
-        products = backend.choose(self.layout, 1, dtype, x2.shape[0], self.impl)
+        products = backend.choose(self.layout, 1, dtype, tf.compat.dimension_value(x2.shape[0]), self.impl)
         y = autodiff.matmul(x2, w, self.layout, 1, dtype, products)
         if self.lowrank_size:
             # [N, in] @ [in, r] @ [r, units]

@@ -9,12 +9,15 @@ A table is a JSON file ``tables/<framework>-<device>.json`` (``torch-cpu.json``,
                "density": 0.25, "dtype": "float32", "layout": "random", "structured": false,
                "fwd_ms": {"dense": 1.9, "portable": 2.4, ...},
                "fwdbwd_ms": {"dense": 5.8, "portable": 7.1, ...}}, ...],
-     "validation": {...}}
+     "work_exponent": 0.6, "validation": {...}}
 
 ``fwd_ms`` / ``fwdbwd_ms``: median milliseconds of the forward product and of forward plus both
 gradients, per implementation (:data:`IMPLS`); an implementation that failed or was not measured
 is absent.  ``dtype`` is the compute precision: ``float32`` (exact), ``tf32``, ``float16``,
-``bfloat16`` or ``float64``.
+``bfloat16`` or ``float64``.  ``work_exponent`` (optional; default
+:data:`blocksparse.dispatch.model.WORK_EXPONENT`): how the model carries a row's time to another
+problem's work, fitted to the table's own rows by leave-one-out when it is written
+(:func:`blocksparse.dispatch.model.fit_work_exponent`).
 """
 from __future__ import annotations
 
@@ -113,6 +116,10 @@ class Table:
         if not isinstance(raw_rows, list) or not raw_rows:
             raise _bad(source, "rows must be a non-empty list")
         rows = tuple(_row(r, f"{source} row {i}") for i, r in enumerate(raw_rows))
+        exponent = data.get("work_exponent")
+        if exponent is not None and (isinstance(exponent, bool) or not isinstance(exponent, numbers.Real)
+                                     or not 0 < exponent <= 2):
+            raise _bad(source, f"work_exponent must be a number in (0, 2]; got {exponent!r}")
         meta = {k: v for k, v in data.items() if k != "rows"}
         return cls(data["framework"], data["device"], rows, MappingProxyType(meta), source)
 
@@ -121,6 +128,11 @@ class Table:
         path = Path(path)
         with path.open(encoding="utf-8") as f:
             return cls.from_dict(json.load(f), source=path.name)
+
+    @property
+    def work_exponent(self):
+        """The table's ``work_exponent``, or None (the model's default)."""
+        return self.meta.get("work_exponent")
 
     @property
     def impls(self):

@@ -58,15 +58,16 @@ def activations(name, t, ndim=2):
 
 
 def param(name, p, features, x):
-    """``p`` (None, or a floating tensor of ``features`` elements on ``x``'s device) as shape
-    ``(features,)``.  Any float dtype (e.g. float32 parameters with bfloat16 activations): the
-    kernels compute in float32 and return its gradient in its own dtype."""
+    """``p`` (None, or a floating tensor of ``features`` elements on ``x``'s device) as a contiguous
+    tensor of shape ``(features,)`` (the kernels read it densely: a strided or expanded view is
+    copied).  Any float dtype (e.g. float32 parameters with bfloat16 activations): the kernels
+    compute in float32 and return its gradient in its own dtype."""
     if p is None:
         return None
     if _floating(name, p, "a torch.Tensor or None").numel() != features:
         raise ValueError(f"{name} must have {features} elements (shape ({features},)); got shape {tuple(p.shape)}")
     same_device(name, p, x)
-    return p.reshape(features)
+    return p.reshape(features).contiguous()
 
 
 def same_device(name, t, x):

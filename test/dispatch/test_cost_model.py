@@ -6,7 +6,7 @@ import math
 import pytest
 
 from blocksparse.dispatch import CostModel, Plan, Problem, Table, check_impl, model_for
-from blocksparse.dispatch.model import WORK_EXPONENT, leave_one_out
+from blocksparse.dispatch.model import EXPONENTS, WORK_EXPONENT, fit_work_exponent, leave_one_out
 from blocksparse.dispatch.table import TABLES_DIR, shipped_table
 
 
@@ -16,8 +16,8 @@ def row(tokens, cin, cout, bs, density, times, dtype="float32", structured=False
             "fwd_ms": fwd or {k: v / 3 for k, v in times.items()}, "fwdbwd_ms": times}
 
 
-def table(*rows, framework="torch", device="cpu"):
-    return Table.from_dict({"format": 1, "framework": framework, "device": device, "rows": list(rows)})
+def table(*rows, framework="torch", device="cpu", **fields):
+    return Table.from_dict({"format": 1, "framework": framework, "device": device, "rows": list(rows), **fields})
 
 
 def problem(tokens=1024, cin=1024, cout=1024, bs=32, density=0.25, dtype="float32", structured=False,
@@ -133,8 +133,40 @@ def test_leave_one_out():
     json.dumps(result)
 
 
+def test_a_tables_work_exponent_carries_its_rows():
+    """A table's ``work_exponent`` replaces the default: twice the tokens, 2 ** e the time."""
+    rows = [row(1024, 1024, 1024, 32, 0.25, {"dense": 8.0})]
+    for e in (1.0, 0.3):
+        assert CostModel(table(*rows, work_exponent=e)).expected_ms(problem(tokens=2048), "dense")[0] \
+            == pytest.approx(8.0 * 2 ** e)
+    assert CostModel(table(*rows)).exponent == WORK_EXPONENT
+
+
+@pytest.mark.parametrize("regrets, want", [
+    ({0.4: 0.05, 0.6: 0.04, 0.9: 0.001, 1.0: 0.001}, 0.9),   # clearly best, tied with 1.0: nearer the default
+    ({0.4: 0.031, 0.6: 0.032, 0.9: 0.05, 1.0: 0.06}, 0.6),   # within 0.2 points of the best: the default stays
+    ({0.4: 0.01, 0.6: 0.03, 0.9: 0.05, 1.0: 0.06}, 0.4),
+])
+def test_fit_work_exponent_takes_the_least_mean_regret(monkeypatch, regrets, want):
+    """The fit runs leave-one-out under each exponent and keeps the least mean regret, preferring the
+    default among those within 0.2 points of it."""
+    from blocksparse.dispatch import model
+
+    seen = []
+
+    def fake(tab, margin):
+        seen.append(tab.work_exponent)
+        return {"mean_regret": regrets[tab.work_exponent]}
+
+    monkeypatch.setattr(model, "leave_one_out", fake)
+    tab = table(row(1024, 1024, 1024, 32, 0.25, {"dense": 1.0, "portable": 2.0}))
+    assert fit_work_exponent(tab, exponents=tuple(regrets)) == want and seen == list(regrets)
+
+
 @pytest.mark.parametrize("mutate, words", [
     (lambda d: d.update(format=2), "format must be 1"),
+    (lambda d: d.update(work_exponent=0), r"work_exponent must be a number in \(0, 2\]"),
+    (lambda d: d.update(work_exponent="0.6"), r"work_exponent must be a number in \(0, 2\]"),
     (lambda d: d.update(rows=[]), "rows must be a non-empty list"),
     (lambda d: d["rows"][0]["fwdbwd_ms"].update(gpu=1.0), "unknown impl 'gpu'"),
     (lambda d: d["rows"][0]["fwdbwd_ms"].update(dense=-1.0), "positive number of milliseconds"),
@@ -143,7 +175,8 @@ def test_leave_one_out():
     (lambda d: d["rows"][0].update(tokens=0), "tokens must be an int >= 1"),
     (lambda d: d["rows"][0].pop("block_size"), "missing"),
     (lambda d: d.update(framework=""), "framework must be a non-empty string"),
-], ids=["format", "no-rows", "impl", "negative", "density", "dtype", "tokens", "missing", "framework"])
+], ids=["format", "exponent-zero", "exponent-str", "no-rows", "impl", "negative", "density", "dtype", "tokens",
+        "missing", "framework"])
 def test_bad_tables(mutate, words):
     data = {"format": 1, "framework": "torch", "device": "cpu",
             "rows": [row(1024, 1024, 1024, 32, 0.25, {"dense": 1.0})]}
@@ -184,3 +217,7 @@ def test_shipped_tables_are_valid():
                 continue
             plan = model.choose(r.problem, tuple(times))
             assert times[plan.impl] <= 1.05 * min(times.values()) * (1 + 1e-9), (path.name, r)
+        # the exponent is the one fitted to the rows, and the stored validation ran under it
+        assert tab.work_exponent == fit_work_exponent(tab), path.name
+        assert tab.meta["validation"]["work_exponent"] == tab.work_exponent, path.name
+        assert tab.meta["validation"]["mean_regret"] == pytest.approx(leave_one_out(tab)["mean_regret"]), path.name

@@ -145,12 +145,20 @@ def _nonempty(I, flat, compute, empty_shape, dtype):
     ``flat``): TensorFlow's convolutions and their gradients return an empty batch in their input's
     shape, and in ``tf.function`` the graph optimiser removes a reshape to the output's (the shapes
     agree statically)."""
+    i_rest, flat_shape = I.shape[1:].as_list(), flat.shape.as_list()  # static: known when the op is built
+
     @tf.custom_gradient
     def empty(I, flat):  # the batch (0) from I: a branch of tf.cond leaves it unknown statically
         zeros = tf.zeros(tf.concat([tf.shape(I)[:1], empty_shape[1:]], axis=0), dtype)
-        return zeros, lambda dy: (tf.zeros_like(I), tf.zeros_like(flat))
 
-    n = I.shape[0]
+        def grad(dy):  # shapes from dy and constants: a tensor of the branch would not reach a loop's
+            # or a second derivative's gradient graph
+            return (tf.zeros(tf.concat([tf.shape(dy)[:1], i_rest], axis=0), I.dtype),
+                    tf.zeros(flat_shape, flat.dtype))
+
+        return zeros, grad
+
+    n = tf.compat.dimension_value(I.shape[0])  # (TensorFlow 1 shapes: a Dimension, not an int)
     if n is not None:
         return compute() if n else empty(I, flat)
     return tf.cond(tf.shape(I)[0] > 0, compute, lambda: empty(I, flat))

@@ -77,6 +77,16 @@ def test_bias_of_another_float_dtype(rng, monkeypatch, backend, bias_dtype):
     _check(c, h, b.detach().to(DTYPES[bias_dtype]).requires_grad_(), dcn, dhn, tolerance("bfloat16"))
 
 
+@pytest.mark.parametrize("backend", ["reference", pytest.param("triton", marks=pytest.mark.interpreter)])
+def test_strided_bias(rng, monkeypatch, backend):
+    """A bias that is a strided view (every other element of a longer tensor) is read as the values
+    it shows."""
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", backend)
+    c, h, _, dcn, dhn = _inputs(rng, "float32", 5, 16)
+    wide = torch.from_numpy(rng.standard_normal(128)).float().requires_grad_()
+    _check(c, h, wide[::2], dcn, dhn, 1e-5)
+
+
 def test_empty_batch():
     c, h = torch.zeros(0, 8, requires_grad=True), torch.zeros(0, 32, requires_grad=True)
     bias = torch.ones(32, requires_grad=True)

@@ -83,6 +83,24 @@ def test_parameters_of_any_shape_with_c_elements(rng):
     assert rel_error(dg.reshape(-1), dg_ref) < 1e-5 and rel_error(db.reshape(-1), db_ref) < 1e-5
 
 
+@pytest.mark.parametrize("backend", ["reference", pytest.param("triton", marks=pytest.mark.interpreter)])
+@pytest.mark.parametrize("axis", [1, 0])
+def test_strided_and_expanded_parameters(rng, monkeypatch, backend, axis):
+    """g and b as strided views (every other element of a longer tensor) or expanded from one
+    element: read as the values they show, their gradients in their own shapes."""
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", backend)
+    x, g, b, dy = _inputs(rng, "float32", axis, 12, 48)
+    g_wide = torch.from_numpy(rng.standard_normal(96)).float().requires_grad_()
+    _check(x, g_wide[::2], b, dy, 1e-5, axis=axis)
+    one = torch.tensor([1.5], requires_grad=True)
+    y = layer_norm(x, one.expand(48), b, axis=axis)
+    want = ref.layer_norm(_f64(x), np.full(48, 1.5), _f64(b), axis=axis)
+    assert rel_error(y, want) < 1e-5
+    (d_one,) = torch.autograd.grad(y, one, dy)
+    xhat = ref.layer_norm(_f64(x), np.ones(48), np.zeros(48), axis=axis)
+    assert d_one.shape == (1,) and rel_error(d_one, [(_f64(dy) * xhat).sum()]) < 1e-5
+
+
 @pytest.mark.parametrize("axis", [1, 0, -1, -2])
 def test_strided_input(rng, axis):
     """A transposed view (the other memory order) gives the same answer; negative axes count from the end."""

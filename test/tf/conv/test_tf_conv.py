@@ -270,3 +270,70 @@ def test_single_channels_with_strides(rng, kind, bck, TRS, DHW, strides, padding
     op = cls(bck, TRS, DHW, strides=strides, padding=padding, edge_bias=True)
     F, x, dy, eb = random_inputs(rng, op, N=3)
     check(op, case_of(op, bck, padding, kind == "deconv"), F, x, dy, eb, mode=mode)
+
+
+def _square(kind):
+    """A layer whose output has its input's shape (4 channels, 4 x 4, SAME, unit steps), and its Case."""
+    bck = [((0, 1), (0, 1)), ((2, 3), (2, 3)), ((0, 1), (2, 3))]
+    op = KINDS[kind](bck, TRS=(3, 3), DHW=(4, 4))
+    return op, case_of(op, bck, "SAME", op.spec.transposed)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_gradient_through_a_loop_with_unknown_minibatch(rng, kind):
+    """The layer applied twice in ``tf.while_loop`` / ``tf.cond`` / under a second derivative, with the
+    minibatch unknown (``input_signature``): the gradient graph builds (the empty-batch branch's gradient
+    once captured tensors of its branch) and matches float64."""
+    op, case = _square(kind)
+    F = rng.standard_normal(op.f_shape()).astype(np.float32)
+    x = rng.standard_normal(op.i_shape(3)).astype(np.float32)
+    Ft = tf.constant(F)
+
+    @tf.function(input_signature=[tf.TensorSpec(op.i_shape(None), tf.float32)])
+    def loop(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            _, y = tf.while_loop(lambda i, h: i < 2, lambda i, h: (i + 1, op(Ft, h)), (0, x))
+            y = tf.cond(tf.reduce_sum(y) > -1e30, lambda: y, lambda: -y)  # a user's cond around it
+            loss = tf.reduce_sum(y * y)
+        return loss, tape.gradient(loss, x)
+
+    loss, dx = loop(tf.constant(x))
+    y1 = conv_products(case, F, x, np.zeros(op.o_shape(3)))[0]
+    y2 = conv_products(case, F, y1, np.zeros(op.o_shape(3)))[0]
+    d1 = conv_products(case, F, y1, 2 * y2)[1]
+    want = conv_products(case, F, x, d1)[1]
+    assert rel_error(as_np(loss), np.sum(y2 * y2)) < 1e-5
+    assert rel_error(as_np(dx), want) < 1e-4
+
+    @tf.function(input_signature=[tf.TensorSpec(op.i_shape(None), tf.float32)] * 2)
+    def hvp(x, v):  # the layer is linear in x: the Hessian-vector product of sum(y^2) is 2 A^T A v
+        with tf.GradientTape() as outer:
+            outer.watch(x)
+            with tf.GradientTape() as inner:
+                inner.watch(x)
+                loss = tf.reduce_sum(op(Ft, x) ** 2)
+            g = inner.gradient(loss, x)
+        return outer.gradient(g, x, output_gradients=v)
+
+    v = rng.standard_normal(op.i_shape(3)).astype(np.float32)
+    av = conv_products(case, F, v, np.zeros(op.o_shape(3)))[0]
+    assert rel_error(as_np(hvp(tf.constant(x), tf.constant(v))), conv_products(case, F, v, 2 * av)[1]) < 1e-4
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_tensorflow1_shapes(rng, kind):
+    """Under ``tf.compat.v1.disable_v2_tensorshape()`` (code ported from TensorFlow 1) an unknown
+    minibatch is a ``Dimension(None)``: the layer computes, it does not take it for an empty batch."""
+    op, case = _square(kind)
+    F, x, _, _ = random_inputs(rng, op, N=2)
+    tf.compat.v1.disable_v2_tensorshape()
+    try:
+        with tf.Graph().as_default():
+            xp = tf.compat.v1.placeholder(tf.float32, op.i_shape(None))
+            y = op(tf.constant(F), xp)
+            with tf.compat.v1.Session() as sess:
+                got = sess.run(y, {xp: x})
+    finally:
+        tf.compat.v1.enable_v2_tensorshape()
+    assert rel_error(got, conv_products(case, F, x, np.zeros(op.o_shape(2)))[0]) < 1e-5
