@@ -21,6 +21,7 @@ from torch import nn
 
 from ... import _env
 from ..._checks import check_bool, check_int
+from .._checks import float_dtype
 from ..._initializers import fan_in_bounds
 from ...dispatch import Problem, check_cost_model, check_impl, model_for, override_plan
 from ...layout import Layout
@@ -388,9 +389,11 @@ class Dispatched:
         """What runs a call on ``tokens`` rows, and why: a :class:`blocksparse.dispatch.Plan`.
 
         Defaults: the token count of the last call (else :data:`DEFAULT_TOKENS`), the weight's
-        dtype and device; ``backward``: whether the call is trained through (both gradients too).
+        dtype (a torch or numpy dtype or its name) and device; ``backward``: whether the call is
+        trained through (both gradients too).
         """
         tokens = check_int(tokens, "tokens", allow_none=True)
+        dtype = None if dtype is None else float_dtype("dtype", dtype)
         if not isinstance(backward, bool):
             raise TypeError(f"backward must be a bool; got {backward!r}")
         if device is None:

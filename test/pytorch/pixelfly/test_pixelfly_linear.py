@@ -113,6 +113,10 @@ def test_plan_follows_the_table():
     assert layer.plan().impl == "portable"                          # the last call's token count
     near_tie = PixelflyLinear(96, 192, 24, 4, 1, cost_model=_model(dense=1.04, portable=1.0))
     assert near_tie.plan(64).impl == "dense" and "within 5%" in near_tie.plan(64).why
+    # dtypes by name too, as the constructors take them
+    assert layer.plan(64, "float32") == layer.plan(64, torch.float32) == plan
+    with pytest.raises(TypeError, match="dtype must be float16, bfloat16, float32 or float64"):
+        layer.plan(64, "int8")
 
 
 def test_the_chosen_impl_runs(monkeypatch):
