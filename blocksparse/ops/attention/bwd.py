@@ -28,8 +28,8 @@ walk reads each table entry one step ahead (:func:`.tiles.entry_ahead`).  A row 
 import triton
 import triton.language as tl
 
-from .tiles import (block_list, entry_ahead, keep_mask, kv_step, kv_tiles, list_entry, load_rows, row_tile,
-                    split_program, store_rows)
+from .tiles import (block_list, entry_ahead, keep_mask, kv_step, kv_tiles, list_entry, load_rows, past_zeroed,
+                    row_tile, split_program, store_rows)
 
 
 @triton.jit
@@ -121,17 +121,20 @@ def _dq_program(
 
 
 @triton.jit
-def _dkdv_step(b_dk, b_dv, b_k, b_v, Q, DO, DQ, LSE, DELTA, i_b, i_hq, i_bh, q0, S,
+def _dkdv_step(b_dk, b_dv, b_k, b_v, Q, DO, DQ, LSE, DELTA, i_b, i_hq, i_bh, q0, S, seqlen,
                stride_qb, stride_qh, stride_qs, stride_dob, stride_doh, stride_dos,
                qk_scale, sm_scale, keep, BM: tl.constexpr, D: tl.constexpr, TMA: tl.constexpr,
-               MASKED: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+               MASKED: tl.constexpr, ATOMIC_DQ: tl.constexpr, HAS_SEQLENS: tl.constexpr):
     """Add the contribution of query rows ``q0 .. q0 + BM - 1`` of head ``i_hq`` to dk and dv (and, with
-    ``ATOMIC_DQ``, theirs to the float32 ``DQ``)."""
+    ``ATOMIC_DQ``, theirs to the float32 ``DQ``); rows past a ragged batch's length add nothing."""
     o_m = q0 + tl.arange(0, BM)
     b_q = load_rows(Q, i_b, i_hq, q0, stride_qb, stride_qh, stride_qs, BM, D, TMA)
     b_do = load_rows(DO, i_b, i_hq, q0, stride_dob, stride_doh, stride_dos, BM, D, TMA)
     lse = _load_lse(LSE, i_bh, o_m, S)
     delta = tl.load(DELTA + i_bh.to(tl.int64) * S + o_m)
+    if HAS_SEQLENS:  # padding may hold NaN / inf: zero probabilities would not stop it
+        b_q, b_do = past_zeroed(b_q, o_m, seqlen), past_zeroed(b_do, o_m, seqlen)
+        delta = tl.where(o_m < seqlen, delta, 0.0)
     b_st = tl.dot(b_k, tl.trans(b_q)) * qk_scale         # [BN, D] @ [D, BM] -> [BN, BM]
     b_pt = tl.math.exp2(b_st - lse[None, :])
     if MASKED:
@@ -173,6 +176,9 @@ def _dkdv_program(
 
     b_k = load_rows(K, i_b, i_hk, k0, stride_kb, stride_kh, stride_ks, BN, D, TMA)
     b_v = load_rows(V, i_b, i_hk, k0, stride_vb, stride_vh, stride_vs, BN, D, TMA)
+    if HAS_SEQLENS:  # keys past the length: zeros (with ATOMIC_DQ they reach dq)
+        k_len = tl.load(SEQLENS + i_b)
+        b_k, b_v = past_zeroed(b_k, o_n, k_len), past_zeroed(b_v, o_n, k_len)
     b_dk = tl.zeros([BN, D], dtype=tl.float32)
     b_dv = tl.zeros([BN, D], dtype=tl.float32)
     for g in range(GROUP):
@@ -186,24 +192,24 @@ def _dkdv_program(
             for t in tl.range(lo, hi):
                 q0 = n_q0
                 _, n_q0, _ = entry_ahead(ENTRIES, t + 1, hi, MS, BS, BM)
-                b_dk, b_dv = _dkdv_step(b_dk, b_dv, b_k, b_v, Q, DO, DQ, LSE, DELTA, i_b, i_hq, i_bh, q0, S,
+                b_dk, b_dv = _dkdv_step(b_dk, b_dv, b_k, b_v, Q, DO, DQ, LSE, DELTA, i_b, i_hq, i_bh, q0, S, seqlen,
                                         stride_qb, stride_qh, stride_qs, stride_dob, stride_doh, stride_dos,
                                         qk_scale, sm_scale, o_n[:, None] < seqlen, BM, D, TMA, HAS_SEQLENS,
-                                        ATOMIC_DQ)
+                                        ATOMIC_DQ, HAS_SEQLENS)
         else:
             for t in tl.range(start * MS, (start + n_full) * MS):
                 _, q0, _ = list_entry(ENTRIES, t, MS, BS, BM)
-                b_dk, b_dv = _dkdv_step(b_dk, b_dv, b_k, b_v, Q, DO, DQ, LSE, DELTA, i_b, i_hq, i_bh, q0, S,
+                b_dk, b_dv = _dkdv_step(b_dk, b_dv, b_k, b_v, Q, DO, DQ, LSE, DELTA, i_b, i_hq, i_bh, q0, S, seqlen,
                                         stride_qb, stride_qh, stride_qs, stride_dob, stride_doh, stride_dos,
                                         qk_scale, sm_scale, o_n[:, None] < seqlen, BM, D, TMA, HAS_SEQLENS,
-                                        ATOMIC_DQ)
+                                        ATOMIC_DQ, HAS_SEQLENS)
         for t in tl.range((start + n_full) * MS, (start + n_full + n_part) * MS):
             q_blk, q0, mask_id = list_entry(ENTRIES, t, MS, BS, BM)
             keep = keep_mask((q0 + tl.arange(0, BM))[None, :], o_n[:, None], seqlen, q_blk, k_blk, mask_id, MASKS,
                              BS, CAUSAL, HAS_SEQLENS, HAS_MASKS)
-            b_dk, b_dv = _dkdv_step(b_dk, b_dv, b_k, b_v, Q, DO, DQ, LSE, DELTA, i_b, i_hq, i_bh, q0, S,
+            b_dk, b_dv = _dkdv_step(b_dk, b_dv, b_k, b_v, Q, DO, DQ, LSE, DELTA, i_b, i_hq, i_bh, q0, S, seqlen,
                                     stride_qb, stride_qh, stride_qs, stride_dob, stride_doh, stride_dos,
-                                    qk_scale, sm_scale, keep, BM, D, TMA, True, ATOMIC_DQ)
+                                    qk_scale, sm_scale, keep, BM, D, TMA, True, ATOMIC_DQ, HAS_SEQLENS)
 
     store_rows(DK, b_dk * sm_scale, i_b, i_hk, k0, stride_dkb, stride_dkh, stride_dks, BN, D, TMA)
     store_rows(DV, b_dv, i_b, i_hk, k0, stride_dvb, stride_dvh, stride_dvs, BN, D, TMA)

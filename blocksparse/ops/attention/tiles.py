@@ -161,4 +161,13 @@ def kv_tiles(K, V, MASKS, k_blk, k0, mask_id, i_b, i_hk, o_m, q_blk, seqlen,
         keep = o_n[None, :] < seqlen
     b_k = load_rows(K, i_b, i_hk, k0, stride_kb, stride_kh, stride_ks, BN, D, TMA)
     b_v = load_rows(V, i_b, i_hk, k0, stride_vb, stride_vh, stride_vs, BN, D, TMA)
+    if HAS_SEQLENS:
+        b_k, b_v = past_zeroed(b_k, o_n, seqlen), past_zeroed(b_v, o_n, seqlen)
     return b_k, b_v, keep
+
+
+@triton.jit
+def past_zeroed(b_x, o_r, seqlen):
+    """Tile ``b_x`` with its rows at positions ``o_r`` past ``seqlen`` zeroed: a ragged batch's padding
+    may hold NaN or inf (an uninitialised buffer), which a zero probability times would still spread."""
+    return tl.where((o_r < seqlen)[:, None], b_x, 0.0).to(b_x.dtype)

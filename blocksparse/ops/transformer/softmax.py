@@ -74,7 +74,8 @@ def bst_softmax_kernel(
         b_m = b_m_new
 
     b_shift = tl.where(b_m == float("-inf"), 0.0, b_m)
-    b_inv = 1.0 / tl.where(b_l > 0.0, b_l, float("inf"))  # an empty row: 0, not 0 / 0
+    # an empty row: 0, not 0 / 0; a NaN sum (an inf or NaN score kept) makes the row NaN, as torch.softmax
+    b_inv = 1.0 / tl.where(b_l == 0.0, float("inf"), b_l)
     for i_b in range(start, end):
         b_s = _scores(COORDS, MASK_INDEX, MASK_BITS, i_b, lut_h * blocks + i_b, p_x, o_r, scale, ar_key,
                       BS, WORDS, HAS_MASK, AUTOREGRESS)

@@ -4,7 +4,9 @@ PyTorch ops only.
 It serves CPU tensors, float32 / float64 and anything the kernels cannot run; it materialises the
 ``(B, HQ, S, S)`` scores, so it is meant for moderate sequence lengths.  Computes in float32
 (float64 stays float64); ``lse`` is in base-2 units like the kernels'.  Rows that attend to
-nothing give zeros, never NaN.
+nothing give zeros, never NaN.  Positions past a ragged batch's lengths are zeroed before the
+products, as the kernels never read them: padding that holds NaN or inf (an uninitialised buffer)
+does not reach the rows that are in.
 """
 import math
 
@@ -32,6 +34,15 @@ def _keep(mask, seqlens, B, S):
     return keep
 
 
+def _inside(t, seqlens):
+    """``t`` (B, H, S, D) with the rows past each batch element's length zeroed (no lengths: ``t``)."""
+    if seqlens is None:
+        return t
+    pos = torch.arange(t.shape[2], device=t.device)
+    length = seqlens.to(t.device).long()[:, None, None, None]
+    return torch.where(pos[None, None, :, None] < length, t, torch.zeros((), dtype=t.dtype, device=t.device))
+
+
 def _probs(q, k, mask, seqlens, scale):
     """Softmax probabilities (B, HQ, S, S) and log-sum-exp (base 2) in the accumulation dtype."""
     acc = _acc(q.dtype)
@@ -52,6 +63,7 @@ def _probs(q, k, mask, seqlens, scale):
 
 def forward(q, k, v, mask, seqlens, scale):
     """``(o, lse)`` of attention with the keep mask ``mask`` (HL, S, S) (HL 1 or HQ)."""
+    q, k, v = (_inside(t, seqlens) for t in (q, k, v))
     p, lse = _probs(q, k, mask, seqlens, scale)
     v = _expand_kv(v, q.shape[1] // v.shape[1]).to(p.dtype)
     return torch.matmul(p, v).to(q.dtype), lse
@@ -62,6 +74,7 @@ def backward(do, q, k, v, o, mask, seqlens, scale):
     B, HQ, S, D = q.shape
     HK = k.shape[1]
     group = HQ // HK
+    do, q, k, v, o = (_inside(t, seqlens) for t in (do, q, k, v, o))
     p, _ = _probs(q, k, mask, seqlens, scale)
     acc = p.dtype
     do_, o_, q_ = do.to(acc), o.to(acc), q.to(acc)

@@ -65,7 +65,8 @@ def softmax(x, q_ids, keep, scale, rows, dtype):
     shift = torch.where(shift == float("-inf"), 0.0, shift)  # nothing kept in the row: exp gives 0
     e = torch.exp(s - shift[..., None])
     total = _row_sum(e.sum(dim=-1), q_ids, rows)[..., None]
-    y = torch.where(total > 0, e / total.clamp_min(torch.finfo(e.dtype).tiny), 0.0)
+    # a row that keeps nothing: 0; a NaN sum (an inf or NaN score kept) stays NaN, as torch.softmax gives
+    y = torch.where(total == 0, 0.0, e / total.clamp_min(torch.finfo(e.dtype).tiny))
     # contiguous whatever x's strides, as the kernels' outputs (and the ops' fake functions)
     return y.reshape(x.shape).to(dtype).contiguous()
 

@@ -100,6 +100,24 @@ def test_rows_that_keep_nothing_give_zeros(rng):
     assert (o[:, 16:32] == 0).all()  # query block 1 has no key block
 
 
+@pytest.mark.parametrize("backend", ["reference", pytest.param("triton", marks=pytest.mark.interpreter)])
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")], ids=["inf", "nan"])
+def test_a_kept_inf_or_nan_score_makes_its_row_nan(rng, monkeypatch, backend, bad):
+    """As torch.softmax: a row holding a kept +inf or NaN score is NaN (never silently zeros); the
+    other rows, and a row whose bad score is masked out, are untouched."""
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", backend)
+    bst = BlocksparseTransformer([[1, 0], [1, 1]], 16, heads=1, mask_callback=lambda s, h, q, k, b: np.tril(np.ones(s)))
+    x = torch.randn(bst.w_shape(1))
+    clean = bst.masked_softmax(x)
+    x[0, 0, 0, 5, 2] = bad       # kept (below the diagonal)
+    x[0, 0, 0, 7, 9] = bad       # masked out (above it)
+    y = bst.masked_softmax(x)
+    assert torch.isnan(y[0, 0, 0, 5]).all()
+    rest = torch.ones_like(y, dtype=torch.bool)
+    rest[0, 0, 0, 5] = False
+    torch.testing.assert_close(y[rest], clean[rest], rtol=0, atol=0)
+
+
 # ---------------------------------------------------------------- every op, every gradient
 
 def _op_grads(fn, inputs, dout):
