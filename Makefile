@@ -13,7 +13,7 @@ DOCKER_BASE ?= auto
 CELLS ?=
 shquote = '$(subst ','\'',$(1))'
 # Set on the command line or in the environment only (a makefile default must not turn it on).
-given = $(if $(filter command line environment,$(origin $(1))),$(filter-out 0 no false,$($(1))))
+given = $(if $(filter command line environment,$(origin $(1))),$(strip $($(1))))
 
 # GNU make exits 2 whatever a recipe's status was: the harness's own exit code (README "Exit
 # codes") is printed as the recipe's last line instead, and in make's "Error N" line.
@@ -44,7 +44,8 @@ matrix: install  ## build + test every selected cell (CELLS=regex EXECUTOR=local
 	    --docker-base=$(call shquote,$(DOCKER_BASE)) \
 	    --cells=$(call shquote,$(CELLS)) --pytest-args=$(call shquote,$(PYTEST_ARGS)) \
 	    $(if $(call given,ARCHS),--archs=$(call shquote,$(ARCHS))) \
-	    $(if $(call given,DRY_RUN),--dry-run) $(if $(call given,FRESH),--fresh); $(harness_status)
+	    $(if $(call given,DRY_RUN),--dry-run=$(call shquote,$(DRY_RUN))) \
+	    $(if $(call given,FRESH),--fresh=$(call shquote,$(FRESH))); $(harness_status)
 
 docker-engine:  ## install (docker.io, debootstrap) and start a Docker Engine when none answers (root)
 	scripts/docker_engine.sh

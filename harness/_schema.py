@@ -5,6 +5,7 @@ typed reader with precise messages serves better than a generic schema engine: u
 "did you mean" suggestion, and YAML's number trap (``3.10`` read as ``3.1``) is named outright.
 """
 import difflib
+import math
 import re
 
 import yaml
@@ -45,6 +46,24 @@ def load_yaml(path):
         raise ConfigError(f"{path}: file not found") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    except (OSError, UnicodeDecodeError) as e:  # a directory, unreadable, not UTF-8
+        raise ConfigError(f"{path}: cannot be read as UTF-8 text ({type(e).__name__}: {e})") from None
+
+
+#: The spellings of a yes/no setting (``DRY_RUN``, ``FRESH``, ``RUN_MATRIX``), any case.
+TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def parse_flag(name, value, default):
+    """A yes/no setting given as text (None or blank: ``default``); anything else is a `ConfigError`."""
+    if value is None or not str(value).strip():
+        return default
+    word = str(value).strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise ConfigError(f"{name} must be one of 1/0 (or true/false, yes/no, on/off); got {value!r}")
 
 
 def did_you_mean(word, choices):
@@ -146,7 +165,7 @@ class Fields:
             return value
         kind = "an integer" if integer else "a number"
         ok_type = int if integer else (int, float)
-        if isinstance(value, bool) or not isinstance(value, ok_type):
+        if isinstance(value, bool) or not isinstance(value, ok_type) or not math.isfinite(value):
             raise self.error(key, f"expected {kind}, got {_kind(value)}")
         if value < minimum or (maximum is not None and value > maximum):
             upper = f" and {maximum}" if maximum is not None else ""

@@ -15,7 +15,8 @@ from .errors import INTERRUPTED, ConfigError, FatalError, StaleFilesError
 from .executors import EXECUTORS
 from .executors.docker import BASES
 from .matrix import arch_problem, load_matrix
-from .render import ROOT, generated_files, stale_generated, write_generated
+from ._schema import parse_flag
+from .render import ROOT, generated_files, read_readme, stale_generated, write_generated
 from .run import Paths, RunOptions, rebuild_report, run_matrix
 
 __all__ = ["main"]
@@ -24,11 +25,7 @@ __all__ = ["main"]
 def _render(args):
     paths = Paths(Path(args.root).resolve())
     cells = load_matrix(paths.matrix)
-    readme = (paths.root / "README.md").read_text(encoding="utf-8")
-    try:
-        files = generated_files(cells, read_pins(paths.pins), readme_text=readme)
-    except ValueError as e:
-        raise FatalError(str(e)) from None
+    files = generated_files(cells, read_pins(paths.pins), readme_text=read_readme(paths.root))
     if args.check:
         stale = stale_generated(paths.root, files)
         for rel in stale:
@@ -81,6 +78,28 @@ def _docker_base(args):
     return 0
 
 
+def _on_off(name):
+    """An argparse type: a yes/no word (1/0, true/false, yes/no, on/off, any case), as the release tool reads
+    its settings; the Makefile passes ``DRY_RUN`` / ``FRESH`` through as given."""
+    def parse(text):
+        try:
+            return parse_flag(name, text, False)
+        except ConfigError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return parse
+
+
+def _positive_int(text):
+    """An argparse type: an integer >= 1 (seconds); 0 or less would turn a limit off or break it."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of seconds >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of seconds >= 1, got {value}")
+    return value
+
+
 def _parser():
     parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.split("\n")[0])
     parser.add_argument("--root", default=str(ROOT), help="project root (default: this checkout)")
@@ -105,11 +124,13 @@ def _parser():
     p.add_argument("--archs", type=_archs, default=None,
                    help="GPU targets of every cell's kernel build, e.g. sm_90 (default: matrix.yaml's; a smoke "
                         "run's smaller build, whose report cannot be released)")
-    p.add_argument("--dry-run", action="store_true", help="check and show the plan, run nothing")
-    p.add_argument("--fresh", action="store_true", help="recreate local cell environments")
-    p.add_argument("--test-timeout", type=int, default=900,
+    p.add_argument("--dry-run", nargs="?", const="1", default="0", type=_on_off("DRY_RUN"), metavar="1|0",
+                   help="check and show the plan, run nothing")
+    p.add_argument("--fresh", nargs="?", const="1", default="0", type=_on_off("FRESH"), metavar="1|0",
+                   help="recreate local cell environments")
+    p.add_argument("--test-timeout", type=_positive_int, default=900,
                    help="per-test timeout, seconds (default: %(default)s)")
-    p.add_argument("--run-timeout", type=int, default=7200,
+    p.add_argument("--run-timeout", type=_positive_int, default=7200,
                    help="limit of one cell's whole test run, seconds (default: %(default)s)")
     p.set_defaults(func=_matrix)
 

@@ -34,6 +34,8 @@ def read_pins(path, names=CELL_TOOLS):
         lines = path.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found (the cell tools are pinned there)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot be read as UTF-8 text ({type(e).__name__}: {e})") from None
     pins = {}
     for line in lines:
         match = re.fullmatch(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*([^\s;#]+)\s*(#.*)?", line)

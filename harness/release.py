@@ -45,6 +45,7 @@ from pathlib import Path
 from . import git
 from .errors import (CheckError, ConfigError, DirtyTreeError, FatalError, StaleReportError,
                      TagError, UploadError)
+from ._schema import parse_flag
 from .matrix import load_matrix
 from .release_dists import PROJECT, collect_wheels, sha256_file, write_manifest
 from .release_gate import gate, load_summary, stale_reason
@@ -68,20 +69,6 @@ _PRIVATE_ENV = ("DRY_RUN", "RUN_MATRIX", "REPOSITORY_URL", "INDEX_URL", "MAKEFLA
 # `make matrix` settings that narrow a run (`make release CELLS=...` exports them): the matrix
 # run of a release covers every cell with the whole suite, so they never reach it.
 _NARROWING_ENV = ("CELLS", "ARCHS", "PYTEST_ARGS")
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-
-
-def _flag(name, value, default):
-    if value is None or not value.strip():
-        return default
-    value = value.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ConfigError(f"{name} must be one of 1/0 (or true/false, yes/no); got {value!r}")
-
-
 @dataclass(frozen=True, kw_only=True)
 class Settings:
     """What one release run does; see the module docstring for the environment variables."""
@@ -117,8 +104,11 @@ class Settings:
         index_url = (environ.get("INDEX_URL") or "").strip() or None
         if index_url:
             check_url("INDEX_URL", index_url)
-        return cls(root=args.root.resolve(), dry_run=_flag("DRY_RUN", args.dry_run, True),
-                   run_matrix=_flag("RUN_MATRIX", args.run_matrix, True), repository_url=url,
+        if not args.matrix_command.split():
+            raise ConfigError("--matrix-command must name a command (default: "
+                              f"{' '.join(MATRIX_COMMAND)!r}); got an empty one")
+        return cls(root=args.root.resolve(), dry_run=parse_flag("DRY_RUN", args.dry_run, True),
+                   run_matrix=parse_flag("RUN_MATRIX", args.run_matrix, True), repository_url=url,
                    index_url=index_url,
                    matrix_command=tuple(args.matrix_command.split()), pypirc=args.pypirc)
 

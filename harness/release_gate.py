@@ -67,6 +67,8 @@ def load_summary(path):
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise GateError(f"{path} cannot be read ({type(exc).__name__}: {exc}); re-run `make matrix`") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -7,11 +7,12 @@ and `stale_generated` compare that with the files on disk.  Templates go through
 from pathlib import Path
 
 from .environment import CELL_TOOLS, tf_requirements
+from .errors import ConfigError
 from .templating import ROOT, template_env
 
 __all__ = ["ROOT", "GENERATED_DIR", "WORKFLOW", "README_BEGIN", "README_END", "template_env",
            "render_dockerfile", "render_workflow", "render_table", "generated_files",
-           "write_generated", "stale_generated"]
+           "write_generated", "stale_generated", "read_readme"]
 
 GENERATED_DIR = "docker/generated"
 WORKFLOW = ".github/workflows/gpu-matrix.yml"
@@ -45,9 +46,21 @@ def render_table(env, cells):
 
 def _replace_table(readme, table):
     begin, end = readme.find(README_BEGIN), readme.find(README_END)
+    if begin >= 0 and end >= 0 and end < begin:
+        raise ConfigError(f"{README}: the table's end marker {README_END!r} comes before its begin marker")
     if begin < 0 or end < begin:
-        raise ValueError(f"{README} lacks the table markers {README_BEGIN!r} ... {README_END!r}")
+        raise ConfigError(f"{README} lacks the table markers {README_BEGIN!r} ... {README_END!r}")
     return readme[:begin + len(README_BEGIN)] + "\n" + table + readme[end:]
+
+
+def read_readme(root):
+    """The README's text; missing or unreadable it is a `ConfigError` (its table is generated)."""
+    path = Path(root) / README
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot be read as UTF-8 text ({type(e).__name__}: {e}); the "
+                          f"compatibility table is generated into it") from None
 
 
 def generated_files(cells, pins, *, readme_text, root=ROOT):
@@ -76,9 +89,17 @@ def stale_generated(repo, files):
     stale = []
     for rel, text in files.items():
         path = Path(repo) / rel
-        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+        if not path.is_file() or _text(path) != text:
             stale.append(rel)
     return sorted(stale + _orphans(repo, files))
+
+
+def _text(path):
+    """A generated file's text, or None where it cannot be read as UTF-8 (then it is stale)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def write_generated(repo, files):

@@ -11,7 +11,7 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from .errors import CELLS_FAILED
+from .errors import CELLS_FAILED, GateError
 from .executors import BUILD_FAILED, INSTALL_FAILED, TESTS_KILLED, TIMED_OUT
 from .summary import FAILING, STATUSES, CellResult, Summary, coverage_gaps, wheel_record
 from .templating import template_env
@@ -161,9 +161,18 @@ def load_results(reports_dir, names):
     for name in names:
         path = Path(reports_dir) / name / "result.json"
         if path.is_file():
-            with open(path, encoding="utf-8") as f:
-                found[name] = CellResult.from_json(name, json.load(f), path)
+            found[name] = CellResult.from_json(name, read_json(path), path)
     return found
+
+
+def read_json(path):
+    """The JSON value in the file ``path``; a file that cannot be read or parsed is a `GateError`
+    naming it (exit code 5)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise GateError(f"{path}: not a readable JSON report ({type(exc).__name__}: {exc})") from None
 
 
 def _view(summary, reports_dir):
@@ -195,10 +204,11 @@ def write_result(reports_dir, result):
 
 
 def write_reports(reports_dir, summary):
-    """Write ``summary.json``, ``matrix.md`` and ``index.html`` into ``reports_dir``."""
+    """Write ``summary.json``, ``matrix.md`` and ``index.html`` into ``reports_dir`` (all three rendered
+    before any is written: a report the templates cannot show leaves no summary behind)."""
     reports_dir = Path(reports_dir)
+    texts = {"summary.json": summary.dumps(), "matrix.md": render_markdown(summary, reports_dir),
+             "index.html": render_html(summary, reports_dir)}
     reports_dir.mkdir(parents=True, exist_ok=True)
-    (reports_dir / "summary.json").write_text(summary.dumps(), encoding="utf-8")
-    (reports_dir / "matrix.md").write_text(render_markdown(summary, reports_dir),
-                                           encoding="utf-8")
-    (reports_dir / "index.html").write_text(render_html(summary, reports_dir), encoding="utf-8")
+    for name, text in texts.items():
+        (reports_dir / name).write_text(text, encoding="utf-8")

@@ -21,7 +21,7 @@ from .executors import EXECUTORS, STEP_MARKER, CellJob, make_executor
 from .known_failures import load_known_failures, plugin_json, stale_for_matrix
 from .matrix import load_matrix, select_cells
 from .progress import Progress
-from .render import GENERATED_DIR, generated_files, stale_generated
+from .render import GENERATED_DIR, generated_files, read_readme, stale_generated
 from .summary import TEST_LISTS
 from . import git
 from .source import stage_tree
@@ -113,8 +113,7 @@ def plan(paths, options):
         raise ConfigError(f"EXECUTOR must be one of {', '.join(EXECUTORS)}; "
                           f"got {options.executor!r}")
     if options.executor == "docker":
-        readme = (paths.root / "README.md").read_text(encoding="utf-8")
-        files = generated_files(cells, pins, readme_text=readme)
+        files = generated_files(cells, pins, readme_text=read_readme(paths.root))
         wanted = {k: v for k, v in files.items() if k.startswith(GENERATED_DIR)}
         stale = [p for p in stale_generated(paths.root, wanted) if p in wanted]
         if stale:

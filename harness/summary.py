@@ -48,6 +48,44 @@ def _is_wheel_record(value):
             and re.fullmatch(r"[0-9a-f]{64}", value["sha256"]) is not None)
 
 
+def _text_or_none(v):
+    return v is None or isinstance(v, str)
+
+
+def _texts(v):
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+def _objects(v):
+    return isinstance(v, list) and all(isinstance(x, dict) for x in v)
+
+
+def _number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+#: The optional keys' types (present keys only): (check, what the message says is expected).
+_TEXT, _TEXTS, _OBJECTS = (_text_or_none, "a string or null"), (_texts, "a list of strings"), \
+    (_objects, "a list of objects")
+_CELL_TYPES = {**{k: _TEXT for k in ("outcome", "reason", "tensorflow", "python", "cuda", "cudnn", "image",
+                                     "matrix_status", "commit", "log", "junit", "executor")},
+               "details": (lambda v: isinstance(v, dict), "an object"),
+               "fixed_entries": _OBJECTS, "stale_entries": _OBJECTS, "archs": _TEXTS, "pytest_args": _TEXTS,
+               "dirty": (lambda v: v is None or isinstance(v, bool), "true, false or null"),
+               "duration_s": (_number, "a number of seconds")}
+_SUMMARY_TYPES = {**{k: _TEXT for k in ("executor", "cells_selected", "started", "finished")},
+                  "ok": (lambda v: isinstance(v, bool), "true or false"), "pytest_args": _TEXTS,
+                  "archs": (lambda v: v is None or _texts(v), "a list of strings or null"),
+                  "stale_entries": _OBJECTS, "incomplete": _TEXTS}
+
+
+def _check_types(data, types, bad):
+    """Raise ``bad(key, expected, value)`` for the first present key of ``types`` of the wrong type."""
+    for key, (ok, expected) in types.items():
+        if key in data and not ok(data[key]):
+            raise bad(key, expected, data[key])
+
+
 def _fields_of(cls, data, skip):
     """The keys of ``data`` that are fields of ``cls`` (but ``skip``), lists made tuples; keys
     a newer harness may have added are ignored."""
@@ -123,6 +161,7 @@ class CellResult:
         wheels = entry.get("wheels", [])
         if not isinstance(wheels, list) or not all(map(_is_wheel_record, wheels)):
             raise bad("wheels", 'a list of {"path": ..., "sha256": <64 hex digits>}', wheels)
+        _check_types(entry, _CELL_TYPES, bad)
         return cls(name=name, **_fields_of(cls, entry, "name"))
 
 
@@ -173,6 +212,8 @@ class Summary:
         if not isinstance(cells, dict):
             raise GateError(f"{where}: 'cells' must be an object of cell name -> result; "
                             f"got {cells!r}")
+        _check_types(data, _SUMMARY_TYPES,
+                     lambda key, expected, value: GateError(f"{where}: {key!r} must be {expected}; got {value!r}"))
         return cls(**_fields_of(cls, data, "cells"),
                    cells=tuple(CellResult.from_json(name, entry, where)
                                for name, entry in cells.items()))

@@ -44,8 +44,10 @@ def test_plugin_json_fills_defaults():
     ({"kind": "flaky", "reruns": 0}, r"reruns: expected an integer between 1 and 10, got 0"),
     ({"kind": "hang", "timeout": "1m"}, r"timeout: expected a number, got str '1m'"),
     ({"link": "example.org"}, r"link: expected a string such as 'https://github.com/...'"),
+    ({"kind": "hang", "timeout": float("nan")}, r"timeout: expected a number, got float nan"),
+    ({"kind": "hang", "timeout": float("inf")}, r"timeout: expected a number, got float inf"),
 ], ids=["kind", "regex", "no-reason", "multiline", "empty-test", "unknown-key", "reruns-on-fail",
-        "timeout-on-fail", "zero-reruns", "timeout-type", "bad-link"])
+        "timeout-on-fail", "zero-reruns", "timeout-type", "bad-link", "timeout-nan", "timeout-inf"])
 def test_bad_entry(change, words):
     entry = {"test": "test/a.py::t", "kind": "fail", "reason": "r", **change}
     entry = {k: v for k, v in entry.items() if v is not None}
@@ -62,6 +64,9 @@ def test_bad_files(tmp_path):
         parse_known_failures(twice)
     assert load_known_failures(tmp_path / "absent.yaml") == ()
     assert parse_known_failures(None) == ()
+    (tmp_path / "latin1.yaml").write_bytes("# caf\xe9\n- {test: t, kind: fail, reason: r}\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match="latin1.yaml: cannot be read as UTF-8 text"):
+        load_known_failures(tmp_path / "latin1.yaml")
 
 
 def test_the_project_file_is_valid():

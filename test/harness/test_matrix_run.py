@@ -400,3 +400,22 @@ def test_help_tells_the_defaults_and_exit_codes(capsys):
     assert "per-test timeout, seconds (default: 900)" in text
     assert "limit of one cell's whole test run, seconds (default: 7200)" in text
     assert f"only report stale files (exit {StaleFilesError.exit_code} if any" in text
+
+
+@pytest.mark.parametrize("args", [["--run-timeout", "-5"], ["--test-timeout", "0"], ["--dry-run=maybe"],
+                                  ["--fresh=sometimes"]])
+def test_bad_run_options_are_refused(args, capsys):
+    """Limits of 0 or less (``timeout 0`` turns a limit off, a negative one breaks every cell) and
+    yes/no words the release tool would refuse too: exit 2 before anything runs."""
+    with pytest.raises(SystemExit) as info:
+        main(["matrix", *args])
+    assert info.value.code == 2 and "error: argument" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("word, dry", [("off", False), ("False", False), ("NO", False), ("1", True), ("Yes", True)])
+def test_dry_run_takes_the_release_tools_words(word, dry):
+    from harness.cli import _parser
+
+    assert _parser().parse_args(["matrix", f"--dry-run={word}"]).dry_run is dry
+    assert _parser().parse_args(["matrix", "--dry-run"]).dry_run is True
+    assert _parser().parse_args(["matrix"]).dry_run is False

@@ -47,6 +47,14 @@ def test_missing_report_is_none(tmp_path):
     assert load_summary(tmp_path / "nope.json") is None
 
 
+def test_an_unreadable_report_is_a_gate_error(tmp_path):
+    (tmp_path / "binary.json").write_bytes(b"\xff\xfe{}")
+    (tmp_path / "dir.json").mkdir()
+    for name in ("binary.json", "dir.json"):
+        with pytest.raises(GateError, match=f"{name} cannot be read"):
+            load_summary(tmp_path / name)
+
+
 @pytest.mark.parametrize("data, words", [
     ("{not json", "not valid JSON"),
     ([], "object at the top"),
@@ -61,8 +69,13 @@ def test_missing_report_is_none(tmp_path):
     ({"commit": HEAD, "dirty": False, "cells": {"c1": cell(regressions="t::x")}},
      "cell 'c1' key 'regressions'"),
     ({"commit": HEAD, "dirty": False, "cells": {"c1": cell(gating="yes")}}, "cell 'c1' key 'gating'"),
+    ({"commit": HEAD, "dirty": False, "cells": {"c1": cell(archs=None)}}, "cell 'c1' key 'archs'"),
+    ({"commit": HEAD, "dirty": False, "cells": {"c1": cell(stale_entries=["x"])}}, "key 'stale_entries'"),
+    ({"commit": HEAD, "dirty": False, "stale_entries": ["x"], "cells": {}}, "'stale_entries' must be"),
+    ({"commit": HEAD, "dirty": False, "archs": "sm_90", "cells": {}}, "'archs' must be"),
 ], ids=["json", "top", "no-commit", "no-dirty", "dirty-str", "cells-list", "cell-str",
-        "no-status", "negative", "bool-count", "regressions-str", "gating-str"])
+        "no-status", "negative", "bool-count", "regressions-str", "gating-str", "archs-null", "stale-str",
+        "top-stale-str", "top-archs-str"])
 def test_malformed_report_names_the_key(tmp_path, data, words):
     with pytest.raises(GateError, match="summary.json") as info:
         load_summary(write(tmp_path, data))

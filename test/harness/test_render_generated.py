@@ -8,7 +8,8 @@ from harness.environment import read_pins
 from harness.matrix import load_matrix
 from harness.render import (GENERATED_DIR, README_BEGIN, README_END, ROOT, WORKFLOW,
                             generated_files, render_dockerfile, render_table, render_workflow,
-                            stale_generated, template_env, write_generated)
+                            read_readme, stale_generated, template_env, write_generated)
+from harness.errors import ConfigError
 from harness_support import GOLDEN, PINS
 
 # UPDATE_GOLDEN=1 make test  rewrites the golden files from the templates (review the diff).
@@ -91,9 +92,15 @@ def test_rendering_is_deterministic(cells):
     assert readme.endswith(f"|\n{README_END}\nrest\n") and "old" not in readme
 
 
-def test_readme_without_markers_is_an_error(cells):
-    with pytest.raises(ValueError, match="lacks the table markers"):
+def test_readme_without_markers_is_an_error(cells, tmp_path):
+    """A config error (exit 2) for every caller, the docker plan's too: no markers, markers in the
+    wrong order, no README at all."""
+    with pytest.raises(ConfigError, match="lacks the table markers"):
         generated_files(cells, PINS, readme_text="no markers here\n")
+    with pytest.raises(ConfigError, match="end marker .* comes before its begin marker"):
+        generated_files(cells, PINS, readme_text=f"{README_END}\n{README_BEGIN}\n")
+    with pytest.raises(ConfigError, match="README.md: cannot be read"):
+        read_readme(tmp_path)
 
 
 def test_templates_are_strict(env):

@@ -193,6 +193,27 @@ def test_an_unknown_status_is_an_error_naming_the_file(tmp_path):
         load_results(tmp_path, ["c"])
 
 
+@pytest.mark.parametrize("content", [b'{"status": "pass', b"", b"\xff\xfe{}"], ids=["truncated", "empty", "not-utf8"])
+def test_an_unreadable_result_is_an_error_naming_the_file(tmp_path, content):
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "result.json").write_bytes(content)
+    with pytest.raises(GateError, match=r"c/result.json: not a readable JSON report"):
+        load_results(tmp_path, ["c"])
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    ("details", [1], "an object"), ("stale_entries", [1], "a list of objects"), ("duration_s", "abc", "a number"),
+    ("log", 5, "a string or null"), ("archs", "sm_90", "a list of strings"), ("dirty", "no", "true, false or null"),
+])
+def test_a_result_field_of_the_wrong_type_is_an_error(tmp_path, key, value, expected):
+    """Every field a report shows or a release reads is type-checked (a wrong one once crashed the
+    templates after summary.json had been written)."""
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "result.json").write_text(json.dumps({"status": "passed", key: value}))
+    with pytest.raises(GateError, match=rf"cell 'c' key '{key}' must be {expected}"):
+        load_results(tmp_path, ["c"])
+
+
 def test_the_reports_say_what_makes_them_incomplete(tmp_path):
     """Missing cells, another commit: listed in summary.json (``complete`` false), matrix.md and
     index.html."""
