@@ -7,7 +7,8 @@
     ``BlocksparseLinear`` / ``PixelflyLinear``) let the dispatch cost model choose among those that
     can serve (kernels, dense masked product, portable, reference; :mod:`blocksparse.dispatch`).  ``triton``
     insists on the kernels (an error if they cannot run; with ``TRITON_INTERPRET=1`` they run on
-    CPU tensors through Triton's interpreter).  ``reference`` always takes the reference path.
+    CPU tensors through Triton's interpreter) for the dtypes they take: float32 / float64
+    attention, whose kernels are 16-bit, takes the reference path whatever this says.  ``reference`` always takes the reference path.
 ``BLOCKSPARSE_TF_OPS``  path of the compiled TensorFlow op library to load instead of the one
     shipped in the wheel (development and tests).
 ``BLOCKSPARSE_KERNELS``  the kernel library (``_kernels.so``) the PyTorch frontend launches

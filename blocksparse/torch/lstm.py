@@ -39,6 +39,7 @@ def fused_lstm_gates(c, *gates, bias=None, forget_bias=1.0):
 
     Examples
     --------
+    >>> import torch
     >>> c, h = torch.zeros(8, 32), torch.randn(8, 128)
     >>> c_next, h_next = fused_lstm_gates(c, h, forget_bias=1.0)
     >>> c_next, h_next = fused_lstm_gates(c, *h.split(32, dim=1))     # four gate tensors
