@@ -4,7 +4,7 @@ import numbers
 
 import numpy as np
 
-__all__ = ["check_bool", "check_int", "check_minibatch"]
+__all__ = ["check_bool", "check_epsilon", "check_int", "check_minibatch"]
 
 
 def check_bool(value, name):
@@ -40,6 +40,23 @@ def check_int(value, name, minimum=1, maximum=None, *, allow_none=False):
         upper = "" if maximum is None else f" and <= {maximum}"
         raise ValueError(f"{name} must be >= {minimum}{upper}; got {int(value)}")
     return int(value)
+
+
+def check_epsilon(value, name="epsilon"):
+    """Return ``value`` as a float after checking it is a real number that stays positive and
+    finite in float32, where the kernels add it (one that rounds to 0 would divide by zero).
+
+    >>> check_epsilon(1e-50)
+    Traceback (most recent call last):
+    ...
+    ValueError: epsilon must be a positive float32 number (in [1.4e-45, 3.4e+38]); got 1e-50
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number; got {value!r} of type {type(value).__name__}")
+    # plain Python (torch.compile traces it): float32 rounds 2**-150 and less to 0, 2**128 - 2**103 and more to inf
+    if not 2.0**-150 < value < 2.0**128 - 2.0**103:
+        raise ValueError(f"{name} must be a positive float32 number (in [1.4e-45, 3.4e+38]); got {value}")
+    return float(value)
 
 
 def check_minibatch(N):

@@ -153,8 +153,13 @@ def morton_key(c, k):
     >>> morton_key(np.array([0, 1, 0, 1]), np.array([0, 0, 1, 1])).tolist()
     [0, 1, 2, 3]
     """
-    c = np.asarray(c, dtype=np.uint64)
-    k = np.asarray(k, dtype=np.uint64)
+    c, k = np.asarray(c), np.asarray(k)
+    for name, v in (("c", c), ("k", k)):
+        if v.dtype.kind not in "iu":
+            raise TypeError(f"{name} must hold integers; got dtype {v.dtype}")
+        if v.size and (v.min() < 0 or v.max() >= 2**32):
+            raise ValueError(f"{name} must hold integers in [0, 2**32); got values in [{v.min()}, {v.max()}]")
+    c, k = c.astype(np.uint64), k.astype(np.uint64)
     key = np.zeros(np.broadcast(c, k).shape, dtype=np.uint64)
     for bit in range(32):
         one = np.uint64(1 << bit)
@@ -360,7 +365,7 @@ class Layout:
 
     def _lut(self, kind, max_segment, group):
         max_segment = check_int(max_segment, "max_segment", allow_none=True)
-        group = check_int(group, "group")
+        group = check_int(group, "group", 1, 2**31 - 1)
         key = (kind, max_segment, group)
         if key not in self._tables:
             c, k = self.coords[:, 0], self.coords[:, 1]
@@ -372,7 +377,7 @@ class Layout:
 
     def updat_groups(self, group):
         """Runs of at most ``group`` blocks sharing a layout row; see the module docstring."""
-        group = check_int(group, "group")
+        group = check_int(group, "group", 1, 2**31 - 1)
         key = ("updat", group)
         if key not in self._tables:
             order = np.lexsort((self.coords[:, 1], self.coords[:, 0]))  # by (c, k)

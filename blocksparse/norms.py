@@ -12,9 +12,8 @@ the input's dtype.  Works in eager mode, inside ``tf.function`` (unknown minibat
 ``tf.compat.v1`` graphs, on any device and under XLA.
 """
 
-import numpy as np
 
-from ._checks import check_bool, check_int
+from ._checks import check_bool, check_epsilon, check_int
 from ._tf import tf
 from ._tf.checks import float_tensor
 from ._tf.ew import args as ewargs
@@ -27,11 +26,7 @@ __all__ = ["layer_norm", "batch_norm", "batch_norm_inference"]
 def _epsilon(value):
     """``epsilon`` as a finite float > 0 in float32, where the ops add it (an infinite one would
     silently give ``y = b``, one that rounds to 0 divide by zero)."""
-    value = ewargs.real(value, "epsilon", low=0.0, low_open=True)
-    if not 0.0 < np.float32(value) < np.inf:
-        raise ValueError(f"epsilon must be a positive float32 number (in [{np.finfo(np.float32).smallest_subnormal:.3g}, "
-                         f"{np.finfo(np.float32).max:.3g}]); got {value}")
-    return value
+    return check_epsilon(ewargs.real(value, "epsilon", low=0.0, low_open=True))
 
 
 def layer_norm(x, g, b, axis=1, epsilon=1e-6, relu=False, *, segments=1, name=None):

@@ -227,3 +227,20 @@ def test_equality_and_hash():
     a, b = Layout([[1, 0], [1, 1]], 8), Layout(np.array([[True, False], [True, True]]), 8)
     assert a == b and hash(a) == hash(b)
     assert a != Layout([[1, 0], [1, 1]], 16) and a != Layout([[1, 0], [1, 1]], 8, z_order=True)
+
+
+@pytest.mark.parametrize("c, k, error, match", [
+    (-1, 0, ValueError, r"c must hold integers in \[0, 2\*\*32\)"),
+    (0, 2**32, ValueError, r"k must hold integers in \[0, 2\*\*32\)"),
+    (1.5, 0, TypeError, "c must hold integers"),
+])
+def test_morton_key_refuses_what_it_cannot_interleave(c, k, error, match):
+    with pytest.raises(error, match=match):
+        morton_key(c, k)
+
+
+def test_group_beyond_int32_is_refused():
+    lay = Layout(np.ones((2, 2), dtype=np.int32), 16)
+    for call in (lambda: lay.fprop(group=2**70), lambda: lay.bprop(group=2**31), lambda: lay.updat_groups(2**40)):
+        with pytest.raises(ValueError, match="group must be >= 1 and <= 2147483647"):
+            call()

@@ -10,6 +10,7 @@ import re
 
 import numpy as np
 
+from .._checks import check_epsilon
 from . import tf
 
 #: Floating dtypes every op of the frontend accepts.
@@ -65,11 +66,12 @@ def op_name(name, default):
 
 
 def positive_float(value, name):
+    """``value`` (an epsilon) as a float: positive and finite, also in float32."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a positive number; got {type(value).__name__}")
     if not 0 < value < float("inf"):
         raise ValueError(f"{name} must be > 0 and finite; got {value}")
-    return float(value)
+    return check_epsilon(value, name)
 
 
 def _shape_text(shape):

@@ -90,7 +90,8 @@ def flat_butterfly(butterfly_size, n_factors=None):
 
 def default_butterfly_size(in_features, out_features, block_size):
     """pixelfly's default: the power of two >= the shorter side in blocks (at least 2)."""
-    short = min(in_features, out_features) / block_size
+    in_features, out_features = _positive_int(in_features, "in_features"), _positive_int(out_features, "out_features")
+    short = min(in_features, out_features) / _positive_int(block_size, "block_size")
     return max(2, 2 ** math.ceil(math.log2(max(short, 1))))
 
 

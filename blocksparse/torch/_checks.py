@@ -16,11 +16,13 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _AUTOCAST_FROM = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def _floating(name, t, kind="a torch.Tensor"):
+def _floating(name, t, kind="a torch.Tensor", dtypes="float16, bfloat16, float32 or float64"):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be {kind}; got {type(t).__name__}")
     if t.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name} must be float16, bfloat16, float32 or float64; got {t.dtype}")
+        raise TypeError(f"{name} must be {dtypes}; got {t.dtype}")
+    if t.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense (strided) tensor; got layout {t.layout}")
     return t
 
 
@@ -42,12 +44,9 @@ def float_dtype(name, dtype):
 
 
 def floating_tensor(name, t):
-    """``t`` after checking it is a tensor of a floating dtype (any: the op says which it computes in)."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
-    if not t.is_floating_point():
-        raise TypeError(f"{name} must be floating point (float16, bfloat16, float32, float64); got {t.dtype}")
-    return t
+    """``t`` after checking it is a dense tensor of float16, bfloat16, float32 or float64 (the op
+    says which it computes in)."""
+    return _floating(name, t, dtypes="floating point (float16, bfloat16, float32, float64)")
 
 
 def activations(name, t, ndim=2):

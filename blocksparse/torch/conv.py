@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .._checks import check_bool, check_epsilon
 from ..ops.conv import ConvShapes
 from ._checks import autocast, float_dtype, floating_tensor, real
 from ._live import LiveState, field
@@ -150,6 +151,7 @@ class BlocksparseConv(LiveState, ConvShapes):
         epsilon = real("epsilon", epsilon)
         if not epsilon > 0:
             raise ValueError(f"epsilon must be a number > 0; got {epsilon}")
+        epsilon = check_epsilon(epsilon)
         dtype = float_dtype("dtype", dtype)
         if gain is not None:
             gain = floating_tensor("gain", gain)
@@ -191,9 +193,9 @@ class BlocksparseConvLayer(nn.Module):
     def __init__(self, BCK, TRS, DHW, MPQ=None, strides=(1, 1, 1), dilates=(1, 1, 1), padding="SAME",
                  edge_bias=False, transposed=False, device=None, dtype=None, *, path="auto"):
         super().__init__()
-        cls = BlocksparseDeconv if transposed else BlocksparseConv
+        cls = BlocksparseDeconv if check_bool(transposed, "transposed") else BlocksparseConv
         self.conv = cls(BCK, TRS, DHW, MPQ, strides, dilates, padding, edge_bias, path=path)
-        factory = {"device": device, "dtype": dtype}
+        factory = {"device": device, "dtype": None if dtype is None else float_dtype("dtype", dtype)}
         self.weight = nn.Parameter(torch.empty(self.conv.f_shape(), **factory))
         self.edge_bias = nn.Parameter(torch.empty(self.conv.edge_bias_shape(), **factory)) if edge_bias else None
         self.reset_parameters()

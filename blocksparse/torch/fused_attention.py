@@ -57,11 +57,7 @@ class AttentionLayout:
     """
 
     def __init__(self, layout, block_size, *, block_masks=None):
-        if isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral):
-            raise TypeError(f"block_size must be an int, one of {KERNEL_BLOCK_SIZES}; got {block_size!r}")
-        if int(block_size) not in KERNEL_BLOCK_SIZES:
-            raise ValueError(f"block_size must be one of {KERNEL_BLOCK_SIZES}; got {block_size}")
-        self.block_size = int(block_size)
+        self.block_size = _check_block_size(block_size)
         self.layout = _check_layout(layout)
         self.block_masks = block_masks
         index = masks = None
@@ -227,6 +223,14 @@ def _check_qkv(q, k, v):
     return q, k, v
 
 
+def _check_block_size(block_size):
+    if isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral):
+        raise TypeError(f"block_size must be an int, one of {KERNEL_BLOCK_SIZES}; got {block_size!r}")
+    if int(block_size) not in KERNEL_BLOCK_SIZES:
+        raise ValueError(f"block_size must be one of {KERNEL_BLOCK_SIZES}; got {block_size}")
+    return int(block_size)
+
+
 def _check_layout(layout):
     if isinstance(layout, torch.Tensor):
         layout = layout.detach().cpu().numpy()
@@ -333,6 +337,8 @@ def _current_handle(handle, layout_now):
 
 def _prepare(layout, block_size, block_masks, seq_len):
     """An :class:`AttentionLayout` for ``layout`` (the last ones prepared are kept)."""
+    if block_size is not None:
+        block_size = _check_block_size(block_size)
     if isinstance(layout, AttentionLayout):
         if block_size is not None and block_size != layout.block_size:
             raise ValueError(f"block_size must be None or the AttentionLayout's {layout.block_size}; "

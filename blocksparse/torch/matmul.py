@@ -94,7 +94,8 @@ class BlocksparseMatMul(LayoutShapes):
         The common case costs a handful of attribute reads; :meth:`_refuse` explains the rest."""
         try:
             good = (x.dim() == 2 and x.shape[self.axis] == self.layout.C and w.shape == self._w_size
-                    and x.dtype.is_floating_point and w.dtype.is_floating_point and x.device == w.device)
+                    and x.dtype in _checks.FLOAT_DTYPES and w.dtype in _checks.FLOAT_DTYPES
+                    and x.layout == w.layout == torch.strided and x.device == w.device)
         except (AttributeError, TypeError):  # not tensors
             good = False
         if not good:
@@ -109,11 +110,7 @@ class BlocksparseMatMul(LayoutShapes):
     def _refuse(self, x, w):
         """Raise the error that says what is wrong with ``x`` and ``w``."""
         for name, t in (("x", x), ("w", w)):
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
-            if not t.is_floating_point():
-                raise TypeError(f"{name} must be floating point (float16, bfloat16, float32, "
-                                f"float64); got {t.dtype}")
+            _checks.floating_tensor(name, t)
         wanted = f"(N, {self.C})" if self.axis else f"({self.C}, N)"
         if x.dim() != 2:
             raise ValueError(f"x must be 2-D {wanted}; got shape {tuple(x.shape)}")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import check_bool
+from .._checks import check_bool, check_epsilon
 from . import _checks
 from ._norms import ops as _ops
 from ._norms import reference as _reference
@@ -77,6 +77,7 @@ def layer_norm(x, g, b, axis=1, epsilon=1e-6, relu=False, *, segments=1):
     epsilon = _checks.real("epsilon", epsilon)
     if epsilon <= 0:
         raise ValueError(f"epsilon must be > 0; got {epsilon}")
+    epsilon = check_epsilon(epsilon)
     relu = check_bool(relu, "relu")
     (x,) = _checks.autocast(x)
     g, b = _checks.param("g", g, features, x), _checks.param("b", b, features, x)

@@ -146,3 +146,14 @@ def test_random_row_layout(rng):
 def test_bad_arguments(call, err, words):
     with pytest.raises(err, match=words):
         call()
+
+
+@pytest.mark.parametrize("args, error, match", [
+    ((64, 64, 0), ValueError, "block_size must be an int >= 1"),
+    ((-64, 64, 8), ValueError, "in_features must be an int >= 1"),
+    ((64.5, 64, 8), TypeError, "in_features must be an int >= 1"),
+    ((64, "64", 8), TypeError, "out_features must be an int >= 1"),
+])
+def test_default_butterfly_size_checks_its_arguments(args, error, match):
+    with pytest.raises(error, match=match):
+        default_butterfly_size(*args)

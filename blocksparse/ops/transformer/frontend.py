@@ -24,7 +24,7 @@ def check_scale(scale):
 
 def check_autoregress_at_key(value):
     """``autoregress_at_key`` as an int >= 0, or None."""
-    return check_int(value, "autoregress_at_key", 0, allow_none=True)
+    return check_int(value, "autoregress_at_key", 0, 2**63 - 1, allow_none=True)
 
 
 def check_bench(value):

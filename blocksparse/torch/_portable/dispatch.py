@@ -21,7 +21,7 @@ from torch import nn
 
 from ... import _env
 from ..._checks import check_bool, check_int
-from .._checks import float_dtype
+from .._checks import float_dtype, floating_tensor
 from ..._initializers import fan_in_bounds
 from ...dispatch import Problem, check_cost_model, check_impl, model_for, override_plan
 from ...layout import Layout
@@ -322,8 +322,7 @@ class LinearDispatch(nn.Module):
         return dense_matmul(x, w, self.tables, bias)
 
     def _check(self, x, w):
-        if not x.is_floating_point():
-            raise TypeError(f"input must be floating point (float16, bfloat16, float32, float64); got {x.dtype}")
+        floating_tensor("input", x)
         if x.device != w.device:
             raise ValueError(f"input and weight must be on one device; got {x.device} and {w.device}")
         if x.dtype != w.dtype and (torch.float64 in (x.dtype, w.dtype)
@@ -354,8 +353,7 @@ def check_input(x, in_features, weight):
         raise TypeError(f"input must be a torch.Tensor; got {type(x).__name__}")
     if x.dim() == 0 or x.shape[-1] != in_features:
         raise ValueError(f"input must have shape (..., {in_features}); got {tuple(x.shape)}")
-    if not x.is_floating_point():
-        raise TypeError(f"input must be floating point (float16, bfloat16, float32, float64); got {x.dtype}")
+    floating_tensor("input", x)
     if x.device != weight.device:
         raise ValueError(f"input and weight must be on one device; got {x.device} and {weight.device}")
     return x

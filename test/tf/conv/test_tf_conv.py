@@ -188,6 +188,8 @@ def test_l2_normalize_forms_and_dtype(rng):
         op.l2_normalize(F, gain=tf.ones([op.K + 1]))
     with pytest.raises(TypeError, match="dtype must be one of"):
         op.l2_normalize(F, dtype=tf.int32)
+    with pytest.raises(ValueError, match="epsilon must be a positive float32 number"):
+        op.l2_normalize(np.zeros_like(F), epsilon=1e-50)  # 0 in float32: a zero filter would be NaN
 
 
 def test_bad_inputs(rng):

@@ -391,6 +391,9 @@ def test_l2_normalize_errors():
         bsmm.l2_normalize(w, gain=tf.ones(8))
     with pytest.raises(ValueError, match="epsilon"):
         bsmm.l2_normalize(w, epsilon=0.0)
+    for epsilon in (1e-50, 1e39):  # vanish / overflow in float32, where the op adds it
+        with pytest.raises(ValueError, match="epsilon must be a positive float32 number"):
+            bsmm.l2_normalize(tf.zeros(bsmm.w_shape), epsilon=epsilon)
     with pytest.raises(TypeError, match="dtype"):
         bsmm.l2_normalize(w, dtype=np.int32)
 
