@@ -117,7 +117,8 @@ SWEEP_BWD += [c for c in TABLE_BWD if c not in SWEEP_BWD]
 # that also add dq (5 products) by bulk reduce-adds of [BM1, 128] float32 tiles through a tensor
 # descriptor (the copy engine's reduction, as FlashAttention-3 accumulates dq), written 2026-12-05:
 # element atomics had taken 1.4x the table's time (attention-sweep-h200.md).  Compiled for sm_90:
-# 255 registers, 112 / 80 / 8 B of stack at BM1 64 x 3 stages / 64 x 2 / 32 x 3.
+# 255 registers, 112 / 80 / 8 B of stack at BM1 64 x 3 stages / 64 x 2 / 32 x 3.  Measured 2026-12-06
+# on an H100 (results/raw/attention-reduce-dq-sweep-h100.md): 1.23-1.67x the table's time, not adopted.
 REDUCE_DQ_BWD = [configs.bwd_config(128, BS)] + [
     replace(configs.bwd_config(128, BS), atomic_dq=True, fused=False, **kw)
     for kw in (dict(), dict(num_stages=2), dict(BM1=32), dict(heads_first=True), dict(prefetch=False))]

@@ -139,9 +139,9 @@ _XPROP_T = {
 #: Regular layouts (every output column holds equally many blocks: butterfly / pixelfly, banded,
 #: block-diagonal) on ``(N, C)`` activations: persistent programs deal the output tiles
 #: (:mod:`.xprop_persistent`), each tile's store overlapping the next one's first loads.  Keyed
-#: like the tables above ((16-bit, float32), (large, small)) -> block size -> tile.  Empty until
-#: measured: ``bench/tune_bsmm.py --persist`` (sweep 17) times the candidates against the tables'
-#: tiles on a GPU; bench/README.md has the plan.
+#: like the tables above ((16-bit, float32), (large, small)) -> block size -> tile.  Empty: on the
+#: large pixelfly MLP every candidate of ``bench/tune_bsmm.py --persist`` (sweep 17) was 1.02-1.6x
+#: slower than the tables' one-tile programs (bench/README.md, "Sweep 17").
 PERSISTENT_XPROP: dict = {}
 #: The pointer kernels' updat tables where TMA cannot run (same shapes, no descriptors).
 _UPDAT_PTR = {16: U(8, 64, 4, 4, TMA=False), 32: U(8, 64, 8, 3, TMA=False), 64: U(2, 64, 4, 4, TMA=False),
