@@ -1,14 +1,20 @@
 """The ``(C, N)`` layer-norm backward on a GPU: the table's one-launch tile against the split
-backward (:mod:`blocksparse.ops.norms.split_bwd`), interleaved in one run.
+backward (:mod:`blocksparse.ops.norms.split_bwd`), interleaved in one run; with ``--forward`` the
+forward: the table's chunked tile against the split forward (:mod:`blocksparse.ops.norms.split_fwd`),
+a few tiles of it swept.
 
     python bench/norms_split.py --out bench/results/raw     # about 40 s
-    python bench/norms_split.py --out /tmp/smoke --cpu      # one tiny case through Triton's interpreter
+    python bench/norms_split.py --out bench/results/raw --forward   # about 90 s
+    python bench/norms_split.py --out /tmp/smoke --cpu [--forward]  # one tiny case through Triton's interpreter
 
 For N in {4096, 8192, 16384} tokens x C in {1024, 4096, 8192} features, bfloat16 and float32: both
 backwards through the PyTorch launcher (Triton's JIT), each checked against float64 (``dx``, ``dg``,
 ``db``: the largest relative error), then timed in CUDA graphs (``do_bench_cudagraph``).  ``hbm`` =
 the backward's bytes (``x``, ``dy``, ``dx``: ``3e`` an element) / time over the device-to-device copy
-bandwidth measured in the same run.  Writes ``norms-split-bwd-<gpu>.json``.
+bandwidth measured in the same run.  Writes ``norms-split-bwd-<gpu>.json``.  The forward
+(``--forward``): the chunked tile (``old``), the launcher's choice (``new``) and every tile of
+:data:`FWD_TILES` (``y``, ``mean``, ``rstd`` checked; ``hbm`` counts ``x`` and ``y``, ``2e`` an
+element), into ``norms-split-fwd-<gpu>.json``; ``best`` names the fastest split tile of each row.
 """
 import argparse
 import json
@@ -27,12 +33,18 @@ import torch  # noqa: E402
 from triton.testing import do_bench_cudagraph  # noqa: E402
 
 import common  # noqa: E402
-from blocksparse.ops.norms.configs import layer_norm_config, split_backward_config  # noqa: E402
+from blocksparse.ops.norms.configs import SplitConfig, layer_norm_config, split_backward_config  # noqa: E402
+from blocksparse.ops.norms.configs import split_forward_config  # noqa: E402
 from blocksparse.testing import norms as ref  # noqa: E402
 from blocksparse.testing import rel_error  # noqa: E402
 from blocksparse.torch._norms.launch import layer_norm_bwd, layer_norm_fwd  # noqa: E402
 
 EPS = 1e-5
+#: Split-forward tiles swept per element size: (BN, R, num_warps, programs_per_sm); slices of up to
+#: 2048 features, halved down to 256 until the grid holds programs_per_sm programs a SM.
+FWD_TILES = {2: [(128, 16, 4, 4), (128, 16, 4, 8), (128, 16, 4, 2), (128, 8, 4, 4), (128, 16, 8, 4), (256, 8, 4, 4),
+                 (256, 16, 8, 4), (64, 16, 4, 4)],
+             4: [(64, 16, 4, 4), (64, 16, 4, 8), (64, 8, 4, 4), (128, 8, 4, 4), (128, 16, 8, 4), (32, 32, 4, 4)]}
 
 
 def _time_ms(call):
@@ -62,22 +74,49 @@ def case(dtype, n, c, hbm):
     return row
 
 
+def forward_case(dtype, n, c, hbm):
+    device = "cpu" if CPU else "cuda"
+    x = (torch.randn(c, n, device=device) * 2 + 1).to(dtype)
+    g, b = torch.randn(c, device=device), torch.randn(c, device=device)
+    xs = x.double().t()
+    mean = xs.mean(1)
+    rstd = 1 / torch.sqrt(xs.var(1, unbiased=False) + EPS)
+    want = (((xs - mean[:, None]) * rstd[:, None]) * g.double() + b.double()).t(), mean, rstd
+    size = x.element_size()
+    old = layer_norm_config(0, c, size)
+    row = dict(dtype=str(dtype).removeprefix("torch."), N=n, C=c, old_tile=[old.BN, old.BC],
+               split=split_forward_config(0, n, c, size) is not None)
+    tiles = [("old", old), ("new", None)] + [
+        (f"split_{bn}_{r}_{w}_{pps}", SplitConfig(BN=bn, R=r, num_warps=w, FS=2048, MIN_FS=256, programs_per_sm=pps))
+        for bn, r, w, pps in (FWD_TILES[size][:1] if CPU else FWD_TILES[size])]
+    for name, cfg in tiles:
+        call = lambda: layer_norm_fwd(x, g, b, axis=0, epsilon=EPS, relu=False, segments=1, cfg=cfg)  # noqa: E731
+        got = call()
+        row[f"{name}_err"] = max(rel_error(got[0], want[0]), rel_error(got[1][0], want[1]), rel_error(got[2][0], want[2]))
+        row[f"{name}_ms"] = ms = _time_ms(call)
+        row[f"{name}_hbm"] = hbm and 2 * n * c * size / ms / 1e6 / hbm
+    splits = [k[:-3] for k in row if k.startswith("split_") and k.endswith("_ms")]
+    row["best"] = min(splits, key=lambda k: row[f"{k}_ms"])
+    return row
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench/results/raw")
     ap.add_argument("--cpu", action="store_true", help="one tiny float32 case through Triton's interpreter")
+    ap.add_argument("--forward", action="store_true", help="the forward: the chunked tile against split ones")
     args = ap.parse_args()
     hbm = None if CPU else common.hbm_bandwidth_gbs()
-    cases = [(torch.float32, 16, 1024)] if CPU else [
+    cases = [(torch.float32, 16, 2048 if args.forward else 1024)] if CPU else [
         (dtype, n, c) for dtype in (torch.bfloat16, torch.float32) for n in (4096, 8192, 16384) for c in (1024, 4096, 8192)]
     rows = []
     for dtype, n, c in cases:
-        rows.append(case(dtype, n, c, hbm))
+        rows.append((forward_case if args.forward else case)(dtype, n, c, hbm))
         print(json.dumps(rows[-1]), flush=True)
     device = "cpu" if CPU else torch.cuda.get_device_name()
     gpu = "cpu" if CPU else "h200" if "H200" in device else "h100"
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"norms-split-bwd-{gpu}.json"), "w") as f:
+    with open(os.path.join(args.out, f"norms-split-{'fwd' if args.forward else 'bwd'}-{gpu}.json"), "w") as f:
         json.dump(dict(device=device, hbm_gbs=hbm, rows=rows), f, indent=1)
     return rows
 

@@ -40,12 +40,13 @@ from blocksparse.testing.aot_verify import TORCH_DTYPES, check  # noqa: E402
 #: layout, (C, N) with N not a multiple of 16, a partial last token tile, the relu kernels' own
 #: tiles (``configs.MEASURED_RELU``), (N, C) segments of other than a multiple of 16 features and
 #: (C, N) with such a C (the unaligned specs and reduction); the (C, N) split backward (segments longer than its
-#: one-chunk tiles: 512 x 4096, 4096 x 512 with the relu, two segments and a partial last token tile).
+#: one-chunk tiles: 512 x 4096, 4096 x 512 with the relu, two segments and a partial last token tile); the
+#: (C, N) split forward (from 2^26 tokens x segment features: with the relu and two segments).
 LAYER_NORM_CASES = [
     (4096, 1024, 1, 1, False), (1000, 1024, 1, 4, True), (64, 40000 // 16 * 16 * 2, 1, 2, False),
     (4096, 512, 0, 1, True), (1001, 256, 0, 2, False), (512, 4096, 0, 1, False), (3, 48, 1, 1, True),
     (1001, 4096, 1, 1, True), (999, 8192, 1, 1, True), (1000, 96, 1, 4, True), (777, 1000, 0, 1, False),
-    (4112, 2048, 0, 2, True),
+    (4112, 2048, 0, 2, True), (16384, 4096, 0, 1, False), (8192, 16384, 0, 2, True),
 ]
 QUICK_LAYER_NORM = [LAYER_NORM_CASES[i] for i in (0, 1, 3, 4)]
 #: (tokens, K, merged, bias: None, "fp32" or "own" -- the activations' dtype, read as it is)

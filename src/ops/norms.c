@@ -9,30 +9,33 @@
 #include "spec_args.h"
 #include "sum_rows.h"
 
-/* The one-launch forward and backward, and the two kernels of the split backward
- * (blocksparse/ops/norms/split_bwd.py). */
-enum { P_FWD, P_BWD, P_PART, P_DX, P_COUNT };
-static const char *const PRODUCTS[P_COUNT] = {"fwd", "bwd", "bwd_part", "bwd_dx"};
+/* The one-launch forward and backward, the two kernels of the split backward
+ * (blocksparse/ops/norms/split_bwd.py) and the three of the split forward (split_fwd.py). */
+enum { P_FWD, P_BWD, P_PART, P_DX, P_STATS, P_MERGE, P_APPLY, P_COUNT };
+static const char *const PRODUCTS[P_COUNT] = {"fwd", "bwd", "bwd_part", "bwd_dx", "fwd_stats", "fwd_merge",
+                                              "fwd_apply"};
 static const char *const DTYPES[] = {"fp16", "bf16", "fp32"};
 
 enum {
   V_X, V_G, V_B, V_Y, V_MEAN, V_RSTD, V_DY, V_DX, V_DG_PART, V_DB_PART, V_N, V_CS, V_EPSILON,
   V_STRIDE_XN, V_STRIDE_XF, V_STRIDE_YN, V_STRIDE_YF, V_STRIDE_DYN, V_STRIDE_DYF, V_STRIDE_DXN, V_STRIDE_DXF,
-  V_C1_PART, V_C2_PART, V_FS, V_COUNT
+  V_C1_PART, V_C2_PART, V_FS, V_PART, V_COUNT
 };
 static const char *const VALUE_NAMES[V_COUNT] = {
     "X", "G", "B", "Y", "MEAN", "RSTD", "DY", "DX", "DG_PART", "DB_PART", "N", "CS", "epsilon",
     "stride_xn", "stride_xf", "stride_yn", "stride_yf", "stride_dyn", "stride_dyf", "stride_dxn", "stride_dxf",
-    "C1_PART", "C2_PART", "FS"};
+    "C1_PART", "C2_PART", "FS", "PART"};
 
 typedef struct {
   bsk_ops_args args;
   int product, dtype, param, axis, aligned, relu, one_chunk, bn, bc, programs_per_sm, fs, min_fs;
+  int64_t min_elements;
 } ln_spec;
 
-/* What runs a call: one kernel, or (dx not NULL) the split backward's two. */
+/* What runs a call: one kernel, the split backward's two (dx not NULL: spec computes the partial
+ * sums) or the split forward's three (apply not NULL: spec computes the slices' statistics). */
 typedef struct {
-  const ln_spec *spec, *dx;
+  const ln_spec *spec, *dx, *merge, *apply;
 } ln_plan;
 
 static ln_spec *table;
@@ -48,7 +51,8 @@ static void read_spec(int index, ln_spec *s) {
       !bsk_ops_int(index, "aligned", &s->aligned) || !bsk_ops_int(index, "relu", &s->relu) ||
       !bsk_ops_int(index, "one_chunk", &s->one_chunk) || !bsk_ops_int(index, "bn", &s->bn) ||
       !bsk_ops_int(index, "bc", &s->bc) || !bsk_ops_int(index, "programs_per_sm", &s->programs_per_sm) ||
-      !bsk_ops_int(index, "fs", &s->fs) || !bsk_ops_int(index, "min_fs", &s->min_fs))
+      !bsk_ops_int(index, "fs", &s->fs) || !bsk_ops_int(index, "min_fs", &s->min_fs) ||
+      !bsk_spec_key(index, "min_elements", &s->min_elements, NULL))
     s->args.problem = "its keys are not those of blocksparse/ops/norms/aot.py fields()";
 }
 
@@ -79,7 +83,7 @@ static int better(const ln_spec *s, int rank, const ln_spec *best, int best_rank
  * costs microseconds). */
 typedef struct {
   int valid, dtype, params, axis, relu, segments, rows_aligned, arch;
-  int64_t features;
+  int64_t features, n_tokens;
   ln_plan plan;
 } ln_choice;
 static _Thread_local ln_choice last_choice[2];
@@ -87,13 +91,13 @@ static _Thread_local ln_choice last_choice[2];
 static int same_choice(const ln_choice *c, const bsk_layer_norm_call *call, int rows_aligned, int arch) {
   return c->valid && c->dtype == call->dtype && c->params == !!call->params && c->axis == call->axis &&
          c->relu == !!call->relu && c->segments == call->segments && c->features == call->features &&
-         c->rows_aligned == rows_aligned && c->arch == arch;
+         c->n_tokens == call->n_tokens && c->rows_aligned == rows_aligned && c->arch == arch;
 }
 
 static ln_plan scan_plan(const bsk_layer_norm_call *call, int backward, int arch, int rows_aligned);
 
 static ln_plan choose(const bsk_layer_norm_call *call, int backward, int arch) {
-  const ln_plan none = {NULL, NULL};
+  const ln_plan none = {NULL, NULL, NULL, NULL};
   if (!call || call->dtype < BSK_FP16 || call->dtype > BSK_FP32 || call->segments < 1 || call->features < 1 ||
       call->features % call->segments)
     return none;
@@ -105,7 +109,7 @@ static ln_plan choose(const bsk_layer_norm_call *call, int backward, int arch) {
   ln_choice *last = &last_choice[!!backward];
   if (!same_choice(last, call, rows_aligned, arch)) {
     ln_choice c = {1, call->dtype, !!call->params, call->axis, !!call->relu, call->segments, rows_aligned, arch,
-                   call->features, scan_plan(call, backward, arch, rows_aligned)};
+                   call->features, call->n_tokens, scan_plan(call, backward, arch, rows_aligned)};
     *last = c;
   }
   return last->plan;
@@ -114,13 +118,14 @@ static ln_plan choose(const bsk_layer_norm_call *call, int backward, int arch) {
 static const ln_spec *scan(const bsk_layer_norm_call *call, int product, int arch, int rows_aligned) {
   pthread_once(&table_once, read_table);
   const ln_spec *best = NULL;
-  int best_rank = 0, param = call->params ? call->dtype : BSK_FP32;
+  /* the split forward's statistics serve every relu and parameter dtype (compiled once) */
+  const int generic = product == P_STATS || product == P_MERGE;
+  int best_rank = 0, param = generic ? BSK_FP32 : call->params ? call->dtype : BSK_FP32, relu = generic ? 0 : !!call->relu;
   for (int i = 0; i < table_count; ++i) {
     const ln_spec *s = &table[i];
     int rank = bsk_ops_rank(s->args.index, arch);
     if (s->args.problem || s->product != product || s->dtype != call->dtype || s->param != param ||
-        s->axis != call->axis ||
-        s->relu != !!call->relu || !rank)
+        s->axis != call->axis || s->relu != relu || !rank)
       continue;
     if ((s->aligned && !rows_aligned) || (s->one_chunk && s->bc < segment_features(call)))
       continue;
@@ -129,14 +134,29 @@ static const ln_spec *scan(const bsk_layer_norm_call *call, int product, int arc
   return best;
 }
 
+/* Whether the split forward's partial statistics (float32 (mean, M2) per token and slice, at most
+ * C / min_fs slices a segment) fit in y, where they are staged. */
+static int partials_fit(const ln_spec *stats, const bsk_layer_norm_call *call) {
+  const int64_t slices = bsk_ops_cdiv(segment_features(call), stats->min_fs);
+  return 8 * call->segments * slices <= call->features * (call->dtype == BSK_FP32 ? 4 : 2);
+}
+
 /* The backward of segments no one-chunk tile holds takes the split backward where both its kernels
  * serve the call (aligned (C, N) activations), as blocksparse/ops/norms/configs.py's
- * split_backward_config decides. */
+ * split_backward_config decides; the forward of such segments the split forward where its three
+ * kernels serve the call and it holds min_elements tokens x segment features (split_forward_config). */
 static ln_plan scan_plan(const bsk_layer_norm_call *call, int backward, int arch, int rows_aligned) {
-  ln_plan plan = {scan(call, backward ? P_BWD : P_FWD, arch, rows_aligned), NULL};
-  if (backward && !(plan.spec && plan.spec->one_chunk)) {
+  ln_plan plan = {scan(call, backward ? P_BWD : P_FWD, arch, rows_aligned), NULL, NULL, NULL};
+  if (plan.spec && plan.spec->one_chunk) return plan;
+  if (backward) {
     const ln_spec *part = scan(call, P_PART, arch, rows_aligned), *dx = scan(call, P_DX, arch, rows_aligned);
     if (part && dx) plan.spec = part, plan.dx = dx;
+  } else {
+    const ln_spec *stats = scan(call, P_STATS, arch, rows_aligned), *merge = scan(call, P_MERGE, arch, rows_aligned),
+                  *apply = scan(call, P_APPLY, arch, rows_aligned);
+    if (stats && merge && apply && call->n_tokens * segment_features(call) >= stats->min_elements &&
+        partials_fit(stats, call))
+      plan.spec = stats, plan.merge = merge, plan.apply = apply;
   }
   return plan;
 }
@@ -200,8 +220,8 @@ static int device_spec(const bsk_layer_norm_call *call, int backward, void *stre
                     "sm_%d", PRODUCTS[!!backward], call ? call->dtype : -1, call ? call->axis : -1,
                     call ? call->relu : -1, call ? (long long)call->features : -1LL, call ? call->segments : -1,
                     call ? (long long)call->n_tokens : -1LL, *arch);
-  const ln_spec *kernels[2] = {plan->spec, plan->dx};
-  for (int k = 0; k < 2; ++k)
+  const ln_spec *kernels[4] = {plan->spec, plan->dx, plan->merge, plan->apply};
+  for (int k = 0; k < 4; ++k)
     if (kernels[k] && kernels[k]->args.problem)
       return bsk_fail(message, size, BSK_ERR_INVALID, "spec %s cannot run: %s", kernels[k]->args.name,
                       kernels[k]->args.problem);
@@ -236,6 +256,26 @@ static int run_forward(const ln_spec *s, const bsk_layer_norm_call *call, int sm
   strides(&v[V_STRIDE_XN], &v[V_STRIDE_XF], call), strides(&v[V_STRIDE_YN], &v[V_STRIDE_YF], call);
   unsigned grid[3] = {(unsigned)programs(s, call, sms), (unsigned)call->segments, 1};
   return bsk_ops_launch(&s->args, grid, v, stream, message, size);
+}
+
+/* The split forward: the slices' partial statistics (staged in y), merged into mean and rstd, then y. */
+static int run_split_forward(const ln_plan *plan, const bsk_layer_norm_call *call, int sms, void *stream,
+                             char *message, size_t size) {
+  const ln_split g = split_grid(plan->spec, call, sms);
+  bsk_arg v[V_COUNT];
+  memset(v, 0, sizeof(v));
+  bsk_ops_ptr(&v[V_X], call->x), bsk_ops_ptr(&v[V_G], call->g), bsk_ops_ptr(&v[V_B], call->b);
+  bsk_ops_ptr(&v[V_Y], call->y), bsk_ops_ptr(&v[V_MEAN], call->mean), bsk_ops_ptr(&v[V_RSTD], call->rstd);
+  bsk_ops_ptr(&v[V_PART], call->y);
+  bsk_ops_i32(&v[V_N], call->n_tokens), bsk_ops_i32(&v[V_CS], segment_features(call)), bsk_ops_i32(&v[V_FS], g.fs);
+  bsk_ops_f32(&v[V_EPSILON], call->epsilon);
+  strides(&v[V_STRIDE_XN], &v[V_STRIDE_XF], call), strides(&v[V_STRIDE_YN], &v[V_STRIDE_YF], call);
+  unsigned grid[3] = {(unsigned)g.tiles, (unsigned)g.slices, (unsigned)call->segments};
+  unsigned merge_grid[3] = {(unsigned)g.tiles, 1, (unsigned)call->segments};
+  int status = bsk_ops_launch(&plan->spec->args, grid, v, stream, message, size);
+  if (!status) status = bsk_ops_launch(&plan->merge->args, merge_grid, v, stream, message, size);
+  if (!status) status = bsk_ops_launch(&plan->apply->args, grid, v, stream, message, size);
+  return status;
 }
 
 /* The split backward: partial sums over feature slices, then dx; dg and db summed from the token
@@ -302,6 +342,8 @@ int bsk_layer_norm_run(const bsk_layer_norm_call *call, int backward, void *stre
   ln_plan plan;
   int arch, sms, status = device_spec(call, backward, stream, &plan, &arch, &sms, message, size);
   if (status) return status;
-  if (!backward) return call->n_tokens ? run_forward(plan.spec, call, sms, stream, message, size) : BSK_OK;
+  if (!backward && !call->n_tokens) return BSK_OK;
+  if (!backward && plan.apply) return run_split_forward(&plan, call, sms, stream, message, size);
+  if (!backward) return run_forward(plan.spec, call, sms, stream, message, size);
   return run_backward(&plan, call, arch, sms, stream, message, size);
 }

@@ -22,7 +22,11 @@ their loads are scalar) and the chunked one; ``(N, C)`` segments of up to
 
 The aligned ``(C, N)`` backward of segments longer than its one-chunk tiles is the split backward
 (:mod:`.split_bwd`): its two kernels are the products ``bwd_part`` and ``bwd_dx``, compiled in
-place of the chunked ``bwd`` tile (:func:`.configs.split_backward_config`).
+place of the chunked ``bwd`` tile (:func:`.configs.split_backward_config`).  The split forward
+(:mod:`.split_fwd`: ``fwd_stats``, ``fwd_merge``, ``fwd_apply``) is compiled beside the chunked
+``fwd`` tile, for the large calls that take it (``min_elements``: :func:`.configs.split_forward_config`);
+its statistics kernels do not depend on the relu or the parameters, and are compiled once (no
+relu, float32 parameters).
 """
 from __future__ import annotations
 
@@ -30,10 +34,11 @@ from dataclasses import asdict, dataclass
 
 from ..common.aot import SumRowsSpec, signature, sum_rows_compile_args, sum_rows_fields
 from ...aot.family import CompileArgs
-from .configs import MAX_ROW, NormConfig, SplitConfig, layer_norm_config, split_backward_config
+from .configs import (MAX_ROW, SPLIT_FWD, SPLIT_FWD_MIN_ELEMENTS, NormConfig, SplitConfig, layer_norm_config,
+                      split_backward_config)
 
 __all__ = ["NormSpec", "specializations", "kernel", "compile_args", "fields", "DTYPES", "MIN_ROW", "UNALIGNED_MAX_ROW",
-           "SPLIT_PRODUCTS"]
+           "SPLIT_PRODUCTS", "SPLIT_FWD_PRODUCTS"]
 
 #: Triton dtype name -> element size.
 DTYPES = {"fp16": 2, "bf16": 2, "fp32": 4}
@@ -44,12 +49,15 @@ MIN_ROW = {1: 64, 0: 16}
 UNALIGNED_MAX_ROW = 1024
 #: The split backward's two kernels, in launch order.
 SPLIT_PRODUCTS = ("bwd_part", "bwd_dx")
+#: The split forward's three kernels, in launch order (the first two: statistics, whatever the relu
+#: and the parameters).
+SPLIT_FWD_PRODUCTS = ("fwd_stats", "fwd_merge", "fwd_apply")
 
 
 @dataclass(frozen=True)
 class NormSpec:
-    """One layer-norm kernel: ``product`` ``"fwd"``, ``"bwd"`` or one of :data:`SPLIT_PRODUCTS` (their
-    ``config`` a :class:`SplitConfig`)."""
+    """One layer-norm kernel: ``product`` ``"fwd"``, ``"bwd"`` or one of :data:`SPLIT_PRODUCTS` and
+    :data:`SPLIT_FWD_PRODUCTS` (their ``config`` a :class:`SplitConfig`)."""
 
     arch: int
     product: str
@@ -63,7 +71,7 @@ class NormSpec:
 
     @property
     def split(self):
-        return self.product in SPLIT_PRODUCTS
+        return self.product in SPLIT_PRODUCTS + SPLIT_FWD_PRODUCTS
 
     @property
     def name(self):
@@ -108,26 +116,41 @@ def specializations(archs):
                                 cfg = layer_norm_config(axis, row, size, product == "bwd", relu, aligned)
                                 specs.append(NormSpec(arch, product, dtype, axis, relu, cfg, cfg.one_chunk(row),
                                                       aligned, param))
+                                if product == "fwd" and axis == 0 and aligned and not cfg.one_chunk(row):
+                                    specs += _split_forward(arch, dtype, relu, param)
         # dg and db in float32, or in the 16-bit parameters' dtype
         specs += SumRowsSpec.every(arch, has_b=True, outs=tuple(DTYPES), alignments=(True, False))
     return specs
+
+
+def _split_forward(arch, dtype, relu, param):
+    """The split forward's specs beside the chunked ``(C, N)`` tile: the statistics once per dtype."""
+    cfg = SPLIT_FWD.get(DTYPES[dtype])
+    if cfg is None:
+        return []
+    generic = not relu and param == "fp32"
+    return [NormSpec(arch, part, dtype, 0, relu, cfg, False, True, param) for part in SPLIT_FWD_PRODUCTS
+            if generic or part == "fwd_apply"]
 
 
 def kernel(spec):
     from ..common.reduce import sum_rows_kernel
     from .layer_norm import layer_norm_bwd_kernel, layer_norm_fwd_kernel
     from .split_bwd import layer_norm_bwd_dx_kernel, layer_norm_bwd_part_kernel
+    from .split_fwd import layer_norm_fwd_apply_kernel, layer_norm_fwd_merge_kernel, layer_norm_fwd_stats_kernel
 
     if isinstance(spec, SumRowsSpec):
         return sum_rows_kernel
     return {"fwd": layer_norm_fwd_kernel, "bwd": layer_norm_bwd_kernel, "bwd_part": layer_norm_bwd_part_kernel,
-            "bwd_dx": layer_norm_bwd_dx_kernel}[spec.product]
+            "bwd_dx": layer_norm_bwd_dx_kernel, "fwd_stats": layer_norm_fwd_stats_kernel,
+            "fwd_merge": layer_norm_fwd_merge_kernel, "fwd_apply": layer_norm_fwd_apply_kernel}[spec.product]
 
 
 def fields(spec):
     """What selects ``spec`` at run time (scalars are C keys): product, dtype, the parameters' dtype
     ``param``, axis, aligned, relu, one_chunk, the tile (``bn``, ``bc``: the split kernels' step ``R``),
-    ``programs_per_sm``, the split kernels' slices (``fs``, ``min_fs``; 0 for the others), and the
+    ``programs_per_sm``, the split kernels' slices (``fs``, ``min_fs``; 0 for the others), the tokens x
+    segment features from which the split forward runs (``min_elements``; 0 for the others), and the
     whole ``config``."""
     if isinstance(spec, SumRowsSpec):
         return sum_rows_fields(spec)
@@ -135,7 +158,9 @@ def fields(spec):
     return {"product": spec.product, "dtype": spec.dtype, "param": spec.param, "axis": spec.axis,
             "aligned": spec.aligned, "relu": spec.relu, "one_chunk": spec.one_chunk, "bn": cfg.BN,
             "bc": cfg.R if spec.split else cfg.BC, "programs_per_sm": cfg.programs_per_sm,
-            "fs": cfg.FS if spec.split else 0, "min_fs": cfg.MIN_FS if spec.split else 0, "config": asdict(cfg)}
+            "fs": cfg.FS if spec.split else 0, "min_fs": cfg.MIN_FS if spec.split else 0,
+            "min_elements": SPLIT_FWD_MIN_ELEMENTS[DTYPES[spec.dtype]] if spec.product in SPLIT_FWD_PRODUCTS else 0,
+            "config": asdict(cfg)}
 
 
 def _stride_names(axis, tensors):
@@ -158,6 +183,17 @@ def compile_args(spec) -> CompileArgs:
         types = {"X": f"*{t}", "G": f"*{p}", "B": f"*{p}", "DY": f"*{t}", "DX": f"*{t}", "MEAN": "*fp32",
                  "RSTD": "*fp32", "DG_PART": "*fp32", "DB_PART": "*fp32", "N": "i32", "CS": "i32"}
         pointers, tensors = ("X", "G", "B", "DY", "DX", "MEAN", "RSTD", "DG_PART", "DB_PART"), ("x", "dy", "dx")
+    elif spec.product == "fwd_stats":
+        types = {"X": f"*{t}", "PART": "*fp32", "N": "i32", "CS": "i32", "FS": "i32"}
+        pointers, tensors = ("X", "PART"), ("x",)
+    elif spec.product == "fwd_merge":
+        types = {"PART": "*fp32", "MEAN": "*fp32", "RSTD": "*fp32", "N": "i32", "CS": "i32", "FS": "i32",
+                 "epsilon": "fp32"}
+        pointers, tensors = ("PART", "MEAN", "RSTD"), ()
+    elif spec.product == "fwd_apply":
+        types = {"X": f"*{t}", "G": f"*{p}", "B": f"*{p}", "Y": f"*{t}", "MEAN": "*fp32", "RSTD": "*fp32",
+                 "N": "i32", "CS": "i32", "FS": "i32"}
+        pointers, tensors = ("X", "G", "B", "Y", "MEAN", "RSTD"), ("x", "y")
     else:
         dx = spec.product == "bwd_dx"
         pointers = ("X", "G", "B", "DY") + (("DX",) if dx else ()) + ("MEAN", "RSTD", "C1_PART", "C2_PART") + \
@@ -169,7 +205,11 @@ def compile_args(spec) -> CompileArgs:
     types |= {name: "i32" for name in wide}
     cfg = spec.config
     tile = {"BN": cfg.BN, "R": cfg.R} if spec.split else {"BN": cfg.BN, "BC": cfg.BC, "ONE_CHUNK": spec.one_chunk}
-    consts = tile | {"HAS_G": True, "HAS_B": True, "RELU": spec.relu} | {name: 1 for name in unit}
+    if spec.product in ("fwd_stats", "fwd_merge"):  # statistics only: no parameters, no relu
+        consts = {"BN": cfg.BN} | ({"R": cfg.R} if spec.product == "fwd_stats" else {})
+    else:
+        consts = tile | {"HAS_G": True, "HAS_B": True, "RELU": spec.relu}
+    consts |= {name: 1 for name in unit}
     # (N, C) rows always hold a multiple of 16 features (the row stride); aligned specs also the
     # bound of the contiguous axis: vector loads under the masks
     divisible = set(pointers) | (set(wide) if spec.aligned or spec.axis == 1 else set())

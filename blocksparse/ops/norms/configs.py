@@ -16,7 +16,9 @@ tile is loaded once and kept in registers (``one_chunk``); longer segments are w
 
 The ``(C, N)`` backward of segments longer than its one-chunk tiles runs in two launches over
 feature slices instead (:mod:`.split_bwd`, :data:`SPLIT_BWD`): many programs, rows of ``BN`` tokens,
-one reduction per program rather than one per chunk.
+one reduction per program rather than one per chunk.  The forward does the same in three launches
+(:mod:`.split_fwd`, :data:`SPLIT_FWD`) on large calls (:data:`SPLIT_FWD_MIN_ELEMENTS`), where the
+chunked tile's second walk no longer hits L2.
 
 The backward's tiles are half as large in both layouts (``MAX_ROW // 2`` features, ``TOKEN_TILE //
 2`` elements): it holds ``x``, ``dy`` and the next tile's, and the full sizes spill registers
@@ -45,8 +47,9 @@ from dataclasses import dataclass
 
 import triton
 
-__all__ = ["NormConfig", "SplitConfig", "layer_norm_config", "split_backward_config", "MEASURED", "MEASURED_RELU", "TILE", "MAX_ROW", "TOKEN_BYTES",
-           "TOKEN_TILE", "UNALIGNED_TOKEN_TILES"]
+__all__ = ["NormConfig", "SplitConfig", "layer_norm_config", "split_backward_config", "split_forward_config", "MEASURED",
+           "MEASURED_RELU", "TILE", "MAX_ROW", "TOKEN_BYTES", "TOKEN_TILE", "UNALIGNED_TOKEN_TILES", "SPLIT_FWD",
+           "SPLIT_FWD_MIN_ELEMENTS"]
 
 #: Elements per ``(N, C)`` program tile (at least one segment).
 TILE = 4096
@@ -121,6 +124,30 @@ class SplitConfig:
 #: C 1024-8192): 1.00-1.53x as fast, never slower; bf16 0.40-0.53 of the HBM copy bandwidth (from 0.30-0.44),
 #: float32 0.43-0.57 (from 0.38-0.50).  It moves ``x`` and ``dy`` twice: its ceiling is 0.6.
 SPLIT_BWD = SplitConfig()
+
+
+#: The split forward's tiles, per element size (:mod:`.split_fwd`; see :data:`SPLIT_FWD_MIN_ELEMENTS`).
+SPLIT_FWD = {2: SplitConfig(BN=128, R=16, num_warps=4, FS=2048, MIN_FS=256, programs_per_sm=4),
+             4: SplitConfig(BN=64, R=16, num_warps=4, FS=2048, MIN_FS=256, programs_per_sm=4)}
+#: Tokens x segment features from which an aligned ``(C, N)`` forward takes the split kernels, per
+#: element size.  Swept on an H200 against the chunked tile (``bench/norms_split.py --forward``,
+#: ``bench/results/raw/norms-split-fwd-sweep1-h200.json``; CUDA graphs, every tile checked against
+#: float64), the fraction of the copy bandwidth of the best split tile (these) against the chunked
+#: one: bf16 0.515 / 0.529 / 0.577 against 0.443 / 0.470 / 0.446 at 8192 x 8192 / 16384 x 4096 /
+#: 16384 x 8192, but 0.44 / 0.42 against 0.455 / 0.436 at 8192 x 4096 / 4096 x 8192; float32 0.601 /
+#: 0.604 / 0.621 against 0.537 / 0.612 / 0.537, and 0.56 against 0.61 at 8192 x 4096.
+SPLIT_FWD_MIN_ELEMENTS = {2: 1 << 26, 4: 1 << 26}
+
+
+def split_forward_config(axis, tokens, segment_features, element_size, aligned=True):
+    """The :class:`SplitConfig` where the forward runs in three launches -- large ``(C, N)``
+    activations loaded as vectors (``aligned``) whose segments the table's tile walks in chunks --
+    else None."""
+    if axis != 0 or not aligned or element_size not in SPLIT_FWD or \
+            tokens * segment_features < SPLIT_FWD_MIN_ELEMENTS[element_size]:
+        return None
+    cfg = layer_norm_config(axis, segment_features, element_size, aligned=aligned)
+    return None if cfg.one_chunk(segment_features) else SPLIT_FWD[element_size]
 
 
 def split_backward_config(axis, segment_features, element_size, relu=False, aligned=True):

@@ -7,9 +7,10 @@ overrides the tile table (:func:`blocksparse.ops.norms.configs.layer_norm_config
 import torch
 import triton
 
-from ...ops.norms.configs import SplitConfig, layer_norm_config, split_backward_config
+from ...ops.norms.configs import SplitConfig, layer_norm_config, split_backward_config, split_forward_config
 from ...ops.norms.layer_norm import layer_norm_bwd_kernel, layer_norm_fwd_kernel
 from ...ops.norms.split_bwd import layer_norm_bwd_dx_kernel, layer_norm_bwd_part_kernel
+from ...ops.norms.split_fwd import layer_norm_fwd_apply_kernel, layer_norm_fwd_merge_kernel, layer_norm_fwd_stats_kernel
 from .._backend import sm_count
 from .._reduce import sum_rows
 
@@ -32,13 +33,20 @@ def _aligned(axis, n, *tensors):
 
 
 def layer_norm_fwd(x, g, b, *, axis, epsilon, relu, segments, cfg=None):
-    """``(y, mean, rstd)`` of ``relu?((x - mean) * rstd * g + b)`` per segment."""
+    """``(y, mean, rstd)`` of ``relu?((x - mean) * rstd * g + b)`` per segment.  ``cfg``: a
+    :class:`~blocksparse.ops.norms.configs.NormConfig` (the one-launch kernel) or a
+    :class:`~blocksparse.ops.norms.configs.SplitConfig` (three launches)."""
     n, _, cs = _dims(x, axis, segments)
     y = x.new_empty(x.shape)
-    cfg = cfg or layer_norm_config(axis, cs, x.element_size(), relu=relu, aligned=_aligned(axis, n, x, y))
+    if cfg is None:
+        aligned = _aligned(axis, n, x, y)
+        cfg = split_forward_config(axis, n, cs, x.element_size(), aligned) or \
+            layer_norm_config(axis, cs, x.element_size(), relu=relu, aligned=aligned)
     mean = x.new_empty((segments, n), dtype=torch.float32)
     rstd = x.new_empty((segments, n), dtype=torch.float32)
-    if n:
+    if n and isinstance(cfg, SplitConfig):
+        _split_fwd(x, g, b, y, mean, rstd, axis, epsilon, relu, segments, cfg)
+    elif n:
         layer_norm_fwd_kernel[(cfg.programs(n, segments, sm_count(x.device)), segments)](
             x, x if g is None else g, x if b is None else b, y, mean, rstd,
             n, cs, epsilon,
@@ -48,6 +56,25 @@ def layer_norm_fwd(x, g, b, *, axis, epsilon, relu, segments, cfg=None):
             num_warps=cfg.num_warps,
         )
     return y, mean, rstd
+
+
+def _split_fwd(x, g, b, y, mean, rstd, axis, epsilon, relu, segments, cfg):
+    """The forward in three launches over feature slices (:mod:`blocksparse.ops.norms.split_fwd`): the
+    slices' partial statistics are staged in ``y``'s memory, which the last launch writes."""
+    n, _, cs = _dims(x, axis, segments)
+    fs = cfg.slice_features(n, cs, segments, sm_count(x.device))
+    grid = (triton.cdiv(n, cfg.BN), triton.cdiv(cs, fs), segments)
+    part = y.view(-1).view(torch.float32) if y.is_contiguous() and y.numel() * y.element_size() % 4 == 0 else None
+    if part is None or part.numel() < segments * grid[1] * 2 * n:  # partials that do not fit y: a buffer
+        part = x.new_empty((segments * grid[1] * 2 * n,), dtype=torch.float32)
+    layer_norm_fwd_stats_kernel[grid](x, part, n, cs, fs, *_strides(x, axis), BN=cfg.BN, R=cfg.R,
+                                      num_warps=cfg.num_warps)
+    layer_norm_fwd_merge_kernel[(grid[0], 1, segments)](part, mean, rstd, n, cs, fs, epsilon, BN=cfg.BN,
+                                                         num_warps=cfg.num_warps)
+    layer_norm_fwd_apply_kernel[grid](
+        x, x if g is None else g, x if b is None else b, y, mean, rstd,
+        n, cs, fs, *_strides(x, axis), *_strides(y, axis),
+        BN=cfg.BN, R=cfg.R, HAS_G=g is not None, HAS_B=b is not None, RELU=relu, num_warps=cfg.num_warps)
 
 
 def layer_norm_bwd(dy, x, g, b, mean, rstd, *, axis, relu, segments, cfg=None):

@@ -6,7 +6,7 @@ import pytest
 from blocksparse.ops.common.aot import SUM_ROWS_BPS, SumRowsSpec
 from blocksparse.ops.norms import aot
 from blocksparse.ops.common.reduce import sum_rows_tile
-from blocksparse.ops.norms.configs import MAX_ROW, SPLIT_BWD, layer_norm_config
+from blocksparse.ops.norms.configs import MAX_ROW, SPLIT_BWD, SPLIT_FWD, SPLIT_FWD_MIN_ELEMENTS, layer_norm_config
 
 ALL = aot.specializations((80, 90))
 NORMS = [s for s in ALL if not isinstance(s, SumRowsSpec)]
@@ -16,7 +16,9 @@ BUILT = ("ln_fwd_bf16_a1_c256_sm90", "ln_fwd_bf16_a1_c1024_sm90", "ln_fwd_bf16_a
          "ln_fwd_bf16_a0u_k512_sm90", "ln_fwd_bf16_a1_c1024_sm80", "ln_fwd_bf16_a1_gbf16_c1024_sm90",
          "ln_bwd_bf16_a1_gbf16_c1024_sm90", "ln_fwd_bf16_a1u_c64_sm90", "sum_rows_ab_p64_sm90",
          "sum_rows_ab_p512_sm90", "sum_rows_abu_p512_sm90", "sum_rows_ab_bf16_p512_sm90",
-         "ln_bwd_bf16_a0_c256_sm90", "ln_bwd_part_bf16_a0_s16_sm90", "ln_bwd_dx_bf16_a0_s16_sm90")
+         "ln_bwd_bf16_a0_c256_sm90", "ln_bwd_part_bf16_a0_s16_sm90", "ln_bwd_dx_bf16_a0_s16_sm90",
+         "ln_fwd_bf16_a0_k512_sm90", "ln_fwd_stats_bf16_a0_s16_sm90", "ln_fwd_merge_bf16_a0_s16_sm90",
+         "ln_fwd_apply_bf16_a0_s16_sm90", "ln_fwd_apply_bf16_a0_relu_s16_sm90")
 
 
 def test_names_are_unique_c_identifiers():
@@ -36,9 +38,14 @@ def test_every_call_kind_has_a_tile_for_every_segment_length(arch):
                     for relu in (False, True):
                         mine = [s for s in NORMS if (s.arch, s.product, s.dtype, s.param, s.axis, s.aligned, s.relu)
                                 == (arch, product, dtype, param, axis, aligned, relu)]
-                        split = [s.product for s in NORMS if s.split and (s.arch, s.dtype, s.param, s.axis, s.aligned,
-                                 s.relu) == (arch, dtype, param, axis, aligned, relu)]
+                        split = [s.product for s in NORMS if s.product in aot.SPLIT_PRODUCTS and (s.arch, s.dtype,
+                                 s.param, s.axis, s.aligned, s.relu) == (arch, dtype, param, axis, aligned, relu)]
                         assert split == (list(aot.SPLIT_PRODUCTS) if axis == 0 and aligned else [])
+                        # the split forward beside the chunked tile: its statistics once per dtype
+                        split = {s.product for s in NORMS if s.product in aot.SPLIT_FWD_PRODUCTS and (s.arch,
+                                 s.dtype, s.param, s.axis, s.aligned, s.relu) == (arch, dtype, param, axis, aligned, relu)}
+                        generic = {"fwd_stats", "fwd_merge"} if not relu and param == "fp32" else set()
+                        assert split == ({"fwd_apply"} | generic if axis == 0 and aligned else set())
                         if product == "bwd" and axis == 0 and aligned:
                             assert all(s.one_chunk for s in mine)
                         else:
@@ -55,7 +62,10 @@ def test_tiles_are_those_the_pytorch_launcher_uses():
     """A segment of a tile's width gets the same tile from the table the JIT launches use."""
     for s in NORMS:
         if s.split:
-            assert s.config == SPLIT_BWD, s.name
+            want = SPLIT_FWD[aot.DTYPES[s.dtype]] if s.product in aot.SPLIT_FWD_PRODUCTS else SPLIT_BWD
+            assert s.config == want, s.name
+            assert aot.fields(s)["min_elements"] == (SPLIT_FWD_MIN_ELEMENTS[aot.DTYPES[s.dtype]]
+                                                     if s.product in aot.SPLIT_FWD_PRODUCTS else 0)
             continue
         row = s.config.BC if s.one_chunk else 2 * s.config.BC
         if s.axis == 1 and not s.one_chunk:
@@ -64,11 +74,18 @@ def test_tiles_are_those_the_pytorch_launcher_uses():
                                  relu=s.relu, aligned=s.aligned) == s.config, s.name
 
 
-@pytest.mark.parametrize("spec", NORMS[:: max(1, len(NORMS) // 40)], ids=lambda s: s.name)
+SAMPLED = NORMS[:: max(1, len(NORMS) // 40)] + [s for s in NORMS if s.product in aot.SPLIT_FWD_PRODUCTS][:3]
+
+
+@pytest.mark.parametrize("spec", SAMPLED, ids=lambda s: s.name)
 def test_compile_args_name_every_kernel_parameter(spec):
     args = aot.compile_args(spec)
     assert list(args.signature) == list(aot.kernel(spec).arg_names)
-    assert args.constexprs["HAS_G"] and args.constexprs["HAS_B"] and args.constexprs["RELU"] == spec.relu
+    if spec.product == "fwd_merge":  # statistics only: no activations
+        assert {"N", "FS", "PART", "MEAN", "RSTD"} <= args.divisible
+        return
+    if spec.product != "fwd_stats":
+        assert args.constexprs["HAS_G"] and args.constexprs["HAS_B"] and args.constexprs["RELU"] == spec.relu
     unit = "stride_xf" if spec.axis == 1 else "stride_xn"
     assert args.constexprs[unit] == 1                       # dense activations
     assert ("stride_xn" in args.divisible) == (spec.axis == 1)
@@ -118,6 +135,14 @@ SELECT = {
     "cn-aligned-tokens": (dict(axis=0, features=64, n=4096), 90, "ln_fwd_bf16_a0_c64_sm90"),
     "cn-odd-tokens": (dict(axis=0, features=64, n=4097), 90, "ln_fwd_bf16_a0u_c512_sm90"),
     "cn-odd-tokens-chunked": (dict(axis=0, features=1024, n=4097), 90, "ln_fwd_bf16_a0u_k512_sm90"),
+    "cn-chunked": (dict(axis=0, features=1024, n=4096), 90, "ln_fwd_bf16_a0_k512_sm90"),
+    # from 2^26 tokens x segment features: the split forward (its first kernel), whatever the relu
+    "cn-large-split": (dict(axis=0, features=4096, n=16384), 90, "ln_fwd_stats_bf16_a0_s16_sm90"),
+    "cn-large-split-relu": (dict(axis=0, features=4096, n=16384, relu=True), 90, "ln_fwd_stats_bf16_a0_s16_sm90"),
+    "cn-large-segments-split": (dict(axis=0, features=8192, segments=2, n=16384), 90, "ln_fwd_stats_bf16_a0_s16_sm90"),
+    "cn-below-the-threshold": (dict(axis=0, features=4096, n=16368), 90, "ln_fwd_bf16_a0_k512_sm90"),
+    "cn-large-odd-tokens": (dict(axis=0, features=4096, n=16385), 90, "ln_fwd_bf16_a0u_k512_sm90"),  # not vectors
+    "cn-large-bf16-parameters": (dict(axis=0, features=4096, n=16384, params=1), 90, None),  # no such apply built
     "nc-rows-not-16": (dict(features=1000), 90, None),
     "nc-segments-not-16": (dict(features=96, segments=4), 90, "ln_fwd_bf16_a1u_c64_sm90"),
     "nc-segments-of-16": (dict(features=512, segments=32), 90, "ln_fwd_bf16_a1_c256_sm90"),

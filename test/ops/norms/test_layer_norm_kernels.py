@@ -7,8 +7,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from blocksparse.ops.norms.configs import (UNALIGNED_TOKEN_TILES, NormConfig, SplitConfig,  # noqa: E402
-                                           layer_norm_config, split_backward_config)
+from blocksparse.ops.norms.configs import (SPLIT_FWD, SPLIT_FWD_MIN_ELEMENTS, UNALIGNED_TOKEN_TILES,  # noqa: E402
+                                           NormConfig, SplitConfig, layer_norm_config, split_backward_config,
+                                           split_forward_config)
 from blocksparse.testing import rel_error, tolerance  # noqa: E402
 from blocksparse.testing import norms as ref  # noqa: E402
 from blocksparse.torch._norms import launch  # noqa: E402
@@ -22,7 +23,8 @@ CHUNKED = NormConfig(BN=4, BC=32, num_warps=4, programs_per_sm=1)
 #: whole segments, two tokens a tile: programs take several tiles each (one per SM), or one each
 PERSISTENT = NormConfig(BN=2, BC=256, num_warps=4, programs_per_sm=1)
 PER_TILE = NormConfig(BN=2, BC=256, num_warps=4, programs_per_sm=0)
-#: the two-launch backward: slices of 16 features walked 8 at a time (partial last slices and steps)
+#: the split forward (three launches) and backward (two): slices of 16 features walked 8 at a time
+#: (partial last slices and steps)
 SPLIT = SplitConfig(BN=4, R=8, num_warps=4, FS=16, MIN_FS=8, programs_per_sm=0)
 CONFIGS = dict(table=None, chunked=CHUNKED, persistent=PERSISTENT, per_tile=PER_TILE, split=SPLIT)
 SHAPES = [(7, 96, 1), (1, 200, 4), (10, 80, 2)]
@@ -39,8 +41,7 @@ def _run(rng, dtype, axis, n, c, segments, relu, cfg, *, affine=(True, True), of
     dy = t(ref.relu_safe(f64(dy), y_ref)) if relu else dy
     grads_ref = ref.layer_norm_grad(f64(dy), f64(x), f64(g), f64(b), **kw)
     cs = c // segments
-    fwd_cfg = None if isinstance(cfg, SplitConfig) else cfg  # a split config is the backward's
-    y, mean, rstd = launch.layer_norm_fwd(x, g, b, cfg=fwd_cfg, **kw)  # None: the launcher's table
+    y, mean, rstd = launch.layer_norm_fwd(x, g, b, cfg=cfg, **kw)  # None: the launcher's table
     del kw["epsilon"]
     dx, dg, db = launch.layer_norm_bwd(dy, x, g, b, mean, rstd, cfg=cfg, **kw)
     assert y.dtype == dx.dtype == x.dtype
@@ -124,6 +125,31 @@ def test_long_token_major_segments_take_the_split_backward():
         assert split_backward_config(0, 16, size) is None
         assert split_backward_config(0, long, size, aligned=False) is None
         assert split_backward_config(1, 1 << 16, size) is None
+
+
+def test_large_token_major_calls_take_the_split_forward():
+    """From ``SPLIT_FWD_MIN_ELEMENTS`` tokens x segment features, aligned ``(C, N)`` calls whose
+    segments the table's tile chunks take the three launches; smaller, unaligned, one-chunk and
+    ``(N, C)`` calls the one-launch kernel."""
+    for size in (2, 4):
+        least = SPLIT_FWD_MIN_ELEMENTS[size]
+        long = 2 * layer_norm_config(0, 1 << 20, size).BC
+        assert split_forward_config(0, least // long, long, size) is SPLIT_FWD[size]
+        assert split_forward_config(0, least // long - 16, long, size) is None
+        assert split_forward_config(0, least // long, long, size, aligned=False) is None
+        assert split_forward_config(1, least // long, long, size) is None
+        short = layer_norm_config(0, 16, size).BC  # a segment one tile holds: x read once
+        assert split_forward_config(0, 2 * least // short, short, size) is None
+
+
+def test_split_forward_partials_beside_y(rng):
+    """Partial statistics that do not fit in ``y`` (one feature a slice, 16-bit) take a buffer of
+    their own; the result is the same."""
+    tiny = SplitConfig(BN=4, R=1, num_warps=1, FS=1, MIN_FS=1, programs_per_sm=0)
+    x64, g64, b64, _ = ref.draw_layer_norm(rng, 7, 12, 0)
+    x, g, b = torch.from_numpy(x64).half(), torch.from_numpy(g64).float(), torch.from_numpy(b64).float()
+    y, mean, rstd = launch.layer_norm_fwd(x, g, b, axis=0, epsilon=1e-6, relu=False, segments=2, cfg=tiny)
+    assert rel_error(y, ref.layer_norm(x.double().numpy(), g64, b64, axis=0, segments=2)) < tolerance("float16")
 
 
 def test_split_slices_fill_the_gpu():
