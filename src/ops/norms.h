@@ -5,7 +5,8 @@
  *
  * Layer norm: x is (N, C) for axis 1 and (C, N) for axis 0, dense; the C features are cut into
  * `segments` equal slices, each normalised on its own; g and b are (C,), float32 or (`params`) of
- * x's 16-bit dtype; mean and rstd float32 (segments, N).  Forward: x, g, b -> y, mean, rstd.
+ * x's 16-bit dtype; mean and rstd float32 (segments, N).  Forward: x, g, b -> y, mean, rstd (y must
+ * not overlap x: the split forward of large (C, N) calls stages its partial statistics there).
  * Backward: x, g, b, dy, mean, rstd -> dx and dg, db (C,) in the parameters' dtype, through
  * `workspace` (bsk_layer_norm_workspace bytes).
  *
