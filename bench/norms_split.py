@@ -92,7 +92,8 @@ def forward_case(dtype, n, c, hbm):
     for name, cfg in tiles:
         call = lambda: layer_norm_fwd(x, g, b, axis=0, epsilon=EPS, relu=False, segments=1, cfg=cfg)  # noqa: E731
         got = call()
-        row[f"{name}_err"] = max(rel_error(got[0], want[0]), rel_error(got[1][0], want[1]), rel_error(got[2][0], want[2]))
+        row[f"{name}_err"] = max(rel_error(got[0], want[0]), rel_error(got[1][0], want[1]),
+                                 rel_error(got[2][0], want[2]))
         row[f"{name}_ms"] = ms = _time_ms(call)
         row[f"{name}_hbm"] = hbm and 2 * n * c * size / ms / 1e6 / hbm
     splits = [k[:-3] for k in row if k.startswith("split_") and k.endswith("_ms")]

@@ -34,8 +34,8 @@ from dataclasses import asdict, dataclass
 
 from ..common.aot import SumRowsSpec, signature, sum_rows_compile_args, sum_rows_fields
 from ...aot.family import CompileArgs
-from .configs import (MAX_ROW, SPLIT_FWD, SPLIT_FWD_MIN_ELEMENTS, NormConfig, SplitConfig, layer_norm_config,
-                      split_backward_config)
+from .configs import (MAX_ROW, MERGE_WARPS, SPLIT_FWD, SPLIT_FWD_MIN_ELEMENTS, NormConfig, SplitConfig,
+                      layer_norm_config, split_backward_config)
 
 __all__ = ["NormSpec", "specializations", "kernel", "compile_args", "fields", "DTYPES", "MIN_ROW", "UNALIGNED_MAX_ROW",
            "SPLIT_PRODUCTS", "SPLIT_FWD_PRODUCTS"]
@@ -218,4 +218,5 @@ def compile_args(spec) -> CompileArgs:
     if spec.split:
         divisible.add("FS")  # a power of two of at least MIN_FS features
     fn = kernel(spec)
-    return CompileArgs(signature(fn, types, consts), consts, frozenset(divisible), cfg.num_warps, num_stages=1)
+    warps = MERGE_WARPS if spec.product == "fwd_merge" else cfg.num_warps
+    return CompileArgs(signature(fn, types, consts), consts, frozenset(divisible), warps, num_stages=1)

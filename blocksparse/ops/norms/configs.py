@@ -47,9 +47,9 @@ from dataclasses import dataclass
 
 import triton
 
-__all__ = ["NormConfig", "SplitConfig", "layer_norm_config", "split_backward_config", "split_forward_config", "MEASURED",
-           "MEASURED_RELU", "TILE", "MAX_ROW", "TOKEN_BYTES", "TOKEN_TILE", "UNALIGNED_TOKEN_TILES", "SPLIT_FWD",
-           "SPLIT_FWD_MIN_ELEMENTS"]
+__all__ = ["NormConfig", "SplitConfig", "layer_norm_config", "split_backward_config", "split_forward_config",
+           "MEASURED", "MEASURED_RELU", "TILE", "MAX_ROW", "TOKEN_BYTES", "TOKEN_TILE", "UNALIGNED_TOKEN_TILES",
+           "SPLIT_FWD", "SPLIT_FWD_MIN_ELEMENTS", "MERGE_WARPS"]
 
 #: Elements per ``(N, C)`` program tile (at least one segment).
 TILE = 4096
@@ -137,6 +137,9 @@ SPLIT_FWD = {2: SplitConfig(BN=128, R=16, num_warps=4, FS=2048, MIN_FS=256, prog
 #: 16384 x 8192, but 0.44 / 0.42 against 0.455 / 0.436 at 8192 x 4096 / 4096 x 8192; float32 0.601 /
 #: 0.604 / 0.621 against 0.537 / 0.612 / 0.537, and 0.56 against 0.61 at 8192 x 4096.
 SPLIT_FWD_MIN_ELEMENTS = {2: 1 << 26, 4: 1 << 26}
+#: Warps of the split forward's merge: it reads 8 bytes a token and slice, so one warp loads a token
+#: tile as vectors.
+MERGE_WARPS = 1
 
 
 def split_forward_config(axis, tokens, segment_features, element_size, aligned=True):

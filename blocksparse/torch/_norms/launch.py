@@ -7,7 +7,8 @@ overrides the tile table (:func:`blocksparse.ops.norms.configs.layer_norm_config
 import torch
 import triton
 
-from ...ops.norms.configs import SplitConfig, layer_norm_config, split_backward_config, split_forward_config
+from ...ops.norms.configs import (MERGE_WARPS, SplitConfig, layer_norm_config, split_backward_config,
+                                  split_forward_config)
 from ...ops.norms.layer_norm import layer_norm_bwd_kernel, layer_norm_fwd_kernel
 from ...ops.norms.split_bwd import layer_norm_bwd_dx_kernel, layer_norm_bwd_part_kernel
 from ...ops.norms.split_fwd import layer_norm_fwd_apply_kernel, layer_norm_fwd_merge_kernel, layer_norm_fwd_stats_kernel
@@ -70,7 +71,7 @@ def _split_fwd(x, g, b, y, mean, rstd, axis, epsilon, relu, segments, cfg):
     layer_norm_fwd_stats_kernel[grid](x, part, n, cs, fs, *_strides(x, axis), BN=cfg.BN, R=cfg.R,
                                       num_warps=cfg.num_warps)
     layer_norm_fwd_merge_kernel[(grid[0], 1, segments)](part, mean, rstd, n, cs, fs, epsilon, BN=cfg.BN,
-                                                         num_warps=cfg.num_warps)
+                                                         num_warps=MERGE_WARPS)
     layer_norm_fwd_apply_kernel[grid](
         x, x if g is None else g, x if b is None else b, y, mean, rstd,
         n, cs, fs, *_strides(x, axis), *_strides(y, axis),

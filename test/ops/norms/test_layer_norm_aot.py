@@ -42,8 +42,9 @@ def test_every_call_kind_has_a_tile_for_every_segment_length(arch):
                                  s.param, s.axis, s.aligned, s.relu) == (arch, dtype, param, axis, aligned, relu)]
                         assert split == (list(aot.SPLIT_PRODUCTS) if axis == 0 and aligned else [])
                         # the split forward beside the chunked tile: its statistics once per dtype
-                        split = {s.product for s in NORMS if s.product in aot.SPLIT_FWD_PRODUCTS and (s.arch,
-                                 s.dtype, s.param, s.axis, s.aligned, s.relu) == (arch, dtype, param, axis, aligned, relu)}
+                        key = (arch, dtype, param, axis, aligned, relu)
+                        split = {s.product for s in NORMS if s.product in aot.SPLIT_FWD_PRODUCTS
+                                 and (s.arch, s.dtype, s.param, s.axis, s.aligned, s.relu) == key}
                         generic = {"fwd_stats", "fwd_merge"} if not relu and param == "fp32" else set()
                         assert split == ({"fwd_apply"} | generic if axis == 0 and aligned else set())
                         if product == "bwd" and axis == 0 and aligned:
