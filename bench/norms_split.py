@@ -15,15 +15,9 @@ bandwidth measured in the same run.  Writes ``norms-split-bwd-<gpu>.json``.  The
 (``--forward``): the chunked tile (``old``), the launcher's choice (``new``) and every tile of
 :data:`FWD_TILES` (``y``, ``mean``, ``rstd`` checked; ``hbm`` counts ``x`` and ``y``, ``2e`` an
 element), into ``norms-split-fwd-<gpu>.json``; ``best`` names the fastest split tile of each row.
-``--walk``: both directions with the tables' split tiles, the second launch walking in the first
-one's order (``in_order``) against the order played backwards (``reverse``, the default), beside the
-one-launch tile (``old``); timed over rotating input copies (together 4x the L2), so that no call
-finds the previous call's data in the L2; into ``norms-split-walk-<gpu>.json``.
 """
 import argparse
-import dataclasses
 import json
-import math
 import os
 import sys
 import time
@@ -39,8 +33,8 @@ import torch  # noqa: E402
 from triton.testing import do_bench_cudagraph  # noqa: E402
 
 import common  # noqa: E402
-from blocksparse.ops.norms.configs import SPLIT_BWD, SPLIT_FWD, SplitConfig, layer_norm_config  # noqa: E402
-from blocksparse.ops.norms.configs import split_backward_config, split_forward_config  # noqa: E402
+from blocksparse.ops.norms.configs import SplitConfig, layer_norm_config, split_backward_config  # noqa: E402
+from blocksparse.ops.norms.configs import split_forward_config  # noqa: E402
 from blocksparse.testing import norms as ref  # noqa: E402
 from blocksparse.testing import rel_error  # noqa: E402
 from blocksparse.torch._norms.launch import layer_norm_bwd, layer_norm_fwd  # noqa: E402
@@ -107,74 +101,23 @@ def forward_case(dtype, n, c, hbm):
     return row
 
 
-def _time_rotating_ms(make_call, per_set_bytes):
-    """Median ms of calls that each take their own copy of the inputs (CPU: one call)."""
-    if CPU:
-        return _time_ms(make_call())
-    copies = max(2, min(16, math.ceil(4 * 60 * 2**20 / per_set_bytes)))
-    return common.time_rotating_ms(lambda: [make_call() for _ in range(copies)])
-
-
-def walk_case(dtype, n, c, hbm):
-    """Forward and backward: the one-launch tile, the split kernels in order and played backwards."""
-    device = "cpu" if CPU else "cuda"
-    size = torch.tensor([], dtype=dtype).element_size()
-    row = dict(dtype=str(dtype).removeprefix("torch."), N=n, C=c)
-
-    def inputs():
-        x = (torch.randn(c, n, device=device) * 2 + 1).to(dtype)
-        g, b = torch.randn(c, device=device), torch.randn(c, device=device)
-        dy = torch.randn(c, n, device=device).to(dtype)
-        _, mean, rstd = layer_norm_fwd(x, g, b, axis=0, epsilon=EPS, relu=False, segments=1)
-        return x, g, b, dy, mean, rstd
-
-    first = inputs()
-    kw = dict(axis=0, segments=1, epsilon=EPS, xp=torch)
-    x64, g64, b64, dy64 = (t.double() for t in first[:4])
-    want = {"fwd": [ref.layer_norm(x64, g64, b64, **kw)], "bwd": ref.layer_norm_grad(dy64, x64, g64, b64, **kw)}
-    split = {"fwd": SPLIT_FWD[size], "bwd": SPLIT_BWD}
-    for way in ("fwd", "bwd"):
-        old = layer_norm_config(0, c, size, backward=way == "bwd")
-        row[f"{way}_old_tile"] = [old.BN, old.BC]
-        for name, cfg in (("old", old), ("in_order", dataclasses.replace(split[way], reverse=False)),
-                          ("reverse", split[way])):
-            def make_call(ins=None, cfg=cfg, way=way):
-                x, g, b, dy, mean, rstd = ins or inputs()
-                if way == "fwd":
-                    return lambda: layer_norm_fwd(x, g, b, axis=0, epsilon=EPS, relu=False, segments=1, cfg=cfg)
-                return lambda: layer_norm_bwd(dy, x, g, b, mean, rstd, axis=0, relu=False, segments=1, cfg=cfg)
-            got = make_call(first)()
-            row[f"{way}_{name}_err"] = max(rel_error(o, w) for o, w in zip(got, want[way]))
-            moved = (2 if way == "fwd" else 3) * n * c * size
-            row[f"{way}_{name}_ms"] = ms = _time_rotating_ms(make_call, 4 * n * c * size)
-            row[f"{way}_{name}_hbm"] = hbm and moved / ms / 1e6 / hbm
-    return row
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench/results/raw")
     ap.add_argument("--cpu", action="store_true", help="one tiny float32 case through Triton's interpreter")
     ap.add_argument("--forward", action="store_true", help="the forward: the chunked tile against split ones")
-    ap.add_argument("--walk", action="store_true", help="the split kernels' second walk: in order or reversed")
-    ap.add_argument("--shapes", help="NxC,... (default: N 4096-16384 x C 1024-8192)")
-    ap.add_argument("--dtypes", default="bf16,fp32")
     args = ap.parse_args()
-    mode = "walk" if args.walk else "fwd" if args.forward else "bwd"
     hbm = None if CPU else common.hbm_bandwidth_gbs()
-    shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")] if args.shapes else \
-        [(n, c) for n in (4096, 8192, 16384) for c in (1024, 4096, 8192)]
-    dtypes = [{"bf16": torch.bfloat16, "fp32": torch.float32}[d] for d in args.dtypes.split(",")]
-    cases = [(torch.float32, 16, 1024 if mode == "bwd" else 2048)] if CPU else [
-        (dtype, n, c) for dtype in dtypes for n, c in shapes]
+    cases = [(torch.float32, 16, 2048 if args.forward else 1024)] if CPU else [
+        (dtype, n, c) for dtype in (torch.bfloat16, torch.float32) for n in (4096, 8192, 16384) for c in (1024, 4096, 8192)]
     rows = []
     for dtype, n, c in cases:
-        rows.append({"walk": walk_case, "fwd": forward_case, "bwd": case}[mode](dtype, n, c, hbm))
+        rows.append((forward_case if args.forward else case)(dtype, n, c, hbm))
         print(json.dumps(rows[-1]), flush=True)
     device = "cpu" if CPU else torch.cuda.get_device_name()
     gpu = "cpu" if CPU else "h200" if "H200" in device else "h100"
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"norms-split-{mode}-{gpu}.json"), "w") as f:
+    with open(os.path.join(args.out, f"norms-split-{'fwd' if args.forward else 'bwd'}-{gpu}.json"), "w") as f:
         json.dump(dict(device=device, hbm_gbs=hbm, rows=rows), f, indent=1)
     return rows
 

@@ -209,8 +209,6 @@ def compile_args(spec) -> CompileArgs:
         consts = {"BN": cfg.BN} | ({"R": cfg.R} if spec.product == "fwd_stats" else {})
     else:
         consts = tile | {"HAS_G": True, "HAS_B": True, "RELU": spec.relu}
-    if spec.product in ("fwd_apply", "bwd_dx"):  # the second walk's order (configs.SplitConfig.reverse)
-        consts["REVERSE"] = cfg.reverse
     consts |= {name: 1 for name in unit}
     # (N, C) rows always hold a multiple of 16 features (the row stride); aligned specs also the
     # bound of the contiguous axis: vector loads under the masks

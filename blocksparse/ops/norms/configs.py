@@ -98,8 +98,7 @@ MAX_GRID_Y = 65535
 class SplitConfig:
     """The two-launch ``(C, N)`` backward (:mod:`.split_bwd`): programs of ``BN`` tokens walk slices
     of at most ``FS`` features ``R`` at a time; slices are halved (down to ``MIN_FS``) until the grid
-    holds ``programs_per_sm`` programs a SM.  ``reverse``: the second launch walks in the first one's
-    order played backwards (:mod:`.walk`)."""
+    holds ``programs_per_sm`` programs a SM."""
 
     BN: int = 128
     R: int = 16
@@ -107,7 +106,6 @@ class SplitConfig:
     FS: int = 512
     MIN_FS: int = 64
     programs_per_sm: int = 2
-    reverse: bool = True
 
     def slice_features(self, tokens, segment_features, segments, sms):
         """Features per slice for a call (a multiple of ``R``)."""

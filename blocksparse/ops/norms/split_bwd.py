@@ -15,26 +15,24 @@ owns a ``[BN tokens, FS features]`` slice of a segment, so a grid holds tokens x
   feature's ``dg`` / ``db`` over its tokens into its token tile's row of the partial buffers
   (``(token tiles, C)``, summed after by :func:`blocksparse.ops.common.reduce.sum_rows_kernel`);
 * :func:`layer_norm_bwd_dx_kernel` sums the slices' ``c1`` and ``c2`` of its tokens and walks its
-  slice again for ``dx`` -- with ``REVERSE`` (:mod:`.walk`) in the first launch's order played
-  backwards, so that it starts on what the L2 still holds.
+  slice again for ``dx``.
 
 Both load the next step's tiles before they work on the current one.  Bytes moved: ``x`` and
-``dy`` twice (less what the second walk finds in the L2), ``dx`` once (``5e`` per element against the one-launch form's ``3e`` when its second
+``dy`` twice, ``dx`` once (``5e`` per element against the one-launch form's ``3e`` when its second
 pass hits L2, which it did not on ``(C, N)``).
 """
 import triton
 import triton.language as tl
 
 from .layer_norm import _grads, _load_param, _raw, _rows, _store_tile
-from .walk import slice_program, step_feature
 
 
 @triton.jit
-def _program(MEAN, RSTD, N, CS, FS, BN: tl.constexpr, REVERSE: tl.constexpr):
+def _program(MEAN, RSTD, N, CS, FS, BN: tl.constexpr):
     """A program of the grid (token tiles, slices of ``FS`` features, segments): its ids, tokens
     (offsets, mask), the segment's first feature ``f0``, the slice's features ``[lo, hi)`` and its
     tokens' statistics."""
-    i_n, i_p, i_s = slice_program(REVERSE)
+    i_n, i_p, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_n, m_n = _rows(i_n, N, BN)
     lo = i_p * FS
     b_mean = tl.load(MEAN + i_s * N + o_n, mask=m_n, other=0.0)
@@ -43,10 +41,10 @@ def _program(MEAN, RSTD, N, CS, FS, BN: tl.constexpr, REVERSE: tl.constexpr):
 
 
 @triton.jit
-def _step(X, DY, o_n, m_n, f0, c0, lo, hi, stride_xn, stride_xf, stride_dyn, stride_dyf, R: tl.constexpr):
-    """Raw ``x`` and ``dy`` tiles of features ``[c0, c0 + R)`` (masked outside ``[lo, hi)``)."""
+def _step(X, DY, o_n, m_n, f0, c0, hi, stride_xn, stride_xf, stride_dyn, stride_dyf, R: tl.constexpr):
+    """Raw ``x`` and ``dy`` tiles of features ``[c0, c0 + R)`` (masked past ``hi``: none at all past it)."""
     o_c = c0 + tl.arange(0, R)
-    m = m_n[:, None] & ((o_c >= lo) & (o_c < hi))[None, :]
+    m = m_n[:, None] & (o_c < hi)[None, :]
     return _raw(X, o_n, f0 + o_c, m, stride_xn, stride_xf), _raw(DY, o_n, f0 + o_c, m, stride_dyn, stride_dyf)
 
 
@@ -71,15 +69,15 @@ def layer_norm_bwd_part_kernel(
     BN: tl.constexpr, R: tl.constexpr,
     HAS_G: tl.constexpr, HAS_B: tl.constexpr, RELU: tl.constexpr,
 ):
-    i_n, i_p, i_s, o_n, m_n, f0, lo, hi, b_mean, b_rstd = _program(MEAN, RSTD, N, CS, FS, BN, False)
+    i_n, i_p, i_s, o_n, m_n, f0, lo, hi, b_mean, b_rstd = _program(MEAN, RSTD, N, CS, FS, BN)
     n_slices = tl.num_programs(1)
     p_part = i_n.to(tl.int64) * CS * tl.num_programs(2) + f0
     b_c1 = tl.zeros((BN, R), dtype=tl.float32)
     b_c2 = tl.zeros((BN, R), dtype=tl.float32)
-    r_x, r_dy = _step(X, DY, o_n, m_n, f0, lo, lo, hi, stride_xn, stride_xf, stride_dyn, stride_dyf, R)
+    r_x, r_dy = _step(X, DY, o_n, m_n, f0, lo, hi, stride_xn, stride_xf, stride_dyn, stride_dyf, R)
     for c0 in range(lo, hi, R):
         x_now, dy_now = r_x, r_dy
-        r_x, r_dy = _step(X, DY, o_n, m_n, f0, c0 + R, lo, hi, stride_xn, stride_xf, stride_dyn, stride_dyf, R)
+        r_x, r_dy = _step(X, DY, o_n, m_n, f0, c0 + R, hi, stride_xn, stride_xf, stride_dyn, stride_dyf, R)
         o_c, m_c, b_xhat, b_dy, b_dxhat = _step_grads(x_now, dy_now, G, B, b_mean, b_rstd, o_n, m_n, f0, c0, hi,
                                                       R, HAS_G, HAS_B, RELU)
         b_c1 += b_xhat * b_dxhat
@@ -99,12 +97,11 @@ def layer_norm_bwd_dx_kernel(
     N, CS, FS,
     stride_xn, stride_xf, stride_dyn, stride_dyf, stride_dxn, stride_dxf,
     BN: tl.constexpr, R: tl.constexpr,
-    HAS_G: tl.constexpr, HAS_B: tl.constexpr, RELU: tl.constexpr, REVERSE: tl.constexpr,
+    HAS_G: tl.constexpr, HAS_B: tl.constexpr, RELU: tl.constexpr,
 ):
-    i_n, i_p, i_s, o_n, m_n, f0, lo, hi, b_mean, b_rstd = _program(MEAN, RSTD, N, CS, FS, BN, REVERSE)
+    i_n, i_p, i_s, o_n, m_n, f0, lo, hi, b_mean, b_rstd = _program(MEAN, RSTD, N, CS, FS, BN)
     n_slices = tl.num_programs(1)
-    r_x, r_dy = _step(X, DY, o_n, m_n, f0, step_feature(0, lo, hi, R, REVERSE), lo, hi,
-                      stride_xn, stride_xf, stride_dyn, stride_dyf, R)
+    r_x, r_dy = _step(X, DY, o_n, m_n, f0, lo, hi, stride_xn, stride_xf, stride_dyn, stride_dyf, R)
     b_c1 = tl.zeros((BN,), dtype=tl.float32)
     b_c2 = tl.zeros((BN,), dtype=tl.float32)
     for q in range(0, n_slices):
@@ -113,11 +110,9 @@ def layer_norm_bwd_dx_kernel(
         b_c2 += tl.load(C2_PART + p_c, mask=m_n, other=0.0)
     b_c1 = b_c1 / CS
     b_c2 = b_c2 / CS
-    for j in range(0, tl.cdiv(hi - lo, R)):
-        c0 = step_feature(j, lo, hi, R, REVERSE)
+    for c0 in range(lo, hi, R):
         x_now, dy_now = r_x, r_dy
-        r_x, r_dy = _step(X, DY, o_n, m_n, f0, step_feature(j + 1, lo, hi, R, REVERSE), lo, hi,
-                          stride_xn, stride_xf, stride_dyn, stride_dyf, R)
+        r_x, r_dy = _step(X, DY, o_n, m_n, f0, c0 + R, hi, stride_xn, stride_xf, stride_dyn, stride_dyf, R)
         o_c, m_c, b_xhat, b_dy, b_dxhat = _step_grads(x_now, dy_now, G, B, b_mean, b_rstd, o_n, m_n, f0, c0, hi,
                                                       R, HAS_G, HAS_B, RELU)
         b_dx = (b_dxhat - b_xhat * b_c1[:, None] - b_c2[:, None]) * b_rstd[:, None]

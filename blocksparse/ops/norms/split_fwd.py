@@ -13,36 +13,33 @@ stays near 0.36 of the copy bandwidth in 16 bits.  Here the grid holds token til
   the slice's partial ``(mean, M2)`` per token;
 * :func:`layer_norm_fwd_merge_kernel` merges the slices' partials of its tokens into ``mean`` and
   ``rstd``;
-* :func:`layer_norm_fwd_apply_kernel` walks the slice again and writes ``y`` -- with ``REVERSE``
-  (:mod:`.walk`) in the statistics' order played backwards, so that it starts on what the L2 still
-  holds.
+* :func:`layer_norm_fwd_apply_kernel` walks the slice again and writes ``y``.
 
 The partials (float32 ``(segments * slices, 2, N)``: a few bytes per token and slice) are staged in
 ``y``'s own memory, which only the last launch writes -- so the forward needs no workspace.  Bytes
-moved: ``x`` twice (less what the second walk finds in the L2), ``y`` once.
+moved: ``x`` twice, ``y`` once, as the one-launch form.
 """
 import triton
 import triton.language as tl
 
 from .layer_norm import _affine, _load_param, _raw, _rows, _store_tile
-from .walk import slice_program, step_feature
 
 
 @triton.jit
-def _slice(N, CS, FS, BN: tl.constexpr, REVERSE: tl.constexpr):
+def _slice(N, CS, FS, BN: tl.constexpr):
     """A program of the grid (token tiles, slices of ``FS`` features, segments): its ids, tokens
     (offsets, mask), the segment's first feature ``f0`` and the slice's features ``[lo, hi)``."""
-    i_n, i_p, i_s = slice_program(REVERSE)
+    i_n, i_p, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_n, m_n = _rows(i_n, N, BN)
     lo = i_p * FS
     return i_p, i_s, o_n, m_n, i_s * CS, lo, tl.minimum(lo + FS, CS)
 
 
 @triton.jit
-def _step(X, o_n, m_n, f0, c0, lo, hi, stride_xn, stride_xf, R: tl.constexpr):
-    """The raw ``x`` tile of features ``[c0, c0 + R)`` (masked outside ``[lo, hi)``)."""
+def _step(X, o_n, m_n, f0, c0, hi, stride_xn, stride_xf, R: tl.constexpr):
+    """The raw ``x`` tile of features ``[c0, c0 + R)`` (masked past ``hi``: none at all past it)."""
     o_c = c0 + tl.arange(0, R)
-    return _raw(X, o_n, f0 + o_c, m_n[:, None] & ((o_c >= lo) & (o_c < hi))[None, :], stride_xn, stride_xf)
+    return _raw(X, o_n, f0 + o_c, m_n[:, None] & (o_c < hi)[None, :], stride_xn, stride_xf)
 
 
 @triton.jit
@@ -52,14 +49,14 @@ def layer_norm_fwd_stats_kernel(
     stride_xn, stride_xf,
     BN: tl.constexpr, R: tl.constexpr,
 ):
-    i_p, i_s, o_n, m_n, f0, lo, hi = _slice(N, CS, FS, BN, False)
+    i_p, i_s, o_n, m_n, f0, lo, hi = _slice(N, CS, FS, BN)
     b_mean = tl.zeros((BN, R), dtype=tl.float32)
     b_m2 = tl.zeros((BN, R), dtype=tl.float32)
-    r_x = _step(X, o_n, m_n, f0, lo, lo, hi, stride_xn, stride_xf, R)
+    r_x = _step(X, o_n, m_n, f0, lo, hi, stride_xn, stride_xf, R)
     k = 0.0
     for c0 in range(lo, hi, R):
         x_now = r_x
-        r_x = _step(X, o_n, m_n, f0, c0 + R, lo, hi, stride_xn, stride_xf, R)
+        r_x = _step(X, o_n, m_n, f0, c0 + R, hi, stride_xn, stride_xf, R)
         m_c = (c0 + tl.arange(0, R)) < hi  # all lanes but at the slice's last step
         k += 1.0
         b_x = x_now.to(tl.float32)
@@ -111,16 +108,15 @@ def layer_norm_fwd_apply_kernel(
     N, CS, FS,
     stride_xn, stride_xf, stride_yn, stride_yf,
     BN: tl.constexpr, R: tl.constexpr,
-    HAS_G: tl.constexpr, HAS_B: tl.constexpr, RELU: tl.constexpr, REVERSE: tl.constexpr,
+    HAS_G: tl.constexpr, HAS_B: tl.constexpr, RELU: tl.constexpr,
 ):
-    i_p, i_s, o_n, m_n, f0, lo, hi = _slice(N, CS, FS, BN, REVERSE)
+    i_p, i_s, o_n, m_n, f0, lo, hi = _slice(N, CS, FS, BN)
     b_mean = tl.load(MEAN + i_s * N + o_n, mask=m_n, other=0.0)
     b_rstd = tl.load(RSTD + i_s * N + o_n, mask=m_n, other=0.0)
-    r_x = _step(X, o_n, m_n, f0, step_feature(0, lo, hi, R, REVERSE), lo, hi, stride_xn, stride_xf, R)
-    for j in range(0, tl.cdiv(hi - lo, R)):
-        c0 = step_feature(j, lo, hi, R, REVERSE)
+    r_x = _step(X, o_n, m_n, f0, lo, hi, stride_xn, stride_xf, R)
+    for c0 in range(lo, hi, R):
         x_now = r_x
-        r_x = _step(X, o_n, m_n, f0, step_feature(j + 1, lo, hi, R, REVERSE), lo, hi, stride_xn, stride_xf, R)
+        r_x = _step(X, o_n, m_n, f0, c0 + R, hi, stride_xn, stride_xf, R)
         o_c = c0 + tl.arange(0, R)
         m_c = o_c < hi
         b_g = _load_param(G, f0 + o_c, m_c, HAS_G)

@@ -75,8 +75,7 @@ def _split_fwd(x, g, b, y, mean, rstd, axis, epsilon, relu, segments, cfg):
     layer_norm_fwd_apply_kernel[grid](
         x, x if g is None else g, x if b is None else b, y, mean, rstd,
         n, cs, fs, *_strides(x, axis), *_strides(y, axis),
-        BN=cfg.BN, R=cfg.R, HAS_G=g is not None, HAS_B=b is not None, RELU=relu, REVERSE=cfg.reverse,
-        num_warps=cfg.num_warps)
+        BN=cfg.BN, R=cfg.R, HAS_G=g is not None, HAS_B=b is not None, RELU=relu, num_warps=cfg.num_warps)
 
 
 def layer_norm_bwd(dy, x, g, b, mean, rstd, *, axis, relu, segments, cfg=None):
@@ -128,7 +127,7 @@ def _split_bwd(dy, x, dx, g, b, mean, rstd, axis, relu, segments, cfg):
         n, cs, fs, *_strides(x, axis), *_strides(dy, axis), **flags)
     layer_norm_bwd_dx_kernel[grid](
         x, *params, dy, dx, mean, rstd, c1, c2,
-        n, cs, fs, *_strides(x, axis), *_strides(dy, axis), *_strides(dx, axis), REVERSE=cfg.reverse, **flags)
+        n, cs, fs, *_strides(x, axis), *_strides(dy, axis), *_strides(dx, axis), **flags)
     return dx, *_param_grads(dg_part, db_part, g, b)
 
 

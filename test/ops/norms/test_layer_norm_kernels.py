@@ -1,8 +1,6 @@
 """Layer-norm kernel logic (segments, both layouts, one-chunk and chunked tiles, edge masks, the
 persistent backward and its partial sums) through Triton's interpreter on small shapes, against
 float64 references."""
-import dataclasses
-
 import numpy as np
 import pytest
 
@@ -28,10 +26,7 @@ PER_TILE = NormConfig(BN=2, BC=256, num_warps=4, programs_per_sm=0)
 #: the split forward (three launches) and backward (two): slices of 16 features walked 8 at a time
 #: (partial last slices and steps)
 SPLIT = SplitConfig(BN=4, R=8, num_warps=4, FS=16, MIN_FS=8, programs_per_sm=0)
-#: the same, its second launch walking in the first one's order (the default plays it backwards)
-SPLIT_IN_ORDER = dataclasses.replace(SPLIT, reverse=False)
-CONFIGS = dict(table=None, chunked=CHUNKED, persistent=PERSISTENT, per_tile=PER_TILE, split=SPLIT,
-               split_in_order=SPLIT_IN_ORDER)
+CONFIGS = dict(table=None, chunked=CHUNKED, persistent=PERSISTENT, per_tile=PER_TILE, split=SPLIT)
 SHAPES = [(7, 96, 1), (1, 200, 4), (10, 80, 2)]
 
 
