@@ -67,14 +67,12 @@ def variants(axis, c, backward, element_size=2, relu=False):
         warps = (4, 8, 16)
         programs = (1, 2, 4, 8) if backward else (0, 1, 2, 4, 8)
     else:
-        tiles = [(bn, bc) for bn in (8, 16, 32, 64) for bc in (128, 256, 512) if 2048 <= bn * bc <= 16384]
+        tiles = [(bn, bc) for bn in (16, 32, 64) for bc in (128, 256, 512) if 2048 <= bn * bc <= 16384]
         warps = (4, 8)
         if ONE_CHUNK:  # whole segments of up to 4096 features a tile (x read once), a few tokens wide
             tiles += [(bn, row) for bn in (4, 8, 16, 32) if 512 < row <= 4096 and 4096 <= bn * row <= 32768]
             warps = (4, 8, 16, 32)
-        # one persistent program a SM: the fewest token tiles in flight, so that the forward's second
-        # walk may find its tile's features still in the L2
-        programs = (1, 2) if backward else (0, 1, 2)
+        programs = (1, 2) if backward else (0, 2)
     for (bn, bc), w, pps in itertools.product(tiles, warps, programs):
         if not 16 <= bn * bc // (w * 32) <= 64:  # over 64 elements a thread spill; under 16 idle
             continue
