@@ -23,7 +23,6 @@ Writes ``tune-norms-h200.json`` (all rows, the best per case printed).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import itertools
 import json
@@ -34,7 +33,6 @@ import time
 
 CPU = "--cpu" in sys.argv
 ONE_CHUNK = "--one-chunk" in sys.argv
-REDUCTIONS = "--reductions" in sys.argv
 if CPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -60,11 +58,6 @@ def variants(axis, c, backward, element_size=2, relu=False):
     """Tile configurations to try (the table's first)."""
     table = layer_norm_config(axis, c, element_size, backward, relu)
     yield table
-    if REDUCTIONS:  # the table's tile with its row sums in two reductions (before 2026-12-06), twice each
-        yield dataclasses.replace(table, one_reduction=False)
-        yield table
-        yield dataclasses.replace(table, one_reduction=False)
-        return
     if CPU:
         yield NormConfig(BN=4, BC=16, num_warps=4, programs_per_sm=1)
         return
@@ -237,8 +230,6 @@ def main():
                     "holds the bias to recompute the mask: more registers)")
     ap.add_argument("--one-chunk", action="store_true", help="(C, N): also tiles holding whole segments of up to "
                     "4096 features (x read once; 4-32 tokens wide, up to 32 warps)")
-    ap.add_argument("--reductions", action="store_true", help="only the table's tiles, with their row sums "
-                    "in one reduction and in two (A/B/A/B)")
     ap.add_argument("--name", default="tune-norms-h200", help="output file name (without .json)")
     ap.add_argument("--install", action="store_true", help="write the layer-norm tiles that beat the table "
                     f"by {MARGIN}x into blocksparse/ops/norms/configs.py (MEASURED; a GPU run without failures)")
@@ -260,8 +251,7 @@ def main():
         best = min(group, key=lambda r: r["ms"], default=None)
         if best is not None and table is not None:
             print(key, "table", table.get("hbm_frac"), "best", best.get("hbm_frac"),
-                  {k: best[k] for k in ("BN", "BC", "BK", "num_warps", "programs_per_sm", "one_reduction")
-                   if k in best})
+                  {k: best[k] for k in ("BN", "BC", "BK", "num_warps", "programs_per_sm") if k in best})
     bad = [r for r in rows if not r.get("ok")]
     print(f"{len(rows)} variants, {len(bad)} failed or inaccurate; {time.time() - t0:.0f}s")
     if args.install and "layer_norm" in args.ops:

@@ -205,8 +205,6 @@ def compile_args(spec) -> CompileArgs:
     types |= {name: "i32" for name in wide}
     cfg = spec.config
     tile = {"BN": cfg.BN, "R": cfg.R} if spec.split else {"BN": cfg.BN, "BC": cfg.BC, "ONE_CHUNK": spec.one_chunk}
-    if spec.product in ("fwd", "bwd"):
-        tile["ONE_REDUCTION"] = cfg.one_reduction
     if spec.product in ("fwd_stats", "fwd_merge"):  # statistics only: no parameters, no relu
         consts = {"BN": cfg.BN} | ({"R": cfg.R} if spec.product == "fwd_stats" else {})
     else:

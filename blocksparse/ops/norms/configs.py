@@ -70,14 +70,12 @@ TOKEN_TILE = 16384
 @dataclass(frozen=True)
 class NormConfig:
     """``BN`` tokens x ``BC`` features per tile (powers of two); ``num_warps``;
-    ``programs_per_sm`` persistent programs per SM (0: one program per token tile);
-    ``one_reduction``: a whole-segment tile takes its two row sums in one reduction."""
+    ``programs_per_sm`` persistent programs per SM (0: one program per token tile)."""
 
     BN: int
     BC: int
     num_warps: int
     programs_per_sm: int = 2
-    one_reduction: bool = True
 
     def one_chunk(self, segment_features):
         """Whether a segment of ``segment_features`` fits one tile (kept in registers)."""

@@ -76,42 +76,11 @@ def _rows(i_n, N, BN: tl.constexpr):
 
 
 @triton.jit
-def _shift(X, o_n, m_n, f0, stride_n, stride_f, ONE_REDUCTION: tl.constexpr):
-    """Each row's first feature in float32 (the one-pass statistics' shift; zeros without them)."""
-    if ONE_REDUCTION:
-        b_s = tl.load(X + o_n.to(tl.int64) * stride_n + f0 * stride_f, mask=m_n, other=0.0).to(tl.float32)
-    else:
-        b_s = tl.zeros(o_n.shape, dtype=tl.float32)
-    return b_s
-
-
-@triton.jit
-def _add2(a0, a1, b0, b1):
-    return a0 + b0, a1 + b1
-
-
-@triton.jit
-def _sum2(a, b, axis: tl.constexpr):
-    """``(sum(a), sum(b))`` over ``axis`` in one reduction (one exchange across warps, not two)."""
-    return tl.reduce((a, b), axis, _add2)
-
-
-@triton.jit
-def _normalise(b_x, b_s, m, CS, epsilon, ONE_REDUCTION: tl.constexpr):
-    """``(xhat, mean, rstd)`` of a tile holding whole segments (masked entries zero).  With
-    ``ONE_REDUCTION`` both sums are taken in one pass over ``x - s`` (``s``: each row's first
-    element, so no ``E[x^2] - E[x]^2`` cancellation unless it lies many deviations from the mean)."""
-    if ONE_REDUCTION:
-        b_xs = tl.where(m, b_x - b_s[:, None], 0.0)
-        b_s1, b_s2 = _sum2(b_xs, b_xs * b_xs, 1)
-        b_d = b_s1 / CS
-        b_mean = b_s + b_d
-        b_rstd = tl.math.rsqrt(tl.maximum(b_s2 / CS - b_d * b_d, 0.0) + epsilon)
-        b_xc = tl.where(m, b_x - b_mean[:, None], 0.0)
-    else:
-        b_mean = tl.sum(b_x, 1) / CS
-        b_xc = tl.where(m, b_x - b_mean[:, None], 0.0)
-        b_rstd = tl.math.rsqrt(tl.sum(b_xc * b_xc, 1) / CS + epsilon)
+def _normalise(b_x, m, CS, epsilon):
+    """``(xhat, mean, rstd)`` of a tile holding whole segments (masked entries zero)."""
+    b_mean = tl.sum(b_x, 1) / CS
+    b_xc = tl.where(m, b_x - b_mean[:, None], 0.0)
+    b_rstd = tl.math.rsqrt(tl.sum(b_xc * b_xc, 1) / CS + epsilon)
     return b_xc * b_rstd[:, None], b_mean, b_rstd
 
 
@@ -121,7 +90,7 @@ def layer_norm_fwd_kernel(
     N, CS, epsilon,
     stride_xn, stride_xf, stride_yn, stride_yf,
     BN: tl.constexpr, BC: tl.constexpr, ONE_CHUNK: tl.constexpr,
-    HAS_G: tl.constexpr, HAS_B: tl.constexpr, RELU: tl.constexpr, ONE_REDUCTION: tl.constexpr = True,
+    HAS_G: tl.constexpr, HAS_B: tl.constexpr, RELU: tl.constexpr,
 ):
     # program i_p takes token tiles i_p, i_p + P, ... (P programs: one per tile, or persistent)
     i_p, i_s = tl.program_id(0), tl.program_id(1)
@@ -135,15 +104,13 @@ def layer_norm_fwd_kernel(
         # the next tile is loaded before this one is worked on: its loads are in flight meanwhile
         o_n, m_n = _rows(i_p, N, BN)
         r_x = _raw(X, o_n, f0 + o_c, m_n[:, None] & m_c[None, :], stride_xn, stride_xf)
-        r_s = _shift(X, o_n, m_n, f0, stride_xn, stride_xf, ONE_REDUCTION)
         for i_n in range(i_p, tl.cdiv(N, BN), n_p):
             o_n, m_n = _rows(i_n, N, BN)
             m = m_n[:, None] & m_c[None, :]
-            b_x, b_s = r_x.to(tl.float32), r_s
+            b_x = r_x.to(tl.float32)
             o_nn, m_nn = _rows(i_n + n_p, N, BN)
             r_x = _raw(X, o_nn, f0 + o_c, m_nn[:, None] & m_c[None, :], stride_xn, stride_xf)
-            r_s = _shift(X, o_nn, m_nn, f0, stride_xn, stride_xf, ONE_REDUCTION)
-            b_xhat, b_mean, b_rstd = _normalise(b_x, b_s, m, CS, epsilon, ONE_REDUCTION)
+            b_xhat, b_mean, b_rstd = _normalise(b_x, m, CS, epsilon)
             b_y = _affine(b_xhat, r_g, r_b, HAS_G, HAS_B)
             if RELU:
                 b_y = tl.maximum(b_y, 0.0)
@@ -228,7 +195,7 @@ def layer_norm_bwd_kernel(
     N, CS,
     stride_xn, stride_xf, stride_dyn, stride_dyf, stride_dxn, stride_dxf,
     BN: tl.constexpr, BC: tl.constexpr, ONE_CHUNK: tl.constexpr,
-    HAS_G: tl.constexpr, HAS_B: tl.constexpr, RELU: tl.constexpr, ONE_REDUCTION: tl.constexpr = True,
+    HAS_G: tl.constexpr, HAS_B: tl.constexpr, RELU: tl.constexpr,
 ):
     # persistent: program i_p takes token tiles i_p, i_p + P, ... and owns row i_p of the (P, C)
     # partial buffers of dg and db
@@ -262,18 +229,10 @@ def layer_norm_bwd_kernel(
             r_dy = _raw(DY, o_nn, f0 + o_c, m_next, stride_dyn, stride_dyf)
             r_mean, r_rstd = _stats(MEAN, RSTD, o_nn, m_nn)
             b_xhat, b_dy, b_dxhat = _grads(b_x, b_dy, b_mean, b_rstd, b_g, b_b, m, HAS_G, HAS_B, RELU)
-            if ONE_REDUCTION:
-                b_pg, b_pb = _sum2(b_dy * b_xhat, b_dy, 0)
-                b_c1, b_c2 = _sum2(b_xhat * b_dxhat, b_dxhat, 1)
-                b_dg += b_pg
-                b_db += b_pb
-                b_c1 = b_c1 / CS
-                b_c2 = b_c2 / CS
-            else:
-                b_dg += tl.sum(b_dy * b_xhat, 0)
-                b_db += tl.sum(b_dy, 0)
-                b_c1 = tl.sum(b_xhat * b_dxhat, 1) / CS
-                b_c2 = tl.sum(b_dxhat, 1) / CS
+            b_dg += tl.sum(b_dy * b_xhat, 0)
+            b_db += tl.sum(b_dy, 0)
+            b_c1 = tl.sum(b_xhat * b_dxhat, 1) / CS
+            b_c2 = tl.sum(b_dxhat, 1) / CS
             b_dx = (b_dxhat - b_xhat * b_c1[:, None] - b_c2[:, None]) * b_rstd[:, None]
             _store_tile(DX, b_dx, o_n, f0 + o_c, m, stride_dxn, stride_dxf)
         if HAS_G:

@@ -52,7 +52,7 @@ def layer_norm_fwd(x, g, b, *, axis, epsilon, relu, segments, cfg=None):
             x, x if g is None else g, x if b is None else b, y, mean, rstd,
             n, cs, epsilon,
             *_strides(x, axis), *_strides(y, axis),
-            BN=cfg.BN, BC=cfg.BC, ONE_CHUNK=cfg.one_chunk(cs), ONE_REDUCTION=cfg.one_reduction,
+            BN=cfg.BN, BC=cfg.BC, ONE_CHUNK=cfg.one_chunk(cs),
             HAS_G=g is not None, HAS_B=b is not None, RELU=relu,
             num_warps=cfg.num_warps,
         )
@@ -103,7 +103,7 @@ def layer_norm_bwd(dy, x, g, b, mean, rstd, *, axis, relu, segments, cfg=None):
         mean if dg_part is None else dg_part, mean if db_part is None else db_part,
         n, cs,
         *_strides(x, axis), *_strides(dy, axis), *_strides(dx, axis),
-        BN=cfg.BN, BC=cfg.BC, ONE_CHUNK=one_chunk, ONE_REDUCTION=cfg.one_reduction,
+        BN=cfg.BN, BC=cfg.BC, ONE_CHUNK=one_chunk,
         HAS_G=g is not None, HAS_B=b is not None, RELU=relu,
         num_warps=cfg.num_warps,
     )
