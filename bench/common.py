@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import time
 
 import numpy as np
 import torch
@@ -81,12 +83,20 @@ def result_writer(out_dir, stem, meta, markdown=None):
     return save
 
 
+def gpu_tag():
+    """A short name of the GPU for result files: ``h200``, ``h100``, ... (``cpu`` without one)."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    name = torch.cuda.get_device_name().lower()
+    found = re.search(r"\b([a-z]\d{2,4}[a-z]?)\b", name.replace("nvidia", ""))
+    return found.group(1) if found else re.sub(r"[^a-z0-9]+", "-", name).strip("-")
+
+
 def warm_in_workers(fn, todo, workers):
     """Run ``fn(chunk)`` on ``workers`` slices of ``todo`` in spawned processes (each fills
     Triton's on-disk cache, so that compiling does not eat the timed run); ``fn`` returns its
     failures.  Prints a summary; returns every failure."""
     import multiprocessing as mp
-    import time
     from concurrent.futures import ProcessPoolExecutor
 
     t0 = time.time()
@@ -110,6 +120,14 @@ def rel_err(got, ref):
 def time_ms(fn, warmup=25, rep=100):
     """Median milliseconds per call (events around each call, L2 flushed in between)."""
     return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+
+
+#: GPU clock cycles spent waiting before a graph's start event (~100 µs at 2 GHz): longer than a graph
+#: launch takes on the host (10-40 µs measured), which the events included before 2026-12-06.
+HOLD_CYCLES = 200_000
+#: Milliseconds of replays before a graph is timed: its first replays after the host's capture ran up
+#: to 12% slower (the GPU's clocks come down while it idles).
+WARM_MS = 30
 
 
 class GraphTimer:
@@ -137,10 +155,18 @@ class GraphTimer:
                 f()
 
     def median_ms(self, replays=20):
-        """Median milliseconds per call over ``replays`` replays of the graph."""
+        """Median milliseconds per call over ``replays`` replays of the graph, after :data:`WARM_MS` of
+        replays.  The GPU is kept busy (:data:`HOLD_CYCLES`) before each start event, so the graph is
+        queued behind it by the time the event runs: the events time its kernels, not its launch."""
+        warm_until = time.perf_counter() + WARM_MS / 1e3
+        while time.perf_counter() < warm_until:  # the clocks drop while the host captures: ramp them first
+            for _ in range(4):
+                self.graph.replay()
+            torch.cuda.synchronize()
         times = []
         for _ in range(replays):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(HOLD_CYCLES)
             start.record()
             self.graph.replay()
             end.record()

@@ -31,7 +31,7 @@ backward 5e (+ x, dy, dx); LSTM gates per cell element forward 7e (c, 4 gates, c
 forward + backward 19e (+ c, 4 gates, 2 output gradients, dc, 4 gate gradients).
 
 A failing case is recorded with its error and the run goes on; results are written after every
-case (``norms-h200.json`` and ``norms-h200.md`` in ``--out``).
+case (``norms-<gpu>.json`` and ``norms-<gpu>.md`` in ``--out``: ``norms-h200`` on an H200).
 """
 from __future__ import annotations
 
@@ -286,7 +286,7 @@ def markdown(meta, rows):
            f"torch {meta['torch']}, triton {meta['triton']}, {meta['date']}; HBM copy bandwidth measured in "
            f"this run: {meta['hbm_gbs'] or float('nan'):.0f} GB/s.  `hbm` = bytes that must move / time over that "
            "bandwidth; `x torch` = PyTorch's time / ours (> 1: faster).  Produced by `bench/norms.py`; raw rows "
-           "(with every relative error against float64) in `norms-h200.json`."
+           f"(with every relative error against float64) in `{meta['stem']}.json`."
            + (f"  Our launches: {meta['launches']}." if meta.get("launches") else ""), ""]
     index = {(r["op"], r["axis"], r["relu"], r["impl"], r["mode"], r["dtype"], r["N"], r["C"]): r
              for r in rows if "impl" in r}
@@ -344,7 +344,8 @@ def main():
     meta = dict(device="CPU (Triton interpreter)" if CPU else torch.cuda.get_device_name(), torch=torch.__version__,
                 triton=triton.__version__, date=time.strftime("%Y-%m-%d"), hbm_gbs=hbm, quick=args.quick,
                 launches=None if CPU else common.launch_source())
-    save = common.result_writer(args.out, "norms-h200", meta, markdown)
+    meta["stem"] = f"norms-{common.gpu_tag()}"
+    save = common.result_writer(args.out, meta["stem"], meta, markdown)
     rows = measure(args, hbm, save)
     save(rows)
     bad = [r for r in rows if r.get("impl") == "blocksparse" and not (r.get("ok") and "ms" in r)]
