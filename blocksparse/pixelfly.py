@@ -92,6 +92,7 @@ class PixelflyDense(keras.layers.Layer):
         self.stretch = check_bool(stretch, "stretch")
         self.impl = check_impl(impl)
         self.layout = None
+        self.last_tokens = None  # the token count of the last call that knew it when traced
 
     def build(self, input_shape):
         in_features = input_shape[-1]
@@ -118,13 +119,14 @@ class PixelflyDense(keras.layers.Layer):
             self.bias = self.add_weight(name="bias", shape=(self.units,), initializer=_FanInUniform(per_feature))
 
     def plan(self, tokens=None, dtype=None):
-        """What computes a call on ``tokens`` rows (default: the model's) and why: a
-        :class:`blocksparse.dispatch.Plan`.  The layer must be built."""
+        """What computes a call on ``tokens`` rows and why: a :class:`blocksparse.dispatch.Plan`.
+        Default: the token count of the last call that knew it (a static batch), else the op's
+        default (4096).  The layer must be built."""
         if self.layout is None:
             raise ValueError("PixelflyDense.plan() needs a built layer: call it (or build()) first")
         tokens = check_int(tokens, "tokens", allow_none=True)
         dtype = tf.as_dtype(dtype or self.compute_dtype)
-        return backend.plan(self.layout, 1, dtype, tokens, self.impl)[0]
+        return backend.plan(self.layout, 1, dtype, tokens or self.last_tokens, self.impl)[0]
 
     def call(self, inputs):
         x = tf.convert_to_tensor(inputs)
@@ -139,7 +141,10 @@ class PixelflyDense(keras.layers.Layer):
         dtype = tf.as_dtype(self.compute_dtype)
         x2 = tf.reshape(tf.cast(x, dtype), [-1, self.in_features])
         w = tf.cast(self.kernel, dtype)
-        products = backend.choose(self.layout, 1, dtype, tf.compat.dimension_value(x2.shape[0]), self.impl)
+        tokens = tf.compat.dimension_value(x2.shape[0])
+        if tokens is not None:
+            self.last_tokens = tokens
+        products = backend.choose(self.layout, 1, dtype, tokens, self.impl)
         y = autodiff.matmul(x2, w, self.layout, 1, dtype, products)
         if self.lowrank_size:
             # [N, in] @ [in, r] @ [r, units]

@@ -94,6 +94,28 @@ def test_plan():
     assert layer.plan(128).impl == "dense" and layer.plan().source == "override"
 
 
+def test_plan_defaults_to_the_last_static_token_count(monkeypatch):
+    """plan() without tokens plans for the last call whose token count was known (as the PyTorch
+    layers do), else for the op's default."""
+    from blocksparse._tf.matmul import backend
+    seen = []
+    real = backend.plan
+    monkeypatch.setattr(backend, "plan", lambda *a, **k: seen.append(a[3]) or real(*a, **k))
+    layer = PixelflyDense(64, 16)
+    layer.build((None, 32))
+
+    def planned_for(*args):
+        seen.clear()
+        layer.plan(*args)
+        return seen
+
+    assert planned_for() == [None]
+    layer(tf.random.normal((6, 5, 32)))
+    assert planned_for() == [30]
+    tf.function(layer, input_signature=[tf.TensorSpec([None, 32])])(tf.random.normal((7, 32)))
+    assert planned_for() == [30] and planned_for(96) == [96]
+
+
 @pytest.mark.parametrize("kwargs, words", [
     ({"units": 50, "block_size": 16}, "units must be a multiple of block_size=16; got 50"),
     ({"units": 0, "block_size": 16}, "units must be an int >= 1"),
