@@ -181,4 +181,13 @@ def convolve(I, flat, edge_bias, spec, path=None):
                   [0, spec.blocks.K, *spec.geometry.MPQ], work)
     if edge_bias is not None and spec.edge_count:
         y = y + params.edge_bias_image(tf.cast(edge_bias, work), spec)[None]
+    elif edge_bias is not None:  # no edge positions: an edge bias of shape (K, 0)
+        y = _empty_edge_bias_grad(y, edge_bias)
     return tf.cast(y, dtype)
+
+
+@tf.custom_gradient
+def _empty_edge_bias_grad(y, edge_bias):
+    """``y`` as it is, with a (zero-size) gradient for an edge bias that has no positions, so that
+    training loops see a gradient for every variable rather than None."""
+    return tf.identity(y), lambda dy: (dy, tf.zeros_like(edge_bias))

@@ -221,6 +221,40 @@ def test_bad_inputs(rng):
     assert np.array_equal(plain(F, x, edge_bias=np.zeros((plain.K, 0), np.float32)).numpy(), plain(F, x).numpy())
 
 
+@pytest.mark.parametrize("mode", ["eager", "function", "graph"])
+def test_edge_bias_without_edge_positions_has_a_gradient(rng, mode):
+    """With no padded positions (VALID) the edge bias is (K, 0): its gradient is that empty tensor,
+    not None (training loops warn about or drop variables without a gradient)."""
+    BCK = [(range(0, 3), range(0, 2)), (range(3, 6), range(2, 4))]
+    op = BlocksparseConv(BCK, TRS=(3,), DHW=(7,), padding="VALID", edge_bias=True)
+    assert op.edge_bias_shape() == (4, 0)
+    F = rng.standard_normal(op.f_shape()).astype(np.float32)
+    x = rng.standard_normal(op.i_shape(2)).astype(np.float32)
+    eb = np.zeros(op.edge_bias_shape(), np.float32)
+
+    def grads(F, x, eb):
+        with tf.GradientTape() as tape:
+            tape.watch([F, x, eb])
+            y = op(F, x, edge_bias=eb)
+            loss = tf.reduce_sum(y * y)
+        return (y, *tape.gradient(loss, [F, x, eb]))
+
+    if mode == "graph":
+        with tf.Graph().as_default():
+            ins = [tf.compat.v1.placeholder(tf.float32, a.shape) for a in (F, x, eb)]
+            y = op(*ins[:2], edge_bias=ins[2])
+            outs = [y, *tf.compat.v1.gradients(tf.reduce_sum(y * y), ins)]
+            with tf.compat.v1.Session() as sess:
+                got = sess.run(outs, dict(zip(ins, (F, x, eb))))
+    else:
+        fn = tf.function(grads) if mode == "function" else grads
+        got = [t.numpy() for t in fn(*(tf.constant(a) for a in (F, x, eb)))]
+    y, dF, dx, deb = got
+    assert deb.shape == (4, 0) and dF.shape == F.shape and dx.shape == x.shape
+    plain = op(F, x).numpy()
+    assert np.array_equal(y, plain) and np.abs(plain).max() > 0
+
+
 def test_unknown_sizes_checked_when_the_graph_runs(rng):
     op, _ = build(rng, "conv", "1d-same-s2", layout="uniform")
     F, x, _, _ = random_inputs(rng, op)
