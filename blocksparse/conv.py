@@ -76,6 +76,11 @@ class BlocksparseConv(ConvShapes):
     a list of the per-block filters.
     """
 
+    def __init__(self, BCK, TRS, DHW, MPQ=None, strides=(1, 1, 1), dilates=(1, 1, 1), padding="SAME",
+                 edge_bias=False):
+        # the documented signature on the public class (an unknown keyword names this class)
+        super().__init__(BCK, TRS, DHW, MPQ, strides, dilates, padding, edge_bias)
+
     def _filter(self, F):
         """``(flat filter, form, dtype)`` after checking ``F``'s dtypes and shapes."""
         spec = self.spec

@@ -221,6 +221,13 @@ def test_bad_inputs(rng):
     assert np.array_equal(plain(F, x, edge_bias=np.zeros((plain.K, 0), np.float32)).numpy(), plain(F, x).numpy())
 
 
+def test_unknown_keyword_names_the_public_class():
+    """``path=`` is PyTorch's: TensorFlow's classes reject it, naming themselves (not an internal base)."""
+    for cls in (BlocksparseConv, BlocksparseDeconv):
+        with pytest.raises(TypeError, match=r"BlocksparseConv.__init__\(\) got an unexpected keyword argument 'path'"):
+            cls([(range(2), range(2))], (3,), (8,), path="dense")
+
+
 @pytest.mark.parametrize("mode", ["eager", "function", "graph"])
 def test_edge_bias_without_edge_positions_has_a_gradient(rng, mode):
     """With no padded positions (VALID) the edge bias is (K, 0): its gradient is that empty tensor,
