@@ -144,9 +144,11 @@ def _fits(cfg, group, bs, elem_bytes):
 def grouped_config(cfg, layout, kind, *, float32=False, tf32=False, interpret=False):
     """``cfg`` (an :class:`~.configs.XpropConfig` with ``G = 1``) with the ``G`` that
     :func:`choose_group` picks for ``layout``, resized to fit; ``cfg`` unchanged when ``G = 1``
-    wins, when the table already asks for another ``G``, when no grouped tile fits, or on a GPU for
-    blocks larger than :data:`GROUPED_MAX_BLOCK` (measured slower there)."""
-    if cfg.G != 1 or (layout.block_size > GROUPED_MAX_BLOCK and not interpret):
+    wins, when the table already asks for another ``G``, when the tile takes several table entries
+    a step (``KB > 1``: the few-token pointer tile, whose kernel takes ``G = 1`` only), when no
+    grouped tile fits, or on a GPU for blocks larger than :data:`GROUPED_MAX_BLOCK` (measured
+    slower there)."""
+    if cfg.G != 1 or cfg.KB != 1 or (layout.block_size > GROUPED_MAX_BLOCK and not interpret):
         return cfg
     precision = ("tf32" if tf32 else "fp32") if float32 else "16bit"
     group, _ = choose_group(layout, kind, bm=cfg.BM, precision=precision)

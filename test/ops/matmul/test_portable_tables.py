@@ -141,6 +141,25 @@ def test_grouped_config_keeps_large_blocks_ungrouped_on_a_gpu():
     assert grouping.grouped_config(cfg, lay, "fprop", interpret=True).G == 2
 
 
+@pytest.mark.parametrize("tokens", [64, 400, 512, 513, 8192])
+@pytest.mark.parametrize("tma", [True, False])
+@pytest.mark.parametrize("fine", [16, 32, 64])
+def test_grouped_configs_satisfy_the_pointer_kernels_constraints(tokens, tma, fine):
+    """Every table tile, grouped for a layout that groups well (the small pixelfly MLP's, refined),
+    is one the kernels compile: the pointer kernel takes ``G > 1`` only with whole output blocks and
+    one table entry a step (a 400-token call of blocks of 48 picked ``G = 2`` with ``KB = 8`` and
+    failed to compile on a GPU)."""
+    lay = refine(Layout(butterfly_layout(384, 1536, 48, 64), 48, any_block_size=True), 16).layout
+    if fine != 16:
+        lay = Layout(np.kron(np.eye(8, dtype=np.int64), np.ones((2, 2), np.int64)), fine)
+    cfg = configs.xprop_config(fine, tokens, tma=tma)
+    grouped = grouping.grouped_config(cfg, lay, "fprop")
+    if grouped.G > 1 and not grouped.TMA:
+        assert grouped.KB == 1 and configs.output_slice(grouped, fine, False) == fine
+    if cfg.KB > 1:
+        assert grouped is cfg
+
+
 def test_grouped_config_keeps_tuned_groups_and_random_layouts():
     rand = Layout(random_layout(np.random.default_rng(1), 32, 32, 0.3), 16)
     tuned = configs.xprop_config(16, 8192, tma=False)          # the pointer table's own G = 4
