@@ -117,7 +117,7 @@ def attention(q, k, v, layout, *, block_size=None, causal=False, scale=None, seq
         diagonal are dropped from the layout.
     scale : float, optional
         Score scale; default ``D ** -0.5``.
-    seqlens : torch.Tensor of int, shape (B,), optional
+    seqlens : torch.Tensor of int (or a list / numpy array of ints), shape (B,), optional
         Valid length of each batch element (clamped to ``0 .. S``): keys at or past it are masked
         and query rows at or past it give zeros.  Padded batches keep the ``(B, H, S, D)`` shape, so
         no repacking is needed and the kernels stay one launch per pass.
@@ -290,8 +290,12 @@ def _check_scale(scale, head_dim):
 def _check_seqlens(seqlens, batch, device, length):
     if seqlens is None:
         return None
+    if isinstance(seqlens, (list, tuple, np.ndarray)):  # plain lengths: a tensor on q's device
+        seqlens = torch.as_tensor(seqlens, device=device)
+        seqlens = seqlens if seqlens.numel() else seqlens.long()
     if not isinstance(seqlens, torch.Tensor):
-        raise TypeError(f"seqlens must be a torch.Tensor of ints or None; got {type(seqlens).__name__}")
+        raise TypeError(f"seqlens must be a torch.Tensor, a list or a numpy array of ints, or None; "
+                        f"got {type(seqlens).__name__}")
     if seqlens.dtype not in (torch.int32, torch.int64, torch.int16, torch.uint8, torch.int8):
         raise TypeError(f"seqlens must hold integers; got {seqlens.dtype}")
     if tuple(seqlens.shape) != (batch,):

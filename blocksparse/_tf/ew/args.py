@@ -42,17 +42,19 @@ def _is_number(value):
 def operand_pair(x, y):
     """The operands of a binary op as tensors, and the dtype of its result.
 
-    A Python number takes the other operand's dtype (``ew.add(x, 1.0)`` works for a float16
-    ``x``), held as a float32 constant beside a 16-bit tensor: the op computes in float32 and
-    rounds once, so ``ew.divide(x, 1e5)`` does not divide by 1e5 rounded to 16 bits (or to
-    infinity).  Tensors must already share their dtype.  Their static shapes must broadcast.
+    A constant -- a Python number, a (nested) list or tuple of numbers, a numpy array or scalar --
+    beside a tensor takes the tensor's dtype, as TensorFlow's own ops convert it (``ew.add(x, 1.0)``
+    and ``ew.add(x, [1.0, 2.0])`` work for a float16 ``x``).  Beside a 16-bit tensor it is held as
+    float32: the op computes in float32 and rounds once, so ``ew.divide(x, 1e5)`` does not divide by
+    1e5 rounded to 16 bits (or to infinity).  Tensors must already share their dtype.  Their static
+    shapes must broadcast.
     """
-    if _is_number(y) and not _is_number(x):
+    if _is_constant(y) and not _is_constant(x):
         x = float_tensor(x, "x")
-        dtype, y = x.dtype, tf.constant(y, dtype=_number_dtype(x.dtype))
-    elif _is_number(x) and not _is_number(y):
+        dtype, y = x.dtype, _constant(y, _number_dtype(x.dtype), "y")
+    elif _is_constant(x) and not _is_constant(y):
         y = float_tensor(y, "y")
-        dtype, x = y.dtype, tf.constant(x, dtype=_number_dtype(y.dtype))
+        dtype, x = y.dtype, _constant(x, _number_dtype(y.dtype), "x")
     else:
         x, y = float_tensor(x, "x"), float_tensor(y, "y")
         same_dtype(x, y, "x", "y")
@@ -63,6 +65,21 @@ def operand_pair(x, y):
         raise ValueError(f"x and y must have shapes that broadcast (TensorFlow's rules); got x "
                          f"{_text(x.shape)} and y {_text(y.shape)}") from None
     return x, y, dtype
+
+
+def _is_constant(value):
+    """A value TensorFlow's binary ops convert to the other operand's dtype: a number, a list or
+    tuple, a numpy array or scalar (not a tensor or variable)."""
+    return _is_number(value) or isinstance(value, (list, tuple, np.ndarray, np.generic))
+
+
+def _constant(value, dtype, name):
+    """The constant ``value`` as a ``dtype`` tensor; its elements must be real numbers."""
+    array = np.asarray(value)
+    if array.dtype == object or array.dtype.kind not in "iuf":
+        raise TypeError(f"{name} must be a tensor or real numbers (a number, a list of numbers, a numpy "
+                        f"array); got {type(value).__name__} of dtype {array.dtype}")
+    return tf.constant(array, dtype=dtype)
 
 
 def _number_dtype(dtype):

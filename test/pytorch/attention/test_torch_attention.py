@@ -389,6 +389,20 @@ def test_empty_batch(monkeypatch, backend):
     assert o.shape == q.shape and q.grad.shape == q.shape
 
 
+@pytest.mark.parametrize("form", [list, tuple, np.asarray], ids=["list", "tuple", "numpy"])
+def test_lengths_as_plain_ints(rng, reference, form):
+    """Lengths given as a list, tuple or numpy array of ints act as the same tensor would."""
+    q, k, v, _ = _inputs(rng, 3, 2, 2, 48, 16, "float32")
+    lay = layouts.sliding_window(3, 1)
+    want = attention(q, k, v, lay, causal=True, seqlens=torch.tensor([48, 17, 0]))
+    got = attention(q, k, v, lay, causal=True, seqlens=form([48, 17, 0]))
+    assert torch.equal(got, want) and (got[1, :, 17:] == 0).all() and not torch.equal(got, attention(q, k, v, lay))
+    with pytest.raises(TypeError, match="seqlens must hold integers"):
+        attention(q, k, v, lay, seqlens=form([48.0, 17.5, 0.0]))
+    with pytest.raises(ValueError, match="seqlens must have shape \\(3,\\)"):
+        attention(q, k, v, lay, seqlens=form([48, 17]))
+
+
 @pytest.mark.parametrize("length", [2**31, 2**32 + 5, 2**40])
 def test_lengths_past_int32_are_clamped(length):
     """Lengths are clamped to 0 .. S before the kernels' int32: 2**32 + 5 once read as 5."""

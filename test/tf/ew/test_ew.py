@@ -136,6 +136,31 @@ def test_python_number_is_not_rounded_to_16_bits(rng, dtype):
     assert grad.dtype == dtype and rel_error(tf.cast(grad, tf.float64), np.full(3, 1e-3)) < tolerance(dtype)
 
 
+@pytest.mark.parametrize("dt", sorted(DTYPES))
+def test_lists_and_numpy_arrays_take_the_tensors_dtype(rng, dt):
+    """As TensorFlow's own ops convert them: a list or numpy operand (float64 included) beside a
+    tensor takes its dtype, broadcast, on either side; its gradient reaches the tensor."""
+    dtype = DTYPES[dt]
+    x = tf.constant(rng.standard_normal((3, 4)), dtype)
+    x64 = np.asarray(tf.cast(x, tf.float64))
+    row, col = rng.standard_normal(4), rng.standard_normal((3, 1))
+    cases = ((ew.add(x, row.tolist()), x64 + row), (ew.subtract(col, x), col - x64),
+             (ew.multiply(x, np.float64(1.5)), x64 * 1.5), (ew.maximum([[0, 1, 0, 1]], x), np.maximum([[0, 1, 0, 1]], x64)),
+             (ew.divide(x, row.astype(np.float32) + 3.0 * np.sign(row)), x64 / (row.astype(np.float32) + 3.0 * np.sign(row))))
+    for got, want in cases:
+        assert got.dtype == dtype and got.shape == want.shape
+        assert rel_error(tf.cast(got, tf.float64), want) < tolerance(dtype)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = ew.multiply(row.tolist(), x)
+    grad = tape.gradient(y, x, output_gradients=tf.ones_like(x))
+    assert grad.dtype == dtype and rel_error(tf.cast(grad, tf.float64), np.broadcast_to(row, (3, 4))) < tolerance(dtype)
+    with pytest.raises(TypeError, match="y must be a tensor or real numbers"):
+        ew.add(x, ["a", "b", "c", "d"])
+    with pytest.raises(ValueError, match="x and y must have shapes that broadcast"):
+        ew.add(x, [1.0, 2.0, 3.0])
+
+
 def test_fast_gelu_is_swish_1702(rng):
     x = rng.standard_normal((4, 9)).astype(np.float32)
     assert rel_error(ew.fast_gelu(x), ref.UNARY["swish"][0](x.astype(np.float64), 1.702)) < 1e-6
