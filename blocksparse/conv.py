@@ -13,7 +13,8 @@
 
 Activations are channels-first, ``NCDHW`` / ``NCHW`` / ``NCW`` for 3-D / 2-D / 1-D convolutions.
 Works in TF2 eager mode, in ``tf.function`` (the minibatch may be unknown) and in ``tf.compat.v1``
-graphs; float32, float16 and bfloat16; gradients for the input, the filter and the edge bias.
+graphs; float32, float16 and bfloat16 (a float32 filter and edge bias with 16-bit activations
+too); gradients for the input, the filter and the edge bias.
 On a GPU sparse layouts of wide blocks run as grouped convolutions, everywhere else one
 convolution with the dense filter that is zero outside the blocks does (see
 :mod:`blocksparse._tf.conv.compute`).  ``BLOCKSPARSE_BACKEND=reference`` always takes the latter.
@@ -29,6 +30,20 @@ from ._tf.norms import channels
 from .ops.conv import ConvShapes
 
 __all__ = ["BlocksparseConv", "BlocksparseDeconv", "cwise_linear"]
+
+
+_HALF_DTYPES = (tf.float16, tf.bfloat16)
+
+
+def _check_param_dtype(dtype, I, name):
+    """A parameter (the filter ``F`` or the edge bias) goes with ``I`` when it has ``I``'s dtype or is
+    float32 beside float16 / bfloat16 ``I`` (mixed precision: float32 master weights); else a
+    ``TypeError`` naming it."""
+    dtype, i_dtype = dtype.base_dtype, I.dtype.base_dtype  # base: v1 reference tensors too
+    if dtype == i_dtype or (dtype == tf.float32 and i_dtype in _HALF_DTYPES):
+        return
+    raise TypeError(f"{name} and I must have the same dtype (or {name} float32 with float16 / bfloat16 I); "
+                    f"got {name} {dtype.name} and I {i_dtype.name}")
 
 
 class BlocksparseConv(ConvShapes):
@@ -107,10 +122,11 @@ class BlocksparseConv(ConvShapes):
         return params.flat_filter(F, form), form, F.dtype
 
     def _edge_bias(self, edge_bias, I):
+        """``edge_bias`` checked: ``I``'s dtype, or float32 beside 16-bit ``I`` (added in float32)."""
         if edge_bias is None:
             return None
         edge_bias = checks.float_tensor(edge_bias, "edge_bias")
-        checks.same_dtype(edge_bias, I, "edge_bias", "I")
+        _check_param_dtype(edge_bias.dtype, I, "edge_bias")
         return checks.check_shape(edge_bias, self.edge_bias_shape(), "edge_bias",
                                   rank_hint=self.spec.edge_bias_hint)
 
@@ -120,22 +136,29 @@ class BlocksparseConv(ConvShapes):
         Parameters
         ----------
         F : tensor or variable, shape ``f_shape()`` (or ``[size]``), or a list of ``f_shape(b)``
-            The filter, in the dtype of ``I``.
+            The filter, in the dtype of ``I``, or float32 with float16 / bfloat16 ``I`` (float32
+            master weights, as the original's float32-filter half kernels took them): then cast
+            to ``I``'s dtype for the product, its gradient float32.
         I : tensor, shape ``i_shape(N) = [N, C] + DHW``
             Input activations, float32 / float16 / bfloat16; ``N`` may be unknown in graphs.
         edge_bias : tensor, shape ``edge_bias_shape() = (K, E)``, optional
-            Same dtype as ``I`` (``E = 0`` without ``edge_bias=True``: nothing to add).
+            Same dtype as ``I``, or float32 with float16 / bfloat16 ``I`` (the original's edge bias
+            was float32 whatever the activations): then added in float32, its gradient float32
+            (``E = 0`` without ``edge_bias=True``: nothing to add).  Any other dtype mismatch of
+            ``F`` or ``edge_bias`` with ``I`` is a ``TypeError`` naming the argument.
 
         Returns
         -------
         tensor, shape ``o_shape(N) = [N, K] + MPQ``, dtype of ``I``
-            Accumulated in float32; differentiable in ``I``, ``F`` and ``edge_bias``.
+            Accumulated in float32; differentiable in ``I``, ``F`` and ``edge_bias`` (gradients in
+            their own dtypes).
         """
         I = checks.float_tensor(I, "I")
         flat, _, dtype = self._filter(F)
-        if dtype != I.dtype:
-            raise TypeError(f"F and I must have the same dtype; got F {dtype.name} and I {I.dtype.name}")
+        _check_param_dtype(dtype, I, "F")
         with tf.name_scope(type(self).__name__):
+            if dtype.base_dtype != I.dtype.base_dtype:  # float32 F, 16-bit I: the product in I's dtype
+                flat = tf.cast(flat, I.dtype.base_dtype)  # (its gradient comes back in float32)
             I = checks.check_shape(I, tuple(self.i_shape(None)), "I", rank_hint=" = i_shape(N) = [N, C] + DHW")
             return compute.convolve(I, flat, self._edge_bias(edge_bias, I), self.spec)
 

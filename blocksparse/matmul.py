@@ -204,6 +204,8 @@ class BlocksparseMatMul(LayoutShapes):
             Dtype of the weight gradient: float32 (default), float16 or bfloat16.  Where ``W``
             also gets gradients from other ops (a regularizer, ``l2_normalize``, a use with another
             ``dw_dtype``), give ``W``'s own dtype: TensorFlow adds gradients of one dtype only.
+            Under persistent or nested tapes and in higher-order gradients, the terms of ``W``'s
+            gradient that come through ``dI`` are cast to ``dw_dtype`` too.
         name : str, optional
             Name scope of the ops (default: the object's ``name``).
 

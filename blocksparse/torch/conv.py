@@ -15,6 +15,8 @@ from ._conv import tables as _tables
 
 __all__ = ["BlocksparseConv", "BlocksparseDeconv", "BlocksparseConvLayer"]
 
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+
 
 class BlocksparseConv(LiveState, ConvShapes):
     """A convolution whose filter connects blocks of input channels to blocks of output channels.
@@ -26,7 +28,7 @@ class BlocksparseConv(LiveState, ConvShapes):
 
     Calls are differentiable in the input, the filter and the edge bias, work under
     ``torch.autocast`` and ``torch.compile(fullgraph=True)``; float32, float16, bfloat16 (and
-    float64).
+    float64); a float32 filter and edge bias with float16 / bfloat16 input too.
 
     ``path`` (keyword only) picks the implementation of CUDA calls: ``"auto"`` (the measured
     choice: grouped convolutions for forward-only calls of sparse layouts with wide blocks, the
@@ -117,10 +119,14 @@ class BlocksparseConv(LiveState, ConvShapes):
         Parameters
         ----------
         F : tensor of shape ``f_shape()`` (or ``[size]``), or a list of ``f_shape(b)`` tensors
-            The filter, in the dtype of ``I``.
+            The filter, in the dtype of ``I``, or float32 with float16 / bfloat16 ``I`` (cast to
+            ``I``'s dtype for the product; its gradient float32).
         I : tensor, shape ``i_shape(N) = [N, C] + DHW``
         edge_bias : tensor, shape ``edge_bias_shape() = (K, E)``, optional
-            ``E = 0`` without ``edge_bias=True``: nothing to add.
+            In the dtype of ``I``, or float32 with float16 / bfloat16 ``I`` (added in float32; its
+            gradient float32).  ``E = 0`` without ``edge_bias=True``: nothing to add.  Any other
+            dtype mismatch of ``F`` or ``edge_bias`` with ``I`` is a ``TypeError`` naming it (under
+            ``torch.autocast`` all three take the autocast dtype first).
 
         Returns
         -------
@@ -134,8 +140,10 @@ class BlocksparseConv(LiveState, ConvShapes):
                 raise ValueError(f"{name} and I must be on one device; got {t.device} and {I.device}")
         I, flat, edge_bias = autocast(I, flat, edge_bias)
         for name, t in (("F", flat), ("edge_bias", edge_bias)):
-            if t is not None and t.dtype != I.dtype:
-                raise TypeError(f"{name} and I must have the same dtype; got {t.dtype} and {I.dtype}")
+            if t is not None and t.dtype != I.dtype and not (t.dtype == torch.float32 and I.dtype in _HALF_DTYPES):
+                raise TypeError(f"{name} and I must have the same dtype (or {name} float32 with float16 / bfloat16 "
+                                f"I); got {t.dtype} and {I.dtype}")
+        flat = flat.to(I.dtype)  # a float32 filter with 16-bit I: the product in I's dtype, its gradient float32
         return _compute.convolve(I, flat, edge_bias, self.spec, self._tables, self._path)
 
     def l2_normalize(self, F, gain=None, epsilon=1e-6, dtype=torch.float32):

@@ -168,7 +168,9 @@ def convolve(I, flat, edge_bias, spec, path=None):
     """The op's output for channels-first ``I``, the flat filter and the edge bias (or None).
 
     ``path``: ``"dense"`` or ``"grouped"``; None chooses (grouped on a GPU where it pays).  GPUs
-    compute in the inputs' dtype (accumulating in float32), elsewhere in float32.
+    compute in the inputs' dtype (accumulating in float32), elsewhere in float32.  ``flat`` has
+    ``I``'s dtype; ``edge_bias`` too, or float32 (then added in float32: its gradient is summed in
+    float32).
     """
     ndim = spec.geometry.ndim
     native = gpu_here()
@@ -180,7 +182,8 @@ def convolve(I, flat, edge_bias, spec, path=None):
                                                            tf.cast(flat, work), spec), ndim),
                   [0, spec.blocks.K, *spec.geometry.MPQ], work)
     if edge_bias is not None and spec.edge_count:
-        y = y + params.edge_bias_image(tf.cast(edge_bias, work), spec)[None]
+        add = tf.float32 if edge_bias.dtype.base_dtype == tf.float32 else work  # float32 bias, 16-bit I
+        y = tf.cast(y, add) + params.edge_bias_image(tf.cast(edge_bias, add), spec)[None]
     elif edge_bias is not None:  # no edge positions: an edge bias of shape (K, 0)
         y = _empty_edge_bias_grad(y, edge_bias)
     return tf.cast(y, dtype)

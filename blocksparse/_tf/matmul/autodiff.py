@@ -61,18 +61,42 @@ def _mark_dx(dx):
     return tf.identity(dx, name=DX_OP_NAME)
 
 
+def _with_grad_in(w, dtype):
+    """``w`` (an identity) whose gradient is cast to ``dtype``."""
+    @tf.custom_gradient
+    def grad_in_dw_dtype(w):
+        return tf.identity(w), lambda g: tf.cast(g, dtype)
+
+    return grad_in_dw_dtype(w)
+
+
 def matmul(x, w, layout, axis, dw_dtype, products):
     """``y = products.fprop(x, w)`` with gradients ``dx = bprop(dy, w)``, ``dW = updat(x, dy)``.
 
     ``x`` and ``w`` are checked tensors of the same floating dtype; ``dW`` comes out in
     ``dw_dtype``.
+
+    Where ``dw_dtype`` is not ``w``'s dtype, ``grad`` does not use ``w`` itself for ``dx`` but an
+    identity of it whose gradient is cast to ``dw_dtype``.  The gradient computation is itself
+    differentiated whenever a tape records it: nested or persistent tapes around a
+    ``tf.function`` (TensorFlow then builds the function's backward with inputs for the gradients
+    of every forward tensor it reads, ``w`` included), a SavedModel function under such a tape,
+    or eager higher-order gradients.  Those gradients of the tensors ``grad`` reads come in their
+    own dtype and TensorFlow adds them to the ``dW`` of the same tensor; with ``w`` read directly
+    that would add ``w.dtype`` to ``dw_dtype`` (``AddN`` refuses mixed dtypes).  Through the
+    identity they reach ``w`` in ``dw_dtype``, so ``dW`` keeps ``dw_dtype`` in every mode.
     """
     @tf.custom_gradient
     def blocksparse_matmul(x, w):
         y = products.fprop(x, w, layout, axis)
+        cast_grad = w.dtype != dw_dtype
+        # In graphs (tf.function, v1) the identity must be a forward op: made in the backward graph
+        # it would make w the function's side output again.  Eager, grad makes it when it runs.
+        w_bprop = _with_grad_in(w, dw_dtype) if cast_grad and not tf.executing_eagerly() else w
 
         def grad(dy):
-            dx = _mark_dx(products.bprop(dy, w, layout, axis))
+            w_b = _with_grad_in(w, dw_dtype) if cast_grad and w_bprop is w else w_bprop
+            dx = _mark_dx(products.bprop(dy, w_b, layout, axis))
             dw = products.updat(x, dy, layout, axis, dw_dtype)
             return dx, _mark_updat(dw, UpdatRecord(x, dy, layout, axis, dw_dtype, products))
 

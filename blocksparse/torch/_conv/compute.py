@@ -101,8 +101,9 @@ PATHS = ("auto", *_PATHS)
 
 def convolve(x, flat, edge_bias, spec, tables, path=None):
     """The op's output for input ``x``, the flat filter and the edge bias (or None), all of one
-    dtype.  ``path``: one of :data:`PATHS` (None or ``"auto"`` chooses: :func:`choose`); ``"implicit"``
-    runs the dense path where the kernels cannot serve ``x``."""
+    dtype, but for a float32 edge bias beside 16-bit ``x`` (added in float32).  ``path``: one of
+    :data:`PATHS` (None or ``"auto"`` chooses: :func:`choose`); ``"implicit"`` runs the dense path
+    where the kernels cannot serve ``x``."""
     dtype = x.dtype
     work = torch.float32 if x.device.type == "cpu" and dtype in (torch.float16, torch.bfloat16) else dtype
     x, flat = x.to(work), flat.to(work)
@@ -116,11 +117,12 @@ def convolve(x, flat, edge_bias, spec, tables, path=None):
             path = "dense"  # the kernels cannot serve x, or a torch.func transform / forward-mode tangent
         y = _PATHS[path](x, flat, spec, tables)
         if edge_bias is not None and spec.edge_count:
-            padded = torch.cat([edge_bias.to(work), edge_bias.new_zeros((edge_bias.shape[0], 1), dtype=work)], 1)
+            add = torch.float32 if edge_bias.dtype == torch.float32 else work  # float32 bias, 16-bit x
+            padded = torch.cat([edge_bias.to(add), edge_bias.new_zeros((edge_bias.shape[0], 1), dtype=add)], 1)
             # a gather, not index_select: Inductor (PyTorch 2.13, CPU) miscompiled the index_select form's
             # gradient after a convolution of batch 1 (wrong values, heap corruption)
             edges = padded.gather(1, tables.edges.expand(padded.shape[0], -1))
-            y = y + edges.view(1, spec.blocks.K, *spec.geometry.MPQ)
+            y = y.to(add) + edges.view(1, spec.blocks.K, *spec.geometry.MPQ)
     return y.to(dtype)
 
 

@@ -156,6 +156,74 @@ def test_autocast(rng):
     assert rel_error(y, want_y) < tolerance("bf16") and rel_error(Ft.grad, want_dF) < tolerance("bf16")
 
 
+MIXED = {"F": ("F",), "edge_bias": ("edge_bias",), "both": ("F", "edge_bias")}
+
+
+@pytest.mark.parametrize("f32", MIXED)
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_float32_parameters_with_16bit_input(rng, path, kind, dtype, f32):
+    """As TensorFlow's layer (and the original): a float32 filter (cast to the input's dtype for the
+    product) and a float32 edge bias (added in float32) with float16 / bfloat16 input, outside autocast.
+    Output and input gradient in the input's dtype, each parameter's gradient in its own; against float64."""
+    dtype, f32 = DTYPES[dtype], MIXED[f32]
+    op, ref = build(rng, kind, "2d-explicit-asymmetric", layout="uniform")
+    F, x, dy, eb = random_inputs(rng, op, N=3)
+    pdt = {p: torch.float32 if p in f32 else dtype for p in ("F", "edge_bias")}
+    xt = torch.tensor(x).to(dtype).requires_grad_()
+    Ft = torch.tensor(F).to(pdt["F"]).requires_grad_()
+    et = torch.tensor(eb).to(pdt["edge_bias"]).requires_grad_()
+    y = op(Ft, xt, edge_bias=et)
+    dyt = torch.tensor(dy).to(dtype)
+    y.backward(dyt)
+    assert [t.dtype for t in (y, xt.grad, Ft.grad, et.grad)] == [dtype, dtype, pdt["F"], pdt["edge_bias"]]
+    as64 = lambda v: v.detach().double().numpy()  # noqa: E731
+    refs = conv_products(ref, as64(Ft.to(dtype)), as64(xt), as64(dyt), as64(et))  # the filter as the product saw it
+    for name, got, want in zip(("y", "dx", "dF", "d_edge_bias"), (y, xt.grad, Ft.grad, et.grad), refs):
+        err = rel_error(got, want)
+        assert err < tolerance(dtype), f"{name}: relative error {err:.2e} > {tolerance(dtype):.0e}"
+    if "F" in f32:  # the same bits as the filter cast by the caller
+        assert torch.equal(y, op(Ft.to(dtype), xt, edge_bias=et))
+
+
+def test_float32_parameters_with_16bit_input_compiled(rng):
+    """The mixed-precision call traces without graph breaks and matches the eager one."""
+    op, _ = build(rng, "deconv", "2d-explicit-asymmetric", layout="uniform")
+    F, x, dy, eb = random_inputs(rng, op)
+    fn = torch.compile(lambda F, x, eb: op(F, x, edge_bias=eb), fullgraph=True, backend="aot_eager")
+    outs = []
+    for call in (fn, lambda F, x, eb: op(F, x, edge_bias=eb)):
+        Ft, et = (torch.tensor(a, requires_grad=True) for a in (F, eb))
+        xt = torch.tensor(x).bfloat16().requires_grad_()
+        y = call(Ft, xt, et)
+        y.backward(torch.tensor(dy).bfloat16())
+        outs.append((y, xt.grad, Ft.grad, et.grad))
+    assert [t.dtype for t in outs[0]] == [torch.bfloat16, torch.bfloat16, torch.float32, torch.float32]
+    for got, want in zip(*outs):
+        assert rel_error(got, want) < 1e-6
+
+
+@pytest.mark.parametrize("F_dtype, eb_dtype, x_dtype, bad", [
+    ("float16", "float32", "float32", "F"),
+    ("float16", "bfloat16", "bfloat16", "F"),
+    ("bfloat16", "float16", "float16", "F"),
+    ("float32", "float16", "float64", "F"),
+    ("float32", "bfloat16", "float32", "edge_bias"),
+    ("float32", "float16", "bfloat16", "edge_bias"),
+    ("float64", "float64", "float16", "F"),
+    ("float16", "float64", "float16", "edge_bias"),
+])
+def test_other_dtype_mismatches_raise(rng, F_dtype, eb_dtype, x_dtype, bad):
+    """Only float32 parameters go with 16-bit input: any other mismatch is a TypeError naming the argument."""
+    op, _ = build(rng, "conv", "2d-explicit-asymmetric", layout="uniform")
+    F, x, _, eb = random_inputs(rng, op)
+    got = {"F": F_dtype, "edge_bias": eb_dtype}[bad]
+    with pytest.raises(TypeError, match=rf"^{bad} and I must have the same dtype \(or {bad} float32 with float16 / "
+                                        rf"bfloat16 I\); got torch.{got} and torch.{x_dtype}$"):
+        op(torch.tensor(F).to(getattr(torch, F_dtype)), torch.tensor(x).to(getattr(torch, x_dtype)),
+           edge_bias=torch.tensor(eb).to(getattr(torch, eb_dtype)))
+
+
 @pytest.mark.parametrize("kind, forced", [("conv", "grouped"), ("deconv", "dense")])
 def test_torch_compile_fullgraph(rng, monkeypatch, kind, forced):
     """Both paths trace without graph breaks (one of each kind: compiling is slow on a CPU)."""
@@ -338,8 +406,10 @@ def test_bad_inputs(rng):
         op(list(F.unbind(0))[:3], x)
     with pytest.raises(ValueError, match=r"F\[1\] must have shape f_shape\(1\)"):
         op([F[0], F[1, :1], F[2], F[3]], x)
-    with pytest.raises(TypeError, match="F and I must have the same dtype"):
+    with pytest.raises(TypeError, match=r"F and I must have the same dtype \(or F float32 with float16 / bfloat16 I\)"):
         op(F.double(), x)
+    with pytest.raises(TypeError, match="edge_bias must be floating point"):
+        op(F, x.half(), edge_bias=eb.int())
     with pytest.raises(ValueError, match=r"edge_bias must have shape \(7, 5\) = edge_bias_shape\(\); got \(7, 2\)"):
         op(F, x, edge_bias=eb[:, :2])
     plain, _ = build(rng, "conv", "2d-same-stride-dilate", layout="uniform", edge_bias=False)

@@ -207,18 +207,137 @@ def test_bad_inputs(rng):
         op(list(F)[:3], x)
     with pytest.raises(ValueError, match=r"F\[1\] must have shape \(2, 3, 3, 3\) = f_shape\(1\)"):
         op([F[0], F[1, :1], F[2], F[3]], x)
-    with pytest.raises(TypeError, match="F and I must have the same dtype"):
-        op(tf.cast(F, tf.float16), x)
+    with pytest.raises(TypeError, match=r"F and I must have the same dtype \(or F float32 with float16 / bfloat16 I\); "
+                                        r"got F float16 and I float32"):
+        op(tf.cast(F, tf.float16), x)  # 16-bit filter, float32 input: no (the reverse is mixed precision)
+    assert op(F, tf.cast(x, tf.float16), edge_bias=eb).dtype == tf.float16
     assert op.edge_bias_shape() == (7, 5)   # 3 column patterns x (top row or not), less the interior
     with pytest.raises(ValueError, match=r"edge_bias must have shape \(7, 5\) = edge_bias_shape\(\)"):
         op(F, x, edge_bias=eb[:, :2])
-    with pytest.raises(TypeError, match="edge_bias and I must have the same dtype"):
+    with pytest.raises(TypeError, match=r"edge_bias and I must have the same dtype \(or edge_bias float32 with "
+                                        r"float16 / bfloat16 I\); got edge_bias bfloat16 and I float32"):
         op(F, x, edge_bias=tf.cast(eb, tf.bfloat16))
     plain, _ = build(rng, "conv", "2d-same-stride-dilate", layout="uniform", edge_bias=False)
     assert plain.edge_bias_shape() == (plain.K, 0)
     with pytest.raises(ValueError, match=r"shape \(7, 0\) = edge_bias_shape\(\) \(built with edge_bias=False"):
         plain(F, x, edge_bias=eb)
     assert np.array_equal(plain(F, x, edge_bias=np.zeros((plain.K, 0), np.float32)).numpy(), plain(F, x).numpy())
+
+
+def _mixed_call(op, F, x, dy, eb, dtype, f32):
+    """``op`` on ``x`` in ``dtype`` with the parameters named in ``f32`` (``"F"``, ``"edge_bias"``) in
+    float32, the others in ``dtype``: ``[y, dx, dF, d_edge_bias]`` and the tensors given."""
+    x, dy = tf.cast(x, dtype), tf.cast(dy, dtype)
+    F = tf.cast(F, tf.float32 if "F" in f32 else dtype)
+    eb = tf.cast(eb, tf.float32 if "edge_bias" in f32 else dtype)
+    with tf.GradientTape() as tape:
+        tape.watch([x, F, eb])
+        y = op(F, x, edge_bias=eb)
+    return [y, *tape.gradient(y, [x, F, eb], output_gradients=dy)], (F, x, dy, eb)
+
+
+MIXED = {"F": ("F",), "edge_bias": ("edge_bias",), "both": ("F", "edge_bias")}
+
+
+@pytest.mark.parametrize("mode, f32", [(m, p) for m in ("eager", "function") for p in MIXED] + [("graph", "both")])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_float32_parameters_with_16bit_input(rng, path, kind, dtype, mode, f32):
+    """Mixed precision as the original took it: a float32 filter (float32 master weights; cast to the
+    input's dtype for the product) and a float32 edge bias (added in float32) with float16 / bfloat16
+    activations.  The output and the input gradient are in the input's dtype, each parameter's gradient
+    in its own; values against float64 (``tf.compat.v1`` graphs: float32 variables, both parameters)."""
+    dtype, f32 = DTYPES[dtype], MIXED[f32]
+    op, ref = build(rng, kind, "2d-explicit-asymmetric", layout="uniform")
+    F, x, dy, eb = random_inputs(rng, op, N=3)
+    if mode == "eager":
+        outs, seen = _mixed_call(op, F, x, dy, eb, dtype, f32)
+    elif mode == "function":
+        pdt = {p: tf.float32 if p in f32 else dtype for p in ("F", "edge_bias")}
+        spec = [tf.TensorSpec(op.f_shape(), pdt["F"]), tf.TensorSpec(op.i_shape(None), dtype),
+                tf.TensorSpec(op.o_shape(None), dtype), tf.TensorSpec(op.edge_bias_shape(), pdt["edge_bias"])]
+        step = tf.function(lambda *a: _mixed_call(op, *a, dtype, f32), input_signature=spec)
+        args = [tf.cast(F, pdt["F"]), tf.cast(x, dtype), tf.cast(dy, dtype), tf.cast(eb, pdt["edge_bias"])]
+        outs, seen = step(*args)
+        empty, _ = step(args[0], args[1][:0], args[2][:0], args[3])  # the same trace, an empty minibatch
+        assert step.experimental_get_tracing_count() == 1
+        assert empty[0].shape == tuple(op.o_shape(0)) and empty[1].shape == tuple(op.i_shape(0))
+        assert [g.dtype for g in empty[2:]] == [pdt["F"], pdt["edge_bias"]] and not any(np.any(g) for g in empty[2:])
+    else:
+        with tf.Graph().as_default():
+            xp = tf.compat.v1.placeholder(tf.float32, op.i_shape(None))
+            xt = tf.cast(xp, dtype)
+            Fv = tf.compat.v1.get_variable("F", initializer=tf.constant(F))
+            ebv = tf.compat.v1.get_variable("eb", initializer=tf.constant(eb))
+            y = op(Fv, xt, edge_bias=ebv)
+            grads = tf.gradients(y, [xt, Fv, ebv], grad_ys=tf.cast(dy, dtype))
+            assert [t.dtype.base_dtype for t in [y, *grads]] == [dtype, dtype, tf.float32, tf.float32]
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                outs = sess.run([y, *grads], {xp: x})
+        seen = (F, tf.cast(x, dtype), tf.cast(dy, dtype), eb)
+    if mode != "graph":
+        want = [dtype, dtype] + [tf.float32 if p in f32 else dtype for p in ("F", "edge_bias")]
+        assert [t.dtype for t in outs] == want
+        assert outs[0].shape == tuple(op.o_shape(3))
+    Fs, xs, dys, ebs = (as_np(v) for v in seen)
+    Fs = as_np(tf.cast(Fs, dtype))  # the product sees the filter in the input's dtype
+    refs = conv_products(ref, Fs, xs, dys, ebs)
+    tol = tolerance(dtype.name)
+    for name, got, want in zip(("y", "dx", "dF", "d_edge_bias"), outs, refs):
+        err = rel_error(as_np(got), want)
+        assert err < tol, f"{name}: relative error {err:.2e} > {tol:.0e}"
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_float32_filter_is_cast_to_the_input_dtype(rng, dtype):
+    """A float32 filter gives the output of the same filter cast to the 16-bit input's dtype (the product
+    runs in that dtype on every device) -- the same bits; a float32 edge bias with it too."""
+    dtype = DTYPES[dtype]
+    op, _ = build(rng, "conv", "2d-explicit-asymmetric", layout="uniform")
+    F, x, _, eb = random_inputs(rng, op)
+    x = tf.cast(x, dtype)
+    assert np.array_equal(as_np(op(F, x)), as_np(op(tf.cast(F, dtype), x)))
+    assert np.array_equal(as_np(op(list(F), x, edge_bias=eb)), as_np(op(tf.cast(F, dtype), x, edge_bias=eb)))
+
+
+@pytest.mark.parametrize("F_dtype, eb_dtype, x_dtype, bad", [
+    ("float16", "float32", "float32", "F"),
+    ("bfloat16", "float32", "float32", "F"),
+    ("float16", "bfloat16", "bfloat16", "F"),
+    ("bfloat16", "float16", "float16", "F"),
+    ("float32", "float16", "float32", "edge_bias"),
+    ("float32", "bfloat16", "float32", "edge_bias"),
+    ("float32", "float16", "bfloat16", "edge_bias"),
+    ("float32", "bfloat16", "float16", "edge_bias"),
+])
+def test_other_dtype_mismatches_raise(rng, F_dtype, eb_dtype, x_dtype, bad):
+    """Only float32 parameters go with 16-bit input: any other mismatch is a TypeError naming the argument."""
+    op, _ = build(rng, "conv", "2d-explicit-asymmetric", layout="uniform")
+    F, x, _, eb = random_inputs(rng, op)
+    got = {"F": F_dtype, "edge_bias": eb_dtype}[bad]
+    with pytest.raises(TypeError, match=rf"^{bad} and I must have the same dtype \(or {bad} float32 with float16 / "
+                                        rf"bfloat16 I\); got {bad} {got} and I {x_dtype}$"):
+        op(tf.cast(F, F_dtype), tf.cast(x, x_dtype), edge_bias=tf.cast(eb, eb_dtype))
+
+
+def test_filter_list_of_mixed_dtypes_raises(rng):
+    """A list of block filters has one dtype (float32 filters with 16-bit input are all float32)."""
+    op, _ = build(rng, "conv", "2d-explicit-asymmetric", layout="uniform")
+    F, x, _, _ = random_inputs(rng, op)
+    with pytest.raises(TypeError, match=r"^F\[1\] and F\[0\] must have the same dtype"):
+        op([tf.cast(F[0], tf.float16), *F[1:]], tf.cast(x, tf.float16))
+
+
+@pytest.mark.parametrize("name", ["F", "edge_bias"])
+@pytest.mark.parametrize("dtype", ["int32", "float64"])
+def test_parameters_of_other_dtypes_raise(rng, name, dtype):
+    op, _ = build(rng, "conv", "2d-explicit-asymmetric", layout="uniform")
+    F, x, _, eb = random_inputs(rng, op)
+    args = {"F": F, "edge_bias": eb}
+    args[name] = tf.cast(args[name], dtype)
+    with pytest.raises(TypeError, match=rf"^{name} must have dtype float32, float16 or bfloat16; got {dtype}$"):
+        op(args["F"], tf.cast(x, tf.float16), edge_bias=args["edge_bias"])
 
 
 def test_unknown_keyword_names_the_public_class():
@@ -260,6 +379,23 @@ def test_edge_bias_without_edge_positions_has_a_gradient(rng, mode):
     assert deb.shape == (4, 0) and dF.shape == F.shape and dx.shape == x.shape
     plain = op(F, x).numpy()
     assert np.array_equal(y, plain) and np.abs(plain).max() > 0
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_float32_edge_bias_without_edge_positions(rng, dtype):
+    """A float32 edge bias of shape (K, 0) (no padded positions) with 16-bit input: nothing added, an
+    empty float32 gradient."""
+    dtype = DTYPES[dtype]
+    op = BlocksparseConv([(range(0, 3), range(0, 2))], TRS=(3,), DHW=(7,), padding="VALID", edge_bias=True)
+    F = tf.constant(rng.standard_normal(op.f_shape()), tf.float32)
+    x = tf.cast(rng.standard_normal(op.i_shape(2)), dtype)
+    eb = tf.zeros(op.edge_bias_shape(), tf.float32)
+    with tf.GradientTape() as tape:
+        tape.watch([F, eb])
+        y = op(F, x, edge_bias=eb)
+    dF, deb = tape.gradient(y, [F, eb])
+    assert y.dtype == dtype and np.array_equal(as_np(y), as_np(op(F, x)))
+    assert dF.dtype == tf.float32 and deb.dtype == tf.float32 and deb.shape == (2, 0)
 
 
 def test_unknown_sizes_checked_when_the_graph_runs(rng):

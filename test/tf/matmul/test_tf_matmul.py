@@ -155,6 +155,113 @@ def test_dw_dtype(rng, mode, dw_dtype):
     check_products(mode, *make_case(rng, 32, 1, N=64), dw_dtype=dw_dtype)
 
 
+# ------------------------------------------------- dW under persistent, nested and higher-order tapes
+# TensorFlow differentiates the gradient computation itself there (for a tf.function: a backward
+# that takes gradients for the forward tensors it reads, W included); those gradients come in W's
+# dtype and are added to dW, which must still come out in dw_dtype.
+
+#: (weight dtype, dw_dtype): 16-bit weights with the default float32 dW, and the other way round
+TAPE_DTYPES = {"w-fp16": (tf.float16, tf.float32), "w-bf16": (tf.bfloat16, tf.float32),
+               "w-fp32-dw-fp16": (tf.float32, tf.float16)}
+
+
+def _persistent_tape_around_function(bsmm, wv, x, dy, v, dw_dtype):
+    f = tf.function(lambda x: bsmm(x, wv, dw_dtype=dw_dtype))
+    with tf.GradientTape(persistent=True) as tape:
+        y = f(x)
+    return [(tape.gradient(y, wv, output_gradients=dy), False), (tape.gradient(y, wv, output_gradients=dy), False)]
+
+
+def _nested_tapes_around_function(bsmm, wv, x, dy, v, dw_dtype):
+    f = tf.function(lambda x: bsmm(x, wv, dw_dtype=dw_dtype))
+    with tf.GradientTape() as outer:
+        with tf.GradientTape() as inner:
+            y = f(x)
+        dw_inner = inner.gradient(y, wv, output_gradients=dy)  # recorded by the outer tape
+    return [(dw_inner, False), (outer.gradient(y, wv, output_gradients=dy), False)]
+
+
+def _tape_inside_function_under_persistent_tape(bsmm, wv, x, dy, v, dw_dtype):
+    @tf.function
+    def step(x, dy):
+        with tf.GradientTape() as tape:
+            y = bsmm(x, wv, dw_dtype=dw_dtype)
+        return y, tape.gradient(y, wv, output_gradients=dy)
+
+    with tf.GradientTape(persistent=True) as tape:
+        y, dw_inside = step(x, dy)
+    return [(dw_inside, False), (tape.gradient(y, wv, output_gradients=dy), False)]
+
+
+def _second_order(bsmm, wv, x, dy, v, dw_dtype):
+    """d/dW of <y, dy> + <dx, v>, dx the gradient of <y, dy> wrt x: dW = x^T dy + v^T dy."""
+    with tf.GradientTape() as outer:
+        with tf.GradientTape() as inner:
+            inner.watch(x)
+            y = bsmm(x, wv, dw_dtype=dw_dtype)
+        dx = inner.gradient(y, x, output_gradients=dy)
+        loss = tf.reduce_sum(tf.cast(y, tf.float32) * tf.cast(dy, tf.float32))
+        loss += tf.reduce_sum(tf.cast(dx, tf.float32) * tf.cast(v, tf.float32))
+    return [(outer.gradient(loss, wv), True)]
+
+
+TAPE_CASES = {"persistent-around-function": _persistent_tape_around_function,
+              "nested-around-function": _nested_tapes_around_function,
+              "tape-in-function-under-persistent": _tape_inside_function_under_persistent_tape,
+              "second-order-eager": _second_order,
+              "second-order-in-function": lambda *args: tf.function(_second_order)(*args)}
+
+
+def check_tape_dw(bsmm, dws, x, w, dy, v, dw_dtype):
+    """Every ``(dW, second_order)`` in ``dws`` is ``x^T dy`` (``+ v^T dy``) in ``dw_dtype``."""
+    xr, wr, dyr, vr = (as_np(t) for t in (x, w, dy, v))
+    first = dense_products(bsmm.layout, xr, wr, dyr, bsmm.axis)[2]
+    second = dense_products(bsmm.layout, vr, wr, dyr, bsmm.axis)[2]
+    # the first-order dW accumulates in float32 (as in check_products); the second-order term is
+    # computed in W's dtype
+    tol = max(TOLERANCE[w.dtype.name] / 10, TOLERANCE[dw_dtype.name])
+    tol2 = max(TOLERANCE[w.dtype.name], TOLERANCE[dw_dtype.name])
+    for dw, second_order in dws:
+        assert dw.dtype == dw_dtype
+        err = rel_error(as_np(dw), first + second if second_order else first)
+        assert err < (tol2 if second_order else tol), f"relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("dtypes", TAPE_DTYPES.values(), ids=TAPE_DTYPES.keys())
+@pytest.mark.parametrize("case", TAPE_CASES.values(), ids=TAPE_CASES.keys())
+@pytest.mark.parametrize("axis", [1, 0], ids=["axis1", "axis0"])
+def test_dw_under_higher_order_tapes(rng, axis, case, dtypes):
+    dtype, dw_dtype = dtypes
+    bsmm, x, w, dy = make_case(rng, 8, axis, N=5)
+    v = rng.standard_normal(x.shape)
+    x, dy, v = (tf.constant(a, dtype) for a in (x, dy, v))
+    wv = tf.Variable(tf.cast(w, dtype))
+    check_tape_dw(bsmm, case(bsmm, wv, x, dy, v, dw_dtype), x, wv, dy, v, dw_dtype)
+
+
+@pytest.mark.parametrize("dtypes", TAPE_DTYPES.values(), ids=TAPE_DTYPES.keys())
+def test_dw_of_saved_model_function_under_persistent_tape(rng, tmp_path, dtypes):
+    dtype, dw_dtype = dtypes
+    bsmm, x, w, dy = make_case(rng, 8, 1, N=5)
+
+    class Module(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = tf.Variable(tf.cast(w, dtype))
+
+        @tf.function(input_signature=[tf.TensorSpec(bsmm.i_shape(None), dtype)])
+        def forward(self, x):
+            return bsmm(x, self.w, dw_dtype=dw_dtype)
+
+    tf.saved_model.save(Module(), str(tmp_path))
+    restored = tf.saved_model.load(str(tmp_path))
+    x, dy = tf.constant(x, dtype), tf.constant(dy, dtype)
+    with tf.GradientTape(persistent=True) as tape:
+        y = restored.forward(x)
+    dw = tape.gradient(y, restored.w, output_gradients=dy)
+    check_tape_dw(bsmm, [(dw, False)], x, restored.w, dy, tf.zeros_like(x), dw_dtype)
+
+
 @pytest.mark.parametrize("axis", [1, 0], ids=["axis1", "axis0"])
 def test_z_order_matches_row_major(rng, axis):
     lay = random_layout(rng, 8, 8, 0.5, empty_rows=1, empty_cols=1)
