@@ -159,10 +159,11 @@ def test_autocast(rng):
 MIXED = {"F": ("F",), "edge_bias": ("edge_bias",), "both": ("F", "edge_bias")}
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("f32", MIXED)
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("kind", KINDS)
-def test_float32_parameters_with_16bit_input(rng, path, kind, dtype, f32):
+def test_float32_parameters_with_16bit_input(rng, path, kind, dtype, f32, device):
     """As TensorFlow's layer (and the original): a float32 filter (cast to the input's dtype for the
     product) and a float32 edge bias (added in float32) with float16 / bfloat16 input, outside autocast.
     Output and input gradient in the input's dtype, each parameter's gradient in its own; against float64."""
@@ -170,14 +171,14 @@ def test_float32_parameters_with_16bit_input(rng, path, kind, dtype, f32):
     op, ref = build(rng, kind, "2d-explicit-asymmetric", layout="uniform")
     F, x, dy, eb = random_inputs(rng, op, N=3)
     pdt = {p: torch.float32 if p in f32 else dtype for p in ("F", "edge_bias")}
-    xt = torch.tensor(x).to(dtype).requires_grad_()
-    Ft = torch.tensor(F).to(pdt["F"]).requires_grad_()
-    et = torch.tensor(eb).to(pdt["edge_bias"]).requires_grad_()
+    xt = torch.tensor(x).to(device, dtype).requires_grad_()
+    Ft = torch.tensor(F).to(device, pdt["F"]).requires_grad_()
+    et = torch.tensor(eb).to(device, pdt["edge_bias"]).requires_grad_()
     y = op(Ft, xt, edge_bias=et)
-    dyt = torch.tensor(dy).to(dtype)
+    dyt = torch.tensor(dy).to(device, dtype)
     y.backward(dyt)
     assert [t.dtype for t in (y, xt.grad, Ft.grad, et.grad)] == [dtype, dtype, pdt["F"], pdt["edge_bias"]]
-    as64 = lambda v: v.detach().double().numpy()  # noqa: E731
+    as64 = lambda v: v.detach().double().cpu().numpy()  # noqa: E731
     refs = conv_products(ref, as64(Ft.to(dtype)), as64(xt), as64(dyt), as64(et))  # the filter as the product saw it
     for name, got, want in zip(("y", "dx", "dF", "d_edge_bias"), (y, xt.grad, Ft.grad, et.grad), refs):
         err = rel_error(got, want)
