@@ -2,6 +2,8 @@
 framework import)."""
 import numbers
 
+import numpy as np
+
 from ._checks import check_minibatch
 
 __all__ = ["check_feature_axis", "LayoutShapes"]
@@ -33,3 +35,55 @@ class LayoutShapes:
     def block_coord(self, block):
         """Layout coordinate ``(c, k)`` of block id ``block`` (an int in ``[0, blocks)``)."""
         return self.layout.block_coord(block)
+
+    @property
+    def updat_list(self):
+        """The layout coordinate ``(c, k)`` of every block, in block order (the packed weight's)."""
+        return [(int(c), int(k)) for c, k in self.layout.coords]
+
+    # numpy float64 versions of the products (the original's test helpers): references, not fast paths
+    def fprop_test(self, I, W, gate=None):
+        """``I`` times the layout's dense matrix (``W``'s blocks, each times ``gate[block]`` if given):
+        ``(N, K)`` for ``feature_axis=1``, ``(K, N)`` for 0."""
+        dense = self._dense_test(W, gate)
+        return _as64(I, "I") @ dense if self.axis else dense.T @ _as64(I, "I")
+
+    def bprop_test(self, E, W, gate=None):
+        """The input gradient of :meth:`fprop_test` for output gradient ``E``."""
+        dense = self._dense_test(W, gate)
+        return _as64(E, "E") @ dense.T if self.axis else dense @ _as64(E, "E")
+
+    def updat_test(self, I, E, gate=None, dw_gated=False):
+        """The weight gradient for input ``I`` and output gradient ``E``, packed (``w_shape``); with
+        ``dw_gated``, each block's times ``gate[block]``."""
+        I, E = _as64(I, "I"), _as64(E, "E")
+        dw = self.layout.pack(I.T @ E if self.axis else I @ E.T)
+        return dw * self._gate(gate)[:, None, None] if dw_gated and gate is not None else dw
+
+    def l2_normalize_test(self, W, epsilon=1e-6):
+        """:meth:`l2_normalize` without a gain: every output feature's column of the dense matrix
+        scaled to unit L2 norm (its squared norm bounded below by ``epsilon``)."""
+        dense = self.layout.dense(_as64(W, "W"))
+        return self.layout.pack(dense / np.sqrt(np.maximum((dense * dense).sum(0, keepdims=True), epsilon)))
+
+    def _gate(self, gate):
+        gate = _as64(gate, "gate").reshape(-1)
+        if gate.shape != (self.layout.blocks,):
+            raise ValueError(f"gate must hold one value per block ({self.layout.blocks}); got shape {gate.shape}")
+        return gate
+
+    def _dense_test(self, W, gate):
+        W = _as64(W, "W")
+        return self.layout.dense(W if gate is None else W * self._gate(gate)[:, None, None])
+
+
+def _as64(a, name):
+    """``a`` (a numpy array, a list, or a framework tensor with ``.numpy()``) as a float64 array."""
+    if hasattr(a, "detach"):  # a torch tensor
+        a = a.detach().cpu()
+    if hasattr(a, "numpy") and not isinstance(a, np.ndarray):
+        a = a.numpy()
+    a = np.asarray(a)
+    if a.dtype.kind not in "iuf" and a.dtype.name != "bfloat16":
+        raise TypeError(f"{name} must hold real numbers; got dtype {a.dtype}")
+    return a.astype(np.float64)

@@ -194,7 +194,14 @@ class LinearDispatch(nn.Module):
         ``device_type`` (``"cpu"``, ``"cuda"``, ...); cached."""
         forced = self._forced()
         if forced is not None:
-            return override_plan(*forced)
+            impl, why = forced
+            if impl == "kernels" and _env.backend() != "triton" and not (device_type == "cuda"
+                                                                        and dtype in KERNEL_DTYPES):
+                # what runs: the kernels' op takes its reference path off CUDA (see run)
+                kinds = ", ".join(str(d).replace("torch.", "") for d in KERNEL_DTYPES)
+                impl, why = "reference", (f"{why}, but the kernels run on CUDA tensors of {kinds} only: "
+                                          f"their reference path runs a {device_type} {dtype} call")
+            return override_plan(impl, why)
         precision = _PRECISION.get(dtype)
         if precision is None:
             raise TypeError(f"dtype must be one of {list(_PRECISION)}; got {dtype}")

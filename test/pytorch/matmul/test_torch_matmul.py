@@ -347,3 +347,20 @@ def test_linear_any_block_size(rng, bs, impls):
     if bs < 8:
         with pytest.raises(ValueError, match="cannot run block size"):
             BlocksparseLinear(mask, block_size=bs, impl="kernels")
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_numpy_test_helpers_take_torch_tensors(rng, axis):
+    """The original's numpy helpers on the PyTorch class (shared with TensorFlow's) accept tensors
+    and agree with the op."""
+    layout = np.array([[1, 0, 1], [0, 1, 1]])
+    bsmm = BlocksparseMatMul(layout, block_size=8, feature_axis=axis)
+    W = torch.randn(bsmm.w_shape, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(bsmm.i_shape(5), dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(bsmm.o_shape(5), dtype=torch.float64)
+    y = bsmm(x, W)
+    y.backward(dy)
+    for got, want in ((y, bsmm.fprop_test(x, W)), (x.grad, bsmm.bprop_test(dy, W)), (W.grad, bsmm.updat_test(x, dy))):
+        assert isinstance(want, np.ndarray) and want.dtype == np.float64
+        np.testing.assert_allclose(got.detach().numpy(), want, rtol=1e-10, atol=1e-10)
+    assert bsmm.updat_list == [(0, 0), (0, 2), (1, 1), (1, 2)]

@@ -264,3 +264,25 @@ def test_torch_func_through_the_portable_path(rng):
     assert rel_error(y, y_ref) < 1e-12 and rel_error(dy, dy_ref) < 1e-12
     jac = torch.func.jacrev(lambda b: portable(x, b))(w)
     assert rel_error(jac, torch.func.jacrev(lambda b: dense(x, b))(w)) < 1e-12
+
+
+def test_forced_kernels_plan_names_what_runs(monkeypatch):
+    """``impl="kernels"`` off CUDA runs the kernels' reference path, and the plan says so; on CUDA
+    (planned without a GPU) and under ``BLOCKSPARSE_BACKEND=triton`` it is the kernels."""
+    from blocksparse.torch import BlocksparseLinear, PixelflyLinear
+
+    monkeypatch.delenv("BLOCKSPARSE_BACKEND", raising=False)
+    for layer in (BlocksparseLinear(np.eye(2, dtype=int), block_size=16, impl="kernels"),
+                  PixelflyLinear(96, 96, 48, 2, impl="kernels")):
+        cpu = layer.plan(tokens=4)
+        assert cpu.impl == "reference" and "impl='kernels' was asked for" in cpu.why and "cpu" in cpu.why
+        assert layer.plan(tokens=4, device="cuda", dtype="bfloat16").impl == "kernels"
+        assert layer.plan(tokens=4, device="cuda", dtype="float64").impl == "reference"
+        x = torch.randn(4, layer.in_features, dtype=torch.float64)
+        want = layer.to(torch.float64)(x)
+        layer.impl = "reference"
+        assert torch.equal(layer(x), want)   # what ran as "kernels" is the reference path
+        layer.impl = "kernels"
+        monkeypatch.setenv("BLOCKSPARSE_BACKEND", "triton")
+        assert layer.plan(tokens=4).impl == "kernels"
+        monkeypatch.delenv("BLOCKSPARSE_BACKEND")

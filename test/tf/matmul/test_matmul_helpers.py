@@ -141,3 +141,55 @@ def test_top_level_names_of_the_original():
         assert getattr(bs, name) is getattr(importlib.import_module(f"blocksparse.{module}"), name), name
     with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
         bs.not_a_name
+
+
+def _loops(bsmm, I, W, E, gate):
+    """The products block by block from ``block_coord`` (independent of the layout's dense form)."""
+    bs, ax = bsmm.block_size, bsmm.axis
+    I2, E2 = (I, E) if ax else (I.T, E.T)  # (N, features)
+    y, dx, dw = np.zeros((len(I2), bsmm.K)), np.zeros((len(I2), bsmm.C)), np.zeros(bsmm.w_shape)
+    for b in range(bsmm.blocks):
+        c, k = bsmm.block_coord(b)
+        wb = W[b] * gate[b]
+        rc, rk = slice(c * bs, (c + 1) * bs), slice(k * bs, (k + 1) * bs)
+        y[:, rk] += I2[:, rc] @ wb
+        dx[:, rc] += E2[:, rk] @ wb.T
+        dw[b] = I2[:, rc].T @ E2[:, rk] * gate[b]
+    return (y, dx, dw) if ax else (y.T, dx.T, dw)
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("z_order", [False, True])
+def test_numpy_test_helpers(rng, axis, z_order):
+    """The original's numpy helpers (``fprop_test``, ``bprop_test``, ``updat_test``, ``updat_list``,
+    ``l2_normalize_test``): against block-by-block loops and against the op itself."""
+    layout = (rng.random((3, 4)) < 0.6).astype(np.int64)
+    layout[0, 0] = 1
+    bsmm = BlocksparseMatMul(layout, block_size=8, feature_axis=axis, z_order=z_order)
+    W = rng.standard_normal(bsmm.w_shape)
+    I, E = rng.standard_normal(bsmm.i_shape(5)), rng.standard_normal(bsmm.o_shape(5))
+    gate = rng.uniform(0.5, 2.0, bsmm.blocks)
+    y, dx, dw = _loops(bsmm, I, W, E, gate)
+    np.testing.assert_allclose(bsmm.fprop_test(I, W, gate=gate), y, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(bsmm.bprop_test(E, W, gate=gate), dx, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(bsmm.updat_test(I, E, gate=gate, dw_gated=True), dw, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(bsmm.updat_test(I, E, gate=gate), dw / gate[:, None, None], rtol=1e-12, atol=1e-12)
+    assert bsmm.updat_list == [bsmm.block_coord(b) for b in range(bsmm.blocks)]
+    assert sorted(bsmm.updat_list) == [tuple(map(int, ck)) for ck in np.argwhere(layout)]
+
+    Wt, It = tf.Variable(W, dtype=tf.float32), tf.constant(I, tf.float32)
+    with tf.GradientTape() as tape:
+        tape.watch(It)
+        out = bsmm(It, Wt)
+    got_dx, got_dw = tape.gradient(out, [It, Wt], output_gradients=tf.constant(E, tf.float32))
+    for got, want in ((out, bsmm.fprop_test(I, W)), (got_dx, bsmm.bprop_test(E, W)), (got_dw, bsmm.updat_test(I, E)),
+                      (bsmm.l2_normalize(Wt), bsmm.l2_normalize_test(W))):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4)
+    norms = np.zeros(bsmm.K)
+    for b, (c, k) in enumerate(bsmm.updat_list):
+        norms[k * 8:(k + 1) * 8] += (W[b] ** 2).sum(0)
+    normed = bsmm.l2_normalize_test(W)
+    for b, (c, k) in enumerate(bsmm.updat_list):
+        np.testing.assert_allclose(normed[b], W[b] / np.sqrt(norms[k * 8:(k + 1) * 8]), rtol=1e-12)
+    with pytest.raises(ValueError, match="gate must hold one value per block"):
+        bsmm.fprop_test(I, W, gate=gate[:-1])
