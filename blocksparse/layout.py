@@ -321,6 +321,15 @@ class Layout:
     def __hash__(self):
         return hash((self.block_size, self.z_order, self.mask.shape, self.mask.tobytes()))
 
+    def __array__(self, dtype=None, copy=None):
+        """The block mask for numpy (``np.asarray(layout)``), as the original's ``bsmm.layout`` array was."""
+        return np.array(self.mask, dtype=dtype, copy=True)
+
+    @property
+    def shape(self):
+        """``(CB, KB)``: the block mask's shape."""
+        return self.mask.shape
+
     @property
     def density(self):
         """Fraction of blocks present."""

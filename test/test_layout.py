@@ -244,3 +244,14 @@ def test_group_beyond_int32_is_refused():
     for call in (lambda: lay.fprop(group=2**70), lambda: lay.bprop(group=2**31), lambda: lay.updat_groups(2**40)):
         with pytest.raises(ValueError, match="group must be >= 1 and <= 2147483647"):
             call()
+
+
+def test_layout_reads_as_its_mask_in_numpy():
+    """As the original's ``bsmm.layout`` (a bool array): numpy sees the block mask."""
+    mask = np.array([[1, 0, 1], [0, 1, 1]])
+    lay = Layout(mask, 8, z_order=True)
+    assert np.array_equal(lay, mask) and lay.shape == (2, 3) and np.asarray(lay).dtype == bool
+    assert np.asarray(lay, dtype=np.float32).sum() == 4.0
+    arr = np.asarray(lay)
+    arr[0, 0] = False                         # a copy: the layout is unchanged
+    assert lay.mask[0, 0] and Layout(lay, 8, z_order=True) == lay
