@@ -144,9 +144,10 @@ def test_lists_and_numpy_arrays_take_the_tensors_dtype(rng, dt):
     x = tf.constant(rng.standard_normal((3, 4)), dtype)
     x64 = np.asarray(tf.cast(x, tf.float64))
     row, col = rng.standard_normal(4), rng.standard_normal((3, 1))
+    den, ints = row.astype(np.float32) + 3.0 * np.sign(row), [[0, 1, 0, 1]]
     cases = ((ew.add(x, row.tolist()), x64 + row), (ew.subtract(col, x), col - x64),
-             (ew.multiply(x, np.float64(1.5)), x64 * 1.5), (ew.maximum([[0, 1, 0, 1]], x), np.maximum([[0, 1, 0, 1]], x64)),
-             (ew.divide(x, row.astype(np.float32) + 3.0 * np.sign(row)), x64 / (row.astype(np.float32) + 3.0 * np.sign(row))))
+             (ew.multiply(x, np.float64(1.5)), x64 * 1.5), (ew.maximum(ints, x), np.maximum(ints, x64)),
+             (ew.divide(x, den), x64 / den))
     for got, want in cases:
         assert got.dtype == dtype and got.shape == want.shape
         assert rel_error(tf.cast(got, tf.float64), want) < tolerance(dtype)
