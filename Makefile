@@ -13,7 +13,12 @@ DOCKER_BASE ?= auto
 CELLS ?=
 shquote = '$(subst ','\'',$(1))'
 # Set on the command line or in the environment only (a makefile default must not turn it on).
-given = $(if $(filter command line environment,$(origin $(1))),$(strip $($(1))))
+given = $(if $(filter command line environment,$(origin $(1))),$(strip $(value $(1))))
+# Values are passed on as written: `$(value X)`, since make would expand a `$` in them (a regex's
+# `py3\.11$$|py3\.12$$`, a password's).  The release's settings reach it through the environment:
+# command-line ones are re-exported unexpanded.
+RELEASE_ENV := REPOSITORY_URL INDEX_URL TWINE_USERNAME TWINE_PASSWORD TWINE_REPOSITORY TWINE_REPOSITORY_URL
+$(foreach v,$(RELEASE_ENV),$(if $(filter command line,$(origin $(v))),$(eval override $(v) := $$(value $(v)))$(eval export $(v))))
 
 # GNU make exits 2 whatever a recipe's status was: the harness's own exit code (README "Exit
 # codes") is printed as the recipe's last line instead, and in make's "Error N" line.
@@ -42,8 +47,8 @@ render: install  ## render docker/generated/, .github/workflows/gpu-matrix.yml a
 matrix: install  ## build + test every selected cell (CELLS=regex EXECUTOR=local|docker), write reports/
 	$(PY) -m harness matrix --executor=$(call shquote,$(EXECUTOR)) \
 	    --docker-base=$(call shquote,$(DOCKER_BASE)) \
-	    --cells=$(call shquote,$(CELLS)) --pytest-args=$(call shquote,$(PYTEST_ARGS)) \
-	    $(if $(call given,ARCHS),--archs=$(call shquote,$(ARCHS))) \
+	    --cells=$(call shquote,$(value CELLS)) --pytest-args=$(call shquote,$(value PYTEST_ARGS)) \
+	    $(if $(call given,ARCHS),--archs=$(call shquote,$(value ARCHS))) \
 	    $(if $(call given,DRY_RUN),--dry-run=$(call shquote,$(DRY_RUN))) \
 	    $(if $(call given,FRESH),--fresh=$(call shquote,$(FRESH))); $(harness_status)
 

@@ -155,14 +155,14 @@ def _child_env(environ, **extra):
 
 
 def _fresh_summary(settings, console, environ, head):
-    """The matrix report for ``head`` and its whole matrix: loaded, or made by running the
-    matrix first."""
+    """``(summary, cells)``: the matrix report for ``head`` and its whole matrix (loaded, or made by
+    running the matrix first), and matrix.yaml's cells."""
     path = settings.root / SUMMARY
     cells = load_matrix(settings.root / "matrix.yaml")
     summary = load_summary(path)
     reason = stale_reason(summary, head, cells)
     if reason is None:
-        return summary
+        return summary, cells
     command = " ".join(settings.matrix_command)
     if not settings.run_matrix:
         raise StaleReportError(f"{reason}; run `{command}` first (RUN_MATRIX=0 stops here)")
@@ -177,7 +177,7 @@ def _fresh_summary(settings, console, environ, head):
     reason = stale_reason(summary, head, cells)
     if reason is not None:
         raise StaleReportError(f"`{command}` exited with {code} and still {reason}")
-    return summary
+    return summary, cells
 
 
 def _build_sdist(settings, console, environ, outdir, version):
@@ -228,9 +228,9 @@ def release(settings, environ, console):
         raise DirtyTreeError(f"the working tree has uncommitted changes ({shown}); "
                              "commit or stash them: a release is made from a commit")
     head = git.head_commit(root)
-    summary = _fresh_summary(settings, console, environ, head)
+    summary, cells = _fresh_summary(settings, console, environ, head)
     with console.step(f"gate: matrix report for {head[:12]}"):
-        result = gate(summary)
+        result = gate(summary, cells)
         for name, why in result.left_out:
             console.say(f"    not released: {name} ({why})")
         for note in result.notes:

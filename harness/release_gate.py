@@ -82,6 +82,8 @@ def stale_reason(summary, head, cells):
     as a sentence, or None when it can (see `harness.summary.coverage_gaps`)."""
     if summary is None:
         return "there is no matrix report (reports/summary.json)"
+    if summary.commit is None:
+        return "the matrix report holds no cell result"
     if summary.commit != head:
         return (f"the matrix report tested commit {summary.commit[:12]}, "
                 f"but HEAD is {head[:12]}")
@@ -106,8 +108,11 @@ def _prerelease_wheels(cell):
     return names
 
 
-def gate(summary):
+def gate(summary, cells=()):
     """Sort the report's cells into released and left out, or refuse the release.
+
+    ``cells``: matrix.yaml's (`harness.matrix.Cell`); whether a cell gates is theirs to say (an
+    allowed-to-fail cell never blocks and is never published), else the report's ``gating``.
 
     A cell whose wheel was built for a pre-release of TensorFlow (only ``2.22.0rc0`` tested: its
     wheel is ``2.22.PATCHrc0``) is left out: a release publishes final wheels only.
@@ -120,9 +125,10 @@ def gate(summary):
         named in the message.
     """
     released, left_out, notes, problems = [], [], [], []
+    gating = {c.name: c.gating for c in cells}
     for cell in summary.cells:
         action = STATUS_ACTIONS.get(cell.status)
-        if action is not None and not cell.gating:
+        if action is not None and not gating.get(cell.name, cell.gating):
             # an allowed-to-fail cell (a nightly) never blocks, and is never published
             left_out.append((cell.name, f"{cell.status}, allowed to fail"))
             continue

@@ -135,14 +135,16 @@ def _sort_tests(outcomes, entry):
 
 
 def summarize(results, *, commit, dirty, matrix, stale_entries=(), **info):
-    """The `Summary` of ``results`` (``{name: CellResult}``, in matrix order).
+    """The `Summary` of ``results`` (``{name: CellResult}``, in matrix order); ``ok`` unless a cell
+    that matrix.yaml makes gating failed (a result of a cell it does not list: its own ``gating``).
 
     ``commit`` is ``git rev-parse HEAD`` of the tested tree; ``dirty`` says whether the tree
     differed from it.  ``matrix`` are the cells of matrix.yaml: ``incomplete`` says how the
     report falls short of them (`coverage_gaps`).  ``stale_entries`` are known-failure entries
     that match no cell of the matrix; ``info`` adds top-level fields (executor, selection ...).
     """
-    ok = not any(r.status in FAILING for r in results.values())
+    gating = {c.name: c.gating for c in matrix}  # matrix.yaml decides, whatever a result says
+    ok = not any(r.status in FAILING and gating.get(name, r.gating) for name, r in results.items())
     info = {k: tuple(v) if isinstance(v, list) else v for k, v in info.items()}
     summary = Summary(commit=commit, dirty=dirty, ok=ok, cells=tuple(results.values()),
                       stale_entries=tuple(stale_entries), **info)
@@ -181,7 +183,8 @@ def _view(summary, reports_dir):
     cells = []
     for cell in summary.cells:
         links = {"log": cell.log, "junit": cell.junit}
-        links = {k: os.path.relpath(root / v, reports_dir) for k, v in links.items() if v}
+        # every key present (None where the result names no file): the templates test them
+        links = {k: os.path.relpath(root / v, reports_dir) if v else None for k, v in links.items()}
         wheels = [os.path.relpath(root / w["path"], reports_dir) for w in cell.wheels]
         cells.append({"cell": cell, "links": links, "wheel_links": wheels})
     stale = [*summary.stale_entries,

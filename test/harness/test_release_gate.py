@@ -186,6 +186,31 @@ def test_gate_needs_something_to_release(tmp_path):
 
 
 
+def test_matrix_yaml_says_which_cells_gate(tmp_path):
+    """Whether a cell gates is matrix.yaml's to say, whatever the report's ``gating``: its
+    allowed-to-fail nightly never blocks (nor ships); a supported cell that regressed blocks."""
+    nightly, supported = "tfnightly-cu12.5-py3.11", "tf2.21-cu12.5-py3.11"
+    cells = whole_matrix(edits={nightly: {"status": "regressed", "regressions": ["t::n"], "gating": True}})["cells"]
+    result = gate(summary_of(tmp_path, cells), MATRIX)
+    assert (nightly, "regressed, allowed to fail") in result.left_out
+    assert nightly not in [c.name for c in result.released] and supported in [c.name for c in result.released]
+    with pytest.raises(GateError, match="blocks the release"):
+        gate(summary_of(tmp_path, cells))          # without matrix.yaml, the report's own flag
+    cells = whole_matrix(edits={supported: {"status": "regressed", "regressions": ["t::s"], "gating": False}})["cells"]
+    with pytest.raises(GateError, match=f"{supported}: regressed: t::s"):
+        gate(summary_of(tmp_path, cells), MATRIX)
+
+
+def test_a_report_of_no_result_is_stale_not_malformed(tmp_path):
+    """What ``harness report`` writes over an empty reports/ (no commit, no tree state) reads as a
+    report that vouches for nothing: the release re-runs the matrix (or stops with exit code 4)."""
+    summary = load_summary(write(tmp_path, {"commit": None, "dirty": None, "cells": {}}))
+    assert summary.commit is None and summary.cells == ()
+    assert stale_reason(summary, HEAD, MATRIX) == "the matrix report holds no cell result"
+    with pytest.raises(GateError, match="'commit'"):
+        load_summary(write(tmp_path, {"commit": None, "dirty": None, "cells": {"c1": cell()}}))
+
+
 def test_an_unknown_status_is_refused_when_read(tmp_path):
     status = random.choice(["exploded", "timed-out", "Passed", "ok"])
     with pytest.raises(GateError, match="summary.json") as info:

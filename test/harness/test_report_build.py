@@ -178,6 +178,29 @@ def test_html_escapes_test_output(tmp_path):
     assert "test_x[<b>]" in render_markdown(summary, tmp_path / "reports")
 
 
+def test_a_result_without_a_log_renders(tmp_path):
+    """A result naming no log file (a hand-made or merged result.json) is shown without a link."""
+    entry = replace(result(tmp_path, CellRun(returncode=0), without("regression", "fixed")), log=None, junit=None)
+    summary = summarize({"c": entry}, commit="a", dirty=False, matrix=(), executor="local")
+    md = render_markdown(summary, tmp_path / "reports")
+    assert f"| `{entry.name}` | ✅ passed |" in md and "| 1:01 |  |" in md and "[log]" not in md
+    html = render_html(summary, tmp_path / "reports")
+    assert ">log</a>" not in html and 'href="None"' not in html
+
+
+def test_matrix_yaml_says_which_failures_fail_the_report(tmp_path):
+    """``ok`` follows matrix.yaml's gating cells, not a result's own ``gating`` flag."""
+    (supported, nightly) = make_cells({}, {"tensorflow": "nightly", "status": "allowed-to-fail"})
+    regressed = result(tmp_path, CellRun(returncode=1), RECORDED)
+    passed = result(tmp_path, CellRun(returncode=0), without("regression", "fixed"))
+    flagged = {supported.name: replace(passed, name=supported.name),
+               nightly.name: replace(regressed, name=nightly.name, gating=True)}
+    assert summarize(flagged, commit="a", dirty=False, matrix=(supported, nightly), executor="local").ok
+    assert not summarize(flagged, commit="a", dirty=False, matrix=(), executor="local").ok
+    unflagged = {supported.name: replace(regressed, name=supported.name, gating=False)}
+    assert not summarize(unflagged, commit="a", dirty=False, matrix=(supported, nightly), executor="local").ok
+
+
 def test_load_results_of_the_matrix_cells_in_its_order(tmp_path):
     for name in ("b", "a", "z"):
         (tmp_path / name).mkdir()
