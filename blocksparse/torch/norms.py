@@ -1,6 +1,8 @@
 """Public PyTorch API of layer normalisation: :func:`layer_norm`."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .._checks import check_bool, check_epsilon
@@ -58,9 +60,11 @@ def layer_norm(x, g, b, axis=1, epsilon=1e-6, relu=False, *, segments=1):
     """
     if isinstance(x, torch.Tensor) and x.dim() > 2:  # tokens on every other axis: one token axis
         if isinstance(axis, int) and not isinstance(axis, bool) and axis in (-1, x.dim() - 1):
-            return layer_norm(x.reshape(-1, x.shape[-1]), g, b, 1, epsilon, relu, segments=segments).view(x.shape)
+            tokens = math.prod(x.shape[:-1])  # not -1: a tensor of no features has no such reshape
+            return layer_norm(x.reshape(tokens, x.shape[-1]), g, b, 1, epsilon, relu, segments=segments).view(x.shape)
         if isinstance(axis, int) and not isinstance(axis, bool) and axis in (0, -x.dim()):
-            return layer_norm(x.reshape(x.shape[0], -1), g, b, 0, epsilon, relu, segments=segments).view(x.shape)
+            tokens = math.prod(x.shape[1:])
+            return layer_norm(x.reshape(x.shape[0], tokens), g, b, 0, epsilon, relu, segments=segments).view(x.shape)
         raise ValueError(f"x must be 2-D, or of rank {x.dim()} with its features on the first or the last axis: "
                          f"axis must be 0 or -1 for it; got {axis!r}")
     y = _ops.native_layer_norm(x, g, b, axis, epsilon, relu, segments)

@@ -221,6 +221,10 @@ def _bad_cases():
         "epsilon-nan": (dict(epsilon=float("nan")), ValueError, r"epsilon must be finite"),
         "relu-int": (dict(relu=1), TypeError, r"relu must be a bool"),
         "no-features": (dict(x=torch.randn(4, 0), g=None, b=None), ValueError, r"at least one feature"),
+        "no-features-3d-last": (dict(x=torch.randn(2, 3, 0), g=None, b=None, axis=-1), ValueError,
+                                r"at least one feature"),
+        "no-features-3d-first": (dict(x=torch.randn(0, 3, 2), g=None, b=None, axis=0), ValueError,
+                                 r"at least one feature"),
         "feature-axis-mismatch": (dict(axis=0), ValueError, r"g must have 4 elements"),
     }
 
