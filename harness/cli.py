@@ -52,6 +52,8 @@ def _archs(text):
     """``"sm_90,compute_80"`` -> ``("sm_90", "compute_80")``, each checked as matrix.yaml checks archs."""
     archs = tuple(a.strip() for a in text.split(",") if a.strip())
     problems = [arch_problem(a) for a in archs if arch_problem(a)]
+    twice = sorted({a for a in archs if archs.count(a) > 1})
+    problems += [f"listed twice: {', '.join(twice)}"] if twice else []
     if not archs or problems:
         raise argparse.ArgumentTypeError(f"ARCHS must be a comma-separated list of GPU targets like "
                                          f"sm_90,compute_80; got {text!r}"

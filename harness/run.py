@@ -138,6 +138,9 @@ def _describe(the_plan, options, out):
         print(f"  {cell.name:26} {cell.status:16} {how}", file=out)
     args = shlex.join(the_plan.pytest_args) if the_plan.pytest_args else "(the whole suite)"
     print(f"  tests: {args}", file=out)
+    targets = sorted({",".join(cell.archs) for cell in the_plan.cells})
+    note = " (ARCHS=: every cell; a smoke run, not releasable)" if options.archs else ""
+    print(f"  GPU targets: {'; '.join(targets) or '-'}{note}", file=out)
     for entry in the_plan.stale_entries:
         print(f"  stale: ci/known_failures.yaml entry {entry['entry']} ({entry['test']}): "
               f"{entry['why']}; fix or delete it", file=out)

@@ -23,6 +23,16 @@ def test_good_entries():
     assert (hang.entry, hang.timeout) == (3, None)
 
 
+def test_parametrized_ids_may_hold_spaces():
+    """pytest ids of parameters with spaces (``test_p[a b]``) can be listed; blank ends and line
+    breaks cannot."""
+    (entry,) = parse_known_failures([{"test": "test/test_x.py::test_p[a b]", "kind": "fail", "reason": "r"}])
+    assert entry.test == "test/test_x.py::test_p[a b]"
+    for bad in (" test/a.py::t", "test/a.py::t ", "test/a.py::t[a\nb]"):
+        with pytest.raises(ConfigError, match="test: expected a string"):
+            parse_known_failures([{"test": bad, "kind": "fail", "reason": "r"}], source="kf.yaml")
+
+
 def test_plugin_json_fills_defaults():
     payload = json.loads(plugin_json(parse_known_failures(GOOD), source="kf.yaml"))
     assert payload["source"] == "kf.yaml"

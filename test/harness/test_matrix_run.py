@@ -392,6 +392,18 @@ def test_archs_the_kernel_compiler_cannot_build_are_refused(project, capsys):
     assert f"got {arch!r}" in err.split(";", 1)[1]
 
 
+def test_archs_listed_twice_are_refused_and_the_dry_run_names_the_targets(project, capsys):
+    """As matrix.yaml's own archs: a target listed twice is refused; a dry run says what each cell's
+    kernels are built for."""
+    with pytest.raises(SystemExit) as info:
+        main(["--root", str(project), "matrix", "--archs", "sm_90,sm_90", "--dry-run"])
+    assert info.value.code == 2 and "listed twice: sm_90" in capsys.readouterr().err
+    assert main(["--root", str(project), "matrix", "--dry-run"]) == 0
+    assert "GPU targets: sm_80,sm_90\n" in capsys.readouterr().out
+    assert main(["--root", str(project), "matrix", "--archs", "sm_90,compute_80", "--dry-run"]) == 0
+    assert "GPU targets: sm_90,compute_80 (ARCHS=: every cell; a smoke run, not releasable)" in capsys.readouterr().out
+
+
 def test_help_tells_the_defaults_and_exit_codes(capsys):
     for command in ("matrix", "render"):
         with pytest.raises(SystemExit):
