@@ -26,6 +26,8 @@ MAX_CHANNELS = 2 ** 31 - 1
 
 def _channel_list(value, b, side):
     name = f"BCK[{b}][{0 if side == 'input' else 1}] ({side} channels of block {b})"
+    if not isinstance(value, np.ndarray):  # a framework tensor: its values (torch's, or TensorFlow's eager)
+        value = value.tolist() if hasattr(value, "tolist") else value.numpy() if hasattr(value, "numpy") else value
     if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
         raise TypeError(f"{name} must be a sequence of ints; got {value!r}")
     arr = np.asarray(value)

@@ -130,6 +130,22 @@ def test_bck_channels_and_filter_shapes():
         uniform.filter_shape(2)
 
 
+def test_bck_channel_lists_as_tensors():
+    """Channel lists given as framework tensors read as their values (torch's here); non-integer
+    or 0-d tensors are refused by name as lists are."""
+    as_lists = ConvSpec([([5, 0, 2], [1, 3]), ([1, 4], [0, 1, 2])], (3,), (8,))
+    as_tensors = ConvSpec([(torch.tensor([5, 0, 2]), torch.tensor([1, 3])),
+                           (torch.tensor([1, 4], dtype=torch.int32), torch.arange(3))], (3,), (8,))
+    assert (as_tensors.blocks.C, as_tensors.blocks.K) == (as_lists.blocks.C, as_lists.blocks.K)
+    assert as_tensors.filter_shape() == as_lists.filter_shape()
+    assert np.array_equal(as_tensors.blocks.flat_index(0), as_lists.blocks.flat_index(0))
+    for bad, match in ((torch.tensor([0.0, 1.0]), "must be a flat sequence of ints"),
+                       (torch.tensor([True]), "must be a flat sequence of ints"),
+                       (torch.tensor(1), "must be a sequence of ints")):
+        with pytest.raises(TypeError, match=r"BCK\[0\]\[0\] \(input channels of block 0\) " + match):
+            ConvSpec([(bad, [0])], (3,), (8,))
+
+
 def test_dense_index_places_every_element_once(rng):
     bck = random_bck(rng, 9, 7, 5, 4, 3)
     for transposed in (False, True):
