@@ -184,7 +184,7 @@ def test_bad_arguments(rng):
         (lambda: attention(q, k, v, np.full((2, 2), 2)), ValueError, "layout"),
         (lambda: attention(q, k, v, lay, causal=1), TypeError, "causal"),
         (lambda: attention(q, k, v, lay, scale="x"), TypeError, "scale"),
-        (lambda: attention(q, k, v, lay, seqlens=[32]), TypeError, "seqlens"),
+        (lambda: attention(q, k, v, lay, seqlens="32"), TypeError, "seqlens"),
         (lambda: attention(q, k, v, lay, seqlens=torch.tensor([1.0])), TypeError, "seqlens"),
         (lambda: attention(q, k, v, lay, seqlens=torch.tensor([1, 2])), ValueError, "seqlens"),
         (lambda: AttentionLayout(layouts.causal(2), 12), ValueError, "block_size"),
