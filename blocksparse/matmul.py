@@ -27,7 +27,7 @@ from ._tf import checks
 from ._tf.ew.args import channel_vector
 from ._tf.device import in_xla
 from ._tf.matmul import autodiff, backend, graph_edit, grouping, sparse_proj, weights
-from .dispatch import check_impl
+from .dispatch import check_cost_model, check_impl
 from .layout import BLOCK_SIZES, Layout
 
 __all__ = ["BlocksparseMatMul", "SparseProj", "add_control_input", "get_parents", "group_param_grads",
@@ -75,6 +75,9 @@ class BlocksparseMatMul(LayoutShapes):
         :mod:`blocksparse.dispatch` chooses when each op is built, on every device),
         ``"kernels"`` (the GPU op library), ``"portable"``, ``"dense"`` or ``"reference"``.
         :meth:`plan` says what runs and why.  ``BLOCKSPARSE_BACKEND=reference|triton`` wins.
+    cost_model : blocksparse.dispatch.CostModel, optional
+        The measured table ``impl="auto"`` chooses from (default: the shipped tables of
+        :mod:`blocksparse.dispatch`, ``tensorflow-<device>``).
 
     Attributes
     ----------
@@ -92,8 +95,10 @@ class BlocksparseMatMul(LayoutShapes):
         Multiply-adds times two of one product per minibatch row: ``2 * blocks * bs * bs``.
     """
 
-    def __init__(self, layout, block_size=32, feature_axis=1, z_order=False, name=None, *, impl="auto"):
+    def __init__(self, layout, block_size=32, feature_axis=1, z_order=False, name=None, *, impl="auto",
+                 cost_model=None):
         self.impl = check_impl(impl)
+        self.cost_model = check_cost_model(cost_model)
         self.axis = check_feature_axis(feature_axis)
         check_bool(z_order, "z_order")
         self.layout = Layout(layout, block_size, z_order=bool(z_order))
@@ -108,11 +113,13 @@ class BlocksparseMatMul(LayoutShapes):
         self.flops = 2 * self.blocks * self.bsize * self.bsize
 
     def __getstate__(self):
-        return (self.layout.mask, self.bsize, self.axis, self.z_order, self.name, self.impl)
+        return (self.layout.mask, self.bsize, self.axis, self.z_order, self.name, self.impl, self.cost_model)
 
     def __setstate__(self, state):
-        mask, bsize, axis, z_order, name, *impl = state   # pickles made before impl= have 5 fields
-        self.__init__(mask, bsize, axis, z_order, name, impl=impl[0] if impl else "auto")
+        # pickles made before impl= have 5 fields, before cost_model= 6
+        mask, bsize, axis, z_order, name, *rest = state
+        rest += ["auto", None][len(rest):]
+        self.__init__(mask, bsize, axis, z_order, name, impl=rest[0], cost_model=rest[1])
 
     def __repr__(self):
         return (f"BlocksparseMatMul(C={self.C}, K={self.K}, block_size={self.bsize}, "
@@ -138,7 +145,7 @@ class BlocksparseMatMul(LayoutShapes):
         dtype = checks.float_dtype(dtype, "dtype")
         if N is not None:
             N = _check_int(N, "N", 1)
-        return backend.plan(self.layout, self.axis, dtype, N, self.impl)[0]
+        return backend.plan(self.layout, self.axis, dtype, N, self.impl, self.cost_model)[0]
 
     def ortho_init(self):
         """Initializer: random orthonormal columns within each layout column (see below).
@@ -220,7 +227,7 @@ class BlocksparseMatMul(LayoutShapes):
         W = checks.float_tensor(W, "W")
         checks.same_dtype(I, W, "I", "W")
         tokens = tf.compat.dimension_value(I.shape[1 - self.axis]) if I.shape.rank == 2 else None
-        products = backend.choose(self.layout, self.axis, I.dtype, tokens, self.impl)
+        products = backend.choose(self.layout, self.axis, I.dtype, tokens, self.impl, self.cost_model)
         with tf.name_scope(checks.op_name(name, self.name)):
             hint = f" = {'(N, C)' if self.axis else '(C, N)'} for feature_axis={self.axis}"
             I = checks.check_shape(I, self.i_shape(None), "I", rank_hint=hint)

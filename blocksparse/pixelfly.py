@@ -17,7 +17,7 @@ from ._checks import check_bool, check_int
 from ._initializers import fan_in_bounds
 from ._tf import tf
 from ._tf.matmul import autodiff, backend
-from .dispatch import check_impl
+from .dispatch import check_cost_model, check_impl
 from .layout import Layout
 from .layouts.butterfly import butterfly_layout, check_butterfly, default_butterfly_size
 
@@ -66,6 +66,9 @@ class PixelflyDense(keras.layers.Layer):
     impl : str
         ``"auto"`` (the cost model chooses), ``"kernels"``, ``"portable"``, ``"dense"`` or
         ``"reference"``.
+    cost_model : blocksparse.dispatch.CostModel, optional
+        The measured table ``impl="auto"`` chooses from (default: the shipped ones).  Not part of
+        :meth:`get_config`: a reloaded layer takes the shipped tables unless given one again.
     **kwargs
         Keras layer arguments (``name``, ``dtype`` policy, ...).
 
@@ -76,7 +79,7 @@ class PixelflyDense(keras.layers.Layer):
     """
 
     def __init__(self, units, block_size, butterfly_size=None, n_factors=None, lowrank_size=0,
-                 use_bias=True, *, stretch=False, impl="auto", **kwargs):
+                 use_bias=True, *, stretch=False, impl="auto", cost_model=None, **kwargs):
         super().__init__(**kwargs)
         self.supports_masking = True  # as keras.layers.Dense: a mask over the batch axes passes through
         self.units = _count(units, "units", 1)
@@ -91,6 +94,7 @@ class PixelflyDense(keras.layers.Layer):
         self.use_bias = check_bool(use_bias, "use_bias")
         self.stretch = check_bool(stretch, "stretch")
         self.impl = check_impl(impl)
+        self.cost_model = check_cost_model(cost_model)
         self.layout = None
         self.last_tokens = None  # the token count of the last call that knew it when traced
 
@@ -126,7 +130,7 @@ class PixelflyDense(keras.layers.Layer):
             raise ValueError("PixelflyDense.plan() needs a built layer: call it (or build()) first")
         tokens = check_int(tokens, "tokens", allow_none=True)
         dtype = tf.as_dtype(dtype or self.compute_dtype)
-        return backend.plan(self.layout, 1, dtype, tokens or self.last_tokens, self.impl)[0]
+        return backend.plan(self.layout, 1, dtype, tokens or self.last_tokens, self.impl, self.cost_model)[0]
 
     def call(self, inputs):
         x = tf.convert_to_tensor(inputs)
@@ -144,7 +148,7 @@ class PixelflyDense(keras.layers.Layer):
         tokens = tf.compat.dimension_value(x2.shape[0])
         if tokens is not None:
             self.last_tokens = tokens
-        products = backend.choose(self.layout, 1, dtype, tokens, self.impl)
+        products = backend.choose(self.layout, 1, dtype, tokens, self.impl, self.cost_model)
         y = autodiff.matmul(x2, w, self.layout, 1, dtype, products)
         if self.lowrank_size:
             # [N, in] @ [in, r] @ [r, units]

@@ -53,6 +53,14 @@ class Row:
     def times(self, backward):
         return self.fwdbwd_ms if backward else self.fwd_ms
 
+    def __reduce__(self):  # pickle / deepcopy: a mappingproxy is neither
+        return _frozen, (Row, self.problem, dict(self.fwd_ms), dict(self.fwdbwd_ms), self.layout)
+
+
+def _frozen(cls, *fields):
+    """``cls(*fields)`` with its dict fields read-only again (the inverse of ``__reduce__``)."""
+    return cls(*(MappingProxyType(f) if isinstance(f, dict) else f for f in fields))
+
 
 def _bad(where, what):
     return ValueError(f"dispatch table {where}: {what}")
@@ -122,6 +130,9 @@ class Table:
             raise _bad(source, f"work_exponent must be a number in (0, 2]; got {exponent!r}")
         meta = {k: v for k, v in data.items() if k != "rows"}
         return cls(data["framework"], data["device"], rows, MappingProxyType(meta), source)
+
+    def __reduce__(self):
+        return _frozen, (Table, self.framework, self.device, self.rows, dict(self.meta), self.source)
 
     @classmethod
     def load(cls, path):

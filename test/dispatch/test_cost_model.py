@@ -221,3 +221,17 @@ def test_shipped_tables_are_valid():
         assert tab.work_exponent == fit_work_exponent(tab), path.name
         assert tab.meta["validation"]["work_exponent"] == tab.work_exponent, path.name
         assert tab.meta["validation"]["mean_regret"] == pytest.approx(leave_one_out(tab)["mean_regret"]), path.name
+
+
+def test_models_pickle_and_copy():
+    """A layer holding a cost model pickles and deep-copies (the tables' read-only mappings do not
+    pickle by themselves)."""
+    import copy
+    import pickle
+
+    model = CostModel(table(row(1024, 1024, 1024, 32, 0.25, {"dense": 10.0, "portable": 4.0})), margin=0.1)
+    for twin in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
+        assert twin.table == model.table and twin.margin == model.margin
+        assert twin.choose(problem(), ALL).impl == model.choose(problem(), ALL).impl == "portable"
+        with pytest.raises(TypeError):
+            twin.table.rows[0].fwdbwd_ms["dense"] = 1.0   # still read-only

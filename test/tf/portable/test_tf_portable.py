@@ -53,6 +53,38 @@ def test_any_block_size(rng, impl, axis, bs, cb, kb):
     check(PRODUCTS[impl], lay, axis, *_case(rng, lay, axis, 5))
 
 
+def test_layers_take_a_cost_model(rng, monkeypatch):
+    """``cost_model=``: BlocksparseMatMul and PixelflyDense decide from the given table, plan and
+    call alike (what runs is the planned implementation); pickles keep it; a wrong type is refused."""
+    import pickle
+
+    from blocksparse.pixelfly import PixelflyDense
+
+    monkeypatch.delenv("BLOCKSPARSE_BACKEND", raising=False)
+    ran = []
+    real = autodiff.matmul
+    monkeypatch.setattr(autodiff, "matmul", lambda *a: ran.append(a[-1]) or real(*a))
+    lay = np.array([[1, 0, 1, 0], [0, 1, 0, 1], [1, 1, 0, 0]])
+    for fast, products in (("portable", backend.PORTABLE), ("dense", backend.DENSE)):
+        times = {"portable": 1.0, "dense": 3.0, "reference": 2.0} if fast == "portable" else \
+            {"portable": 3.0, "dense": 1.0, "reference": 2.0}
+        model = _model(**times)
+        bsmm = BlocksparseMatMul(lay, 32, cost_model=model)
+        assert bsmm.plan(64).impl == fast and pickle.loads(pickle.dumps(bsmm)).plan(64).impl == fast
+        x, w = rng.standard_normal(bsmm.i_shape(64)), rng.standard_normal(bsmm.w_shape)
+        y = bsmm(tf.constant(x, tf.float32), tf.constant(w, tf.float32))
+        want = dense_products(bsmm.layout, x, w, np.zeros(bsmm.o_shape(64)), 1)[0]
+        assert ran[-1] is products and rel_error(y, want) < tolerance(tf.float32)
+        layer = PixelflyDense(128, 32, 2, cost_model=model)
+        layer(tf.zeros((64, 96)))
+        assert layer.plan(64).impl == fast and ran[-1] is products
+        assert "cost_model" not in layer.get_config()
+    with pytest.raises(TypeError, match="cost_model must be a blocksparse.dispatch.CostModel"):
+        BlocksparseMatMul(lay, 32, cost_model={"dense": 1.0})
+    with pytest.raises(TypeError, match="cost_model must be a blocksparse.dispatch.CostModel"):
+        PixelflyDense(128, 32, 2, cost_model="table.json")
+
+
 @pytest.mark.parametrize("impl", ["portable", "dense"])
 @pytest.mark.parametrize("bs", [1, 3, 48, 256], ids=["bs1", "bs3", "bs48", "bs256"])
 def test_butterflies(rng, impl, bs):
