@@ -255,7 +255,8 @@ def test_add_n8(rng, dtype, count):
 def bad_calls():
     x = tf.ones([2, 8])
     return {
-        "binary_dtypes": (lambda: ew.add(x, tf.ones([2, 8], tf.float16)), TypeError, "same dtype"),
+        "binary_dtypes": (lambda: ew.add(tf.ones([2, 8], tf.bfloat16), tf.ones([2, 8], tf.float16)), TypeError,
+                          "same dtype"),
         "binary_shapes": (lambda: ew.multiply(x, tf.ones([3])), ValueError, "broadcast"),
         "binary_int": (lambda: ew.maximum(tf.ones([2], tf.int32), tf.ones([2], tf.int32)), TypeError, "x must"),
         "unary_int": (lambda: ew.tanh(tf.ones([2], tf.int32)), TypeError, "x must have dtype"),

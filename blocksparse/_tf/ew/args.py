@@ -46,8 +46,10 @@ def operand_pair(x, y):
     beside a tensor takes the tensor's dtype, as TensorFlow's own ops convert it (``ew.add(x, 1.0)``
     and ``ew.add(x, [1.0, 2.0])`` work for a float16 ``x``).  Beside a 16-bit tensor it is held as
     float32: the op computes in float32 and rounds once, so ``ew.divide(x, 1e5)`` does not divide by
-    1e5 rounded to 16 bits (or to infinity).  Tensors must already share their dtype.  Their static
-    shapes must broadcast.
+    1e5 rounded to 16 bits (or to infinity).  Tensors share their dtype, or one is float32 beside a
+    float16 / bfloat16 one (a float32 bias or gain with half-precision activations, as the original
+    took them): the op computes in float32 and returns the 16-bit dtype; the float32 operand's
+    gradient is float32.  Their static shapes must broadcast.
     """
     if _is_constant(y) and not _is_constant(x):
         x = float_tensor(x, "x")
@@ -57,14 +59,27 @@ def operand_pair(x, y):
         dtype, x = y.dtype, _constant(x, _number_dtype(y.dtype), "x")
     else:
         x, y = float_tensor(x, "x"), float_tensor(y, "y")
-        same_dtype(x, y, "x", "y")
-        dtype = x.dtype
+        dtype = _mixed_dtype(x.dtype, y.dtype)
+        if dtype is None:
+            same_dtype(x, y, "x", "y")
+            dtype = x.dtype
     try:
         tf.broadcast_static_shape(x.shape, y.shape)
     except ValueError:
         raise ValueError(f"x and y must have shapes that broadcast (TensorFlow's rules); got x "
                          f"{_text(x.shape)} and y {_text(y.shape)}") from None
     return x, y, dtype
+
+
+def _mixed_dtype(a, b):
+    """The 16-bit dtype of a float16 / bfloat16 tensor beside a float32 one (a float32 bias or gain
+    with half-precision activations, as the original's ops took them), else None."""
+    a, b = a.base_dtype, b.base_dtype
+    if a == tf.float32 and b in (tf.float16, tf.bfloat16):
+        return b
+    if b == tf.float32 and a in (tf.float16, tf.bfloat16):
+        return a
+    return None
 
 
 def _is_constant(value):

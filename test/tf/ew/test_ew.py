@@ -162,6 +162,25 @@ def test_lists_and_numpy_arrays_take_the_tensors_dtype(rng, dt):
         ew.add(x, [1.0, 2.0, 3.0])
 
 
+@pytest.mark.parametrize("dt", ["fp16", "bf16"])
+@pytest.mark.parametrize("mode", MODES)
+def test_float32_bias_and_gain_beside_16bit_activations(rng, dt, mode):
+    """As the original's bias / gain ops took them: a float32 tensor beside a 16-bit one is added or
+    multiplied in float32 and rounded once to the 16-bit dtype; its gradient comes back float32."""
+    dtype = DTYPES[dt]
+    x64, b64, g64, dz = (rng.standard_normal(s) for s in ((5, 8), (8,), (1, 8), (5, 8)))
+    res = run(mode, lambda x, b, g: ew.multiply(g, ew.add(x, b)), [x64, b64, g64], [dtype, tf.float32, tf.float32],
+              [dz])
+    x, b, g = res.inputs
+    assert res.out_dtypes == [dtype.name] and res.grad_dtypes == [dtype.name, "float32", "float32"]
+    assert rel_error(res.outputs[0], g * (x + b)) < tolerance(dtype)
+    dy = res.grad_ys[0]
+    for got, want in zip(res.grads, (dy * g, (dy * g).sum(0), (dy * (x + b)).sum(0, keepdims=True))):
+        assert rel_error(got, want) < tolerance(dtype)
+    with pytest.raises(TypeError, match="same dtype"):
+        ew.add(tf.ones([2], tf.float16), tf.ones([2], tf.bfloat16))
+
+
 def test_fast_gelu_is_swish_1702(rng):
     x = rng.standard_normal((4, 9)).astype(np.float32)
     assert rel_error(ew.fast_gelu(x), ref.UNARY["swish"][0](x.astype(np.float64), 1.702)) < 1e-6
@@ -347,7 +366,7 @@ def test_add_n8_unknown_shape_mismatch_is_caught_when_the_graph_runs():
 # ------------------------------------------------------------------------- bad arguments
 
 BAD = {
-    "binary-dtypes": (lambda: ew.add(tf.ones([2]), tf.ones([2], tf.float16)), TypeError, "x and y"),
+    "binary-dtypes": (lambda: ew.add(tf.ones([2], tf.bfloat16), tf.ones([2], tf.float16)), TypeError, "x and y"),
     "binary-shapes": (lambda: ew.multiply(tf.ones([2, 3]), tf.ones([4])), ValueError, "broadcast"),
     "int-input": (lambda: ew.exp(tf.constant([1, 2])), TypeError, "x must have dtype"),
     "float64-input": (lambda: ew.relu(tf.constant([1.0], tf.float64)), TypeError, "x must have dtype"),
@@ -382,4 +401,4 @@ def test_bad_arguments_in_graph_mode():
         with pytest.raises(ValueError, match="broadcast"):
             ew.add(x, tf.ones([4]))
         with pytest.raises(TypeError, match="x and y"):
-            ew.maximum(x, tf.ones([3], tf.bfloat16))
+            ew.maximum(tf.cast(x, tf.float16), tf.ones([3], tf.bfloat16))
