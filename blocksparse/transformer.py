@@ -60,6 +60,8 @@ class BlocksparseTransformer(TransformerBase):
         with tf.name_scope(name or self.name + ("_tn" if trans else "_nn")):
             w_t = arguments.scores(self, w[1], w[0])
             x_t = arguments.dense(self, x[1], x[0], *((self.ctx_q, "ctx_q") if trans else (self.ctx_k, "ctx_k")))
+            if w_t.dtype.base_dtype in (tf.float16, tf.bfloat16) and x_t.dtype.base_dtype == tf.float32:
+                w_t = tf.cast(w_t, tf.float32)  # 16-bit scores, float32 activations (the original's NN / TN): exact
             w_t, x_t = arguments.pair(w_t, x_t, w[0], x[0])
             return autodiff.xn(w_t, x_t, self.layout, backend.select(self.block_size, x_t.dtype, self._head_dim(x_t)),
                                trans)

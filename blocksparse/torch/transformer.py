@@ -55,6 +55,10 @@ class BlocksparseTransformer(LiveState, TransformerBase):
 
     def _xn(self, w, x, trans, name, bench):
         check_bench(bench)
+        (wn, wt), (_, xt) = w, x
+        if (isinstance(wt, torch.Tensor) and isinstance(xt, torch.Tensor) and wt.dtype in (torch.float16, torch.bfloat16)
+                and xt.dtype == torch.float32 and not torch.is_autocast_enabled(xt.device.type)):
+            w = (wn, wt.float())  # 16-bit scores, float32 activations (the original's NN / TN): exact
         w_t, x_t = self._operands((*w, "scores"), (*x, "ctx_q" if trans else "ctx_k"))
         if plain_ops_needed(w_t, x_t):
             return _ops.plain_xn(w_t, x_t, self._handle, trans)

@@ -190,6 +190,24 @@ def test_softmax_dtype_argument(rng):
     assert x.grad.dtype == torch.float32
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_16bit_scores_with_float32_values(rng, dtype):
+    """As TensorFlow's class (and the original's NN / TN): 16-bit probabilities times float32 values
+    give float32; the probabilities' gradient comes back in their dtype."""
+    bst = BlocksparseTransformer(ref.causal_layout(2), 16, heads=1)
+    x = torch.randn(bst.w_shape(2), requires_grad=True)
+    v = torch.randn(2, 32, 8, requires_grad=True)
+    w = bst.masked_softmax(x, dtype=DTYPES[dtype])
+    w.retain_grad()
+    o = bst.weight_value_op(w, v)
+    assert o.dtype == torch.float32 and bst.tn_op(w, torch.randn(2, 32, 8)).dtype == torch.float32
+    assert rel_error(o, ref.nn(bst.layout, w.detach().double().numpy(), v.detach().double().numpy())) < 1e-5
+    o.sum().backward()
+    assert w.grad.dtype == DTYPES[dtype] and v.grad.dtype == torch.float32 and x.grad.dtype == torch.float32
+    with pytest.raises(TypeError, match="w and v must have the same dtype"):
+        bst.weight_value_op(w.detach().float(), v.detach().to(DTYPES[dtype]))
+
+
 # ---------------------------------------------------------------- Triton, compile, autocast
 
 @pytest.mark.interpreter

@@ -306,6 +306,30 @@ def test_bad_query_key(bst, case):
         bst.query_key_op(tf.zeros(q_shape), tf.zeros(k_shape))
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_16bit_scores_with_float32_activations(rng, dtype):
+    """As the original's NN / TN ops took them: 16-bit probabilities times float32 values (the
+    softmax's ``dtype=`` then ``weight_value_op``), float32 out, the scores' gradient in their dtype."""
+    bst = BlocksparseTransformer(ref.random_layout(rng, 2, 3, 4, 0.5), 16)
+    lay, dt = bst.layout, DTYPES[dtype]
+    n = lambda z: tf.cast(z, tf.float64).numpy()  # noqa: E731
+    x = tf.constant(rng.standard_normal(bst.w_shape(2)), tf.float32)
+    v, q = (tf.constant(rng.standard_normal((2, c, 12)), tf.float32) for c in (bst.ctx_k, bst.ctx_q))
+    do = tf.constant(rng.standard_normal((2, bst.ctx_q, 12)), tf.float32)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([x, v])
+        w = bst.masked_softmax(x, 0.5, dtype=dt)
+        o = bst.weight_value_op(w, v)
+        k = bst.tn_op(w, q)
+    assert w.dtype == dt and o.dtype == tf.float32 and k.dtype == tf.float32
+    assert rel_error(n(o), ref.nn(lay, n(w), n(v))) < 1e-5 and rel_error(n(k), ref.tn(lay, n(w), n(q))) < 1e-5
+    dw = tape.gradient(o, w, output_gradients=do)
+    assert dw.dtype == dt and rel_error(n(dw), ref.nt(lay, n(do), n(v))) < tolerance(dt)
+    assert tape.gradient(o, v, output_gradients=do).dtype == tf.float32
+    with pytest.raises(TypeError, match="w and v must have the same dtype"):
+        bst.weight_value_op(tf.cast(w, tf.float32), tf.cast(v, dt))   # float32 scores, 16-bit values: no
+
+
 def test_bad_types(bst):
     q = tf.zeros([2, 32, 8])
     with pytest.raises(TypeError, match="q and k must have the same dtype"):
