@@ -11,7 +11,7 @@ Statistics and gradients are computed in float32 for float16 / bfloat16 inputs, 
 the input's dtype.  Works in eager mode, inside ``tf.function`` (unknown minibatch) and in
 ``tf.compat.v1`` graphs, on any device and under XLA.
 """
-
+import numpy as np
 
 from ._checks import check_bool, check_epsilon, check_int
 from ._tf import tf
@@ -20,7 +20,8 @@ from ._tf.ew import args as ewargs
 from ._tf.norms import backend, channels
 from ._tf.norms import gpu as gpu_ops
 
-__all__ = ["layer_norm", "batch_norm", "batch_norm_inference"]
+__all__ = ["layer_norm", "batch_norm", "batch_norm_inference", "layer_norm_test", "layer_norm_grad_test",
+           "batch_norm_test", "batch_norm_grad_test", "batch_norm_inf_test"]
 
 
 def _epsilon(value):
@@ -147,3 +148,45 @@ def batch_norm_inference(x, g, b, m, v, epsilon=1e-6, name=None):
         what = f"C = {size}, the channels of x"
         g, b, m, v = (ewargs.channel_vector(t, size, n, what) for t, n in zip((g, b, m, v), "gbmv"))
         return channels.batch_norm_inference(x, g, b, m, v, epsilon)
+
+
+# numpy float64 references under the original's names (its tests imported them from here)
+def layer_norm_test(x, g, b, axis=1, segments=1, epsilon=1e-6, relu=False):
+    """:func:`layer_norm` in numpy float64 (``g`` / ``b``: ``(C,)``, ``(1, C)``, ``(C, 1)`` or None)."""
+    from .testing import norms as ref
+
+    return ref.layer_norm(x, _flat(g), _flat(b), axis, segments, epsilon, relu)
+
+
+def layer_norm_grad_test(dy, x, g, b, axis=1, segments=1, epsilon=1e-6, relu=False):
+    """``(dx, dg, db)`` of :func:`layer_norm_test` for the output gradient ``dy``."""
+    from .testing import norms as ref
+
+    return ref.layer_norm_grad(dy, x, _flat(g), _flat(b), axis, segments, epsilon, relu)
+
+
+def batch_norm_test(x, g, b, epsilon=1e-6):
+    """``(y, mean, var)`` of :func:`batch_norm` in numpy float64."""
+    from .testing import norms as ref
+
+    return ref.batch_norm(x, _flat(g), _flat(b), epsilon)
+
+
+def batch_norm_grad_test(dy, x, g, m, v, epsilon=1e-6):
+    """``(dx, dg, db)`` of :func:`batch_norm_test` for the gradient ``dy`` of ``y`` (``m`` / ``v``:
+    the forward's mean and variance, as the original took them; they are those of ``x``)."""
+    from .testing import norms as ref
+
+    return ref.batch_norm_grad(dy, None, None, x, _flat(g), None, epsilon)
+
+
+def batch_norm_inf_test(x, g, b, m, v, epsilon=1e-6):
+    """:func:`batch_norm_inference` in numpy float64."""
+    from .testing import norms as ref
+
+    return ref.batch_norm_inference(x, *(_flat(t) for t in (g, b, m, v)), epsilon)
+
+
+def _flat(t):
+    return None if t is None else np.asarray(t, dtype=np.float64).reshape(-1)
+
