@@ -35,7 +35,7 @@ def test_batch_norm_helpers(rng):
         y, m, v = batch_norm(xt, g, b)
     dx = tape.gradient(y, xt, output_gradients=tf.constant(dy))
     want_y, want_m, want_v = batch_norm_test(x, g, b)
-    np.testing.assert_allclose(want_m, x.mean((0, 2, 3)), rtol=1e-6)
+    np.testing.assert_allclose(want_m, x.astype(np.float64).mean((0, 2, 3)), rtol=1e-9)
     for got, want in ((y, want_y), (m, want_m), (v, want_v), (dx, batch_norm_grad_test(dy, x, g, want_m, want_v)[0])):
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4)
     inf = batch_norm_inference(xt, g, b, want_m.astype(np.float32), want_v.astype(np.float32))
