@@ -123,6 +123,16 @@ REDUCE_DQ_BWD = [configs.bwd_config(128, BS)] + [
     replace(configs.bwd_config(128, BS), atomic_dq=True, fused=False, **kw)
     for kw in (dict(), dict(num_stages=2), dict(BM1=32), dict(heads_first=True), dict(prefetch=False))]
 
+# ``--long-bwd`` (head dim 128): the table's backward and its neighbours on the rows still below 1.2x
+# FlexAttention forward + backward (sparse layouts whose key columns are long: "fixed" 64k, BigBird),
+# which the first sweeps did not time ("fixed" 64k ran out of memory in their float64 check).
+_T128 = configs.bwd_config(128, BS)
+LONG_BWD = [_T128] + [replace(_T128, **kw) for kw in (
+    dict(heads_first=True), dict(num_stages=2), dict(num_stages=4), dict(num_stages=2, heads_first=True),
+    dict(BM1=32), dict(BM1=32, num_stages=4), dict(BN2=32), dict(BM2=64), dict(BM2=64, BN2=32),
+    dict(prefetch=False), dict(fused=False), dict(BM1=64, BN1=64), dict(BM1=32, num_warps=4),
+    dict(BM1=32, BN2=32, num_stages=4, heads_first=True))]
+LONG_BWD_SHAPES = (("fixed", 65536, 1), ("bigbird", 4096, 4), ("bigbird", 16384, 1))
 
 # --------------------------------------------------------------------------- problems
 def make_layout(name, nb):
@@ -521,6 +531,8 @@ def main():
                     "start every head's heaviest tiles first")
     ap.add_argument("--reduce-dq", action="store_true", help="--sweep: head dim 128, the table's backward against "
                     "dq added by bulk reduce-adds (REDUCE_DQ_BWD)")
+    ap.add_argument("--long-bwd", action="store_true", help="--sweep: head dim 128, the table's backward and its "
+                    "neighbours (LONG_BWD) on the sparse rows below 1.2x Flex (LONG_BWD_SHAPES)")
     ap.add_argument("--quick", action="store_true", help="one shape / few configs: a smoke run")
     ap.add_argument("--cpu", action="store_true", help="tiny shapes in Triton's interpreter (no GPU)")
     ap.add_argument("--budget-s", type=float, default=None,
@@ -552,9 +564,12 @@ def main():
 
     if args.sweep:
         fwd_cfgs, bwd_cfgs = ((SWEEP_FWD[:2], SWEEP_BWD[:2]) if args.quick else (TABLE_FWD, TABLE_BWD) if args.table
-                              else (TABLE_FWD[:1], REDUCE_DQ_BWD) if args.reduce_dq else (SWEEP_FWD, SWEEP_BWD))
-        if args.reduce_dq and not args.cpu:
+                              else (TABLE_FWD[:1], REDUCE_DQ_BWD) if args.reduce_dq
+                              else (TABLE_FWD[:1], LONG_BWD) if args.long_bwd else (SWEEP_FWD, SWEEP_BWD))
+        if (args.reduce_dq or args.long_bwd) and not args.cpu:
             args.dims = [128]
+        if args.long_bwd and not args.cpu and not args.sweep_shapes:
+            args.sweep_shapes = LONG_BWD_SHAPES
         cases = ([("causal", 256, 1)] if args.cpu else args.sweep_shapes or (SWEEP_SHAPES[:1] if args.quick
                                                                             else SWEEP_SHAPES))
         dims = (64,) if args.cpu else tuple(D for D in HEAD_DIMS if not args.dims or D in args.dims)

@@ -32,3 +32,14 @@ def test_the_reduce_dq_sweep_smoke_run(tmp_path):
     bwd = [r for r in rows if r["kind"] == "bwd"]
     assert len(bwd) == 6 and sum(r["config"]["atomic_dq"] for r in bwd) == 5
     assert all(r["ok"] and r["ms"] > 0 for r in rows), rows
+
+
+@pytest.mark.interpreter
+def test_the_long_bwd_sweep_smoke_run(tmp_path):
+    """``--sweep --long-bwd``: the head-dim 128 table's backward and its neighbours, each checked
+    against float64, then timed."""
+    run_bench("attention.py", "--sweep", "--long-bwd", "--cpu", "--out", tmp_path)
+    rows = json.loads((tmp_path / "attention-sweep-cpu.json").read_text())["rows"]
+    bwd = [r for r in rows if r["kind"] == "bwd"]
+    assert len(bwd) == 15 and len({json.dumps(r["config"], sort_keys=True) for r in bwd}) == 15
+    assert all(r["ok"] and r["ms"] > 0 for r in rows), rows
