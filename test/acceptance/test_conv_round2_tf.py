@@ -116,4 +116,4 @@ def test_shape_helpers_take_a_runtime_batch(rng):
         return conv(F, x) + tf.ones(conv.o_shape(tf.shape(x)[0]))
 
     x = rng.standard_normal(conv.i_shape(3)).astype(np.float32)
-    np.testing.assert_allclose(shifted(x), conv(F, x) + 1, rtol=1e-6)
+    np.testing.assert_allclose(shifted(x), conv(F, x) + 1, rtol=1e-6, atol=1e-6)

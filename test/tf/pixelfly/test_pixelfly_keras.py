@@ -151,6 +151,6 @@ def test_unknown_feature_size_checked_when_the_graph_runs(rng):
     x = rng.standard_normal((3, 24)).astype(np.float32)
     want = layer(x)
     f = tf.function(lambda t: layer(t), input_signature=[tf.TensorSpec([None, None], tf.float32)])
-    np.testing.assert_allclose(f(x), want, rtol=1e-6)
+    np.testing.assert_allclose(f(x), want, rtol=1e-6, atol=1e-6)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"inputs must have shape \(\.\.\., 24\)"):
         f(np.ones((3, 25), np.float32))
