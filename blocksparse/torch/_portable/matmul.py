@@ -95,13 +95,25 @@ class _SegmentSum(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, table, bag_index, bag_offsets, table_cols):
-        if any(d is not None for d in in_dims[1:]):
-            raise ValueError("the portable path's index tables cannot be batched by vmap")
+        bag_index, bag_offsets, table_cols = (_one_copy(t, d) for t, d in zip((bag_index, bag_offsets, table_cols),
+                                                                               in_dims[1:]))
         if in_dims[0] is None:
             return segment_sum(table, bag_index, bag_offsets, table_cols), None
         t = table.movedim(in_dims[0], 1)  # [rows, B, width]: the batch side by side in each row
         out = segment_sum(t.reshape(t.shape[0], -1), bag_index, bag_offsets, table_cols)
         return out.view(out.shape[0], *t.shape[1:]), 1
+
+
+def _one_copy(index, dim):
+    """One copy of an index table that vmap batched (``torch.func.stack_module_state`` stacks the
+    buffers of an ensemble's layers too): they must all be the same, one layout."""
+    if dim is None:
+        return index
+    first = index.select(dim, 0)
+    if not torch.equal(index, first.unsqueeze(dim).expand_as(index)):
+        raise ValueError("the portable path's index tables differ across the vmap batch: layers of different "
+                         "layouts cannot be stacked into one vmap (stack layers of one layout)")
+    return first
 
 
 class _SegmentSumJvp(_SegmentSum):
@@ -199,7 +211,11 @@ def _densify(w, tables):
     writes through ``weight.data``)."""
     t = tables.tables
     bs = t.block_size
-    tiles = torch.zeros((t.CB * t.KB, bs, bs), dtype=w.dtype, device=w.device).index_copy_(0, tables.tile_idx, w)
+    tiles = torch.zeros((t.CB * t.KB, bs, bs), dtype=w.dtype, device=w.device)
+    if torch._C._functorch.is_functorch_wrapped_tensor(w):  # vmap of a stack of weights: out of place
+        tiles = tiles.index_copy(0, tables.tile_idx, w)
+    else:  # in place: half the memory traffic
+        tiles = tiles.index_copy_(0, tables.tile_idx, w)
     return tiles.view(t.CB, t.KB, bs, bs).transpose(1, 2).reshape(t.CB * bs, t.KB * bs)
 
 

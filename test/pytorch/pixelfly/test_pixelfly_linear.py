@@ -260,3 +260,36 @@ def test_constructor_checks_do_not_depend_on_the_block_size():
         with pytest.raises(TypeError, match="dtype must be float16, bfloat16, float32 or float64"):
             make()
     assert PixelflyLinear(96, 96, 48, dtype="bfloat16").weight.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("impl", ["dense", "portable", "reference", "auto"])
+@pytest.mark.parametrize("stack_buffers", [False, True], ids=["shared-buffers", "stacked-buffers"])
+def test_vmap_over_an_ensemble_of_weights(rng, impl, stack_buffers):
+    """``torch.func``'s ensembling recipe: ``stack_module_state`` then ``vmap`` of ``functional_call``
+    over the stacked weights (and, as the recipe has it, the stacked index buffers of one layout);
+    each model's output against float64."""
+    from torch.func import functional_call, stack_module_state, vmap
+
+    models = [PixelflyLinear(32, 64, 8, 4, 1, impl=impl).double() for _ in range(3)]
+    params, buffers = stack_module_state(models)
+    x = torch.from_numpy(rng.standard_normal((5, 32)))
+    base = models[0]
+    if stack_buffers:
+        got = vmap(lambda p, b, x: functional_call(base, (p, b), (x,)), in_dims=(0, 0, None))(params, buffers, x)
+    else:
+        shared = dict(base.named_buffers())
+        got = vmap(lambda p, x: functional_call(base, (p, shared), (x,)), in_dims=(0, None))(params, x)
+    for m, y in zip(models, got):
+        dense = m._dispatch.run("dense", torch.eye(32, dtype=torch.float64), m.weight).detach().numpy()
+        want = x.numpy() @ dense + m.bias.detach().numpy()
+        assert rel_error(y.detach().numpy(), want) < 1e-12
+
+
+def test_vmap_refuses_portable_tables_of_different_layouts(rng):
+    from torch.func import functional_call, stack_module_state, vmap
+
+    models = [BlocksparseLinear(np.array(lay), 8, impl="portable") for lay in ([[1, 0], [0, 1]], [[0, 1], [1, 0]])]
+    params, buffers = stack_module_state(models)
+    x = torch.from_numpy(rng.standard_normal((3, 16)).astype(np.float32))
+    with pytest.raises(ValueError, match="index tables differ across the vmap batch"):
+        vmap(lambda p, b, x: functional_call(models[0], (p, b), (x,)), in_dims=(0, 0, None))(params, buffers, x)
