@@ -85,7 +85,7 @@ def flat_butterfly(butterfly_size, n_factors=None):
     n, f = check_butterfly(butterfly_size, n_factors)
     i = np.arange(n)
     xor = i[:, None] ^ i[None, :]
-    return (xor == 0) | np.isin(xor, [1 << b for b in range(f)])
+    return ((xor & (xor - 1)) == 0) & (xor < (1 << f))  # zero, or one bit below 2**f
 
 
 def default_butterfly_size(in_features, out_features, block_size):
@@ -95,12 +95,19 @@ def default_butterfly_size(in_features, out_features, block_size):
     return max(2, 2 ** math.ceil(math.log2(max(short, 1))))
 
 
-def _units(n_blocks, block_size, features, n):
-    """``(n_blocks, n)`` bool: block ``a`` (features ``[a*bs, (a+1)*bs)``) overlaps butterfly unit
-    ``u`` (features ``[u*F/n, (u+1)*F/n)``); integer arithmetic, so no rounding."""
-    a = np.arange(n_blocks, dtype=np.int64)[:, None]
-    u = np.arange(n, dtype=np.int64)[None, :]
-    return (u * features < (a + 1) * block_size * n) & ((u + 1) * features > a * block_size * n)
+def _spans(n_blocks, block_size, features, n):
+    """``(lo, hi)``: block ``a`` (features ``[a*bs, (a+1)*bs)``) overlaps butterfly units ``lo[a] ..
+    hi[a] - 1`` (unit ``u``: features ``[u*F/n, (u+1)*F/n)``); integer arithmetic, so no rounding."""
+    a = np.arange(n_blocks, dtype=np.int64)
+    return (a * block_size * n) // features, -((-(a + 1) * block_size * n) // features)
+
+
+def _any_in_spans(mask, lo, hi, axis):
+    """``out[..., a, ...]``: any of ``mask``'s lines ``lo[a] .. hi[a] - 1`` along ``axis`` is set
+    (prefix sums: linear in the sizes, where a product of 0/1 matrices is cubic)."""
+    counts = np.cumsum(mask, axis=axis, dtype=np.int32)
+    counts = np.concatenate([np.zeros_like(counts.take([0], axis=axis)), counts], axis=axis)
+    return (counts.take(hi, axis=axis) - counts.take(lo, axis=axis)) > 0
 
 
 def _deinterleave(n_lines, ratio):
@@ -138,6 +145,8 @@ def butterfly_layout(in_features, out_features, block_size, butterfly_size=None,
     ([16, 16, 16, 16, 16, 16, 16, 16], 0.5)
     """
     bs = _positive_int(block_size, "block_size")
+    if not isinstance(stretch, (bool, np.bool_)):
+        raise TypeError(f"stretch must be a bool; got {stretch!r} of type {type(stretch).__name__}")
     sizes = {}
     for name, value in (("in_features", in_features), ("out_features", out_features)):
         sizes[name] = _positive_int(value, name)
@@ -146,17 +155,31 @@ def butterfly_layout(in_features, out_features, block_size, butterfly_size=None,
     c_feat, k_feat = sizes["in_features"], sizes["out_features"]
     if butterfly_size is None:
         butterfly_size = default_butterfly_size(c_feat, k_feat, bs)
-    base = flat_butterfly(butterfly_size, n_factors).astype(np.int64)
+    base = flat_butterfly(butterfly_size, n_factors)
     n = base.shape[0]
     cb, kb = c_feat // bs, k_feat // bs
-    rows, cols = _units(cb, bs, c_feat, n).astype(np.int64), _units(kb, bs, k_feat, n).astype(np.int64)
-    mask = (rows @ base @ cols.T) > 0
+    # block (c, k) is kept where some unit c overlaps and some unit k overlaps are joined in the base
+    mask = _any_in_spans(_any_in_spans(base, *_spans(cb, bs, c_feat, n), axis=0), *_spans(kb, bs, k_feat, n), axis=1)
     if not stretch and cb != kb:
         if kb > cb:
             mask = mask[:, _deinterleave(kb, kb // cb)]
         else:
             mask = mask[_deinterleave(cb, cb // kb), :]
     return np.ascontiguousarray(mask)
+
+
+def _generator(rng):
+    """``rng`` as a numpy Generator: a Generator (or bit generator / seed sequence), a seed >= 0 or None."""
+    if isinstance(rng, np.random.Generator):
+        return rng
+    if rng is None or isinstance(rng, (np.random.BitGenerator, np.random.SeedSequence)):
+        return np.random.default_rng(rng)
+    if isinstance(rng, bool) or not isinstance(rng, numbers.Integral):
+        raise TypeError(f"rng must be a numpy Generator, an int seed >= 0 or None; got {rng!r} of type "
+                        f"{type(rng).__name__}")
+    if rng < 0:
+        raise ValueError(f"rng must be a numpy Generator, an int seed >= 0 or None; got {rng}")
+    return np.random.default_rng(int(rng))
 
 
 def random_row_layout(in_blocks, out_blocks, blocks_per_row, rng=None):
@@ -183,7 +206,7 @@ def random_row_layout(in_blocks, out_blocks, blocks_per_row, rng=None):
     m = _positive_int(blocks_per_row, "blocks_per_row")
     if m > kb:
         raise ValueError(f"blocks_per_row must be <= out_blocks={kb}; got {m}")
-    gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+    gen = _generator(rng)
     cols = np.argsort(gen.random((cb, kb)), axis=1)[:, :m]
     mask = np.zeros((cb, kb), dtype=bool)
     mask[np.arange(cb)[:, None], cols] = True

@@ -113,6 +113,31 @@ def test_any_multiple_of_the_block_size():
     assert 0 < lay.mean() < 1
 
 
+@pytest.mark.parametrize("stretch", [False, True])
+def test_blocks_where_their_units_meet_in_the_base(rng, stretch):
+    """The definition as products of 0/1 matrices: block ``a`` overlaps unit ``u`` where their feature
+    intervals meet (exact fractions); block (c, k) is kept where an overlapped pair is joined in the
+    base, for sizes that divide neither the butterfly nor each other."""
+    from fractions import Fraction
+
+    def overlaps(blocks, bs, features, n):
+        return np.array([[max(Fraction(a * bs), Fraction(u * features, n)) <
+                          min(Fraction((a + 1) * bs), Fraction((u + 1) * features, n)) for u in range(n)]
+                         for a in range(blocks)], dtype=np.int64)
+
+    for _ in range(30):
+        bs, n = int(rng.choice([1, 3, 5, 16])), int(rng.choice([2, 4, 8, 16, 32]))
+        cb = int(rng.integers(1, 24))
+        kb = cb * int(rng.choice([1, 2, 4])) if not stretch or rng.random() < 0.5 else int(rng.integers(1, 24))
+        base = brute_flat_butterfly(n, n.bit_length() - 1).astype(np.int64)
+        want = (overlaps(cb, bs, cb * bs, n) @ base @ overlaps(kb, bs, kb * bs, n).T) > 0
+        if not stretch and cb != kb:
+            order = np.lexsort((np.arange(max(cb, kb)) // (max(cb, kb) // min(cb, kb)),
+                                np.arange(max(cb, kb)) % (max(cb, kb) // min(cb, kb))))
+            want = want[:, order] if kb > cb else want[order, :]
+        np.testing.assert_array_equal(butterfly_layout(cb * bs, kb * bs, bs, n, stretch=stretch), want)
+
+
 def test_default_butterfly_size():
     assert default_butterfly_size(384, 1536, 48) == 8
     assert default_butterfly_size(48, 96, 48) == 2      # one block on the short side: the smallest
@@ -141,8 +166,12 @@ def test_random_row_layout(rng):
     (lambda: butterfly_layout(96, 96, True, 4), TypeError, "block_size must be an int"),
     (lambda: random_row_layout(3, 4, 5), ValueError, "blocks_per_row must be <= out_blocks=4; got 5"),
     (lambda: random_row_layout(0, 4, 1), ValueError, "in_blocks must be an int >= 1; got 0"),
+    (lambda: butterfly_layout(16, 64, 4, 4, stretch="False"), TypeError, "stretch must be a bool; got 'False'"),
+    (lambda: random_row_layout(3, 5, 2, rng="seed"), TypeError, "rng must be a numpy Generator, an int seed"),
+    (lambda: random_row_layout(3, 5, 2, rng=1.5), TypeError, "rng must be .* got 1.5"),
+    (lambda: random_row_layout(3, 5, 2, rng=-1), ValueError, "rng must be .* got -1"),
 ], ids=["size-6", "size-1", "factors-4", "factors-0", "size-float", "in-features", "out-features",
-        "bs-0", "bs-bool", "row-too-long", "no-rows"])
+        "bs-0", "bs-bool", "row-too-long", "no-rows", "stretch-str", "rng-str", "rng-float", "rng-negative"])
 def test_bad_arguments(call, err, words):
     with pytest.raises(err, match=words):
         call()
