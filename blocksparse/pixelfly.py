@@ -81,6 +81,10 @@ class PixelflyDense(keras.layers.Layer):
     def __init__(self, units, block_size, butterfly_size=None, n_factors=None, lowrank_size=0,
                  use_bias=True, *, stretch=False, impl="auto", cost_model=None, **kwargs):
         super().__init__(**kwargs)
+        if keras.backend.backend() != "tensorflow":
+            raise NotImplementedError(f"PixelflyDense runs on Keras's tensorflow backend; this Keras uses "
+                                      f"{keras.backend.backend()!r} (KERAS_BACKEND): with torch, use "
+                                      "blocksparse.torch.PixelflyLinear")
         self.supports_masking = True  # as keras.layers.Dense: a mask over the batch axes passes through
         self.units = _count(units, "units", 1)
         self.block_size = _count(block_size, "block_size", 1)

@@ -182,6 +182,9 @@ class LinearDispatch(nn.Module):
                 raise ValueError(f"BLOCKSPARSE_BACKEND=triton asks for the kernels, which have no block "
                                  f"size dividing {self.layout.block_size}; unset it (it overrides impl=) to "
                                  "run this layer")
+            if self.bsmm.block_size not in KERNEL_BLOCK_SIZES:  # as BlocksparseMatMul at such blocks
+                return "reference", (f"BLOCKSPARSE_BACKEND=triton, but the kernels take no blocks of "
+                                     f"{self.bsmm.block_size}: the reference path serves")
             return "kernels", "BLOCKSPARSE_BACKEND=triton"
         if backend == "reference":
             return ("reference" if self.bsmm is not None else "portable"), "BLOCKSPARSE_BACKEND=reference"

@@ -143,6 +143,10 @@ def test_override(monkeypatch):
     monkeypatch.setenv("BLOCKSPARSE_BACKEND", "triton")
     with pytest.raises(ValueError, match="BLOCKSPARSE_BACKEND=triton asks for the kernels"):
         PixelflyLinear(9, 18, 3, 2).plan()
+    # blocks of 8 have a matmul but no kernels: its reference path serves, and the plan says so
+    small = BlocksparseLinear(np.eye(2), 8).plan(4)
+    assert small.impl == "reference" and "no blocks of 8" in small.why
+    assert BlocksparseLinear(np.eye(2), 16).plan(4).impl == "kernels"
 
 
 def test_blocksparse_linear_dispatches(rng):

@@ -181,6 +181,12 @@ TORCH_SCRIPT = textwrap.dedent("""
     model.save(path)
     again = keras.saving.load_model(path)
     assert np.array_equal(again.predict(x, verbose=0), model.predict(x, verbose=0))
+    from blocksparse.pixelfly import PixelflyDense   # TensorFlow only: refused by name, pointing to torch's
+    try:
+        PixelflyDense(16, 8)
+        raise AssertionError("PixelflyDense built on the torch backend")
+    except NotImplementedError as exc:
+        assert "tensorflow backend" in str(exc) and "PixelflyLinear" in str(exc), exc
     print("torch backend checked")
 """)
 
