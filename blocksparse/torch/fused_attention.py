@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import hashlib
-import math
 import numbers
+import sys
 import threading
 from collections import OrderedDict
 
@@ -282,7 +282,7 @@ def _check_scale(scale, head_dim):
         return head_dim ** -0.5
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(f"scale must be a finite real number or None; got {scale!r}")
-    if not math.isfinite(scale):  # a number, of a bad value (as BlocksparseTransformer.masked_softmax says)
+    if not -sys.float_info.max <= scale <= sys.float_info.max:  # finite (comparisons: torch.compile traces them)
         raise ValueError(f"scale must be a finite real number or None; got {scale!r}")
     return float(scale)
 

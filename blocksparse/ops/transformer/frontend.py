@@ -2,8 +2,8 @@
 helpers, the original's attribute names and its numpy ``*_test`` helpers (no framework import)."""
 from __future__ import annotations
 
-import math
 import numbers
+import sys
 
 import numpy as np
 
@@ -12,12 +12,14 @@ from .lut import AttentionLayout
 
 __all__ = ["TransformerBase", "check_autoregress_at_key", "check_bench", "check_scale"]
 
+_FLOAT_MAX = sys.float_info.max
+
 
 def check_scale(scale):
     """``scale`` as a float (a finite real number)."""
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(f"scale must be a real number; got {scale!r} of type {type(scale).__name__}")
-    if not math.isfinite(scale):
+    if not -_FLOAT_MAX <= scale <= _FLOAT_MAX:  # comparisons, not math.isfinite: torch.compile traces them
         raise ValueError(f"scale must be finite; got {scale}")
     return float(scale)
 

@@ -192,6 +192,26 @@ def test_torch_compile_fullgraph(rng, reference):
         torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("form", ["from-shape", "argument"])
+def test_torch_compile_with_a_symbolic_scale(rng, reference, form):
+    """``scale`` as users write it -- ``head_dim ** -0.5`` of a dynamic shape, or a float argument that
+    changes between calls (which makes it symbolic) -- traces whole; values as the eager call's."""
+    lay = AttentionLayout(layouts.causal(4), 16)
+    torch._dynamo.reset()
+    if form == "from-shape":
+        fn = torch.compile(lambda q, k, v: attention(q, k, v, lay, causal=True, scale=q.shape[-1] ** -0.5),
+                           backend="aot_eager", fullgraph=True, dynamic=True)
+        cases = [((q, k, v), q.shape[-1] ** -0.5) for q, k, v, _ in (_inputs(rng, 1, 2, 2, 64, d, "float32")
+                                                                    for d in (16, 32))]
+    else:
+        fn = torch.compile(lambda q, k, v, s: attention(q, k, v, lay, causal=True, scale=s), backend="aot_eager",
+                           fullgraph=True)
+        q, k, v, _ = _inputs(rng, 1, 2, 2, 64, 16, "float32")
+        cases = [((q, k, v, s), s) for s in (0.25, 0.5, 0.75)]
+    for args, scale in cases:
+        torch.testing.assert_close(fn(*args), attention(*args[:3], lay, causal=True, scale=scale))
+
+
 @pytest.mark.parametrize("dynamic", [None, True], ids=["automatic", "dynamic"])
 def test_torch_compile_of_raw_layouts_at_several_lengths(rng, reference, dynamic):
     """A raw array layout passed as an argument, one compiled function at two lengths (the second

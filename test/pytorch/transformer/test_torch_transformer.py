@@ -241,6 +241,25 @@ def test_torch_compile_fullgraph(rng):
         torch.testing.assert_close(g, t.grad)
 
 
+def test_torch_compile_with_a_symbolic_scale(rng):
+    """``scale`` of ``masked_softmax`` from a dynamic shape, and as a float argument that changes
+    between calls: traced whole, values as the eager calls'."""
+    bst = BlocksparseTransformer(ref.causal_layout(3), 16, heads=2)
+
+    def attend(q, k, v, scale):
+        return bst.weight_value_op(bst.masked_softmax(bst.query_key_op(q, k), scale=scale), v)
+
+    torch._dynamo.reset()
+    by_shape = torch.compile(lambda q, k, v: attend(q, k, v, (q.shape[-1] // 2) ** -0.5), fullgraph=True,
+                             backend="aot_eager", dynamic=True)
+    by_arg = torch.compile(attend, fullgraph=True, backend="aot_eager")
+    for width in (16, 32):
+        q, k, v = (torch.randn(2, 48, width) for _ in range(3))
+        torch.testing.assert_close(by_shape(q, k, v), attend(q, k, v, (width // 2) ** -0.5))
+        for scale in (0.25, 0.5, 0.75):
+            torch.testing.assert_close(by_arg(q, k, v, scale), attend(q, k, v, scale))
+
+
 def test_softmax_of_transposed_scores(rng):
     """Scores and output gradients with transposed blocks: the softmax and its gradient come out
     contiguous, as the custom ops' fake functions say (torch.compile checks the strides)."""
