@@ -249,8 +249,11 @@ def _check_block_masks(block_masks, layout, block_size):
     if index.shape != layout.shape and index.shape != layout.shape[1:]:
         raise ValueError(f"block_masks.index must have the layout's shape {layout.shape} (or its last two "
                          f"sizes, shared by the heads); got {block_masks.index.shape}")
-    index = np.ascontiguousarray(np.broadcast_to(index, layout.shape))
-    if ((index >= 0) & ~layout).any():
+    shared = index.ndim == 2 and layout.shape[0] > 1
+    index = np.array(np.broadcast_to(index, layout.shape))
+    if shared:  # one (S, S) mask's blocks for every head: a head whose layout drops a block skips it
+        index[~layout] = -1
+    elif ((index >= 0) & ~layout).any():
         raise ValueError("block_masks.index must be -1 wherever the layout drops a block")
     return index, block_masks.masks.astype(np.uint8)
 

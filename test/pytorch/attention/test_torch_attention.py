@@ -254,11 +254,16 @@ def test_compiled_call_follows_the_raw_layout_it_is_given(rng, reference, form):
 
 def test_shared_block_masks_with_per_head_layout(rng, reference):
     """A 2-D ``BlockMasks`` (one head's ``from_mask``) with a per-head layout of that mask: shared by
-    every head, as a 2-D layout is."""
+    every head, as a 2-D layout is, each head masking within its own layout."""
     dense = rng.random((64, 64)) < 0.3
     layout, bm = layouts.from_mask(dense, 16, return_block_masks=True)
     heads = np.stack([layout] * 3)
     _check(rng, heads, bs=16, block_masks=bm, dense=np.stack([dense] * 3), HQ=3, HK=3, dtype="float64")
+    # a head that drops blocks the mask keeps (in part or whole) skips them: the mask within its layout
+    heads[1] &= np.abs(np.subtract.outer(np.arange(4), np.arange(4))) <= 1
+    heads[2, 0] = False
+    within = np.stack([dense & np.kron(h, np.ones((16, 16), dtype=bool)).astype(bool) for h in heads])
+    _check(rng, heads, bs=16, block_masks=bm, dense=within, HQ=3, HK=3, dtype="float64")
 
 
 def test_eager_calls_bypass_the_dispatcher(rng, reference, monkeypatch):
