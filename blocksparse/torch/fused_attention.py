@@ -153,6 +153,9 @@ def attention(q, k, v, layout, *, block_size=None, causal=False, scale=None, seq
     prepare = _prepared_fields if isinstance(layout, AttentionLayout) else _prepared
     if block_size is None and prepare is _prepared:
         block_size = _inferred_block_size(layout, S)
+    elif torch.compiler.is_compiling() and isinstance(block_size, int) and not isinstance(block_size, bool):
+        # an argument torch.compile may have made symbolic: compared into a constant
+        block_size = next((b for b in KERNEL_BLOCK_SIZES if block_size == b), block_size)
     # the length serves only to infer a block size (not a constant under dynamic shapes)
     handle, heads, blocks, bs, dense = prepare(layout, block_size, block_masks, S if block_size is None else None)
     if heads not in (1, HQ):

@@ -225,6 +225,17 @@ def test_torch_compile_of_raw_layouts_at_several_lengths(rng, reference, dynamic
         torch.testing.assert_close(compiled(q, k, v, lay), attention(q, k, v, lay, causal=True))
 
 
+def test_torch_compile_with_a_block_size_argument(rng, reference):
+    """``block_size`` of a raw layout as an argument of one compiled function that changes between
+    calls (torch.compile then makes it symbolic): each call as the eager one."""
+    torch._dynamo.reset()
+    fn = lambda q, k, v, bs: attention(q, k, v, layouts.causal(64 // bs), block_size=bs, causal=True)  # noqa: E731
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    q, k, v, _ = _inputs(rng, 1, 2, 2, 64, 16, "float32")
+    for bs in (16, 32, 16, 64):
+        torch.testing.assert_close(compiled(q, k, v, bs), fn(q, k, v, bs))
+
+
 @pytest.mark.parametrize("form", ["numpy", "tensor", "in-place"])
 def test_compiled_call_follows_the_raw_layout_it_is_given(rng, reference, form):
     """One compiled function called with raw layouts of one shape but other contents (another array,
