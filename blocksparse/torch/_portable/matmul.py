@@ -212,10 +212,10 @@ def _densify(w, tables):
     t = tables.tables
     bs = t.block_size
     tiles = torch.zeros((t.CB * t.KB, bs, bs), dtype=w.dtype, device=w.device)
-    if torch._C._functorch.is_functorch_wrapped_tensor(w):  # vmap of a stack of weights: out of place
+    if torch.compiler.is_compiling() or not torch._C._functorch.is_functorch_wrapped_tensor(w):
+        tiles = tiles.index_copy_(0, tables.tile_idx, w)  # in place: half the memory traffic
+    else:  # a torch.func transform (vmap of a stack of weights): out of place
         tiles = tiles.index_copy(0, tables.tile_idx, w)
-    else:  # in place: half the memory traffic
-        tiles = tiles.index_copy_(0, tables.tile_idx, w)
     return tiles.view(t.CB, t.KB, bs, bs).transpose(1, 2).reshape(t.CB * bs, t.KB * bs)
 
 
