@@ -79,8 +79,9 @@ class LayoutShapes:
 
 def _as64(a, name):
     """``a`` (a numpy array, a list, or a framework tensor with ``.numpy()``) as a float64 array."""
-    if hasattr(a, "detach"):  # a torch tensor
+    if hasattr(a, "detach"):  # a torch tensor (numpy has no bfloat16: floating ones widened first)
         a = a.detach().cpu()
+        a = a.double() if a.is_floating_point() else a
     if hasattr(a, "numpy") and not isinstance(a, np.ndarray):
         a = a.numpy()
     a = np.asarray(a)

@@ -364,3 +364,8 @@ def test_numpy_test_helpers_take_torch_tensors(rng, axis):
         assert isinstance(want, np.ndarray) and want.dtype == np.float64
         np.testing.assert_allclose(got.detach().numpy(), want, rtol=1e-10, atol=1e-10)
     assert bsmm.updat_list == [(0, 0), (0, 2), (1, 1), (1, 2)]
+    for dtype in (torch.bfloat16, torch.float16):  # 16-bit tensors: their values, exactly, in float64
+        x16, w16 = x.detach().to(dtype), W.detach().to(dtype)
+        want = bsmm.fprop_test(x16.double(), w16.double())
+        np.testing.assert_array_equal(bsmm.fprop_test(x16, w16), want)
+        np.testing.assert_array_equal(bsmm.l2_normalize_test(w16), bsmm.l2_normalize_test(w16.double()))
