@@ -204,9 +204,10 @@ class BlocksparseLinear(Dispatched, nn.Module):
         y = dispatch.native(x2, w, bias)  # the eager CUDA fast path, else None
         if y is None:
             impl = dispatch.choose(x2, w)
-            if impl in _BSMM_IMPLS and dispatch.refinement is None:  # the matmul ops: the kernels on CUDA,
-                y = self.bsmm._linear(x2, w, bias)                        # else the reference path
-            else:
+            if (impl in _BSMM_IMPLS and dispatch.refinement is None  # the matmul ops: the kernels on CUDA,
+                    and not _checks.plain_ops_needed(x2, w, bias)):      # else the reference path
+                y = self.bsmm._linear(x2, w, bias)
+            else:  # (in a torch.func transform: the dense product through the layer's own index buffers)
                 y = dispatch.run(impl, x2, w, bias)
         return y if x2 is x else y.reshape(*x.shape[:-1], self.out_features)
 

@@ -21,7 +21,7 @@ from torch import nn
 
 from ... import _env
 from ..._checks import check_bool, check_int
-from .._checks import float_dtype, floating_tensor
+from .._checks import float_dtype, floating_tensor, plain_ops_needed
 from ..._initializers import fan_in_bounds
 from ...dispatch import Problem, check_cost_model, check_impl, model_for, override_plan
 from ...layout import Layout
@@ -322,9 +322,13 @@ class LinearDispatch(nn.Module):
             if self.bsmm is None:
                 raise ValueError(f"impl={impl!r} cannot run block size {self.layout.block_size}; use "
                                  "'portable' or 'dense'")
-            # the matmul ops of bsmm: the kernels where they run, else its reference path (as
-            # BlocksparseLinear's "kernels" has always done off CUDA)
-            return self.bsmm._linear(x, self.kernel_weight(w), bias)  # the bias added in the product
+            if not plain_ops_needed(x, w, bias):
+                # the matmul ops of bsmm: the kernels where they run, else its reference path (as
+                # BlocksparseLinear's "kernels" has always done off CUDA)
+                return self.bsmm._linear(x, self.kernel_weight(w), bias)  # the bias added in the product
+            # inside a torch.func transform bsmm would compute the dense product of its own layout:
+            # the layer's index buffers say which (a vmap over stacked layers swaps in each one's)
+            impl = "dense"
         self._check(x, w)
         self.tables.follow(w.device)
         if impl == "portable":

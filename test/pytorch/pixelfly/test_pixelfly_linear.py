@@ -289,6 +289,21 @@ def test_vmap_over_an_ensemble_of_weights(rng, impl, stack_buffers):
         assert rel_error(y.detach().numpy(), want) < 1e-12
 
 
+@pytest.mark.parametrize("impl", ["dense", "reference", "kernels", "auto"])
+def test_vmap_over_layers_of_different_layouts(rng, impl):
+    """Stacked layers of different layouts (buffers stacked too): each model by its own layout,
+    against float64 (the matmul's paths take the layer's index buffers inside the transform)."""
+    from torch.func import functional_call, stack_module_state, vmap
+
+    models = [BlocksparseLinear(np.array(lay), 8, impl=impl).double() for lay in ([[1, 0], [0, 1]], [[0, 1], [1, 0]])]
+    params, buffers = stack_module_state(models)
+    x = torch.from_numpy(rng.standard_normal((3, 16)))
+    got = vmap(lambda p, b, x: functional_call(models[0], (p, b), (x,)), in_dims=(0, 0, None))(params, buffers, x)
+    for m, y in zip(models, got):
+        dense = m._dispatch.run("dense", torch.eye(16, dtype=torch.float64), m.weight).detach().numpy()
+        assert rel_error(y.detach().numpy(), x.numpy() @ dense + m.bias.detach().numpy()) < 1e-12
+
+
 def test_vmap_refuses_portable_tables_of_different_layouts(rng):
     from torch.func import functional_call, stack_module_state, vmap
 
