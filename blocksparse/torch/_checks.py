@@ -129,9 +129,10 @@ def plain_ops_needed(*tensors):
     """Whether a call must run as plain PyTorch ops (the reference path) instead of the custom ops:
     inside a ``torch.func`` transform (``vmap``, ``grad``, ``jvp``, ``jacfwd``, ``hessian``) or with
     forward-mode tangents attached, which the custom ops (reverse-mode autograd only) would refuse
-    or -- forward mode -- silently drop.  Never while ``torch.compile`` traces."""
+    or -- forward mode -- silently drop.  While ``torch.compile`` traces: only inside a transform
+    (``torch.compile(torch.func.grad(f))``; the traceable query)."""
     if torch.compiler.is_compiling():
-        return False
+        return torch._C._are_functorch_transforms_active()
     if _functorch_transform() is not None:
         return True
     return _forward_ad._current_level >= 0 and any(

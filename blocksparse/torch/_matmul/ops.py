@@ -182,7 +182,7 @@ def matmul(x, w, layout, axis, precision, bias=None):
     """``y = x @ W (+ bias)`` (checked inputs; ``bias`` per output feature or None): the custom op
     while ``torch.compile`` traces, else the eager path -- :class:`MatmulFunction` when a gradient
     is wanted, the product alone when not."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() and not plain_ops_needed():
         y = matmul_op(x, w, layout, axis, precision)
         return y if bias is None else y + (bias.to(y.dtype) if axis == 1 else bias.to(y.dtype)[:, None])
     if plain_ops_needed(x, w, bias):  # torch.func transforms, forward-mode tangents: plain ops
