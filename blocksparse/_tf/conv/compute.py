@@ -140,12 +140,13 @@ def grouped(x, flat, spec):
     return y
 
 
-def _nonempty(I, flat, compute, empty_shape, dtype):
+def _nonempty(I, flat, compute, empty_shape, dtype, i_rest):
     """``compute()``, or for an empty batch zeros of ``empty_shape`` (zero gradients for ``I`` and
     ``flat``): TensorFlow's convolutions and their gradients return an empty batch in their input's
     shape, and in ``tf.function`` the graph optimiser removes a reshape to the output's (the shapes
-    agree statically)."""
-    i_rest, flat_shape = I.shape[1:].as_list(), flat.shape.as_list()  # static: known when the op is built
+    agree statically).  ``i_rest``: ``I``'s shape after the batch, from the layer (``I``'s own may be
+    unknown when the op is built)."""
+    flat_shape = flat.shape.as_list()  # static: known when the op is built
 
     @tf.custom_gradient
     def empty(I, flat):  # the batch (0) from I: a branch of tf.cond leaves it unknown statically
@@ -180,7 +181,7 @@ def convolve(I, flat, edge_bias, spec, path=None):
     product = grouped if path == "grouped" else dense
     y = _nonempty(I, flat, lambda: _channels_first(product(_channels_last(tf.cast(I, work), ndim),
                                                            tf.cast(flat, work), spec), ndim),
-                  [0, spec.blocks.K, *spec.geometry.MPQ], work)
+                  [0, spec.blocks.K, *spec.geometry.MPQ], work, [spec.blocks.C, *spec.geometry.DHW])
     if edge_bias is not None and spec.edge_count:
         add = tf.float32 if edge_bias.dtype.base_dtype == tf.float32 else work  # float32 bias, 16-bit I
         y = tf.cast(y, add) + params.edge_bias_image(tf.cast(edge_bias, add), spec)[None]

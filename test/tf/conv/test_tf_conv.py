@@ -60,9 +60,9 @@ def _function(op, F, x, dy, eb, dtype):
     return out
 
 
-def _graph(op, F, x, dy, eb, dtype):
+def _graph(op, F, x, dy, eb, dtype, x_shape=None):
     with tf.Graph().as_default():
-        xp = tf.compat.v1.placeholder(tf.float32, op.i_shape(None))
+        xp = tf.compat.v1.placeholder(tf.float32, op.i_shape(None) if x_shape is None else x_shape(op))
         dyp = tf.compat.v1.placeholder(tf.float32, op.o_shape(None))
         Fv = tf.compat.v1.get_variable("F", dtype=dtype, initializer=tf.cast(F, dtype))
         ebv = tf.compat.v1.get_variable("eb", dtype=dtype, initializer=tf.cast(eb, dtype))
@@ -75,7 +75,10 @@ def _graph(op, F, x, dy, eb, dtype):
             return sess.run([fetch, (Fv, xt, dyt, ebv)], {xp: x, dyp: dy})
 
 
-MODES = {"eager": _eager, "function": _function, "graph": _graph}
+MODES = {"eager": _eager, "function": _function, "graph": _graph,
+         # the input's sizes unknown when the graph is built: spatial sizes, then even the rank
+         "graph-unknown-sizes": lambda *a: _graph(*a, x_shape=lambda op: [None, op.C] + [None] * (len(op.i_shape(1)) - 2)),
+         "graph-unknown-rank": lambda *a: _graph(*a, x_shape=lambda op: None)}
 
 
 def check(op, case, F, x, dy, eb, dtype=tf.float32, mode="eager"):
@@ -108,7 +111,7 @@ def test_grouped_path(rng, monkeypatch, kind, case):
     check(op, ref, *random_inputs(rng, op))
 
 
-@pytest.mark.parametrize("mode", ["function", "graph"])
+@pytest.mark.parametrize("mode", ["function", "graph", "graph-unknown-sizes", "graph-unknown-rank"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_modes(rng, path, kind, mode):
     op, ref = build(rng, kind, "2d-same-stride-dilate", layout="uniform")
