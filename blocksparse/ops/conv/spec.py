@@ -2,6 +2,8 @@
 (:class:`ConvSpec`) and the shape helpers of the original API (:class:`ConvShapes`)."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..._checks import check_bool, check_minibatch
@@ -17,12 +19,12 @@ __all__ = ["ConvSpec", "ConvShapes"]
 
 class ConvSpec:
     """A block-sparse (transposed) convolution, validated: channels (``blocks``), ``geometry``,
-    ``edges`` (the output's :class:`~.edges.EdgeMap`), ``grouped`` (the
+    ``edges`` (the output's :class:`~.edges.EdgeMap`, built when first used), ``grouped`` (the
     :class:`~.grouping.GroupedPlan`), ``pointwise`` (the :class:`~.pointwise.PointwisePlan` of a
     1x1 block grid, else None), ``implicit`` / ``implicit_grad`` (the :class:`~.implicit.ImplicitPlan`
     of a convolution and of its input gradient, None when transposed), and which of those should
     serve it on a GPU (``prefers_grouped``, ``prefers_matmul``; the implicit path's rule depends on
-    the call), all computed at construction."""
+    the call), computed at construction."""
 
     def __init__(self, BCK, TRS, DHW, MPQ=None, strides=1, dilates=1, padding="SAME", edge_bias=False,
                  transposed=False):
@@ -32,13 +34,18 @@ class ConvSpec:
         self.blocks = ConvBlocks(cs, ks, self.geometry.trs, bool(transposed))
         self.edge_bias = bool(edge_bias)
         self.transposed = bool(transposed)
-        self.edges = edge_map(self.geometry)
         self.grouped = grouped_plan(self.blocks)
         self.prefers_grouped = worth_grouping(self.blocks, self.grouped)
         self.pointwise = pointwise_plan(self.blocks, self.geometry)
         self.prefers_matmul = worth_matmul(self.pointwise, self.blocks.density)
         self.implicit = implicit_plan(self.blocks)
         self.implicit_grad = implicit_plan(self.blocks, gradient=True)
+
+    @functools.cached_property
+    def edges(self):
+        """The output's :class:`~.edges.EdgeMap` (an entry per output position: built when first
+        needed, by layers with an edge bias)."""
+        return edge_map(self.geometry)
 
     @property
     def edge_count(self):

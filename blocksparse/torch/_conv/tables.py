@@ -50,7 +50,7 @@ class Tables:
             [blocks.cs[b].size * blocks.trs for b in range(blocks.blocks) for _ in blocks.ks[b]], device="cpu"))
         plan = spec.grouped
         self._cpu = TableSet(
-            dense=_tensor(blocks.dense_index), edges=_tensor(spec.edges.pattern),
+            dense=_tensor(blocks.dense_index), edges=_tensor(spec.edges.pattern) if spec.edge_bias else None,
             segments=_tensor(segments), channel=_tensor(channel), fan_in=fan_in,
             inputs=[_tensor(b.inputs) for b in plan.buckets],
             weight=[_tensor(b.weight) for b in plan.buckets], order=_tensor(plan.order),

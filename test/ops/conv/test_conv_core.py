@@ -318,3 +318,12 @@ def test_reference_edge_bias_gradient_is_a_sum(rng):
     assert np.allclose(y[:, :, 0], eb[:, 0]) and np.allclose(y[:, :, -1], eb[:, 1]) and np.allclose(y0, 0)
     assert np.allclose(deb, np.stack([dy[:, :, 0].sum(0), dy[:, :, -1].sum(0)], axis=1))
     assert np.all(y[:, :, 1:-1] == 0)
+
+
+def test_the_edge_map_is_built_only_for_an_edge_bias():
+    """The edge map holds an entry per output position (a 256^3 volume: 16.7M): a layer without an
+    edge bias never builds it, one with an edge bias builds it once."""
+    big = ConvSpec([([0, 1], [0, 1])], (3, 3, 3), (256, 256, 256))
+    assert big.edge_count == 0 and "edges" not in vars(big)
+    small = ConvSpec([([0, 1], [0, 1])], (3,), (7,), edge_bias=True)
+    assert small.edge_count == 2 and small.edges is small.edges
