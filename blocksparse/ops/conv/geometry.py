@@ -127,6 +127,10 @@ def _sequence(value, name):
     return tuple(value)
 
 
+#: The largest size, stride, dilation or padding an axis takes (the kernels index in int32).
+_MAX_SIZE = 2**31 - 1
+
+
 def _dims(value, name):
     dims = _sequence(value, name)
     if not 1 <= len(dims) <= _MAX_DIMS:
@@ -136,6 +140,8 @@ def _dims(value, name):
             raise TypeError(f"{name} must hold ints; got {value!r}")
         if d < 1:
             raise ValueError(f"{name} must hold sizes >= 1; got {value!r}")
+        if d > _MAX_SIZE:
+            raise ValueError(f"{name} must hold sizes <= 2**31 - 1; got {value!r}")
     return tuple(int(d) for d in dims)
 
 
@@ -166,6 +172,8 @@ def _positive(value, name, ndim):
             raise TypeError(f"{name} must be an int or a tuple of ints; got {value!r}")
         if v < 1:
             raise ValueError(f"{name} must be >= 1; got {value!r}")
+        if v > _MAX_SIZE:
+            raise ValueError(f"{name} must be <= 2**31 - 1; got {value!r}")
     return tuple(int(v) for v in _per_axis(value, name, ndim))
 
 
@@ -184,6 +192,8 @@ def _padding(value, ndim):
             raise TypeError(f"padding entries must be ints or (before, after) pairs of ints; got {value!r}")
         if min(pair) < 0:
             raise ValueError(f"padding must be >= 0; got {value!r}")
+        if max(pair) > _MAX_SIZE:
+            raise ValueError(f"padding must be <= 2**31 - 1; got {value!r}")
         pads.append((int(pair[0]), int(pair[1])))
     return tuple(pads)
 
@@ -238,6 +248,8 @@ def make_geometry(TRS, DHW, MPQ=None, strides=1, dilates=1, padding="SAME", tran
             raise TypeError(f"MPQ must hold ints; got {MPQ!r}")
         if min(MPQ) < 1:
             raise ValueError(f"MPQ must hold sizes >= 1; got {MPQ!r}")
+        if max(MPQ) > _MAX_SIZE:
+            raise ValueError(f"MPQ must hold sizes <= 2**31 - 1; got {MPQ!r}")
     axes = []
     for i in range(ndim):
         if not transposed:

@@ -78,6 +78,10 @@ def test_deconv_mpq_resolves_strided_sizes():
     (dict(TRS=(5,), DHW=(3,), padding="VALID"), ValueError, "smaller than the dilated filter"),
     (dict(TRS=(3,), DHW=(8,), MPQ=(5,)), ValueError, r"MPQ\[0\] must be 8"),
     (dict(TRS=(3,), DHW=(8,), MPQ=(0,)), ValueError, "MPQ must hold sizes >= 1"),
+    (dict(TRS=(3,), DHW=(10**30,)), ValueError, "DHW must hold sizes <= 2\\*\\*31 - 1"),
+    (dict(TRS=(3,), DHW=(8,), strides=10**30), ValueError, "strides must be <= 2\\*\\*31 - 1"),
+    (dict(TRS=(3,), DHW=(8,), dilates=(2**31,)), ValueError, "dilates must be <= 2\\*\\*31 - 1"),
+    (dict(TRS=(3,), DHW=(8,), padding=10**30), ValueError, "padding must be <= 2\\*\\*31 - 1"),
     (dict(TRS=(3,), DHW=(4,), padding=3, transposed=True), ValueError, "smaller than the dilated filter"),
 ])
 def test_bad_geometry(kwargs, error, match):
