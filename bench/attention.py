@@ -126,12 +126,14 @@ REDUCE_DQ_BWD = [configs.bwd_config(128, BS)] + [
 # ``--long-bwd`` (head dim 128): the table's backward and its neighbours on the rows still below 1.2x
 # FlexAttention forward + backward (sparse layouts whose key columns are long: "fixed" 64k, BigBird),
 # which the first sweeps did not time ("fixed" 64k ran out of memory in their float64 check).
+# With them, ``store_ds``: the dk/dv programs write dS, a dq launch sums dS k from it (five products
+# a tile pair instead of seven; "fixed" 64k's 9.6 GB of dS in chunks of heads under the scratch limit).
 _T128 = configs.bwd_config(128, BS)
 LONG_BWD = [_T128] + [replace(_T128, **kw) for kw in (
-    dict(heads_first=True), dict(num_stages=2), dict(num_stages=4), dict(num_stages=2, heads_first=True),
-    dict(BM1=32), dict(BM1=32, num_stages=4), dict(BN2=32), dict(BM2=64), dict(BM2=64, BN2=32),
-    dict(prefetch=False), dict(fused=False), dict(BM1=64, BN1=64), dict(BM1=32, num_warps=4),
-    dict(BM1=32, BN2=32, num_stages=4, heads_first=True))]
+    dict(heads_first=True), dict(num_stages=2), dict(num_stages=4), dict(BM1=32), dict(BN2=32), dict(BM2=64),
+    dict(prefetch=False), dict(fused=False),
+    dict(store_ds=True), dict(store_ds=True, heads_first=True), dict(store_ds=True, BN2=128),
+    dict(store_ds=True, BM1=32), dict(store_ds=True, num_stages=2), dict(store_ds=True, BM2=64, BN2=128))]
 LONG_BWD_SHAPES = (("fixed", 65536, 1), ("bigbird", 4096, 4), ("bigbird", 16384, 1))
 
 # --------------------------------------------------------------------------- problems

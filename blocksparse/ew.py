@@ -20,7 +20,7 @@ import numbers
 import numpy as np
 
 from ._tf import tf
-from ._tf.checks import float_dtype, float_tensor, same_dtype
+from ._tf.checks import float_dtype, float_tensor, same_dtype, tensor_like
 from ._tf.ew import args, math
 from ._tf.ew.cast import float_cast as _float_cast
 from ._tf.ew.dropout import apply_mask, make_mask
@@ -167,8 +167,8 @@ def float_cast(x, dtype, dx_dtype=None, name=None):
 
 
 def _keep_prob(keep_prob):
-    if isinstance(keep_prob, (tf.Tensor, tf.Variable)):
-        keep_prob = tf.convert_to_tensor(keep_prob)
+    if tensor_like(keep_prob) is not None:
+        keep_prob = tf.convert_to_tensor(tensor_like(keep_prob))
         if keep_prob.dtype != tf.float32 or keep_prob.shape.rank not in (None, 0):
             raise TypeError(f"keep_prob must be a number or a float32 scalar tensor; got a "
                             f"{keep_prob.dtype.name} tensor of shape {keep_prob.shape}")
@@ -235,7 +235,7 @@ def add_n8(xs, name=None):
     At most 8 inputs, as in the original: an op that waits for every contribution of a gradient
     holds them all in memory until the last one arrives.
     """
-    if isinstance(xs, (tf.Tensor, tf.Variable)) or not hasattr(xs, "__len__"):
+    if tensor_like(xs) is not None or not hasattr(xs, "__len__"):
         raise TypeError(f"xs must be a list of 1 to 8 tensors; got {type(xs).__name__}")
     if not 1 <= len(xs) <= 8:
         raise ValueError(f"xs must hold 1 to 8 tensors; got {len(xs)}")

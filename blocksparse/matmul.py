@@ -46,8 +46,9 @@ def _check_int(value, name, low, high=None):
 
 def _minibatch(N):
     """``N`` of the shape helpers: None, an int >= 0 or an integer scalar tensor (passed through)."""
-    if isinstance(N, (tf.Tensor, tf.Variable)) and N.dtype.is_integer and N.shape.rank == 0:
-        return N
+    t = checks.tensor_like(N)
+    if t is not None and t.dtype.is_integer and t.shape.rank == 0:
+        return t
     return None if N is None else _check_int(N, "N", 0)
 
 

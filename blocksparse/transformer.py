@@ -18,7 +18,7 @@ ops: gather / einsum / segment sums; nothing ``ctx x ctx`` is made) computes the
 :mod:`blocksparse._tf.transformer.backend`.
 """
 from ._tf import tf
-from ._tf.checks import float_dtype
+from ._tf.checks import float_dtype, op_name
 from ._tf.transformer import arguments, autodiff, backend
 from .ops.transformer.frontend import TransformerBase, check_bench
 
@@ -48,7 +48,7 @@ class BlocksparseTransformer(TransformerBase):
     @_as_is
     def _nt(self, a, b, name, bench):
         check_bench(bench)
-        with tf.name_scope(name or self.name + "_nt"):
+        with tf.name_scope(op_name(name, self.name + "_nt")):
             a_t = arguments.dense(self, a[1], a[0], self.ctx_q, "ctx_q")
             b_t = arguments.dense(self, b[1], b[0], self.ctx_k, "ctx_k")
             a_t, b_t = arguments.pair(a_t, b_t, a[0], b[0], same_features=True)
@@ -57,7 +57,7 @@ class BlocksparseTransformer(TransformerBase):
     @_as_is
     def _xn(self, w, x, trans, name, bench):
         check_bench(bench)
-        with tf.name_scope(name or self.name + ("_tn" if trans else "_nn")):
+        with tf.name_scope(op_name(name, self.name + ("_tn" if trans else "_nn"))):
             w_t = arguments.scores(self, w[1], w[0])
             x_t = arguments.dense(self, x[1], x[0], *((self.ctx_q, "ctx_q") if trans else (self.ctx_k, "ctx_k")))
             if w_t.dtype.base_dtype in (tf.float16, tf.bfloat16) and x_t.dtype.base_dtype == tf.float32:

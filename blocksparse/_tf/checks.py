@@ -29,6 +29,23 @@ def float_dtype(value, name):
     return dtype
 
 
+def tensor_like(value):
+    """``value`` as a tensor or TensorFlow variable if it is one -- Keras 3's variables (what
+    ``add_weight`` makes) and other objects TensorFlow converts as tensors read as tensors -- else None."""
+    if isinstance(value, (tf.Tensor, tf.Variable)):
+        return value
+    if hasattr(value, "__tf_tensor__"):
+        return tf.convert_to_tensor(value)
+    return value if tf.is_tensor(value) else None
+
+
+def holds_tensors(value):
+    """Whether ``value`` is a tensor (see :func:`tensor_like`) or a list / tuple holding one."""
+    if isinstance(value, (list, tuple)):
+        return any(holds_tensors(v) for v in value)
+    return tensor_like(value) is not None
+
+
 def float_tensor(value, name):
     """``value`` as a tensor whose dtype is one of :data:`FLOAT_DTYPES`."""
     try:
@@ -45,8 +62,14 @@ def parameter_tensor(value, name):
     """A parameter (gain, bias, ...) as a float tensor: numpy arrays and Python lists of numbers are
     converted to float32 (the ops compute in float32 anyway; numpy's default float64 is not a
     frontend dtype), tensors must already have a float dtype of the frontend."""
-    if isinstance(value, (np.ndarray, list, tuple)) and np.asarray(value).dtype.kind in "fiu":
-        value = np.asarray(value, dtype=np.float32)
+    if isinstance(value, (np.ndarray, list, tuple)) and not holds_tensors(value):
+        try:
+            array = np.asarray(value)
+        except ValueError as exc:  # a ragged list
+            raise ValueError(f"{name} must be a tensor or an array of numbers; got a list that is not one: "
+                             f"{exc}") from None
+        if array.dtype.kind in "fiu":
+            value = array.astype(np.float32)
     return float_tensor(value, name)
 
 
@@ -113,6 +136,12 @@ def shape_assertions(tensor, expected, name, *, rank_hint=""):
                     shape[axis], tf.constant(size, tf.int32),
                     message=f"{name} must have shape {want}{rank_hint}; dimension {axis} "
                             f"must be {size}"))
+    if runtime:  # XLA compiles the assertions to nothing: an op it cannot compile for another shape
+        got = tf.shape(tensor) if static.rank is not None else tf.pad(tf.shape(tensor), [[0, len(expected)]])
+        want_dims = tf.stack([got[axis] if size is None else tf.constant(size, tf.int32)
+                              for axis, size in enumerate(expected)]) if expected else tf.zeros([0], tf.int32)
+        with tf.control_dependencies(runtime):
+            runtime.append(_probe(tensor, want_dims, f"{name} must have shape {want}"))
     return runtime
 
 
@@ -167,9 +196,15 @@ def shape_guard(tensor, expected, message):
     empty tensors of the two shapes concatenated, named after ``message``."""
     assertion = tf.debugging.assert_equal(tf.shape(tensor), expected, message=message)
     with tf.control_dependencies([assertion]):
-        empty = lambda shape: tf.zeros(tf.concat([shape, [0]], 0), tf.int8)  # noqa: E731
-        probe = tf.concat([empty(tf.shape(tensor)), empty(expected)], -1, name=node_name(message))
+        probe = _probe(tensor, expected, message)
     return checked(tensor, [assertion, probe])
+
+
+def _probe(tensor, expected, message):
+    """Two empty tensors of ``tensor``'s shape and of ``expected`` (an int32 vector) concatenated,
+    named after ``message``: an op that fails -- when XLA compiles it too -- unless they agree."""
+    empty = lambda shape: tf.zeros(tf.concat([shape, [0]], 0), tf.int8)  # noqa: E731
+    return tf.concat([empty(tf.shape(tensor)), empty(expected)], -1, name=node_name(message))
 
 
 def checked(tensor, assertions):

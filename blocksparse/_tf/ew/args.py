@@ -9,7 +9,7 @@ import numbers
 import numpy as np
 
 from .. import tf
-from ..checks import float_tensor, op_name, parameter_tensor, same_dtype, shape_guard
+from ..checks import float_tensor, holds_tensors, op_name, parameter_tensor, same_dtype, shape_guard, tensor_like
 
 __all__ = ["channel_vector", "channels_first", "divisible_by_4", "feature_axis", "feature_size", "known_rank",
            "op_name", "operand_pair", "real", "same_shape", "to_compute"]
@@ -85,7 +85,8 @@ def _mixed_dtype(a, b):
 def _is_constant(value):
     """A value TensorFlow's binary ops convert to the other operand's dtype: a number, a list or
     tuple, a numpy array or scalar (not a tensor or variable)."""
-    return _is_number(value) or isinstance(value, (list, tuple, np.ndarray, np.generic))
+    return _is_number(value) or isinstance(value, (np.ndarray, np.generic)) or (
+        isinstance(value, (list, tuple)) and not holds_tensors(value))
 
 
 def _constant(value, dtype, name):
@@ -179,6 +180,8 @@ def channel_vector(value, size, name, what):
     and Python lists are parameters computed in float32 anyway: they are converted to float32, as
     are float64 tensors (their gradients come back in float64).
     """
+    if tensor_like(value) is not None:
+        value = tensor_like(value)
     if isinstance(value, (tf.Tensor, tf.Variable)) and value.dtype.base_dtype == tf.float64:
         value = tf.cast(value, tf.float32)   # "any float dtype": computed in float32 anyway
     v = parameter_tensor(value, name)

@@ -25,10 +25,10 @@ def dense(base, value, name, ctx, ctx_name):
     runtime = checks.shape_assertions(t, (None, ctx, None), name, rank_hint=hint)
     if shape is None or shape[2] is None:
         with tf.control_dependencies(runtime):
-            runtime.append(tf.debugging.assert_equal(
-                tf.shape(t)[2] % base.heads, 0,
-                message=f"{name} must have shape (batch, {ctx_name}, heads * head_dim): its features must be "
-                        f"a multiple of heads = {base.heads}"))
+            got = tf.pad(tf.shape(t), [[0, 3]])[:3]
+            whole = tf.concat([got[:2], got[2:] // base.heads * base.heads], 0)
+            t = checks.shape_guard(t, whole, f"{name} must have shape (batch, {ctx_name}, heads * head_dim): "
+                                             f"its features must be a multiple of heads = {base.heads}")
     return checks.checked(t, runtime)
 
 
@@ -53,28 +53,37 @@ def pair(a, b, name_a, name_b, same_features=False):
         if da is not None and db is not None:
             if da != db:
                 raise ValueError(f"{name_a} and {name_b} must have the same {what}; got {da} and {db}")
-        else:
-            runtime.append(tf.debugging.assert_equal(
-                tf.shape(a)[axis], tf.shape(b)[axis], message=f"{name_a} and {name_b} must have the same {what}"))
+        else:  # a's shape with b's size on the axis (an op that XLA cannot compile unless they agree)
+            want = tf.tensor_scatter_nd_update(tf.shape(a), [[axis]], tf.shape(b)[axis:axis + 1])
+            a = checks.shape_guard(a, want, f"{name_a} and {name_b} must have the same {what}")
     return checks.checked(a, runtime), b
+
+
+def _scalar(t, name, what):
+    """``t``, a tensor of ``what``, checked to be a scalar: at build time where its rank is known,
+    else when the graph runs."""
+    if t.shape.rank not in (0, None) or not (t.dtype.is_floating if what == "float" else t.dtype.is_integer):
+        kind = "a real number or a scalar float tensor" if what == "float" else "an int or a scalar integer tensor"
+        raise TypeError(f"{name} must be {kind}; got a {t.dtype.name} tensor of shape {t.shape}")
+    if t.shape.rank is None:  # (under XLA, which drops the assertion, the reshape fails to compile)
+        with tf.control_dependencies([tf.debugging.assert_rank(t, 0, message=f"{name} must be a scalar")]):
+            t = tf.reshape(t, [])
+    return t
 
 
 def scale(value):
     """``(float32 scalar tensor, is_tensor)``: a real number or a scalar float tensor."""
-    if isinstance(value, (tf.Tensor, tf.Variable)):
-        if value.shape.rank not in (0, None) or not value.dtype.is_floating:
-            raise TypeError(f"scale must be a real number or a scalar float tensor; got a {value.dtype.name} "
-                            f"tensor of shape {value.shape}")
-        return tf.cast(value, tf.float32), True
+    t = checks.tensor_like(value)
+    if t is not None:
+        return tf.cast(_scalar(t, "scale", "float"), tf.float32), True
     return tf.constant(check_scale(value), tf.float32), False
 
 
 def autoregress_at_key(value):
     """None, or an int32 scalar: an int >= 0 or a scalar integer tensor."""
-    if isinstance(value, (tf.Tensor, tf.Variable)):
-        if value.shape.rank not in (0, None) or not value.dtype.is_integer:
-            raise TypeError(f"autoregress_at_key must be an int or a scalar integer tensor; got a "
-                            f"{value.dtype.name} tensor of shape {value.shape}")
+    t = checks.tensor_like(value)
+    if t is not None:
+        value = _scalar(t, "autoregress_at_key", "int")
         check = tf.debugging.assert_non_negative(value, message="autoregress_at_key must be >= 0")
         if value.dtype.max > _INT32_MAX:  # past every key alike: clamped before the cast could wrap it
             value = tf.minimum(value, tf.constant(_INT32_MAX, value.dtype))

@@ -47,7 +47,8 @@ def softmax(x, scale, masks, autoregress_at_key, layout, products, dtype, scale_
             if not scale_grad:
                 return dx, None
             ds = softmax_grad(dy, y, 1.0, layout, products, tf.float32)
-            return dx, tf.reduce_sum(ds * tf.cast(x, tf.float32))
+            # 0 where dropped (ds = 0 there), whatever x holds there: inf or NaN padding adds nothing
+            return dx, tf.reduce_sum(tf.math.multiply_no_nan(tf.cast(x, tf.float32), ds))
 
         return y, grad
 

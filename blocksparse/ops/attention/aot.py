@@ -33,7 +33,7 @@ KERNELS = {
                         "Q2": "BM2", "K2": "BN2", "V2": "BN2", "O": "BM2", "DO2": "BM2", "DQ": "BM2"},
     "attn_bwd_delta_kernel": {"O": "BM2", "DO": "BM2"},
 }
-_POINTERS = {"LSE": "*fp32", "DELTA": "*fp32", "SEQLENS": "*i32", "MASKS": "*u8",
+_POINTERS = {"LSE": "*fp32", "DELTA": "*fp32", "SEQLENS": "*i32", "MASKS": "*u8", "ROW_PAIRS": "*i32",
              **{f"{lists}{table}": "*i32" for lists in ("", "ROW_", "COL_") for table in ("HEADERS", "ENTRIES", "ORDER")}}
 _FLOATS = {"qk_scale": "fp32", "sm_scale": "fp32"}
 
@@ -58,7 +58,7 @@ def triton_args(kernel, *, dtype, head_dim, block_size, cfg, causal=False, seqle
     tiles = {name: getattr(cfg, tile) for name, tile in KERNELS[kernel].items()}
     types = {name: f"tensordesc<{dtype}[1, 1, {rows}, {head_dim}]>" if cfg.tma else f"*{dtype}"
              for name, rows in tiles.items()}
-    types |= _POINTERS | _FLOATS
+    types |= _POINTERS | _FLOATS | {"DS": f"*{dtype}"}
     if kernel == "attn_bwd_kernel" and cfg.atomic_dq:
         # the dk/dv programs add dq into float32: [BM1, D] tiles through a descriptor, else by pointer
         types["DQ"] = f"tensordesc<fp32[1, 1, {cfg.BM1}, {head_dim}]>" if cfg.tma else "*fp32"
@@ -68,7 +68,8 @@ def triton_args(kernel, *, dtype, head_dim, block_size, cfg, causal=False, seqle
                       HEADS_FIRST=cfg.heads_first)
     elif kernel == "attn_bwd_kernel":
         consts = dict(flags, BM1=cfg.BM1, BN1=cfg.BN1, BM2=cfg.BM2, BN2=cfg.BN2, DKDV=dkdv, DQ_PASS=dq,
-                      ATOMIC_DQ=cfg.atomic_dq, PREFETCH=cfg.prefetch, HEADS_FIRST=cfg.heads_first)
+                      ATOMIC_DQ=cfg.atomic_dq, PREFETCH=cfg.prefetch, HEADS_FIRST=cfg.heads_first,
+                      STORE_DS=cfg.store_ds)
     else:
         consts = dict(BM=cfg.BM2, D=head_dim, TMA=cfg.tma)
     if unit and kernel != "attn_bwd_delta_kernel":
@@ -128,7 +129,8 @@ class AttentionSpec:
             return f"attn_delta_{self.dtype}_d{self.head_dim}_m{cfg.BM2}_w{cfg.num_warps}_sm{self.arch}"
         kinds = "" if self.product == "fwd" else "_" + "_".join(k for k, on in (("dkdv", self.dkdv), ("dq", self.dq))
                                                                  if on)
-        flags = "".join(f for f, on in (("_causal", self.causal), ("_hf", cfg.heads_first)) if on)
+        flags = "".join(f for f, on in (("_causal", self.causal), ("_hf", cfg.heads_first),
+                                        ("_ds", getattr(cfg, "store_ds", False))) if on)
         return (f"attn_{self.product}_{self.dtype}_d{self.head_dim}_b{self.block_size}{flags}{kinds}"
                 f"{'_u' if self.unit else ''}_sm{self.arch}")
 
@@ -136,6 +138,8 @@ class AttentionSpec:
 def backward_launches(cfg):
     """``(dkdv, dq)`` of each ``attn_bwd_kernel`` launch of a backward with ``cfg``, in order, and
     whether a delta pass runs first (see :mod:`.bwd`)."""
+    if cfg.store_ds:
+        return [(True, False), (False, True)], True
     if cfg.atomic_dq or cfg.fused:
         return [(True, not cfg.atomic_dq)], True
     return [(False, True), (True, False)], False

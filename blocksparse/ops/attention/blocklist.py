@@ -39,6 +39,9 @@ All arrays are ``int32``, C-contiguous, read-only.
   ``0 .. NB-1``, most entries (summed over layout heads) first, ties in ascending order.  The
   longest lists start first, so the last wave of programs holds the shortest.
 
+``pair_index(rows, cols)`` ``(E,)``: for every row entry, the index of the same block among the column
+entries (the backward's ``dS`` scratch is laid out by column entries; its dq pass walks rows).
+
 Example, ``NB = 2``, ``causal=True``, layout ``[[1, 1], [1, 1]]`` (one head): the block above the
 diagonal is dropped, both diagonal blocks are partial::
 
@@ -52,7 +55,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["BlockList", "block_lists"]
+__all__ = ["BlockList", "block_lists", "pair_index"]
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,21 @@ def block_lists(layout, causal=False, mask_index=None):
     m = mid[h, i, j]
     partial = (m >= 0) | ((i == j) if causal else False)
     return _direction(h, i, j, m, partial, hl, nb), _direction(h, j, i, m, partial, hl, nb)
+
+
+def pair_index(rows, cols):
+    """``(E,)`` int32: for each entry of ``rows``, the index of the same block among ``cols``' entries."""
+    def codes(lists, row_major):
+        count = lists.headers[:, 1] + lists.headers[:, 2]
+        head_blk = np.repeat(np.arange(count.shape[0], dtype=np.int64), count)
+        h, blk = np.divmod(head_blk, lists.blocks)
+        other = lists.entries[:, 0].astype(np.int64)
+        i, j = (blk, other) if row_major else (other, blk)
+        return (h * lists.blocks + i) * lists.blocks + j
+
+    col_codes = codes(cols, False)
+    sort = np.argsort(col_codes, kind="stable")
+    return _frozen(sort[np.searchsorted(col_codes, codes(rows, True), sorter=sort)])
 
 
 def _direction(h, blk, other, mask, partial, hl, nb):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-__all__ = ["HEAD_DIMS", "KERNEL_BLOCK_SIZES", "SPARSE_HEADS_FIRST", "BwdConfig", "FwdConfig", "bwd_config",
+__all__ = ["DS_SCRATCH_MAX_BYTES", "HEAD_DIMS", "KERNEL_BLOCK_SIZES", "SPARSE_HEADS_FIRST", "BwdConfig", "FwdConfig", "bwd_config",
            "fwd_config"]
 
 #: Head dims the kernels serve (powers of two: a tile's feature axis is one ``tl.arange``).
@@ -45,7 +45,10 @@ class BwdConfig:
     programs own ``BN1`` keys and walk the query blocks that attend to them ``BM1`` rows at a time.
     ``atomic_dq``: no dq programs; the dk/dv programs add dq with float32 atomics (``BM2`` then
     only tiles the pass that computes ``delta``); ``fused`` (without ``atomic_dq``): the dk/dv and dq
-    programs run in one launch, after a pass that computes ``delta``."""
+    programs run in one launch, after a pass that computes ``delta``; ``store_ds``: the dk/dv
+    programs (after the delta pass) also write ``dS`` into a scratch of one block per attended block,
+    and a dq launch sums ``dS k`` from it (where the scratch fits :data:`DS_SCRATCH_MAX_BYTES` and the
+    batch is not ragged; else the config without it runs)."""
 
     BM1: int = 32
     BN1: int = 128
@@ -58,6 +61,7 @@ class BwdConfig:
     prefetch: bool = False          # the full blocks' walks read their tables one step ahead
     heads_first: bool = False       # grids (heads, tiles): every head's heaviest tiles start first
     fused: bool = False             # dk/dv and dq programs in one launch (after a delta pass)
+    store_ds: bool = False          # dk/dv programs write dS; a dq launch after them reads it back
 
     def fit(self, block_size):
         """This config with tiles no larger than ``block_size``."""
@@ -90,6 +94,12 @@ _BWD = {
     64: BwdConfig(BM1=64, BN1=64, BM2=64, BN2=64, num_warps=4, num_stages=3),
     128: BwdConfig(BM1=64, BN1=128, BM2=128, BN2=64, num_warps=8, num_stages=3, prefetch=True, fused=True),
 }
+
+
+#: The most bytes of ``dS`` scratch a ``store_ds`` backward allocates (one ``BS x BS`` tile in the
+#: inputs' dtype per attended block, query head and batch element); above, it recomputes ``dS``
+#: in dq programs instead.
+DS_SCRATCH_MAX_BYTES = 4 << 30
 
 
 def fwd_config(head_dim, block_size):

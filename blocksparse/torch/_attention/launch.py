@@ -13,11 +13,12 @@ pointer loads.
 """
 import functools
 import math
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import torch
 
 from ... import _env
+from ...ops.attention import configs
 from ...ops.attention.aot import backward_launches
 from ...ops.attention.bwd import attn_bwd_delta_kernel, attn_bwd_kernel
 from ...ops.attention.fwd import attn_fwd_kernel
@@ -35,7 +36,7 @@ LOG2E = 1.0 / math.log(2.0)
 #: The call tensors' positions: forward ``(q, k, v, o, lse, seqlens)``, backward as below.
 Q, K, V, O = 0, 1, 2, 3
 FWD_LSE, FWD_SEQLENS = 4, 5
-DO, DQ, DK, DV, LSE, DELTA, SEQLENS = 4, 5, 6, 7, 8, 9, 10
+DO, DQ, DK, DV, LSE, DELTA, SEQLENS, DS = 4, 5, 6, 7, 8, 9, 10, 11
 
 
 
@@ -62,18 +63,36 @@ def bwd(do, q, k, v, o, lse, seqlens, tables, *, block_size, causal, scale, cfg)
     dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)
     if q.numel() == 0:
         return q.new_empty(q.shape), dk, dv
+    chunk = _ds_chunk(q, k, tables, block_size) if cfg.store_ds and seqlens is None else 0
+    if cfg.store_ds and not chunk:
+        cfg = replace(cfg, store_ds=False)  # ragged lengths, or one head's scratch too large: dS recomputed
+    ds = q.new_empty(chunk * _ds_unit(q, k, tables, block_size)) if chunk else None
     # float32 (zeroed by the launch) that the dk/dv programs add into, or the dq programs' output
     dq = q.new_empty(q.shape, dtype=torch.float32 if cfg.atomic_dq else q.dtype)
     delta = lse.new_empty(lse.shape)
     tma = cfg.tma and tma_ok(q, k, v, o, do)
     key = ("bwd", q.shape, q.stride(), k.shape, k.stride(), v.stride(), o.stride(), do.stride(), q.dtype, q.device,
            id(tables), seqlens is None, block_size, causal, scale, cfg, tma)
-    tensors = [q, k, v, o, do, dq, dk, dv, lse, delta, seqlens]
+    tensors = [q, k, v, o, do, dq, dk, dv, lse, delta, seqlens, ds]
     for run in runners(key, q.device, cfg, lambda: bwd_launches(q, k, v, o, do, seqlens is not None, tables,
                                                                 block_size=block_size, causal=causal, scale=scale,
                                                                 cfg=cfg, tma=tma)):
         run(tensors)
     return (dq.to(q.dtype) if cfg.atomic_dq else dq), dk, dv
+
+
+def _ds_unit(q, k, tables, block_size):
+    """Elements of the ``dS`` scratch per key/value head (of a batch element): a block per column
+    entry of the largest layout head, for each query head it serves."""
+    return (q.shape[1] // k.shape[1]) * tables.span * block_size * block_size
+
+
+def _ds_chunk(q, k, tables, block_size):
+    """Key/value heads (batch x head) whose ``dS`` a ``store_ds`` backward holds at once: as many as
+    :data:`~blocksparse.ops.attention.configs.DS_SCRATCH_MAX_BYTES` allows, all where they fit (0:
+    not even one, or no block attended)."""
+    unit = _ds_unit(q, k, tables, block_size) * q.element_size()
+    return min(k.shape[0] * k.shape[1], configs.DS_SCRATCH_MAX_BYTES // unit) if unit else 0
 
 
 def runners(key, device, cfg, describe):
@@ -133,8 +152,9 @@ def fwd_launch(q, k, v, has_seqlens, tables, *, block_size, causal, scale, cfg, 
 
 def bwd_launches(q, k, v, o, do, has_seqlens, tables, *, block_size, causal, scale, cfg, tma):
     """The backward's launches, in order (call tensors ``(q, k, v, o, do, dq, dk, dv, lse, delta,
-    seqlens)``; ``dq``, ``dk``, ``dv`` contiguous): a delta pass first where the config runs one,
-    then one or two launches of :func:`attn_bwd_kernel` (:func:`~blocksparse.ops.attention.aot.backward_launches`)."""
+    seqlens, ds)``; ``dq``, ``dk``, ``dv`` contiguous; ``ds`` the ``store_ds`` scratch): a delta pass
+    first where the config runs one, then one or two launches of :func:`attn_bwd_kernel`
+    (:func:`~blocksparse.ops.attention.aot.backward_launches`)."""
     B, HQ, S, D = q.shape
     HK = k.shape[1]
     rows, cols = tables.rows, tables.cols
@@ -151,11 +171,12 @@ def bwd_launches(q, k, v, o, do, has_seqlens, tables, *, block_size, causal, sca
                 LSE=Operand(LSE, torch.float32), DELTA=Operand(DELTA, torch.float32),
                 SEQLENS=Operand(SEQLENS, torch.int32) if has_seqlens else rows.order,
                 COL_HEADERS=cols.headers, COL_ENTRIES=cols.entries, COL_ORDER=cols.order,
-                ROW_HEADERS=rows.headers, ROW_ENTRIES=rows.entries, ROW_ORDER=rows.order, MASKS=tables.masks,
+                ROW_HEADERS=rows.headers, ROW_ENTRIES=rows.entries, ROW_ORDER=rows.order, ROW_PAIRS=tables.pairs,
+                MASKS=tables.masks, DS=Operand(DS if cfg.store_ds else Q, t),
                 **_strides(("q", q.stride()), ("k", k.stride()), ("v", v.stride()), ("o", o.stride()),
                            ("do", do.stride()), ("dk", kv_out), ("dv", kv_out), ("dq", q_out)),
-                S=S, HQ=HQ, HL=rows.heads, NB=nb, GROUP=HQ // HK, KV_TILES=kv_tiles, KV_HEADS=B * HK,
-                Q_TILES=q_tiles, Q_HEADS=B * HQ, qk_scale=scale * LOG2E, sm_scale=scale)
+                S=S, HQ=HQ, HL=rows.heads, NB=nb, E_SPAN=tables.span, GROUP=HQ // HK, KV_TILES=kv_tiles,
+                KV_HEADS=B * HK, Q_TILES=q_tiles, Q_HEADS=B * HQ, U0=0, qk_scale=scale * LOG2E, sm_scale=scale)
     # atomics add dq into float32 (zeroed first; with TMA bulk reduce-adds of [BM1, D] tiles through a
     # descriptor), else the dq programs store its tiles
     if cfg.atomic_dq:
@@ -164,13 +185,19 @@ def bwd_launches(q, k, v, o, do, has_seqlens, tables, *, block_size, causal, sca
         args["DQ"] = _tiles(tma, t, (DQ, "DQ", q, q_out, cfg.BM2))["DQ"]
     flags = dict(BS=block_size, BM1=cfg.BM1, BN1=cfg.BN1, BM2=cfg.BM2, BN2=cfg.BN2, D=D, CAUSAL=causal,
                  HAS_SEQLENS=has_seqlens, HAS_MASKS=tables.has_masks, TMA=tma, ATOMIC_DQ=cfg.atomic_dq,
-                 PREFETCH=cfg.prefetch, HEADS_FIRST=cfg.heads_first)
+                 PREFETCH=cfg.prefetch, HEADS_FIRST=cfg.heads_first, STORE_DS=cfg.store_ds)
     kinds, delta_first = backward_launches(cfg)
     launches = [_delta_launch(q, o, do, cfg, tma)] if delta_first else []
-    for dkdv, dq_pass in kinds:
-        programs = kv_tiles * B * HK * dkdv + q_tiles * B * HQ * dq_pass
-        launches.append(KernelLaunch(attn_bwd_kernel, (programs,), args, dict(flags, DKDV=dkdv, DQ_PASS=dq_pass),
-                                     cfg.num_warps, cfg.num_stages, zero=(DQ,) if cfg.atomic_dq else ()))
+    units = B * HK
+    # with store_ds the scratch holds the dS of `chunk` key/value heads: their two launches in turn
+    chunk = _ds_chunk(q, k, tables, block_size) if cfg.store_ds else units
+    for u0 in range(0, units, chunk):
+        n = min(chunk, units - u0)
+        part = dict(args, KV_HEADS=n, Q_HEADS=n * (HQ // HK), U0=u0)
+        for dkdv, dq_pass in kinds:
+            programs = kv_tiles * n * dkdv + q_tiles * n * (HQ // HK) * dq_pass
+            launches.append(KernelLaunch(attn_bwd_kernel, (programs,), part, dict(flags, DKDV=dkdv, DQ_PASS=dq_pass),
+                                         cfg.num_warps, cfg.num_stages, zero=(DQ,) if cfg.atomic_dq else ()))
     return launches
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ...ops.attention.blocklist import block_lists
+from ...ops.attention.blocklist import block_lists, pair_index
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,8 @@ class DeviceTables:
 
     rows: DeviceList
     cols: DeviceList
+    pairs: torch.Tensor      # int32 (E,): each row entry's index among the column entries
+    span: int                # the most column entries of one layout head
     masks: torch.Tensor      # uint8 (P, BS, BS); one dummy byte without element masks
     has_masks: bool
 
@@ -82,6 +84,7 @@ class LayoutState:
             masks = self.masks if has_masks else np.zeros((1,), np.uint8)
             self._device[key] = DeviceTables(
                 _device_list(rows, device), _device_list(cols, device),
+                torch.from_numpy(np.array(pair_index(rows, cols))).to(device), _span(cols),
                 torch.from_numpy(np.array(masks, dtype=np.uint8)).to(device), has_masks)
         return self._device[key]
 
@@ -102,6 +105,11 @@ class LayoutState:
                 dense &= torch.ones(dense.shape[1:], dtype=torch.bool, device=device).tril()
             self._device[key] = dense
         return self._device[key]
+
+
+def _span(lists):
+    count = lists.headers[:, 1].astype(np.int64) + lists.headers[:, 2]
+    return int(count.reshape(lists.heads, lists.blocks).sum(axis=1).max(initial=0))
 
 
 def _device_list(lists, device):

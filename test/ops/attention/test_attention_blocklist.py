@@ -7,7 +7,7 @@ import pytest
 
 from blocksparse.layouts import attention as layouts
 from blocksparse.ops.attention import blocklist
-from blocksparse.ops.attention.blocklist import block_lists
+from blocksparse.ops.attention.blocklist import block_lists, pair_index
 
 
 def _expected(layout, causal, mask_index):
@@ -71,6 +71,27 @@ def test_tables_list_every_block(rng, heads, nb, density, masks, causal):
     want_rows, want_cols = _expected(layout, causal, mask_index)
     assert _walk(rows) == want_rows
     assert _walk(cols) == want_cols
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("heads, nb, density", [(1, 7, 0.4), (3, 6, 0.5), (2, 9, 0.2), (2, 4, 0.0)])
+def test_pair_index_finds_each_row_entry_among_the_columns(rng, heads, nb, density, causal):
+    layout = rng.random((heads, nb, nb)) < density
+    rows, cols = block_lists(layout, causal)
+    pairs = pair_index(rows, cols)
+    assert pairs.dtype == np.int32 and pairs.shape == (rows.entries.shape[0],)
+    assert sorted(pairs.tolist()) == list(range(cols.entries.shape[0]))      # a permutation
+    col_of = {}  # column entry index -> (head, query block, key block), from the column lists
+    for h in range(heads):
+        for j in range(nb):
+            start, n_full, n_part = cols.headers[h * nb + j]
+            for e in range(start, start + n_full + n_part):
+                col_of[e] = (h, int(cols.entries[e, 0]), j)
+    for h in range(heads):
+        for i in range(nb):
+            start, n_full, n_part = rows.headers[h * nb + i]
+            for e in range(start, start + n_full + n_part):
+                assert col_of[int(pairs[e])] == (h, i, int(rows.entries[e, 0]))
 
 
 def test_causal_diagonal_is_the_only_partial_block():

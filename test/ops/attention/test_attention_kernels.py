@@ -34,6 +34,11 @@ CASES = {
                        BwdConfig(BM1=16, BN1=32, BM2=32, BN2=16, tma=True, fused=True, heads_first=True)),
     "bs16-fused-ptr-prefetch": (16, FwdConfig(BM=16, BN=16, tma=False),
                                 BwdConfig(BM1=16, BN1=16, BM2=16, BN2=16, tma=False, fused=True, prefetch=True)),
+    # dS written by the dk/dv programs, dq summed from it: query steps and key steps within blocks
+    "bs32-ds-tma": (32, FwdConfig(BM=32, BN=16), BwdConfig(BM1=16, BN1=32, BM2=32, BN2=16, store_ds=True)),
+    "bs32-ds-ptr-prefetch-hf": (32, FwdConfig(BM=16, BN=32, tma=False),
+                                BwdConfig(BM1=32, BN1=16, BM2=16, BN2=32, tma=False, store_ds=True, prefetch=True,
+                                          heads_first=True)),
 }
 
 
@@ -82,7 +87,8 @@ def test_configs(rng, case, causal):
 
 
 @pytest.mark.parametrize("case", ["bs32-ksteps-tma", "bs32-qtiles-ptr", "bs16-ws-atomic", "bs32-ksteps-tma-prefetch",
-                                  "bs16-ptr-atomic-prefetch", "bs32-fused-tma", "bs16-fused-ptr-prefetch"])
+                                  "bs16-ptr-atomic-prefetch", "bs32-fused-tma", "bs16-fused-ptr-prefetch",
+                                  "bs32-ds-tma"])
 def test_ragged_gqa_and_empty_rows(rng, case):
     bs = CASES[case][0]
     layout = layouts.sliding_window(64 // bs, 1)
@@ -145,3 +151,39 @@ def test_schedules_change_no_bit(rng, flag, case):
         runs.append((o, lse, *grads))
     for name, a, b in zip(("o", "lse", "dq", "dk", "dv"), *runs):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("case", ["bs32-ds-tma", "bs32-ds-ptr-prefetch-hf"])
+@pytest.mark.parametrize("per_head", [False, True], ids=["shared", "per-head"])
+@pytest.mark.parametrize("chunked", [False, True], ids=["whole", "chunked"])
+def test_store_ds_batches_and_heads(rng, monkeypatch, case, per_head, chunked):
+    """``store_ds``: every (batch element, query head) has its own dS scratch, whether its layout head
+    is shared (grouped-query heads too) or its own, all heads at once or a key/value head at a time;
+    an empty query block row reads nothing."""
+    from blocksparse.torch._attention import launch
+
+    if chunked:
+        monkeypatch.setattr(launch, "_ds_chunk", lambda *args: 1)
+    bs = CASES[case][0]
+    layout = layouts.bigbird(96 // bs, 0, 1, 1, seed=int(rng.integers(1 << 30)), heads=2 if per_head else None)
+    layout[..., 1, :] = 0
+    _run(rng, case=case, layout=layout, B=2, HQ=2, HK=1, D=32, dtype=torch.bfloat16, causal=True)
+
+
+def test_store_ds_scratch_cap(rng, monkeypatch):
+    """The dS scratch stays under ``DS_SCRATCH_MAX_BYTES``: the key/value heads' launches run in chunks
+    of as many heads as fit, and where one head's does not fit, dS is recomputed (no scratch)."""
+    from blocksparse.ops.attention import configs
+    from blocksparse.torch._attention import launch
+
+    seen = []
+    real = launch.bwd_launches
+    monkeypatch.setattr(launch, "bwd_launches", lambda *a, cfg, **kw: seen.append(real(*a, cfg=cfg, **kw)) or seen[-1])
+    head = 3 * 32 * 32 * 2       # causal(2): 3 blocks of 32 x 32, 2 bytes each
+    # recomputed (dq launch, dk/dv launch); a delta pass, then chunks of 1, 2 (and 1), 3 heads
+    for cap, launches in ((head - 1, 2), (head, 7), (2 * head, 5), (3 * head, 3)):
+        monkeypatch.setattr(configs, "DS_SCRATCH_MAX_BYTES", cap)
+        _run(rng, case="bs32-ds-tma", layout=layouts.causal(2), causal=True, B=1, HQ=3, HK=3)
+        assert len(seen[-1]) == launches, cap
+        stored = [launch.constexprs["STORE_DS"] for launch in seen[-1] if "STORE_DS" in launch.constexprs]
+        assert all(stored) == (cap >= head), cap
