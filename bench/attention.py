@@ -543,6 +543,8 @@ def main():
     ints = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
     ap.add_argument("--seqs", type=ints, default=[], help="comparison: only these sequence lengths, e.g. 65536")
     ap.add_argument("--dims", type=ints, default=[], help="only these head dims, e.g. 128")
+    ap.add_argument("--store-ds", action="store_true", help="comparison: the tables' backward configs with "
+                    "store_ds (dS written by the dk/dv programs, read back by the dq launch)")
     ap.add_argument("--workers", type=int, default=12, help="parallel kernel compilation (GPU)")
     shapes = lambda text: [(n, int(s), int(b)) for n, s, b in (x.split(":") for x in text.split(",") if x)]  # noqa: E731
     ap.add_argument("--sweep-shapes", type=shapes, default=None,
@@ -552,6 +554,8 @@ def main():
         args.budget_s = float("inf") if args.cpu else 285.0
     if args.cpu:  # the interpreter: one round shows the script works
         args.rounds = 1
+    if args.store_ds:
+        configs._BWD.update({D: replace(c, store_ds=True) for D, c in configs._BWD.items()})
     t0 = time.time()
     device = "cpu" if args.cpu else "cuda"
     if not args.cpu and not torch.cuda.is_available():
@@ -560,7 +564,8 @@ def main():
     gpu = "cpu" if args.cpu else torch.cuda.get_device_name().split()[-1].lower()
     meta = dict(device="CPU (Triton interpreter)" if args.cpu else torch.cuda.get_device_name(),
                 torch=torch.__version__, triton=triton.__version__, date=time.strftime("%Y-%m-%d"),
-                mode="sweep" if args.sweep else "compare", quick=args.quick, kernels=common.launch_source())
+                mode="sweep" if args.sweep else "compare", quick=args.quick, kernels=common.launch_source(),
+                bwd_configs={D: asdict(configs.bwd_config(D, BS)) for D in HEAD_DIMS})
     os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, f"attention{'-sweep' if args.sweep else ''}-{gpu}")
 
