@@ -117,6 +117,9 @@ def _dq_program(
         b_do, delta = _delta_rows(O, DO, DELTA, i_b, i_hq, i_bh, q0, S, stride_ob, stride_oh, stride_os,
                                   stride_dob, stride_doh, stride_dos, BM, D, TMA)
     lse = _load_lse(LSE, i_bh, o_m, S)
+    if HAS_SEQLENS:  # padding rows may hold NaN / inf (q, do): zero probabilities would not stop it
+        b_q, b_do = past_zeroed(b_q, o_m, seqlen), past_zeroed(b_do, o_m, seqlen)
+        delta = tl.where(o_m < seqlen, delta, 0.0)
     b_dq = tl.zeros([BM, D], dtype=tl.float32)
     kv = (K, V, ENTRIES, MASKS)
     strides = (stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs)
