@@ -288,6 +288,8 @@ def _check_scale(scale, head_dim):
         return head_dim ** -0.5
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(f"scale must be a finite real number or None; got {scale!r}")
+    if isinstance(scale, np.generic):  # a numpy float32 would compare in float32 (max: overflow warnings)
+        scale = scale.item()
     if not -sys.float_info.max <= scale <= sys.float_info.max:  # finite (comparisons: torch.compile traces them)
         raise ValueError(f"scale must be a finite real number or None; got {scale!r}")
     return float(scale)
@@ -302,15 +304,22 @@ def _check_seqlens(seqlens, batch, device, length):
     if not isinstance(seqlens, torch.Tensor):
         raise TypeError(f"seqlens must be a torch.Tensor, a list or a numpy array of ints, or None; "
                         f"got {type(seqlens).__name__}")
-    if seqlens.dtype not in (torch.int32, torch.int64, torch.int16, torch.uint8, torch.int8):
+    if seqlens.dtype not in _SEQLEN_DTYPES:
         raise TypeError(f"seqlens must hold integers; got {seqlens.dtype}")
     if tuple(seqlens.shape) != (batch,):
         raise ValueError(f"seqlens must have shape ({batch},) (one length per batch element); "
                          f"got {tuple(seqlens.shape)}")
     if seqlens.device != device:
         raise ValueError(f"seqlens must be on q's device {device}; got {seqlens.device}")
-    # clamped to 0 .. S before the cast: lengths of 2**31 and more must not wrap around
-    return seqlens.long().clamp(0, length).to(torch.int32).contiguous()
+    # clamped to 0 .. S before the cast: lengths of 2**31 and more must not wrap around (unsigned
+    # 64-bit ones past int64 through float64, exact up to 2**53, far past any sequence)
+    wide = seqlens.double() if seqlens.dtype in _WIDE_UNSIGNED else seqlens.long()
+    return wide.clamp(0, length).to(torch.int32).contiguous()
+
+
+#: Integer dtypes of ``seqlens`` (the unsigned ones torch has beyond uint8 where it has them).
+_WIDE_UNSIGNED = tuple(getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name))
+_SEQLEN_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8) + _WIDE_UNSIGNED
 
 
 # --------------------------------------------------------------------------- raw layouts

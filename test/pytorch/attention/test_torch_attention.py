@@ -110,6 +110,23 @@ def test_nan_padding_past_the_lengths_stays_out(rng, monkeypatch, backend, dtype
             torch.testing.assert_close(got, torch.where(inside, want, 0.0), rtol=0, atol=0)
 
 
+def test_unsigned_lengths_and_numpy_scales(rng, reference):
+    """``seqlens`` of any integer dtype (unsigned 16-64-bit too, lengths past S clamped to S, a
+    uint64 past int64's range too) and a numpy float32 ``scale`` (no overflow warning from the
+    finiteness check) give what int64 lengths and a Python float give."""
+    import warnings
+
+    q, k, v, _ = _inputs(rng, 2, 2, 2, 64, 16, "float32")
+    layout = layouts.sliding_window(4, 1)
+    want = attention(q, k, v, layout, block_size=16, seqlens=torch.tensor([37, 64]), scale=0.3)
+    for dtype in (d for d in ("uint16", "uint32", "uint64") if hasattr(torch, d)):
+        lens = torch.tensor([37, 64 if dtype != "uint64" else 2 ** 63], dtype=getattr(torch, dtype))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = attention(q, k, v, layout, block_size=16, seqlens=lens, scale=np.float32(0.3))
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+
+
 def test_reference_from_mask(rng, reference):
     dense = rng.random((2, 64, 64)) < 0.2
     dense[1, 7] = False
