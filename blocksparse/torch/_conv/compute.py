@@ -123,6 +123,8 @@ def convolve(x, flat, edge_bias, spec, tables, path=None):
             # gradient after a convolution of batch 1 (wrong values, heap corruption)
             edges = padded.gather(1, tables.edges.expand(padded.shape[0], -1))
             y = y.to(add) + edges.view(1, spec.blocks.K, *spec.geometry.MPQ)
+        elif edge_bias is not None and edge_bias.requires_grad:
+            y = y + edge_bias.sum().to(y.dtype)  # no edge pattern: adds 0, and an empty (K, 0) gradient
     return y.to(dtype)
 
 

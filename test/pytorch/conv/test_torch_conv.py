@@ -459,3 +459,21 @@ def test_compiled_edge_bias_at_batch_one(rng, kind):
     y_ref, _, dF_ref, deb_ref = conv_products(ref, F, x, dy, eb)
     for got, want in zip((y, Ft.grad, et.grad), (y_ref, dF_ref, deb_ref)):
         assert rel_error(got, want) < 1e-5
+
+
+@pytest.mark.parametrize("padding", ["VALID", 0])
+def test_edge_bias_without_edge_patterns_gets_an_empty_gradient(rng, padding):
+    """A convolution without padding has no edge pattern: its ``(K, 0)`` edge bias adds nothing and
+    still gets a gradient (an empty one, as TensorFlow gives), so every parameter of the layer does."""
+    from blocksparse.torch import BlocksparseConvLayer
+
+    layer = BlocksparseConvLayer([(range(0, 4), range(0, 4))], TRS=(3, 3), DHW=(5, 5), padding=padding,
+                                 edge_bias=True)
+    assert tuple(layer.edge_bias.shape) == (4, 0)
+    x = torch.from_numpy(rng.standard_normal((2, 4, 5, 5))).float()
+    y = layer(x)
+    y.sum().backward()
+    assert layer.edge_bias.grad is not None and tuple(layer.edge_bias.grad.shape) == (4, 0)
+    w = layer.weight.detach()[0]
+    want = torch.nn.functional.conv2d(x.double(), w.double())
+    torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=1e-5)
