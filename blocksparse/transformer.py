@@ -70,6 +70,8 @@ class BlocksparseTransformer(TransformerBase):
     def _softmax(self, x, scale, autoregress_at_key, dtype, masked):
         scale, scale_grad = arguments.scale(scale)
         autoregress_at_key = arguments.autoregress_at_key(autoregress_at_key)
+        if autoregress_at_key is not None:  # NaN where XLA drops its assertion: a negative one never runs silently
+            scale = tf.where(autoregress_at_key >= 0, scale, float("nan"))
         with tf.name_scope(self.name + "_softmax"):
             x = arguments.scores(self, x, "x")
             dtype = x.dtype if dtype is None else float_dtype(dtype, "dtype")

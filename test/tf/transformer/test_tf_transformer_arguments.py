@@ -103,3 +103,17 @@ def test_what_the_softmax_drops_never_reaches_the_scale_gradient(rng, dropped):
     dy = 2 * p
     dz = p * (dy - (dy * p).sum(1, keepdims=True))
     assert rel_error(ds1.numpy(), (dz * x64).sum()) < 1e-5
+
+
+def test_negative_autoregress_at_key_never_runs_silently(bst, rng):
+    """Refused when the graph runs; under XLA (which compiles the assertion to nothing) NaN."""
+    x = tf.constant(rng.standard_normal((1, 2, 3, 8, 8)), tf.float32)
+    for jit in (False, True):
+        f = tf.function(lambda x, a: bst.masked_softmax(x, autoregress_at_key=a), jit_compile=jit,
+                        input_signature=[S([None] * 5), S([], tf.int32)])
+        np.testing.assert_allclose(f(x, tf.constant(3)), bst.masked_softmax(x, autoregress_at_key=3), rtol=1e-6)
+        if jit:
+            assert np.isnan(f(x, tf.constant(-1)).numpy()).all()
+        else:
+            with pytest.raises(tf.errors.InvalidArgumentError, match="autoregress_at_key must be >= 0"):
+                f(x, tf.constant(-1))
