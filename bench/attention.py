@@ -561,7 +561,7 @@ def main():
     if not args.cpu and not torch.cuda.is_available():
         sys.exit("no CUDA GPU: run with --cpu (interpreter) or on a GPU machine")
     import triton
-    gpu = "cpu" if args.cpu else torch.cuda.get_device_name().split()[-1].lower()
+    gpu = "cpu" if args.cpu else common.gpu_tag()
     meta = dict(device="CPU (Triton interpreter)" if args.cpu else torch.cuda.get_device_name(),
                 torch=torch.__version__, triton=triton.__version__, date=time.strftime("%Y-%m-%d"),
                 mode="sweep" if args.sweep else "compare", quick=args.quick, kernels=common.launch_source(),

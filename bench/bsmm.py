@@ -537,7 +537,8 @@ def main():
         meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                     date=time.strftime("%Y-%m-%d"), hbm_gbs=hbm, l2_gbs=l2, C=C, K=K, dtypes=dtypes,
                     rounds=args.rounds, run=run)
-        stem = ("bsmm-h200" if run == 1 else f"bsmm-h200-run{run}") + subset
+        base = f"bsmm-{common.gpu_tag()}"  # bsmm-h200 on the H200
+        stem = (base if run == 1 else f"{base}-run{run}") + subset
 
         def save(rows, meta=meta, stem=stem):
             save_run(args.out, stem, meta, rows)
