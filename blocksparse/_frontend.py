@@ -46,17 +46,21 @@ class LayoutShapes:
         """``I`` times the layout's dense matrix (``W``'s blocks, each times ``gate[block]`` if given):
         ``(N, K)`` for ``feature_axis=1``, ``(K, N)`` for 0."""
         dense = self._dense_test(W, gate)
-        return _as64(I, "I") @ dense if self.axis else dense.T @ _as64(I, "I")
+        I = self._activations(I, "I", self.layout.C)
+        return I @ dense if self.axis else dense.T @ I
 
     def bprop_test(self, E, W, gate=None):
         """The input gradient of :meth:`fprop_test` for output gradient ``E``."""
         dense = self._dense_test(W, gate)
-        return _as64(E, "E") @ dense.T if self.axis else dense @ _as64(E, "E")
+        E = self._activations(E, "E", self.layout.K)
+        return E @ dense.T if self.axis else dense @ E
 
     def updat_test(self, I, E, gate=None, dw_gated=False):
         """The weight gradient for input ``I`` and output gradient ``E``, packed (``w_shape``); with
         ``dw_gated``, each block's times ``gate[block]``."""
-        I, E = _as64(I, "I"), _as64(E, "E")
+        I, E = self._activations(I, "I", self.layout.C), self._activations(E, "E", self.layout.K)
+        if I.shape[1 - self.axis] != E.shape[1 - self.axis]:
+            raise ValueError(f"I and E must have the same minibatch; got shapes {I.shape} and {E.shape}")
         dw = self.layout.pack(I.T @ E if self.axis else I @ E.T)
         return dw * self._gate(gate)[:, None, None] if dw_gated and gate is not None else dw
 
@@ -74,7 +78,17 @@ class LayoutShapes:
 
     def _dense_test(self, W, gate):
         W = _as64(W, "W")
+        if W.shape != tuple(self.layout.w_shape):
+            raise ValueError(f"W must have shape {tuple(self.layout.w_shape)} (blocks, bs, bs); got {W.shape}")
         return self.layout.dense(W if gate is None else W * self._gate(gate)[:, None, None])
+
+    def _activations(self, a, name, size):
+        """Activations ``a`` as float64, checked to be ``(N, size)`` (``(size, N)`` on feature axis 0)."""
+        a = _as64(a, name)
+        if a.ndim != 2 or a.shape[self.axis] != size:
+            want = f"(N, {size})" if self.axis else f"({size}, N)"
+            raise ValueError(f"{name} must have shape {want} (feature_axis={self.axis}); got {a.shape}")
+        return a
 
 
 def _as64(a, name):

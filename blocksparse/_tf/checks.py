@@ -170,8 +170,18 @@ def check_shape(tensor, expected, name, *, rank_hint=""):
             e is None or d is not None for d, e in zip(tensor.shape.as_list(), expected)):
         return checked(tensor, assertions)
     with tf.control_dependencies(assertions):  # its error names the argument: "Shape of tensor <name> ..."
-        out = tf.identity(tensor, name=node_name(name))
+        out = _named(tensor, node_name(name))
     return tf.ensure_shape(out, list(expected))
+
+
+def _named(tensor, name):
+    """``tensor`` through an op named ``name`` that Grappler keeps (a Snapshot: an Identity is
+    removed, and errors about it then name the caller's tensor), with the identity's gradient."""
+    @tf.custom_gradient
+    def snapshot(t):
+        return tf.raw_ops.Snapshot(input=t, name=name), lambda dy: dy
+
+    return snapshot(tensor)
 
 
 def node_name(text):

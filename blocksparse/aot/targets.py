@@ -110,15 +110,19 @@ def spec_rank(spec, arch):
 def parse_gpu(arch):
     """A GPU's compute capability as ``10 * major + minor``: from ``100``, ``"sm_100"``, ``"10.0"``
     or ``(10, 0)``."""
-    if isinstance(arch, tuple) and len(arch) == 2 and all(isinstance(v, int) and v >= 0 for v in arch):
+    expected = "a compute capability like 100, 'sm_100', '10.0' or (10, 0)"
+    if isinstance(arch, bool) or not isinstance(arch, (int, str, tuple)):
+        raise TypeError(f"arch must be {expected}; got {arch!r} of type {type(arch).__name__}")
+    if isinstance(arch, tuple) and len(arch) == 2 and all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 99 for v in arch) and 0 <= arch[1] <= 9:
         return 10 * arch[0] + arch[1]
-    if isinstance(arch, int) and not isinstance(arch, bool) and arch > 0:
+    if isinstance(arch, int) and 10 <= arch <= 999:  # what "sm_NN" / "sm_NNN" can name
         return arch
     if isinstance(arch, str):
         match = re.fullmatch(r"sm_(\d{2,3})a?|(\d{1,2})\.(\d)", arch.strip())
         if match:
             return int(match.group(1)) if match.group(1) else 10 * int(match.group(2)) + int(match.group(3))
-    raise ValueError(f"arch must be a compute capability like 100, 'sm_100', '10.0' or (10, 0); got {arch!r}")
+    raise ValueError(f"arch must be {expected}; got {arch!r}")
 
 
 def target_of(spec):

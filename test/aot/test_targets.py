@@ -198,11 +198,18 @@ def test_parse_gpu(arch, want):
     assert parse_gpu(arch) == want
 
 
-@pytest.mark.parametrize("arch", [0, -90, True, "ten", "compute_80", (10,), (10.0, 0), 9.0, None],
-                         ids=["zero", "negative", "bool", "word", "ptx", "short-tuple", "float-tuple", "float",
-                              "none"])
+@pytest.mark.parametrize("arch", [0, -90, 1000, 5, "ten", "compute_80", "sm_1000", (10,), (10.0, 0), (10, 10),
+                                  (True, 0)],
+                         ids=["zero", "negative", "four-digits", "one-digit", "word", "ptx", "sm-four-digits",
+                              "short-tuple", "float-tuple", "minor-10", "bool-tuple"])
 def test_parse_gpu_refuses(arch):
     with pytest.raises(ValueError, match="arch must be a compute capability like 100"):
+        parse_gpu(arch)
+
+
+@pytest.mark.parametrize("arch", [True, 9.0, None, [9, 0]], ids=["bool", "float", "none", "list"])
+def test_parse_gpu_refuses_other_types(arch):
+    with pytest.raises(TypeError, match="arch must be a compute capability like 100"):
         parse_gpu(arch)
 
 

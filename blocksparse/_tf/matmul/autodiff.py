@@ -14,7 +14,7 @@ from ...layout import Layout
 from .. import tf
 from .products import Products
 
-__all__ = ["DW_OP_NAME", "DX_OP_NAME", "UpdatRecord", "matmul", "updat_record"]
+__all__ = ["DW_OP_NAME", "DX_OP_NAME", "UpdatRecord", "mark_updat", "matmul", "updat_record"]
 
 #: Name (last path component, before TensorFlow's uniquifying suffix) of every dW product.
 DW_OP_NAME = "BlocksparseMatmulDW"
@@ -44,7 +44,8 @@ def updat_record(op):
     return getattr(op.graph, _REGISTRY, {}).get(op.name)
 
 
-def _mark_updat(dw, record):
+def mark_updat(dw, record):
+    """``dw`` named as a dW product (:data:`DW_OP_NAME`), with ``record`` kept for :func:`updat_record`."""
     if tf.executing_eagerly():  # nothing to rewrite later: no graph
         return dw
     dw = tf.identity(dw, name=DW_OP_NAME)
@@ -98,7 +99,7 @@ def matmul(x, w, layout, axis, dw_dtype, products):
             w_b = _with_grad_in(w, dw_dtype) if cast_grad and w_bprop is w else w_bprop
             dx = _mark_dx(products.bprop(dy, w_b, layout, axis))
             dw = products.updat(x, dy, layout, axis, dw_dtype)
-            return dx, _mark_updat(dw, UpdatRecord(x, dy, layout, axis, dw_dtype, products))
+            return dx, mark_updat(dw, UpdatRecord(x, dy, layout, axis, dw_dtype, products))
 
         return y, grad
 

@@ -11,8 +11,10 @@ on top of it and on top of each product, and nested sums inside it).  Products g
 inputs (``gate_gradients``) stay: they run anyway.  A sum buried deeper -- e.g. under the gradient of
 ``l2_normalize`` -- is left as it is, which is still the correct gradient.
 """
+from dataclasses import replace
+
 from .. import tf
-from .autodiff import updat_record
+from .autodiff import mark_updat, updat_record
 
 __all__ = ["group_param_grads"]
 
@@ -55,7 +57,9 @@ def _merged(dws, group_size):
         n_axis = 1 - first.axis  # the minibatch axis
         x = tf.concat([r.x for r in records], axis=n_axis)
         dy = tf.concat([r.dy for r in records], axis=n_axis)
-        parts.append(first.products.updat(x, dy, first.layout, first.axis, first.dw_dtype))
+        merged = first.products.updat(x, dy, first.layout, first.axis, first.dw_dtype)
+        # named and recorded as any dW product: get_parents finds it, a later grouping merges it again
+        parts.append(mark_updat(merged, replace(first, x=x, dy=dy)))
     return parts
 
 

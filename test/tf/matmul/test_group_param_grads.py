@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from blocksparse.matmul import BlocksparseMatMul, group_param_grads
+from blocksparse.matmul import BlocksparseMatMul, get_parents, group_param_grads
 from blocksparse.testing import rel_error
 from blocksparse.testing.matmul import random_layout
 
@@ -27,7 +27,8 @@ def count_products(tensor):
     """(updat matmuls, original per-use dW ops) that ``tensor`` is computed from."""
     ops = ancestors(tensor)
     matmuls = sum(op.type.startswith("BatchMatMul") for op in ops)
-    originals = sum(op.name.split("/")[-1].startswith("BlocksparseMatmulDW") for op in ops)
+    originals = sum(op.name.split("/")[-1].startswith("BlocksparseMatmulDW") and "group_param_grads" not in op.name
+                    for op in ops)  # (merged products are named as dW products too, in the grouping's scope)
     return matmuls, originals
 
 
@@ -215,9 +216,15 @@ def test_eager_returns_the_value(rng, dw_dtype):
     assert rel_error(out.numpy(), ref) < (1e-5 if dw_dtype == tf.float32 else 2e-3)
 
 
-@pytest.mark.parametrize("group_size", [0, 9, -1, 2.5, "8", True, None])
+@pytest.mark.parametrize("group_size", [0, 9, -1])
 def test_bad_group_size(group_size):
-    with pytest.raises(ValueError, match="group_size must be an int in 1..8"):
+    with pytest.raises(ValueError, match="group_size must be in 1..8"):
+        group_param_grads(tf.ones(3), group_size=group_size)
+
+
+@pytest.mark.parametrize("group_size", [2.5, "8", True, None])
+def test_group_size_of_another_type(group_size):
+    with pytest.raises(TypeError, match="group_size must be an int"):
         group_param_grads(tf.ones(3), group_size=group_size)
 
 
@@ -270,3 +277,24 @@ def test_products_under_their_own_identity_or_cast(rng, wrap):
             want, got = sess.run([grad, grouped])
     assert got.dtype == want.dtype == np.float32
     assert rel_error(got, want) < (2e-3 if wrap == "cast_per_use" else 1e-5)
+
+
+def test_merged_products_are_dw_products_too(rng):
+    """``get_parents`` finds the merged products as it found the ones they replace, and grouping
+    the grouped gradient again merges them further, to the same sum."""
+    graph = tf.Graph()
+    with graph.as_default():
+        bsmm = BlocksparseMatMul(np.array([[1, 0], [1, 1]]), block_size=8)
+        w = tf.constant(rng.standard_normal(bsmm.w_shape).astype(np.float32))
+        xs = [tf.constant(rng.standard_normal((3, 16)).astype(np.float32)) for _ in range(4)]
+        loss = tf.add_n([tf.reduce_sum(bsmm(x, w) ** 2) for x in xs])
+        dw = tf.gradients(loss, w)[0]
+        twice = group_param_grads(dw, group_size=2)
+        once = group_param_grads(twice, group_size=2)
+        found = (len(get_parents(dw, "BlocksparseMatmulDW")), len(get_parents(twice, "BlocksparseMatmulDW")),
+                 len(get_parents(once, "BlocksparseMatmulDW")))
+        with tf.compat.v1.Session(graph=graph) as sess:
+            values = sess.run([dw, twice, once])
+    assert found == (4, 2, 1)
+    np.testing.assert_allclose(values[1], values[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(values[2], values[0], rtol=1e-5, atol=1e-5)

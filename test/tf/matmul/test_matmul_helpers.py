@@ -193,3 +193,12 @@ def test_numpy_test_helpers(rng, axis, z_order):
         np.testing.assert_allclose(normed[b], W[b] / np.sqrt(norms[k * 8:(k + 1) * 8]), rtol=1e-12)
     with pytest.raises(ValueError, match="gate must hold one value per block"):
         bsmm.fprop_test(I, W, gate=gate[:-1])
+    # activations of the wrong size or rank, a wrong W, different minibatches: named, never broadcast
+    wide = rng.standard_normal(bsmm.i_shape(5)[:axis] + (bsmm.C + 1,) + bsmm.i_shape(5)[axis + 1:])
+    for call, name in ((lambda: bsmm.fprop_test(wide, W), "I"), (lambda: bsmm.fprop_test(I[None], W), "I"),
+                       (lambda: bsmm.bprop_test(I if bsmm.C != bsmm.K else E[None], W), "E"),
+                       (lambda: bsmm.updat_test(wide, E), "I"), (lambda: bsmm.fprop_test(I, W[1:]), "W")):
+        with pytest.raises(ValueError, match=f"^{name} must have shape"):
+            call()
+    with pytest.raises(ValueError, match="I and E must have the same minibatch"):
+        bsmm.updat_test(I, rng.standard_normal(bsmm.o_shape(4)))
