@@ -262,7 +262,10 @@ def group_param_grads(param_grad, group_size=8, cast32=True):
     tf.Tensor
         A gradient equal to ``param_grad`` (up to float rounding of the regrouped sums).
     """
-    group_size = _check_int(group_size, "group_size", 1, 8)
+    # ValueError for any value outside 1..8, of any type, as before (callers catch that)
+    if isinstance(group_size, bool) or not isinstance(group_size, numbers.Integral) \
+            or not 1 <= group_size <= 8:
+        raise ValueError(f"group_size must be an int in 1..8; got {group_size!r}")
     check_bool(cast32, "cast32")
     if not isinstance(param_grad, tf.Tensor):
         raise TypeError(f"param_grad must be a dense tf.Tensor (the gradient of a block-sparse "

@@ -111,8 +111,8 @@ def parse_gpu(arch):
     """A GPU's compute capability as ``10 * major + minor``: from ``100``, ``"sm_100"``, ``"10.0"``
     or ``(10, 0)``."""
     expected = "a compute capability like 100, 'sm_100', '10.0' or (10, 0)"
-    if isinstance(arch, bool) or not isinstance(arch, (int, str, tuple)):
-        raise TypeError(f"arch must be {expected}; got {arch!r} of type {type(arch).__name__}")
+    if isinstance(arch, bool) or not isinstance(arch, (int, str, tuple)):  # ValueError, as for any bad value
+        raise ValueError(f"arch must be {expected}; got {arch!r} of type {type(arch).__name__}")
     if isinstance(arch, tuple) and len(arch) == 2 and all(
             isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 99 for v in arch) and 0 <= arch[1] <= 9:
         return 10 * arch[0] + arch[1]

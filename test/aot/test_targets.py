@@ -209,7 +209,7 @@ def test_parse_gpu_refuses(arch):
 
 @pytest.mark.parametrize("arch", [True, 9.0, None, [9, 0]], ids=["bool", "float", "none", "list"])
 def test_parse_gpu_refuses_other_types(arch):
-    with pytest.raises(TypeError, match="arch must be a compute capability like 100"):
+    with pytest.raises(ValueError, match="arch must be a compute capability like 100"):
         parse_gpu(arch)
 
 
