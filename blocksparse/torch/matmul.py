@@ -12,6 +12,7 @@ from ._backend import autocast_dtype_of
 from ._matmul import ops as _ops
 from ._matmul import plan as _plan
 from ._portable.dispatch import Dispatched, LinearDispatch, check_input, for_layout, uniform_fan_in_
+from ._state import LayoutState
 
 _BSMM_IMPLS = ("kernels", "reference")  # the implementations that run through BlocksparseMatMul
 
@@ -122,7 +123,7 @@ class BlocksparseMatMul(LayoutShapes):
         raise ValueError(f"x and w must be on one device; got {x.device} and {w.device}")
 
 
-class BlocksparseLinear(Dispatched, nn.Module):
+class BlocksparseLinear(LayoutState, Dispatched, nn.Module):
     """A linear layer ``y = x @ W + bias`` with a block-sparse weight.
 
     Parameters

@@ -12,11 +12,12 @@ from ..layout import Layout
 from ..layouts.butterfly import butterfly_layout, default_butterfly_size
 from . import _checks
 from ._portable.dispatch import Dispatched, check_input, for_layout, uniform_fan_in_
+from ._state import LayoutState
 
 __all__ = ["PixelflyLinear"]
 
 
-class PixelflyLinear(Dispatched, nn.Module):
+class PixelflyLinear(LayoutState, Dispatched, nn.Module):
     """``y = x @ W + (x @ first.T) @ second.T + bias`` with ``W`` a flat block butterfly (pixelfly).
 
     Parameters
