@@ -8,10 +8,13 @@
 
 Runs on Keras's TensorFlow backend (through :class:`blocksparse.matmul.BlocksparseMatMul`) and
 its torch backend (through :class:`blocksparse.torch.BlocksparseMatMul`); the JAX backend is not
-supported.  Serialisable (``get_config``, ``.keras`` files), trainable with ``model.fit``.
+supported.  Serialisable (``get_config``, ``.keras`` files), trainable with ``model.fit``.  Saved weights
+hold the block structure: loading them into a layer of another layout with as many blocks raises
+``ValueError`` (:mod:`blocksparse._blockstate`).
 """
 import keras
 
+from ._blockstate import KerasBlockState
 from ._checks import check_bool
 from ._frontend import LayoutShapes
 from .layout import Layout
@@ -34,7 +37,7 @@ def _default_kernel_initializer(layout):
 
 
 @keras.saving.register_keras_serializable(package="blocksparse")
-class BlocksparseDense(keras.layers.Layer, LayoutShapes):
+class BlocksparseDense(KerasBlockState, keras.layers.Layer, LayoutShapes):
     """``y = activation(x @ W + bias)`` with ``W`` of shape ``(C, K)`` made of ``bs x bs`` blocks.
 
     Parameters

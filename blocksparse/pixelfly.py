@@ -13,6 +13,7 @@ TensorShape([3, 64])
 import keras
 import numpy as np
 
+from ._blockstate import KerasBlockState
 from ._checks import check_bool, check_int
 from ._initializers import fan_in_bounds
 from ._tf import tf
@@ -44,7 +45,7 @@ class _FanInUniform(keras.initializers.Initializer):
 
 
 @keras.saving.register_keras_serializable(package="blocksparse")
-class PixelflyDense(keras.layers.Layer):
+class PixelflyDense(KerasBlockState, keras.layers.Layer):
     """``y = x @ W + (x @ lowrank_in) @ lowrank_out + bias`` with ``W`` a flat block butterfly.
 
     Parameters

@@ -10,7 +10,7 @@ from .._checks import check_bool, check_epsilon
 from ..ops.conv import ConvShapes
 from ._checks import autocast, float_dtype, floating_tensor, real
 from ._live import LiveState, field
-from ._state import BlockState, conv_signature
+from ._state import ConvState
 from ._conv import compute as _compute
 from ._conv import tables as _tables
 
@@ -182,7 +182,7 @@ class BlocksparseDeconv(BlocksparseConv):
     _transposed = True
 
 
-class BlocksparseConvLayer(BlockState, nn.Module):
+class BlocksparseConvLayer(ConvState, nn.Module):
     """An ``nn.Module`` holding a block-sparse (transposed) convolution's filter and edge bias.
 
     Parameters are those of :class:`BlocksparseConv` (``path`` included) plus ``transposed`` (a
@@ -220,9 +220,6 @@ class BlocksparseConvLayer(BlockState, nn.Module):
 
     def forward(self, x):
         return self.conv(self.weight, x, self.edge_bias)
-
-    def _block_signature(self):
-        return conv_signature(self.conv.spec.blocks)
 
     def extra_repr(self):
         c = self.conv
