@@ -170,7 +170,8 @@ class BlocksparseConv(ConvShapes):
         F : tensor, shape ``f_shape()`` (or ``[size]``), or a list of ``f_shape(b)``
             The filter.
         gain : tensor, shape ``(K,)``, optional
-            Scale of output channel ``k``, applied to every block's normalised filter of ``k``
+            Any float dtype (numpy arrays and float64 tensors are converted to float32).  Scale of
+            output channel ``k``, applied to every block's normalised filter of ``k``
             (the original indexed it by block row order: the same for blocks listed in channel
             order that do not share output channels).
         epsilon : float
@@ -190,8 +191,7 @@ class BlocksparseConv(ConvShapes):
         dtype = checks.float_dtype(dtype, "dtype")
         with tf.name_scope(type(self).__name__ + "_l2_normalize"):
             if gain is not None:
-                gain = checks.float_tensor(gain, "gain")
-                gain = checks.check_shape(gain, (self.K,), "gain", rank_hint=" = (K,)")
+                gain = ewargs.channel_vector(gain, self.K, "gain", "K, the output channels")
             out = params.l2_normalize(flat, gain, self.spec, epsilon, dtype)
         if form == "stacked":
             return tf.reshape(out, self.f_shape())

@@ -187,12 +187,29 @@ def test_l2_normalize_forms_and_dtype(rng):
     assert stacked.dtype == tf.float16 and rel_error(as_np(stacked), want) < tolerance("fp16")
     assert isinstance(blocks, list) and rel_error(np.stack([b.numpy() for b in blocks]), want) < 1e-6
     assert flat.shape == (F.size,) and rel_error(as_np(flat), want.reshape(-1)) < tolerance("bf16")
-    with pytest.raises(ValueError, match=r"gain must have shape \(7,\) = \(K,\)"):
+    with pytest.raises(ValueError, match=r"gain must have shape \(7,\) \(K, the output channels\)"):
         op.l2_normalize(F, gain=tf.ones([op.K + 1]))
     with pytest.raises(TypeError, match="dtype must be one of"):
         op.l2_normalize(F, dtype=tf.int32)
     with pytest.raises(ValueError, match="epsilon must be a positive float32 number"):
         op.l2_normalize(np.zeros_like(F), epsilon=1e-50)  # 0 in float32: a zero filter would be NaN
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_l2_normalize_float64_gain(rng, kind):
+    """A numpy or float64 gain is a parameter computed in float32 (as the matmul's); its gradient
+    comes back in its own dtype."""
+    op, ref = build(rng, kind, "1d-same-s2")
+    F = rng.standard_normal(op.f_shape()).astype(np.float32)
+    dout = rng.standard_normal(op.f_shape())
+    gain = rng.standard_normal(op.K)
+    want, _, want_dg = l2_normalize_products(ref, F, dout, gain, 1e-6)
+    assert rel_error(op.l2_normalize(F, gain=gain).numpy(), want) < 1e-5
+    gv = tf.Variable(gain)
+    with tf.GradientTape() as tape:
+        out = op.l2_normalize(F, gain=gv)
+    dg = tape.gradient(out, gv, output_gradients=tf.cast(dout, tf.float32))
+    assert out.dtype == tf.float32 and dg.dtype == tf.float64 and rel_error(dg.numpy(), want_dg) < 1e-5
 
 
 def test_bad_inputs(rng):
