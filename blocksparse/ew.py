@@ -169,9 +169,11 @@ def float_cast(x, dtype, dx_dtype=None, name=None):
 def _keep_prob(keep_prob):
     if tensor_like(keep_prob) is not None:
         keep_prob = tf.convert_to_tensor(tensor_like(keep_prob))
-        if keep_prob.dtype != tf.float32 or keep_prob.shape.rank not in (None, 0):
-            raise TypeError(f"keep_prob must be a number or a float32 scalar tensor; got a "
+        if not keep_prob.dtype.base_dtype.is_floating or keep_prob.shape.rank not in (None, 0):
+            raise TypeError(f"keep_prob must be a number or a float scalar tensor; got a "
                             f"{keep_prob.dtype.name} tensor of shape {keep_prob.shape}")
+        # (a float32 Keras variable reads as the compute dtype under a mixed-precision policy)
+        keep_prob = tf.cast(keep_prob, tf.float32)
         if tf.executing_eagerly():
             return args.real(float(keep_prob.numpy()), "keep_prob", low=0.0, high=1.0, low_open=True)
         checks = []
@@ -196,8 +198,9 @@ def dropout(x, keep_prob=0.8, mask=None, *, seed=None, name=None):
     ----------
     x : tensor
         float32, float16 or bfloat16, any shape.
-    keep_prob : float or float32 scalar tensor
-        Probability of keeping an element, in ``(0, 1]``.
+    keep_prob : float or float scalar tensor
+        Probability of keeping an element, in ``(0, 1]``; a tensor is read as float32 (a 16-bit one,
+        e.g. a Keras variable read under a mixed-precision policy, with its rounding).
     mask : bool tensor, optional
         A mask returned by an earlier call, of the shape of ``x`` (numbers: nonzero keeps).  When
         given, no new mask is drawn and ``y`` is the same as that call's for the same ``x``.

@@ -55,6 +55,8 @@ def float_tensor(value, name):
                         f"{type(value).__name__}: {exc}") from exc
     if tensor.dtype.base_dtype not in FLOAT_DTYPES:  # base: a v1 reference tensor is fine too
         raise TypeError(f"{name} must have dtype {_FLOAT_NAMES}; got {tensor.dtype.name}")
+    if tensor.dtype != tensor.dtype.base_dtype:  # a v1 reference tensor (an assign's output): its value
+        tensor = tf.identity(tensor)
     return tensor
 
 
@@ -74,9 +76,10 @@ def parameter_tensor(value, name):
 
 
 def same_dtype(a, b, name_a, name_b):
-    if a.dtype != b.dtype:
-        raise TypeError(f"{name_a} and {name_b} must have the same dtype; got {name_a} "
-                        f"{a.dtype.name} and {name_b} {b.dtype.name}")
+    """``a`` and ``b`` of one dtype (a v1 graph's reference dtype ``float32_ref`` counts as ``float32``)."""
+    da, db = a.dtype.base_dtype, b.dtype.base_dtype
+    if da != db:
+        raise TypeError(f"{name_a} and {name_b} must have the same dtype; got {name_a} {da.name} and {name_b} {db.name}")
 
 
 def op_name(name, default):

@@ -158,7 +158,7 @@ def attention(q, k, v, layout, *, block_size=None, causal=False, scale=None, seq
         block_size = next((b for b in KERNEL_BLOCK_SIZES if block_size == b), block_size)
     # the length serves only to infer a block size (not a constant under dynamic shapes)
     handle, heads, blocks, bs, dense = prepare(layout, block_size, block_masks, S if block_size is None else None)
-    if heads not in (1, HQ):
+    if heads != 1 and heads != HQ:  # (not `in (1, HQ)`: Dynamo answers that False for a symbolic HQ)
         raise ValueError(f"layout must have 1 or {HQ} (the query heads) heads; got {heads}")
     if blocks * bs != S:
         raise ValueError(f"layout must cover the sequence: blocks * block_size = {blocks} * "

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -59,10 +60,13 @@ def layer_norm(x, g, b, axis=1, epsilon=1e-6, relu=False, *, segments=1):
     torch.Size([96, 8])
     """
     if isinstance(x, torch.Tensor) and x.dim() > 2:  # tokens on every other axis: one token axis
-        if isinstance(axis, int) and not isinstance(axis, bool) and axis in (-1, x.dim() - 1):
+        if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
+            raise TypeError(f"axis must be an int, -1 (features last) or 0 (features first); got {axis!r}")
+        axis = int(axis)
+        if axis in (-1, x.dim() - 1):
             tokens = math.prod(x.shape[:-1])  # not -1: a tensor of no features has no such reshape
             return layer_norm(x.reshape(tokens, x.shape[-1]), g, b, 1, epsilon, relu, segments=segments).view(x.shape)
-        if isinstance(axis, int) and not isinstance(axis, bool) and axis in (0, -x.dim()):
+        if axis in (0, -x.dim()):
             tokens = math.prod(x.shape[1:])
             return layer_norm(x.reshape(x.shape[0], tokens), g, b, 0, epsilon, relu, segments=segments).view(x.shape)
         raise ValueError(f"x must be 2-D, or of rank {x.dim()} with its features on the first or the last axis: "

@@ -243,6 +243,19 @@ def test_torch_compile_of_raw_layouts_at_several_lengths(rng, reference, dynamic
         torch.testing.assert_close(compiled(q, k, v, lay), attention(q, k, v, lay, causal=True))
 
 
+@pytest.mark.parametrize("dynamic", [None, True], ids=["automatic", "dynamic"])
+def test_torch_compile_of_per_head_raw_layouts_at_two_head_counts(rng, reference, dynamic):
+    """A raw per-head layout (heads, blocks, blocks), one compiled function at two query head counts
+    (the second makes the head count symbolic): each call as the eager one."""
+    compiled = torch.compile(lambda q, k, v, lay: attention(q, k, v, lay, causal=True), backend="aot_eager",
+                             fullgraph=True, dynamic=dynamic)
+    torch._dynamo.reset()
+    for heads in (2, 4, 4):
+        q, k, v, _ = _inputs(rng, 1, heads, heads, 64, 16, "float32")
+        lay = layouts.causal(4, heads=heads)
+        torch.testing.assert_close(compiled(q, k, v, lay), attention(q, k, v, lay, causal=True))
+
+
 def test_torch_compile_with_a_block_size_argument(rng, reference):
     """``block_size`` of a raw layout as an argument of one compiled function that changes between
     calls (torch.compile then makes it symbolic): each call as the eager one."""

@@ -197,6 +197,18 @@ def test_autocast_cpu(rng):
     assert rel_error(dx, dx_ref) < tolerance("bfloat16") and rel_error(dg, dg_ref) < tolerance("bfloat16")
 
 
+@pytest.mark.parametrize("axis", [np.int64(-1), np.int32(2), np.int64(0)], ids=["np-last", "np-2", "np-first"])
+def test_numpy_int_axis_at_rank_3(rng, axis):
+    """A numpy integer axis (as numpy code computes it) works at any rank, as a Python int does."""
+    x = torch.from_numpy(rng.standard_normal((5, 3, 8)).astype(np.float32))
+    features = 5 if int(axis) == 0 else 8
+    g, b = torch.randn(features), torch.randn(features)
+    y = layer_norm(x, g, b, axis=axis)
+    x2 = x.double().reshape(5, 24) if features == 5 else x.double().reshape(15, 8)
+    want = ref.layer_norm(x2.numpy(), g.double().numpy(), b.double().numpy(), axis=0 if features == 5 else 1)
+    assert rel_error(y.reshape(x2.shape), want) < tolerance("float32")
+
+
 def _bad_cases():
     x, g = torch.randn(4, 12), torch.randn(12)
     return {
@@ -208,6 +220,8 @@ def _bad_cases():
         "x-3d-axis-1": (dict(x=torch.randn(2, 4, 12)), ValueError,
                         r"x must be 2-D, or of rank 3 with its features on the first or the last axis: axis "
                         r"must be 0 or -1 for it; got 1"),
+        "x-3d-axis-str": (dict(x=torch.randn(2, 4, 12), axis="-1"), TypeError, r"axis must be an int"),
+        "x-3d-axis-bool": (dict(x=torch.randn(2, 4, 12), axis=True), TypeError, r"axis must be an int"),
         "x-1d": (dict(x=torch.randn(12)), ValueError, r"x must be 2-D"),
         "x-int": (dict(x=torch.ones(4, 12, dtype=torch.int32)), TypeError, r"x must be float16"),
         "x-numpy": (dict(x=np.ones((4, 12))), TypeError, r"x must be a torch.Tensor"),

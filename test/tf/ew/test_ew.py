@@ -313,6 +313,34 @@ def test_dropout_graph_modes(rng, mode):
     assert rel_error(res.grads[0], ref.dropout(dy, kept, 0.6)) < 1e-6
 
 
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_dropout_keep_prob_keras_variable_under_mixed_precision(rng, policy):
+    """A float32 Keras variable read inside a layer under a mixed policy arrives in the compute
+    dtype: taken as float32 (its rounding), the mask's kept fraction and the scale agree."""
+    import keras
+
+    class Drop(keras.layers.Layer):
+        def build(self, shape):
+            self.kp = self.add_weight(shape=(), initializer=keras.initializers.Constant(0.75), trainable=False,
+                                      dtype="float32")
+
+        def call(self, x):
+            return ew.dropout(x, keep_prob=self.kp)
+
+    before = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        x = rng.standard_normal((64, 64)).astype(np.float32) + 3.0
+        y, mask = Drop()(x)
+    finally:
+        keras.mixed_precision.set_global_policy(before)
+    kept = mask.numpy().astype(bool)
+    scale = float(tf.cast(tf.cast(0.75, y.dtype), tf.float32))
+    want = np.where(kept, x.astype(y.dtype.as_numpy_dtype).astype(np.float64) / scale, 0.0)
+    assert y.dtype.name == policy.split("_")[1] and 0.65 < kept.mean() < 0.85
+    assert rel_error(tf.cast(y, tf.float64).numpy(), want) < tolerance(y.dtype.name)
+
+
 def test_dropout_keep_prob_checked_when_the_graph_runs():
     with tf.Graph().as_default():
         p = tf.compat.v1.placeholder(tf.float32, [])
