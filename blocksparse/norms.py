@@ -15,7 +15,7 @@ import numpy as np
 
 from ._checks import check_bool, check_epsilon, check_int
 from ._tf import tf
-from ._tf.checks import float_tensor
+from ._tf.checks import FLOAT32_TINY, float_tensor
 from ._tf.ew import args as ewargs
 from ._tf.norms import backend, channels
 from ._tf.norms import gpu as gpu_ops
@@ -26,8 +26,9 @@ __all__ = ["layer_norm", "batch_norm", "batch_norm_inference", "layer_norm_test"
 
 def _epsilon(value):
     """``epsilon`` as a finite float > 0 in float32, where the ops add it (an infinite one would
-    silently give ``y = b``, one that rounds to 0 divide by zero)."""
-    return check_epsilon(ewargs.real(value, "epsilon", low=0.0, low_open=True))
+    silently give ``y = b``, one that rounds to 0 divide by zero; a subnormal one counts as float32's
+    smallest normal number, as TensorFlow's CPU kernels flush subnormals to zero)."""
+    return max(check_epsilon(ewargs.real(value, "epsilon", low=0.0, low_open=True)), FLOAT32_TINY)
 
 
 def layer_norm(x, g, b, axis=1, epsilon=1e-6, relu=False, *, segments=1, name=None):

@@ -91,13 +91,18 @@ def op_name(name, default):
     return name
 
 
+#: float32's smallest normal number: TensorFlow's CPU kernels flush subnormal ones to zero.
+FLOAT32_TINY = 2.0**-126
+
+
 def positive_float(value, name):
-    """``value`` (an epsilon) as a float: positive and finite, also in float32."""
+    """``value`` (an epsilon) as a float: positive and finite, also in float32; a subnormal one
+    counts as :data:`FLOAT32_TINY` (flushed to zero, it would divide by zero)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a positive number; got {type(value).__name__}")
     if not 0 < value < float("inf"):
         raise ValueError(f"{name} must be > 0 and finite; got {value}")
-    return check_epsilon(value, name)
+    return max(check_epsilon(value, name), FLOAT32_TINY)
 
 
 def _shape_text(shape):

@@ -69,7 +69,7 @@ BINARY = {
 
 
 #: Ops computed in the input's dtype (operands of one shape): the same results, one kernel.
-NATIVE = frozenset(["add", "subtract", "multiply", "maximum", "minimum", "negative", "relu", "square"])
+NATIVE = frozenset(["add", "subtract", "multiply", "maximum", "minimum", "negative", "relu"])
 
 
 def _in_dtype(value, dtype):

@@ -6,6 +6,7 @@ channel vectors broadcast as ``(1, C, 1)``.
 """
 from .. import tf
 from ..ew.args import to_compute
+from .moments import moments
 
 __all__ = ["batch_norm", "batch_norm_inference", "cwise_linear"]
 
@@ -29,7 +30,7 @@ def batch_norm(x, g, b, epsilon):
     def blocksparse_batch_norm(x, g, b):
         shape = tf.shape(x)
         x3 = _ncp(x, shape)
-        mean, var = tf.nn.moments(x3, axes=[0, 2])
+        mean, var = moments(x3, axes=[0, 2])
         rstd = tf.math.rsqrt(var + epsilon)
         centred = x3 - mean[:, None]
         xhat = centred * rstd[:, None]

@@ -7,6 +7,7 @@ own.  Features last (``(N, C)``) gives ``inner = 1``; features first (``(C, N)``
 """
 from .. import tf
 from ..ew.args import to_compute
+from .moments import moments
 
 __all__ = ["layer_norm"]
 
@@ -31,7 +32,7 @@ def layer_norm(x, g, b, axis, segments, epsilon, relu):
         x4 = _segmented(to_compute(x), shape, axis, segments)
         g4 = tf.reshape(to_compute(g), [1, segments, -1, 1])
         b4 = tf.reshape(to_compute(b), [1, segments, -1, 1])
-        mean, var = tf.nn.moments(x4, axes=[2], keepdims=True)
+        mean, var = moments(x4, axes=[2], keepdims=True)
         rstd = tf.math.rsqrt(var + epsilon)
         xhat = (x4 - mean) * rstd
         y4 = xhat * g4 + b4

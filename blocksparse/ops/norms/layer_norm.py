@@ -79,6 +79,8 @@ def _rows(i_n, N, BN: tl.constexpr):
 def _normalise(b_x, m, CS, epsilon):
     """``(xhat, mean, rstd)`` of a tile holding whole segments (masked entries zero)."""
     b_mean = tl.sum(b_x, 1) / CS
+    # one correction by the deviations' mean: exact for constant rows (the first can be an ulp off)
+    b_mean += tl.sum(tl.where(m, b_x - b_mean[:, None], 0.0), 1) / CS
     b_xc = tl.where(m, b_x - b_mean[:, None], 0.0)
     b_rstd = tl.math.rsqrt(tl.sum(b_xc * b_xc, 1) / CS + epsilon)
     return b_xc * b_rstd[:, None], b_mean, b_rstd
@@ -113,7 +115,7 @@ def layer_norm_fwd_kernel(
             b_xhat, b_mean, b_rstd = _normalise(b_x, m, CS, epsilon)
             b_y = _affine(b_xhat, r_g, r_b, HAS_G, HAS_B)
             if RELU:
-                b_y = tl.maximum(b_y, 0.0)
+                b_y = tl.maximum(b_y, 0.0, propagate_nan=tl.PropagateNan.ALL)
             _store_tile(Y, b_y, o_n, f0 + o_c, m, stride_yn, stride_yf)
             tl.store(MEAN + i_s * N + o_n, b_mean, mask=m_n)
             tl.store(RSTD + i_s * N + o_n, b_rstd, mask=m_n)
@@ -132,6 +134,7 @@ def layer_norm_fwd_kernel(
                 r_x = _chunk(X, o_n, m_n, f0, c0 + BC, CS, stride_xn, stride_xf, BC)
                 cnt = tl.minimum(CS - c0, BC).to(tl.float32)
                 b_cmean = tl.sum(b_x, 1) / cnt
+                b_cmean += tl.sum(tl.where(m, b_x - b_cmean[:, None], 0.0), 1) / cnt  # (see _normalise)
                 b_xc = tl.where(m, b_x - b_cmean[:, None], 0.0)
                 b_delta = b_cmean - b_mean
                 total = c0 + cnt
@@ -149,7 +152,7 @@ def layer_norm_fwd_kernel(
                 b_b = _load_param(B, f0 + o_c, m_c, HAS_B)
                 b_y = _affine((b_x - b_mean[:, None]) * b_rstd[:, None], b_g, b_b, HAS_G, HAS_B)
                 if RELU:
-                    b_y = tl.maximum(b_y, 0.0)
+                    b_y = tl.maximum(b_y, 0.0, propagate_nan=tl.PropagateNan.ALL)
                 _store_tile(Y, b_y, o_n, f0 + o_c, m, stride_yn, stride_yf)
             tl.store(MEAN + i_s * N + o_n, b_mean, mask=m_n)
             tl.store(RSTD + i_s * N + o_n, b_rstd, mask=m_n)

@@ -68,6 +68,7 @@ def layer_norm_fwd_stats_kernel(
     n = hi - lo
     b_cnt = ((n - tl.arange(0, R) + R - 1) // R).to(tl.float32)  # 0 for lanes past a short slice
     mean = tl.sum(b_mean * b_cnt[None, :], 1) / n
+    mean += tl.sum((b_mean - mean[:, None]) * b_cnt[None, :], 1) / n  # exact for constant rows
     b_dev = b_mean - mean[:, None]
     m2 = tl.sum(b_m2 + b_dev * b_dev * b_cnt[None, :], 1)
     p = (i_s * tl.num_programs(1) + i_p).to(tl.int64) * 2 * N + o_n
@@ -123,5 +124,5 @@ def layer_norm_fwd_apply_kernel(
         b_b = _load_param(B, f0 + o_c, m_c, HAS_B)
         b_y = _affine((x_now.to(tl.float32) - b_mean[:, None]) * b_rstd[:, None], b_g, b_b, HAS_G, HAS_B)
         if RELU:
-            b_y = tl.maximum(b_y, 0.0)
+            b_y = tl.maximum(b_y, 0.0, propagate_nan=tl.PropagateNan.ALL)
         _store_tile(Y, b_y, o_n, f0 + o_c, m_n[:, None] & m_c[None, :], stride_yn, stride_yf)

@@ -40,6 +40,7 @@ def layer_norm_fwd(x, g, b, *, axis, epsilon, relu, segments):
     acc = stats_dtype(x.dtype)
     xs = _grouped(x, axis, segments, acc)
     mean = xs.mean(-1)
+    mean = mean + (xs - mean[..., None]).mean(-1)  # exact for constant rows (the first mean can be an ulp off)
     xc = xs - mean[..., None]
     rstd = torch.rsqrt((xc * xc).mean(-1) + epsilon)
     y = _affine(xc * rstd[..., None], _param(g, segments, acc), _param(b, segments, acc))

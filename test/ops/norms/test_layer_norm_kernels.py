@@ -237,3 +237,25 @@ def test_sum_rows(rng, P, M):
     assert rel_error(sb, b.sum(0)) < tolerance("bfloat16")
     (single,) = sum_rows([(tb, torch.float32)])
     assert rel_error(single, b.sum(0)) < tolerance("float32")
+
+
+@pytest.mark.parametrize("axis", [1, 0], ids=["NC", "CN"])
+@pytest.mark.parametrize("cfg", CONFIGS.values(), ids=CONFIGS)
+def test_constant_rows_give_the_bias(rng, axis, cfg):
+    """Rows of one value whose float32 sum rounds (3.3 x 100): the mean is corrected to the value, so
+    ``x - mean`` is 0 and ``y = b`` exactly even with a tiny epsilon (not ``b +- g``)."""
+    n, c = 5, 200
+    x = np.full((n, c), 3.3, np.float32)
+    x[2] = rng.standard_normal(c)  # one ordinary row beside them
+    g = (rng.random(c) + 0.5).astype(np.float32)
+    b = rng.standard_normal(c).astype(np.float32)
+    xt = torch.from_numpy(x if axis == 1 else np.ascontiguousarray(x.T))
+    y, mean, _ = launch.layer_norm_fwd(xt, torch.from_numpy(g), torch.from_numpy(b), axis=axis, epsilon=1e-12,
+                                       relu=False, segments=2, cfg=cfg)
+    y = (y if axis == 1 else y.t()).double().numpy()
+    for row in (0, 1, 3, 4):
+        np.testing.assert_array_equal(y[row], b.astype(np.float64))
+    want = ref.layer_norm(x.astype(np.float64), g.astype(np.float64), b.astype(np.float64), axis=1, segments=2,
+                          epsilon=1e-12)
+    assert rel_error(y[2], want[2]) < tolerance("float32")
+    np.testing.assert_array_equal(mean.double().numpy()[:, 0], np.full(2, np.float32(3.3), np.float64))

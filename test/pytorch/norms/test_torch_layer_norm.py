@@ -209,6 +209,17 @@ def test_numpy_int_axis_at_rank_3(rng, axis):
     assert rel_error(y.reshape(x2.shape), want) < tolerance("float32")
 
 
+@pytest.mark.parametrize("backend", ["reference", pytest.param("triton", marks=pytest.mark.interpreter)])
+def test_constant_rows_whose_sum_rounds_give_the_bias(backend, monkeypatch):
+    """3.3 x 100: the plain float32 mean is an ulp off; corrected, ``y = b`` exactly (as
+    ``F.layer_norm``) even with epsilon 1e-12."""
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", backend)
+    x, g, b = torch.full((3, 100), 3.3), torch.full((100,), 2.0), torch.full((100,), 0.25)
+    y = layer_norm(x, g, b, epsilon=1e-12)
+    assert torch.equal(y, torch.full((3, 100), 0.25))
+    assert torch.equal(y, torch.nn.functional.layer_norm(x, (100,), g, b, eps=1e-12))
+
+
 def _bad_cases():
     x, g = torch.randn(4, 12), torch.randn(12)
     return {
@@ -300,3 +311,18 @@ def test_jit_trace_records_the_custom_op(rng):
     traced = torch.jit.trace(lambda x, g, b: layer_norm(x, g, b), (x.detach(), g.detach(), b.detach()))
     assert "blocksparse::layer_norm" in str(traced.graph)
     torch.testing.assert_close(traced(x.detach(), g.detach(), b.detach()), layer_norm(x, g, b).detach())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("axis, n, c", [(1, 64, 1024), (1, 16, 40000), (0, 1000, 1024), (0, 64, 8192)],
+                         ids=["NC", "NC-chunked", "CN", "CN-long"])
+def test_gpu_fused_relu_keeps_nan(axis, n, c):
+    """A NaN in a token's features makes its whole row NaN with the fused relu too (the GPU's max
+    instruction returns the other operand of a NaN unless told to propagate it), as on the CPU."""
+    x = torch.randn(n, c, device="cuda")
+    x[3, 5] = float("nan")
+    x[7, 0] = 3.3  # a finite row beside it
+    g, b = torch.rand(c, device="cuda") + 0.5, torch.randn(c, device="cuda")
+    y = layer_norm(x if axis == 1 else x.t().contiguous(), g, b, axis=axis, relu=True)
+    y = y if axis == 1 else y.t()
+    assert torch.isnan(y[3]).all() and torch.isfinite(y[torch.arange(n, device="cuda") != 3]).all()

@@ -430,3 +430,17 @@ def test_bad_arguments_in_graph_mode():
             ew.add(x, tf.ones([4]))
         with pytest.raises(TypeError, match="x and y"):
             ew.maximum(tf.cast(x, tf.float16), tf.ones([3], tf.bfloat16))
+
+
+def test_square_float16_gradient_rounds_once(rng):
+    """d(x^2) = 2 x dy computed in float32 and rounded once: no float16 overflow of 2 x where the
+    product is representable (x = 40000: 2 x overflows float16, 2 x * 1e-3 does not)."""
+    x = tf.constant([40000.0, -3.0, 0.5], tf.float16)
+    dy = tf.constant([1e-3, 2.0, -1.0], tf.float16)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = ew.square(x)
+    dx = tape.gradient(y, x, output_gradients=dy)
+    want = (2.0 * x.numpy().astype(np.float64) * dy.numpy().astype(np.float64)).astype(np.float16)
+    assert dx.dtype == tf.float16 and np.array_equal(dx.numpy(), want)
+    assert np.isinf(y.numpy()[0]) and np.array_equal(y.numpy()[1:], np.float16([9.0, 0.25]))
