@@ -76,11 +76,24 @@ def _rows(i_n, N, BN: tl.constexpr):
 
 
 @triton.jit
-def _normalise(b_x, m, CS, epsilon):
-    """``(xhat, mean, rstd)`` of a tile holding whole segments (masked entries zero)."""
-    b_mean = tl.sum(b_x, 1) / CS
-    # one correction by the deviations' mean: exact for constant rows (the first can be an ulp off)
-    b_mean += tl.sum(tl.where(m, b_x - b_mean[:, None], 0.0), 1) / CS
+def _first(P, o_n, m_n, f0, stride_n, stride_f):
+    """Each token's first feature of the segment, float32 (the shift of :func:`_shifted_mean`)."""
+    return tl.load(P + o_n.to(tl.int64) * stride_n + f0 * stride_f, mask=m_n, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _shifted_mean(b_x, b_x0, m, count):
+    """The mean of each row of ``b_x`` over ``count`` entries, as ``x0 + mean(x - x0)`` (``x0``: a value
+    of the row): exact for constant rows, whose plain float32 mean can be an ulp off the value -- which
+    would make ``x - mean`` an ulp instead of 0, and ``xhat`` of order one with a small epsilon."""
+    return b_x0 + tl.sum(tl.where(m, b_x - b_x0[:, None], 0.0), 1) / count
+
+
+@triton.jit
+def _normalise(b_x, b_x0, m, CS, epsilon):
+    """``(xhat, mean, rstd)`` of a tile holding whole segments (masked entries zero); ``b_x0``: each
+    row's first value."""
+    b_mean = _shifted_mean(b_x, b_x0, m, CS)
     b_xc = tl.where(m, b_x - b_mean[:, None], 0.0)
     b_rstd = tl.math.rsqrt(tl.sum(b_xc * b_xc, 1) / CS + epsilon)
     return b_xc * b_rstd[:, None], b_mean, b_rstd
@@ -112,7 +125,8 @@ def layer_norm_fwd_kernel(
             b_x = r_x.to(tl.float32)
             o_nn, m_nn = _rows(i_n + n_p, N, BN)
             r_x = _raw(X, o_nn, f0 + o_c, m_nn[:, None] & m_c[None, :], stride_xn, stride_xf)
-            b_xhat, b_mean, b_rstd = _normalise(b_x, m, CS, epsilon)
+            b_x0 = _first(X, o_n, m_n, f0, stride_xn, stride_xf)
+            b_xhat, b_mean, b_rstd = _normalise(b_x, b_x0, m, CS, epsilon)
             b_y = _affine(b_xhat, r_g, r_b, HAS_G, HAS_B)
             if RELU:
                 b_y = tl.maximum(b_y, 0.0, propagate_nan=tl.PropagateNan.ALL)
@@ -126,6 +140,7 @@ def layer_norm_fwd_kernel(
             # pass loads its next chunk before it works on the current one
             b_mean = tl.zeros((BN,), dtype=tl.float32)
             b_m2 = tl.zeros((BN,), dtype=tl.float32)
+            b_x0 = _first(X, o_n, m_n, f0, stride_xn, stride_xf)
             r_x = _chunk(X, o_n, m_n, f0, 0, CS, stride_xn, stride_xf, BC)
             for c0 in range(0, CS, BC):
                 o_c = c0 + tl.arange(0, BC)
@@ -133,8 +148,7 @@ def layer_norm_fwd_kernel(
                 b_x = r_x.to(tl.float32)
                 r_x = _chunk(X, o_n, m_n, f0, c0 + BC, CS, stride_xn, stride_xf, BC)
                 cnt = tl.minimum(CS - c0, BC).to(tl.float32)
-                b_cmean = tl.sum(b_x, 1) / cnt
-                b_cmean += tl.sum(tl.where(m, b_x - b_cmean[:, None], 0.0), 1) / cnt  # (see _normalise)
+                b_cmean = _shifted_mean(b_x, b_x0, m, cnt)
                 b_xc = tl.where(m, b_x - b_cmean[:, None], 0.0)
                 b_delta = b_cmean - b_mean
                 total = c0 + cnt
