@@ -105,8 +105,7 @@ class MatmulFunction(torch.autograd.Function):
     def forward(ctx, x, w, bias, layout, axis, precision):
         ctx.save_for_backward(x, w)
         ctx.meta = (layout, axis, precision, bias)
-        y = _products.fprop(x, w, layout, axis, precision)
-        return y if bias is None else _add_bias(y, bias, axis)
+        return _products.fprop(x, w, layout, axis, precision, bias)
 
     @staticmethod
     def backward(ctx, dy):
@@ -195,8 +194,7 @@ def matmul(x, w, layout, axis, precision, bias=None):
             if ids is not None:
                 return _native.linear(x, w, bias, ids)
         return _apply(x, w, bias, layout, axis, precision)
-    y = _products.fprop(x, w, layout, axis, precision)
-    return y if bias is None else _add_bias(y, bias, axis)
+    return _products.fprop(x, w, layout, axis, precision, bias)
 
 
 def dense_product(x, w, layout, axis):

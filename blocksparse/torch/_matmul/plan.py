@@ -97,7 +97,10 @@ class Plan:
         return ((self.runner is not None) + self.pretranspose + self.zero + (self.cast_to is not None)
                 + 2 * self.transpose_inputs + 2 * bool(self.pad_tokens))
 
-    def __call__(self, a, b, bias=None):
+    def __call__(self, a, b, bias=None, axis=1):
+        """The product of ``a`` and ``b`` (plus ``bias`` per output feature of a fprop: by the kernel
+        where :attr:`bias`, else to a split reduction's float32 sums before their cast; ``axis``: the
+        output's feature axis)."""
         if self.pretranspose:
             b = _kernels.transpose_blocks(b, self.pack)
         if self.transpose_inputs:
@@ -121,6 +124,8 @@ class Plan:
             out = copy_rows(out, n)
         if self.transpose_inputs and self.kind != "updat":
             out = out.t().contiguous()
+        if bias is not None and not self.bias:
+            out = out.add_(bias.to(out.dtype) if axis == 1 else bias.to(out.dtype)[:, None])
         return out if self.cast_to is None else out.to(self.cast_to)
 
 

@@ -60,24 +60,25 @@ def plan_of(kind, a, b, layout_handle, axis, precision, dw_dtype=None, bias=Fals
     return _plan.state(layout_handle).plan(key, kind, a, b, axis, precision, dw_dtype, aligned, bias)
 
 
-def _xprop(kind, x, w, layout_handle, axis, precision):
+def _xprop(kind, x, w, layout_handle, axis, precision, bias=None):
     st = _plan.state(layout_handle)
     lay = st.layout
     if use_triton(x, lay.block_size) and x.numel():  # an empty batch: nothing to launch, the reference path
         x = _strided(x)
         if not w.is_contiguous():
             w = w.contiguous()
-        return plan_of(kind, x, w, layout_handle, axis, precision)(x, w)
+        return plan_of(kind, x, w, layout_handle, axis, precision, bias=bias is not None)(x, w, bias, axis)
     trans = kind == "bprop"
     coords = st.coords(x.device)
     inp, out = (coords[:, 1], coords[:, 0]) if trans else (coords[:, 0], coords[:, 1])
     return _reference.xprop(x, w, inp, out, (lay.C if trans else lay.K) // lay.block_size, lay.block_size, axis,
-                            trans, lay.packing)
+                            trans, lay.packing, bias)
 
 
-def fprop(x, w, layout_handle, axis, precision):
-    """``y = x @ W``: ``x`` activations ``(N, C)`` (``axis=1``) or ``(C, N)``, ``w`` the packed weight."""
-    return _xprop("fprop", x, w, layout_handle, axis, precision)
+def fprop(x, w, layout_handle, axis, precision, bias=None):
+    """``y = x @ W (+ bias)``: ``x`` activations ``(N, C)`` (``axis=1``) or ``(C, N)``, ``w`` the packed
+    weight, ``bias`` per output feature added to the float32 sums before the one rounding to ``y``'s dtype."""
+    return _xprop("fprop", x, w, layout_handle, axis, precision, bias)
 
 
 def bprop(dy, w, layout_handle, axis, precision):

@@ -41,15 +41,18 @@ def packed(w, pack):
     return w.reshape(-1, pack, pack, bs, bs).transpose(2, 3).reshape(-1, pack * bs, pack * bs)
 
 
-def xprop(x, w, inp_idx, out_idx, out_blocks, bs, axis, trans, pack=1):
-    """``y[:, out] += x[:, inp] @ w[b]`` (``w[b].T`` if ``trans``) for every block ``b``."""
+def xprop(x, w, inp_idx, out_idx, out_blocks, bs, axis, trans, pack=1, bias=None):
+    """``y[:, out] += x[:, inp] @ w[b]`` (``w[b].T`` if ``trans``) for every block ``b`` (plus ``bias`` per
+    output feature, before the rounding to ``x``'s dtype)."""
     w = unpacked(w, pack)
     acc = _acc_dtype(x.dtype)
     xb = _blocks(x, axis, bs).index_select(1, inp_idx).to(acc)      # (N, blocks, bs)
     eq = "nbk,bjk->nbj" if trans else "nbj,bjk->nbk"
     contrib = torch.einsum(eq, xb, w.to(acc))                          # (N, blocks, bs)
-    y = contrib.new_zeros((xb.shape[0], out_blocks, bs)).index_add_(1, out_idx, contrib)
-    return _unblocks(y, axis).to(x.dtype)
+    y = _unblocks(contrib.new_zeros((xb.shape[0], out_blocks, bs)).index_add_(1, out_idx, contrib), axis)
+    if bias is not None:
+        y = y + (bias.to(acc) if axis == 1 else bias.to(acc)[:, None])
+    return y.to(x.dtype)
 
 
 def updat(x, dy, c_idx, k_idx, bs, axis, dw_dtype, pack=1):

@@ -171,8 +171,10 @@ def portable_matmul(x, w, tables, bias=None):
             parts.append(prod.reshape(r * m, bs * n))
         table = parts[0] if len(parts) == 1 else torch.cat(parts)
         yt = segment_sum(table, tables.bag_index, tables.bag_offsets, tables.table_cols)  # [KB, bs*N]
-    y = yt.reshape(t.KB * bs, n).t().to(low)  # (a copy only under vmap)
-    return y if bias is None else y + bias.to(y.dtype)
+    yt = yt.reshape(t.KB * bs, n)
+    if bias is not None:  # to the float32 sums of 16-bit products, before their one rounding
+        yt = yt + bias.to(yt.dtype)[:, None]
+    return yt.t().to(low)  # (a copy only under vmap)
 
 
 class _WideBmm(torch.autograd.Function):

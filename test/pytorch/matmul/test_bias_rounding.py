@@ -1,0 +1,40 @@
+"""A 16-bit ``BlocksparseLinear``'s bias is added to the float32 sums before the one rounding to the
+output dtype, on every implementation: a product that overflows float16 by itself but not with the
+bias stays finite, and random outputs are float64's rounded once."""
+import numpy as np
+import pytest
+import torch
+
+from blocksparse.torch import BlocksparseLinear
+
+IMPLS = ["reference", "portable", "dense", pytest.param("kernels", marks=pytest.mark.interpreter)]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_bias_rescues_a_float16_overflow(impl, monkeypatch):
+    if impl == "kernels":
+        monkeypatch.setenv("BLOCKSPARSE_BACKEND", "triton")
+    layer = BlocksparseLinear(np.ones((1, 2), int), block_size=16, impl=impl).half()
+    with torch.no_grad():
+        layer.weight.fill_(1.0)
+        layer.bias.fill_(-100.0)
+    x = torch.full((16, 16), 4096.0, dtype=torch.float16)  # x @ W = 65536: inf in float16
+    y = layer(x)
+    assert torch.equal(y, torch.full((16, 32), 65440.0, dtype=torch.float16))  # 65436 rounded once
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("impl", ["reference", "portable", "dense"])
+def test_random_outputs_round_once(rng, impl, dtype):
+    """(Not the kernels through Triton's interpreter: its 16-bit products are not float32's.)"""
+    mask = (rng.random((3, 4)) < 0.6).astype(int)
+    mask[0] = 1
+    layer = BlocksparseLinear(mask, block_size=16, impl=impl).to(dtype)
+    with torch.no_grad():
+        layer.bias.copy_(torch.from_numpy(rng.standard_normal(64) * 4))
+    x = torch.from_numpy(rng.standard_normal((32, 48))).to(dtype)
+    y = layer(x)
+    w = torch.from_numpy(layer.layout.dense(layer.weight.detach().double().numpy()))
+    want = (x.double() @ w + layer.bias.detach().double()).to(dtype)
+    # float32 sums in another order than float64's can land across a rounding boundary, rarely
+    assert (y != want).float().mean() < 0.01
