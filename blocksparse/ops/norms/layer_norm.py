@@ -77,8 +77,12 @@ def _rows(i_n, N, BN: tl.constexpr):
 
 @triton.jit
 def _first(P, o_n, m_n, f0, stride_n, stride_f):
-    """Each token's first feature of the segment, float32 (the shift of :func:`_shifted_mean`)."""
-    return tl.load(P + o_n.to(tl.int64) * stride_n + f0 * stride_f, mask=m_n, other=0.0).to(tl.float32)
+    """Each token's first feature of the segment, float32: the shift of :func:`_shifted_mean` (0 where
+    its magnitude exceeds 2**100 or it is not finite, so that ``x - x0`` never overflows: within 2**100
+    of float32's largest number, ``x - x0`` rounds back to ``x``)."""
+    b_x0 = tl.load(P + o_n.to(tl.int64) * stride_n + f0.to(tl.int64) * stride_f, mask=m_n, other=0.0)
+    b_x0 = b_x0.to(tl.float32)
+    return tl.where(tl.abs(b_x0) <= 1.2676506002282294e30, b_x0, 0.0)
 
 
 @triton.jit

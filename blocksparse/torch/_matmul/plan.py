@@ -124,8 +124,9 @@ class Plan:
             out = copy_rows(out, n)
         if self.transpose_inputs and self.kind != "updat":
             out = out.t().contiguous()
-        if bias is not None and not self.bias:
-            out = out.add_(bias.to(out.dtype) if axis == 1 else bias.to(out.dtype)[:, None])
+        if bias is not None and not self.bias:  # (in a's dtype first, as the kernels take it)
+            bias = bias.to(a.dtype).to(out.dtype)
+            out = out.add_(bias if axis == 1 else bias[:, None])
         return out if self.cast_to is None else out.to(self.cast_to)
 
 

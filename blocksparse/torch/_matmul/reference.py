@@ -50,8 +50,9 @@ def xprop(x, w, inp_idx, out_idx, out_blocks, bs, axis, trans, pack=1, bias=None
     eq = "nbk,bjk->nbj" if trans else "nbj,bjk->nbk"
     contrib = torch.einsum(eq, xb, w.to(acc))                          # (N, blocks, bs)
     y = _unblocks(contrib.new_zeros((xb.shape[0], out_blocks, bs)).index_add_(1, out_idx, contrib), axis)
-    if bias is not None:
-        y = y + (bias.to(acc) if axis == 1 else bias.to(acc)[:, None])
+    if bias is not None:  # (in x's dtype first, as the kernels and nn.Linear under autocast take it)
+        b = bias.to(x.dtype).to(acc)
+        y = y + (b if axis == 1 else b[:, None])
     return y.to(x.dtype)
 
 

@@ -172,8 +172,8 @@ def portable_matmul(x, w, tables, bias=None):
         table = parts[0] if len(parts) == 1 else torch.cat(parts)
         yt = segment_sum(table, tables.bag_index, tables.bag_offsets, tables.table_cols)  # [KB, bs*N]
     yt = yt.reshape(t.KB * bs, n)
-    if bias is not None:  # to the float32 sums of 16-bit products, before their one rounding
-        yt = yt + bias.to(yt.dtype)[:, None]
+    if bias is not None:  # to the float32 sums of 16-bit products, before their one rounding (the bias
+        yt = yt + bias.to(low).to(yt.dtype)[:, None]  # in the products' dtype, as the kernels take it)
     return yt.t().to(low)  # (a copy only under vmap)
 
 

@@ -259,3 +259,18 @@ def test_constant_rows_give_the_bias(rng, axis, cfg):
                           epsilon=1e-12)
     assert rel_error(y[2], want[2]) < tolerance("float32")
     np.testing.assert_array_equal(mean.double().numpy()[:, 0], np.full(2, np.float32(3.3), np.float64))
+
+
+@pytest.mark.parametrize("cfg", [None, CHUNKED], ids=["table", "chunked"])
+def test_rows_near_the_float32_limit_keep_a_finite_mean(cfg):
+    """A first value near float32's largest (3e38) is no shift: ``x - x0`` would overflow; the row
+    ``[3e38, -3e38, 0, ...]`` has mean 0 and, with no variance left in float32, ``y = b``."""
+    x = torch.zeros(3, 64)
+    x[0, 0], x[0, 1] = 3e38, -3e38
+    x[1] = torch.arange(64.0)
+    x[2] = 3.3
+    b = torch.full((64,), 0.5)
+    y, mean, _ = launch.layer_norm_fwd(x, None, b, axis=1, epsilon=1e-5, relu=False, segments=1, cfg=cfg)
+    assert torch.isfinite(y).all() and mean[0, 0] == 0.0 and mean[0, 2] == np.float32(3.3)
+    want = ref.layer_norm(x[1:2].double().numpy(), None, b.double().numpy(), axis=1, epsilon=1e-5)
+    assert rel_error(y[1:2], want) < tolerance("float32") and torch.equal(y[2], b)

@@ -38,3 +38,26 @@ def test_random_outputs_round_once(rng, impl, dtype):
     want = (x.double() @ w + layer.bias.detach().double()).to(dtype)
     # float32 sums in another order than float64's can land across a rounding boundary, rarely
     assert (y != want).float().mean() < 0.01
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_float32_bias_under_autocast_as_nn_linear(impl, monkeypatch):
+    """Under autocast the float32 bias is taken in the products' dtype (as the kernels' epilogue and
+    ``nn.Linear`` take it), on every implementation alike: x @ W = 256 and the bias 1 + 2**-8, which is 1
+    in bfloat16: 257 rounds to 256 (the float32 bias would give 257.004, rounded to 258)."""
+    if impl == "kernels":
+        monkeypatch.setenv("BLOCKSPARSE_BACKEND", "triton")
+    layer = BlocksparseLinear(np.ones((1, 1), int), block_size=16, impl=impl)
+    with torch.no_grad():
+        layer.weight.fill_(1.0)
+        layer.bias.fill_(1.0 + 2.0**-8)
+    x = torch.full((16, 16), 16.0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x)
+    assert y.dtype == torch.bfloat16 and torch.equal(y, torch.full((16, 16), 256.0, dtype=torch.bfloat16))
+    dense = torch.nn.Linear(16, 16)
+    with torch.no_grad():
+        dense.weight.fill_(1.0)
+        dense.bias.fill_(1.0 + 2.0**-8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.testing.assert_close(y, dense(x), rtol=0, atol=0)
