@@ -1,6 +1,7 @@
 """Argument checks of the PyTorch frontend: user mistakes become ``TypeError`` / ``ValueError``
 naming the argument, with what was expected and what was given."""
 import contextlib
+import functools
 import numbers
 
 import numpy as np
@@ -123,6 +124,19 @@ def autocast_off(device):
     if not autocast_available(device.type):
         return contextlib.nullcontext()
     return torch.autocast(device.type, enabled=False)
+
+
+def autocast_free(fn):
+    """``fn`` run with autocast off on its first argument's device: a reference computation whose
+    dtypes its caller chose (float32 sums of 16-bit operands), which autocast would round to 16 bits
+    on the way (its matmuls and einsums) where the kernels keep float32."""
+    @functools.wraps(fn)
+    def run(t, *args, **kwargs):
+        if autocast_dtype_of(t.device.type) is None:
+            return fn(t, *args, **kwargs)
+        with torch.autocast(t.device.type, enabled=False):
+            return fn(t, *args, **kwargs)
+    return run
 
 
 def plain_ops_needed(*tensors):

@@ -12,6 +12,8 @@ import math
 
 import torch
 
+from .._checks import autocast_free
+
 LN2 = math.log(2.0)
 
 
@@ -61,6 +63,7 @@ def _probs(q, k, mask, seqlens, scale):
     return p, lse.squeeze(-1).float()
 
 
+@autocast_free
 def forward(q, k, v, mask, seqlens, scale):
     """``(o, lse)`` of attention with the keep mask ``mask`` (HL, S, S) (HL 1 or HQ)."""
     q, k, v = (_inside(t, seqlens) for t in (q, k, v))
@@ -69,6 +72,7 @@ def forward(q, k, v, mask, seqlens, scale):
     return torch.matmul(p, v).to(q.dtype), lse
 
 
+@autocast_free
 def backward(do, q, k, v, o, mask, seqlens, scale):
     """``(dq, dk, dv)`` given the output gradient ``do``."""
     B, HQ, S, D = q.shape

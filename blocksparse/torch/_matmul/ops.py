@@ -1,11 +1,12 @@
 """How a matmul call reaches the products: eagerly through a plain autograd function, under
 ``torch.compile`` through custom ops.
 
-``blocksparse::matmul``     y = x @ W            (differentiable: registered autograd)
+``blocksparse::matmul``     y = x @ W (+ bias)   (differentiable: registered autograd)
 ``blocksparse::matmul_dx``  dx = dy @ W.T
 ``blocksparse::matmul_dw``  dW = x.T @ dy, per block
 
-Each takes the activations, the packed weight (or the gradient), an integer layout handle from
+Each takes the activations, the packed weight (or the gradient; ``matmul`` an optional bias, added to
+the float32 sums before the one rounding as on the eager path), an integer layout handle from
 :func:`.plan.handle`, the activation layout (``axis``) and the float32 precision (``"ieee"`` or
 ``"tf32"``).  A fake (shape) function per op lets ``torch.compile(fullgraph=True)`` trace them.
 Eager calls skip the dispatcher (a few tens of microseconds a call): :func:`matmul` takes the
@@ -17,6 +18,8 @@ launches (:mod:`.products`).
 
 import numpy as np
 import torch
+from typing import Optional
+
 from torch import Tensor
 
 from .. import _native
@@ -35,12 +38,12 @@ def _out_like(x, features, axis):
 
 
 @torch.library.custom_op("blocksparse::matmul", mutates_args=())
-def matmul_op(x: Tensor, w: Tensor, layout: int, axis: int, precision: str) -> Tensor:
-    return _products.fprop(x, w, layout, axis, precision)
+def matmul_op(x: Tensor, w: Tensor, bias: Optional[Tensor], layout: int, axis: int, precision: str) -> Tensor:
+    return _products.fprop(x, w, layout, axis, precision, bias)
 
 
 @matmul_op.register_fake
-def _(x, w, layout, axis, precision):
+def _(x, w, bias, layout, axis, precision):
     return _out_like(x, _plan.state(layout).layout.K, axis)
 
 
@@ -66,17 +69,19 @@ def _(x, dy, layout, axis, precision, dw_dtype):
 
 
 def _setup_context(ctx, inputs, output):
-    x, w, layout, axis, precision = inputs
+    x, w, bias, layout, axis, precision = inputs
     ctx.save_for_backward(x, w)
-    ctx.meta = (layout, axis, precision)
+    ctx.meta = (layout, axis, precision, None if bias is None else bias.dtype)
 
 
 def _backward_op(ctx, dy):
     x, w = ctx.saved_tensors
-    layout, axis, precision = ctx.meta
-    dx = matmul_dx_op(dy, w, layout, axis, precision) if ctx.needs_input_grad[0] else None
-    dw = matmul_dw_op(x, dy, layout, axis, precision, w.dtype) if ctx.needs_input_grad[1] else None
-    return dx, dw, None, None, None
+    layout, axis, precision, bias_dtype = ctx.meta
+    need = ctx.needs_input_grad
+    dx = matmul_dx_op(dy, w, layout, axis, precision) if need[0] else None
+    dw = matmul_dw_op(x, dy, layout, axis, precision, w.dtype) if need[1] else None
+    db = (dy if axis == 1 else dy.t()).sum(0).to(bias_dtype) if need[2] else None
+    return dx, dw, db, None, None, None
 
 
 matmul_op.register_autograd(_backward_op, setup_context=_setup_context)
@@ -182,8 +187,7 @@ def matmul(x, w, layout, axis, precision, bias=None):
     while ``torch.compile`` traces, else the eager path -- :class:`MatmulFunction` when a gradient
     is wanted, the product alone when not."""
     if torch.compiler.is_compiling() and not plain_ops_needed():
-        y = matmul_op(x, w, layout, axis, precision)
-        return y if bias is None else y + (bias.to(y.dtype) if axis == 1 else bias.to(y.dtype)[:, None])
+        return matmul_op(x, w, bias, layout, axis, precision)
     if plain_ops_needed(x, w, bias):  # torch.func transforms, forward-mode tangents: plain ops
         y = dense_product(x, w, layout, axis)
         return y if bias is None else _add_bias(y, bias, axis)

@@ -5,6 +5,8 @@ oracle the kernels are tested against.  Accumulates in float32 (float64 stays fl
 """
 import torch
 
+from .._checks import autocast_free
+
 
 def _acc_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
@@ -41,6 +43,7 @@ def packed(w, pack):
     return w.reshape(-1, pack, pack, bs, bs).transpose(2, 3).reshape(-1, pack * bs, pack * bs)
 
 
+@autocast_free
 def xprop(x, w, inp_idx, out_idx, out_blocks, bs, axis, trans, pack=1, bias=None):
     """``y[:, out] += x[:, inp] @ w[b]`` (``w[b].T`` if ``trans``) for every block ``b`` (plus ``bias`` per
     output feature, before the rounding to ``x``'s dtype)."""
@@ -56,6 +59,7 @@ def xprop(x, w, inp_idx, out_idx, out_blocks, bs, axis, trans, pack=1, bias=None
     return y.to(x.dtype)
 
 
+@autocast_free
 def updat(x, dy, c_idx, k_idx, bs, axis, dw_dtype, pack=1):
     """``dw[b] = x[:, c_b].T @ dy[:, k_b]`` for every block ``b`` (stored with packing ``pack``)."""
     acc = _acc_dtype(x.dtype)

@@ -9,6 +9,8 @@ Blocks are addressed by flat ids over ``(heads, blocks)``: ``q_ids = h * QB + q`
 """
 import torch
 
+from .._checks import autocast_free
+
 
 def _acc_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
@@ -27,6 +29,7 @@ def _unblocked(t, heads):
     return t.reshape(n, heads, hb // heads, bs, d).permute(0, 2, 3, 1, 4).reshape(n, hb // heads * bs, heads * d)
 
 
+@autocast_free
 def nt(a, b, q_ids, k_ids, heads, bs):
     """Packed scores ``(N, H, blocks, bs, bs)``: ``a``'s query block times ``b``'s key block, transposed."""
     acc = _acc_dtype(a.dtype)
@@ -36,6 +39,7 @@ def nt(a, b, q_ids, k_ids, heads, bs):
     return scores.reshape(a.shape[0], heads, q_ids.numel() // heads, bs, bs).to(a.dtype)
 
 
+@autocast_free
 def xn(w, x, gather_ids, scatter_ids, out_blocks, heads, bs, trans):
     """``nn`` (``w[b] @ x[gather]`` summed into ``scatter``) or ``tn`` (``w[b].T``, ``trans=True``)."""
     acc = _acc_dtype(x.dtype)
@@ -52,6 +56,7 @@ def _row_sum(t, q_ids, rows):
     return total.index_select(1, q_ids)
 
 
+@autocast_free
 def softmax(x, q_ids, keep, scale, rows, dtype):
     """Masked softmax of packed ``x`` along each query row; ``keep``: None or
     ``(H*blocks, bs, bs)`` booleans; ``rows``: ``H * QB``."""
@@ -71,6 +76,7 @@ def softmax(x, q_ids, keep, scale, rows, dtype):
     return y.reshape(x.shape).to(dtype).contiguous()
 
 
+@autocast_free
 def softmax_grad(dy, y, q_ids, scale, rows, dtype):
     """``(dy - sum_row(dy * y)) * y * scale`` on packed tensors."""
     n, heads, blocks, bs, _ = y.shape

@@ -61,3 +61,57 @@ def test_float32_bias_under_autocast_as_nn_linear(impl, monkeypatch):
         dense.bias.fill_(1.0 + 2.0**-8)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         torch.testing.assert_close(y, dense(x), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("tokens", [16, 64, 4096])  # few tokens: split reductions summed in float32
+def test_gpu_kernels_round_once(rng, dtype, tokens):
+    """The CUDA kernels (and the plans' split reductions) round float64's sums plus the bias once."""
+    mask = (rng.random((64, 4)) < 0.5).astype(int)
+    mask[:, 0] = 1
+    layer = BlocksparseLinear(mask, block_size=32, impl="kernels").to("cuda", dtype)
+    with torch.no_grad():
+        layer.bias.copy_(torch.from_numpy(rng.standard_normal(128) * 4))
+    x = torch.from_numpy(rng.standard_normal((tokens, 2048))).to("cuda", dtype)
+    y = layer(x)
+    assert torch.equal(layer(x), y)  # the second call: the C++ node planned by the first
+    w = torch.from_numpy(layer.layout.dense(layer.weight.detach().double().cpu().numpy())).cuda()
+    want = (x.double() @ w + layer.bias.detach().double()).to(dtype)
+    assert (y != want).float().mean() < 0.01
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [16, 4096])
+def test_gpu_float32_bias_under_autocast_as_nn_linear(rng, tokens):
+    mask = (rng.random((16, 4)) < 0.5).astype(int)
+    mask[:, 0] = 1
+    layer = BlocksparseLinear(mask, block_size=32, impl="kernels").cuda()
+    with torch.no_grad():
+        layer.bias.copy_(torch.from_numpy(rng.standard_normal(128) * 4))
+    x = torch.from_numpy(rng.standard_normal((tokens, 512))).float().cuda()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = layer(x)
+    w = torch.from_numpy(layer.layout.dense(layer.weight.detach().double().cpu().numpy())).cuda()
+    low = [t.to(torch.bfloat16).double() for t in (x, w, layer.bias.detach())]
+    want = (low[0] @ low[1] + low[2]).to(torch.bfloat16)
+    assert y.dtype == torch.bfloat16 and (y != want).float().mean() < 0.01
+
+
+def test_compiled_equals_eager_under_autocast(rng):
+    """The custom op takes the bias too: compiled and eager calls round the same sums once."""
+    mask = (rng.random((4, 3)) < 0.6).astype(int)
+    mask[0] = 1
+    layer = BlocksparseLinear(mask, block_size=16, impl="kernels")
+    with torch.no_grad():
+        layer.bias.copy_(torch.from_numpy(rng.standard_normal(48) * 4))
+    x = torch.from_numpy(rng.standard_normal((32, 64))).float().requires_grad_()
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    outs = []
+    for fn in (layer, compiled):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = fn(x)
+        grads = torch.autograd.grad(y.float().square().sum(), (x, layer.weight, layer.bias))
+        outs.append((y, *grads))
+    for eager, comp in zip(*outs):
+        assert comp.dtype == eager.dtype and torch.equal(comp, eager)
