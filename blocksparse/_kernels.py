@@ -111,8 +111,9 @@ def read_manifest(path):
 
 def describe(arch=None):
     """What :func:`blocksparse.build_info` reports under ``"kernels"`` (nothing is loaded):
-    ``library`` (path or None), ``source`` and ``launch`` (``"aot"`` where a library file is
-    there, else ``"jit"`` with the ``reason``); for a library, ``archs`` (those with cubins) and
+    ``library`` (path or None), ``source`` and ``launch`` (``"aot"`` where a kernel library is
+    there -- a file with the build manifest --, else ``"jit"`` with the ``reason``); for a library,
+    ``archs`` (those with cubins) and
     ``ptx`` (the PTX targets, empty without); with ``arch`` (a GPU, see
     :func:`blocksparse.aot.targets.parse_gpu`), ``serving``: which image would serve it, or
     ``"fallback": "jit"``."""
@@ -122,13 +123,15 @@ def describe(arch=None):
     path, source, why = location()
     if path is not None and not path.is_file():
         path, why = None, f"BLOCKSPARSE_KERNELS names {path}, which does not exist"
+    manifest = read_manifest(path) if path is not None else None
+    if path is not None and manifest is None:
+        path, why = None, f"{path} is not a blocksparse kernel library (it holds no build manifest)"
     info = {"library": str(path) if path else None, "source": source if path else None,
             "launch": "aot" if path else "jit"}
     if why:
         info["reason"] = why
     specs = ()
     if path is not None:
-        manifest = read_manifest(path) or {}
         specs = manifest.get("specializations", ())
         info["archs"], info["ptx"] = manifest.get("archs", []), manifest.get("ptx", [])
     if gpu is not None:

@@ -37,8 +37,10 @@ class BlocksparseConv(LiveState, ConvShapes):
     with the dense filter that is zero outside the blocks), ``"grouped"`` (grouped cuDNN
     convolutions), ``"matmul"`` (1x1 block grids only: the block-sparse matmul kernels) or
     ``"implicit"`` (convolutions only: the implicit-GEMM Triton kernel over the present channel
-    blocks, dense-path gradients).  CPU tensors and float64 run the dense path whatever is asked
-    (``BLOCKSPARSE_BACKEND=triton`` runs the kernels through Triton's interpreter).
+    blocks, dense-path gradients).  ``"auto"`` takes the dense path for CPU tensors, float64 and
+    ``BLOCKSPARSE_BACKEND=reference``; an explicit ``"grouped"`` or ``"matmul"`` runs there as asked
+    (framework ops; the matmul's reference path, or its kernels through Triton's interpreter with
+    ``BLOCKSPARSE_BACKEND=triton``), ``"implicit"`` as the dense path wherever its kernels cannot serve.
 
     Examples
     --------

@@ -77,6 +77,13 @@ class AttentionLayout:
     seq_len = property(lambda self: self.layout.shape[1] * self.block_size)
     density = property(lambda self: float(self.layout.mean()))
 
+    # An unpickled copy (torch.save, multiprocessing) prepares itself again in its process.
+    def __getstate__(self):
+        return {"layout": self.layout, "block_size": self.block_size, "block_masks": self.block_masks}
+
+    def __setstate__(self, state):
+        self.__init__(state["layout"], state["block_size"], block_masks=state["block_masks"])
+
     def __eq__(self, other):
         return isinstance(other, AttentionLayout) and other._key == self._key
 

@@ -113,6 +113,14 @@ def test_build_info_without_arch_names_no_gpu(newer, monkeypatch):
     assert jit["launch"] == "jit" and jit["serving"]["fallback"] == "jit" and "archs" not in jit
 
 
+def test_build_info_says_jit_for_a_file_that_is_no_kernel_library(monkeypatch, tmp_path):
+    bad = tmp_path / "_kernels.so"
+    bad.write_bytes(b"\x7fELF, truncated")
+    monkeypatch.setenv("BLOCKSPARSE_KERNELS", str(bad))
+    kernels = blocksparse.build_info()["kernels"]
+    assert kernels["launch"] == "jit" and kernels["library"] is None and "no build manifest" in kernels["reason"]
+
+
 def test_the_tensorflow_op_library_s_manifest_is_read_the_same_way(newer, monkeypatch, tmp_path):
     """``build_info()``'s TensorFlow part reads ``_build_info.json`` (what scripts/build_ops.py writes)."""
     manifest = tmp_path / "_build_info.json"

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from ...ops.attention.blocklist import block_lists, pair_index
+from .._registry import Registry
 
 
 @dataclass(frozen=True)
@@ -117,24 +118,15 @@ def _device_list(lists, device):
     return DeviceList(*t, heads=lists.heads)
 
 
-_lock = threading.Lock()
-_handles: dict = {}
-_states: list[LayoutState] = []
+_registry = Registry("attention layout", "the AttentionLayout")
 
 
-def handle(key, make_state) -> int:
-    """The integer handle of the prepared layout with content ``key`` (``make_state()`` builds its
-    :class:`LayoutState` the first time)."""
-    with _lock:
-        if key not in _handles:
-            _handles[key] = len(_states)
-            _states.append(make_state())
-        return _handles[key]
+def handle(key: str, make_state) -> int:
+    """The handle of the prepared layout with content digest ``key`` (``make_state()`` builds its
+    :class:`LayoutState` the first time): the same in every process."""
+    return _registry.handle((key,), make_state)
 
 
 def state(layout_handle: int) -> LayoutState:
     """The layout state behind a handle from :func:`handle`."""
-    if not 0 <= layout_handle < len(_states):
-        raise ValueError(f"unknown attention layout handle {layout_handle}; handles come from "
-                         "blocksparse.torch.AttentionLayout")
-    return _states[layout_handle]
+    return _registry.state(layout_handle)

@@ -30,11 +30,12 @@ symbolic when a second op's call recompiles the same code); the dense filter's i
 input, since the backward (traced by the compiler) builds the dense filter from it.
 """
 
-import itertools
 import math
+import threading
 import types
 import weakref
 
+import numpy as np
 import torch
 import triton
 from torch import Tensor
@@ -49,6 +50,7 @@ from .. import _native
 from .._autograd import direct_apply, functorch_active
 from .._backend import kernels_serve, sm_count
 from .._reduce import sum_rows
+from .._registry import digest
 from .._launch import TRITON_TYPES, KernelLaunch, Operand, device_info, library, prepare
 from .dense import dense, dense_grads, grad_frame, pad_widths
 
@@ -56,19 +58,30 @@ __all__ = ["implicit", "register", "serves", "launch_path", "native_path", "regi
            "conv_implicit_fwd", "conv_implicit_dx", "conv_implicit_wgrad", "ImplicitConvFunction", "conv_implicit_op",
            "conv_implicit_dx_op", "conv_implicit_wgrad_op"]
 
-_HANDLES = weakref.WeakValueDictionary()  # handle -> Tables; an op's handle lives as long as the op
-_NEXT = itertools.count()
+_HANDLES: dict = {}  # handle -> weak references to the Tables of that content (any live one serves)
+_LOCK = threading.Lock()
 
 
 def register(tables):
-    """A new handle of ``tables`` (a :class:`~.tables.Tables` whose spec has an implicit plan)."""
-    handle = f"conv-implicit-{next(_NEXT)}"
-    _HANDLES[handle] = tables
+    """The handle of ``tables`` (a :class:`~.tables.Tables` whose spec has an implicit plan): a digest
+    of its op's content, as the layouts' handles are (the same convolution, the same handle, in any
+    process: compiled and exported graphs, and ``torch.compile``'s on-disk cache, never reach another)."""
+    spec = tables.spec
+    arrays = (*spec.blocks.cs, *spec.blocks.ks)
+    handle = "conv-implicit-%016x" % digest(spec.geometry, spec.edge_bias, spec.transposed, spec.blocks.blocks,
+                                           *(np.ascontiguousarray(a, np.int64).tobytes() for a in arrays))
+    with _LOCK:
+        _HANDLES[handle] = [ref for ref in _HANDLES.get(handle, ()) if ref() is not None] + [weakref.ref(tables)]
     return handle
 
 
 def _tables(handle):
-    return _HANDLES[handle]
+    for ref in _HANDLES.get(handle, ()):
+        tables = ref()
+        if tables is not None:
+            return tables
+    raise ValueError(f"unknown convolution handle {handle!r}: this process has built no BlocksparseConv with "
+                     "that content (build the convolution a compiled or exported graph was made from first)")
 
 
 def serves(spec, x):

@@ -28,6 +28,7 @@ from ...ops.common import rows
 from ...ops.matmul import configs, grouping
 from ...ops.matmul.configs import UpdatConfig, XpropConfig
 from .. import _launch, _scratch
+from .._registry import Registry
 from . import launch as _kernels
 
 #: SM count assumed off-GPU (Triton's interpreter), small so that tests exercise the splits.
@@ -403,23 +404,16 @@ def _build(state, kind, a, b, axis, precision, dw_dtype, aligned, target=None, b
     return Plan(kind, cfg, runner, device, max_segment=max_segment, split=split, **out)
 
 
-_lock = threading.Lock()
-_handles: dict[Layout, int] = {}
-_states: list[LayoutState] = []
+_registry = Registry("layout", "the BlocksparseMatMul / layer")
 
 
 def handle(layout: Layout) -> int:
-    """The integer handle of ``layout`` (equal layouts share one)."""
-    with _lock:
-        if layout not in _handles:
-            _handles[layout] = len(_states)
-            _states.append(LayoutState(layout))
-        return _handles[layout]
+    """The handle of ``layout``: a digest of its content (equal layouts share one, in any process)."""
+    parts = (layout.block_size, layout.z_order, layout.packing, layout.mask.shape,
+             np.ascontiguousarray(layout.mask != 0).tobytes(), np.ascontiguousarray(layout.coords, np.int64).tobytes())
+    return _registry.handle(parts, lambda: LayoutState(layout))
 
 
 def state(layout_handle: int) -> LayoutState:
     """The layout state behind a handle from :func:`handle`."""
-    if not 0 <= layout_handle < len(_states):
-        raise ValueError(f"unknown layout handle {layout_handle}; handles come from "
-                         "blocksparse.torch._matmul.plan.handle()")
-    return _states[layout_handle]
+    return _registry.state(layout_handle)

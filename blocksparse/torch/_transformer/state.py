@@ -7,13 +7,13 @@ tables for the life of the process.
 """
 from __future__ import annotations
 
-import threading
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from ...ops.transformer.lut import AttentionLayout, BlockMasks
+from .._registry import Registry
 
 
 class Tables(NamedTuple):
@@ -34,9 +34,14 @@ class _State:
         self.layout = layout
         self.masks = masks
         self._cache = {}
+        # made here, not on first use: torch.compile cannot trace a cached_property's first read (its
+        # lock), nor numpy becoming tensors inside a torch.func transform
+        self._ids = tuple(_long(a, "cpu") for a in layout.flat_ids)
 
     def _memo(self, key, make):
         if key not in self._cache:
+            if torch.compiler.is_compiling():  # a traced call makes its tensors in the graph; none kept
+                return make()
             self._cache[key] = make()
         return self._cache[key]
 
@@ -51,7 +56,7 @@ class _State:
 
     def flat_ids(self, device):
         """:attr:`AttentionLayout.flat_ids` on ``device`` (int64, for index_select)."""
-        return self._memo(("ids", str(device)), lambda: tuple(_long(a, device) for a in self.layout.flat_ids))
+        return self._memo(("ids", str(device)), lambda: tuple(t.to(device) for t in self._ids))
 
     def keep(self, device, masked, autoregress_at_key):
         """``(heads * blocks, bs, bs)`` booleans of the kept elements, or None when all are kept."""
@@ -79,24 +84,14 @@ def _long(array, device):
     return torch.from_numpy(np.array(array, dtype=np.int64)).to(device)
 
 
-_lock = threading.Lock()
-_handles: dict = {}
-_states: list[_State] = []
+_registry = Registry("transformer layout", "the BlocksparseTransformer")
 
 
 def handle(layout: AttentionLayout, masks: BlockMasks | None) -> int:
-    """The integer handle of ``(layout, masks)`` (equal pairs share one)."""
-    key = (layout.key, None if masks is None else masks.key)
-    with _lock:
-        if key not in _handles:
-            _handles[key] = len(_states)
-            _states.append(_State(layout, masks))
-        return _handles[key]
+    """The handle of ``(layout, masks)``: a digest of their content (equal pairs share one, in any process)."""
+    return _registry.handle((*layout.key, None if masks is None else masks.key), lambda: _State(layout, masks))
 
 
 def state(layout_handle: int) -> _State:
     """The state behind a handle from :func:`handle`."""
-    if not 0 <= layout_handle < len(_states):
-        raise ValueError(f"unknown transformer layout handle {layout_handle}; handles come from "
-                         "blocksparse.torch._transformer.state.handle()")
-    return _states[layout_handle]
+    return _registry.state(layout_handle)

@@ -385,3 +385,21 @@ def test_bad_constructor_arguments():
         BlocksparseTransformer(np.ones((2, 2)), 48, heads=1)
     with pytest.raises(ValueError, match=r"mask_callback must return an array of shape blk_shape = \(16, 16\)"):
         BlocksparseTransformer(np.ones((2, 2)), 16, heads=1, mask_callback=lambda *a: np.ones((16, 15)))
+
+
+@pytest.mark.parametrize("autoregress_at_key", [None, 0])
+def test_compiled_transform_of_a_fresh_transformer(rng, autoregress_at_key):
+    """``torch.compile(torch.func.grad(f))`` traces a transformer's first call (no eager call
+    before it to build its tables): the same gradient as the eager transform."""
+    from torch.func import grad
+
+    bst = BlocksparseTransformer(np.tril(np.ones((2, 2))), block_size=16, heads=1)
+    q = torch.from_numpy(rng.standard_normal((1, 32, 16))).float()
+
+    def step(q):
+        w = bst.masked_softmax(bst.query_key_op(q, q), scale=0.25, autoregress_at_key=autoregress_at_key)
+        return bst.weight_value_op(w, q).square().sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(grad(step), fullgraph=True, backend="aot_eager")(q)
+    torch.testing.assert_close(compiled, grad(step)(q), rtol=0, atol=0)

@@ -1,0 +1,72 @@
+"""Layout handles -- what the custom ops, compiled graphs and exported programs hold in place of a
+layout -- are digests of the layout's content: the same in every process, and a handle this process
+has not prepared raises instead of naming another layout."""
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from blocksparse.layouts import attention as layouts
+from blocksparse.torch import AttentionLayout, BlocksparseMatMul, BlocksparseTransformer, attention
+from blocksparse.torch._attention import state as attention_state
+from blocksparse.torch._matmul import plan
+from blocksparse.torch._transformer import state as transformer_state
+
+_HANDLES = """
+import numpy as np
+from blocksparse.layouts import attention as layouts
+from blocksparse.torch import AttentionLayout, BlocksparseMatMul, BlocksparseTransformer
+BlocksparseMatMul(np.ones((3, 3)), block_size=16)  # another layout prepared first
+mask = np.array({mask})
+print(BlocksparseMatMul(mask, block_size=16)._handle, AttentionLayout(layouts.causal(4), 16)._handle,
+      BlocksparseTransformer(np.tril(np.ones((4, 4))), block_size=16, heads=2)._handle)
+"""
+
+
+def _run(code, stdin=b""):
+    done = subprocess.run([sys.executable, "-c", code], input=stdin, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()
+    return done.stdout.decode().split()
+
+
+def test_the_same_layouts_have_the_same_handles_in_another_process(rng):
+    mask = (rng.random((4, 5)) < 0.5).astype(int)
+    mask[0, 0] = 1
+    here = [BlocksparseMatMul(mask, block_size=16)._handle, AttentionLayout(layouts.causal(4), 16)._handle,
+            BlocksparseTransformer(np.tril(np.ones((4, 4))), block_size=16, heads=2)._handle]
+    assert _run(_HANDLES.format(mask=mask.tolist())) == [str(h) for h in here]
+
+
+def test_other_layouts_have_other_handles(rng):
+    mask = np.ones((4, 4), int)
+    other = mask.copy()
+    other[1, 2] = 0
+    assert BlocksparseMatMul(mask, block_size=16)._handle != BlocksparseMatMul(other, block_size=16)._handle
+    assert BlocksparseMatMul(mask, block_size=16)._handle != BlocksparseMatMul(mask, block_size=32)._handle
+    assert AttentionLayout(mask, 16)._handle != AttentionLayout(other, 16)._handle
+
+
+@pytest.mark.parametrize("registry", [plan, attention_state, transformer_state], ids=["matmul", "attention",
+                                                                                        "transformer"])
+def test_an_unprepared_handle_raises(registry):
+    with pytest.raises(ValueError, match="this process has prepared no"):
+        registry.state(12345)
+
+
+def test_a_pickled_attention_layout_prepares_itself_in_another_process(rng):
+    lay = AttentionLayout(layouts.bigbird(8, 1, 1, 2, seed=3), block_size=16)
+    code = """
+import pickle, sys, torch
+from blocksparse.layouts import attention as layouts
+from blocksparse.torch import AttentionLayout, attention
+AttentionLayout(layouts.causal(8), block_size=16)  # another layout prepared first
+lay = pickle.loads(sys.stdin.buffer.read())
+"""
+    q = torch.from_numpy(rng.standard_normal((1, 1, 128, 16)))
+    code += f"q = torch.tensor({q.tolist()}, dtype=torch.float64)\n"
+    code += "print(repr(attention(q, q, q, lay).sum().item()))\n"
+    got = float(_run(code, pickle.dumps(lay))[0])
+    assert got == attention(q, q, q, lay).sum().item()
