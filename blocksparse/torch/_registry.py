@@ -8,10 +8,19 @@ gets a ``ValueError`` saying so, never another layout's tables.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
 
-__all__ = ["Registry", "digest"]
+try:  # a state built while a FakeTensorMode is on (torch.export, tracing) holds real tensors all the same
+    from torch._subclasses.fake_tensor import unset_fake_temporarily as _real_tensors
+except ImportError:  # pragma: no cover
+    _real_tensors = contextlib.nullcontext
+
+__all__ = ["Registry", "digest", "real_tensors"]
+
+#: A context in which tensors are real whatever fake-tensor mode is on: states outlive the trace.
+real_tensors = _real_tensors
 
 
 def digest(*parts) -> int:
@@ -39,13 +48,16 @@ class Registry:
         with self._lock:
             entry = self._entries.get(h)
             if entry is None:
-                self._entries[h] = (parts, make_state())
+                with real_tensors():
+                    self._entries[h] = (parts, make_state())
             elif entry[0] != parts:  # two layouts, one digest: never seen, but never a wrong answer
                 raise RuntimeError(f"two different {self._what}s share the content digest {h}")
         return h
 
     def state(self, handle: int):
-        """The state behind ``handle``."""
+        """The state behind ``handle`` (a symbolic int, which torch.compile makes of a handle that
+        changed between calls, is specialised here)."""
+        handle = int(handle)
         entry = self._entries.get(handle)
         if entry is None:
             raise ValueError(f"unknown {self._what} handle {handle}: this process has prepared no {self._what} "

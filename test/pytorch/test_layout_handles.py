@@ -70,3 +70,28 @@ lay = pickle.loads(sys.stdin.buffer.read())
     code += "print(repr(attention(q, q, q, lay).sum().item()))\n"
     got = float(_run(code, pickle.dumps(lay))[0])
     assert got == attention(q, q, q, lay).sum().item()
+
+
+def test_one_compiled_function_over_several_layouts(rng):
+    """A handle that changes between calls may become a symbolic int when the function recompiles."""
+    mats = [BlocksparseMatMul(m, block_size=16) for m in ([[1, 0], [1, 1]], [[1, 1], [0, 1]], [[0, 1], [1, 1]])]
+    compiled = torch.compile(lambda m, x, w: m(x, w) * 2, backend="aot_eager", fullgraph=True)
+    x = torch.from_numpy(rng.standard_normal((4, 32))).float()
+    w = torch.from_numpy(rng.standard_normal(mats[0].w_shape)).float()
+    for m in mats:
+        torch.testing.assert_close(compiled(m, x, w), m(x, w) * 2, rtol=0, atol=0)
+
+
+def test_a_transformer_first_built_under_fake_tensors_serves_real_ones(rng):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    layout = np.tril(np.ones((3, 3), int))
+    layout[2, 0] = 0
+    with FakeTensorMode():
+        BlocksparseTransformer(layout, block_size=16, heads=2)
+    bst = BlocksparseTransformer(layout, block_size=16, heads=2)
+    q, k = (torch.from_numpy(rng.standard_normal((1, 48, 32))) for _ in range(2))
+    qh, kh = (t.reshape(1, 48, 2, 16).permute(0, 2, 1, 3) for t in (q, k))
+    dense = (qh @ kh.transpose(-1, -2)).reshape(1, 2, 3, 16, 3, 16).permute(0, 1, 2, 4, 3, 5)
+    want = dense[:, :, torch.from_numpy(np.nonzero(layout)[0]), torch.from_numpy(np.nonzero(layout)[1])]
+    torch.testing.assert_close(bst.query_key_op(q, k), want)

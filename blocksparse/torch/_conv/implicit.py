@@ -30,6 +30,7 @@ symbolic when a second op's call recompiles the same code); the dense filter's i
 input, since the backward (traced by the compiler) builds the dense filter from it.
 """
 
+import collections
 import math
 import threading
 import types
@@ -58,30 +59,36 @@ __all__ = ["implicit", "register", "serves", "launch_path", "native_path", "regi
            "conv_implicit_fwd", "conv_implicit_dx", "conv_implicit_wgrad", "ImplicitConvFunction", "conv_implicit_op",
            "conv_implicit_dx_op", "conv_implicit_wgrad_op"]
 
-_HANDLES: dict = {}  # handle -> weak references to the Tables of that content (any live one serves)
+_HANDLES = weakref.WeakValueDictionary()  # handle -> Tables; an op's handle lives as long as the op
+_BUILT = collections.Counter()  # content digest -> Tables made with it so far
 _LOCK = threading.Lock()
 
 
 def register(tables):
-    """The handle of ``tables`` (a :class:`~.tables.Tables` whose spec has an implicit plan): a digest
-    of its op's content, as the layouts' handles are (the same convolution, the same handle, in any
-    process: compiled and exported graphs, and ``torch.compile``'s on-disk cache, never reach another)."""
+    """A new handle of ``tables`` (a :class:`~.tables.Tables` whose spec has an implicit plan): a digest
+    of its op's content, as the layouts' handles are, and its place among the ops of that content
+    built in this process (each op keeps its own tables).  Compiled and exported graphs, and
+    ``torch.compile``'s on-disk cache, reach an op of the same content in any process, never another."""
     spec = tables.spec
     arrays = (*spec.blocks.cs, *spec.blocks.ks)
-    handle = "conv-implicit-%016x" % digest(spec.geometry, spec.edge_bias, spec.transposed, spec.blocks.blocks,
-                                           *(np.ascontiguousarray(a, np.int64).tobytes() for a in arrays))
+    content = "conv-implicit-%016x" % digest(spec.geometry, spec.edge_bias, spec.transposed, spec.blocks.blocks,
+                                            *(np.ascontiguousarray(a, np.int64).tobytes() for a in arrays))
     with _LOCK:
-        _HANDLES[handle] = [ref for ref in _HANDLES.get(handle, ()) if ref() is not None] + [weakref.ref(tables)]
+        handle = f"{content}-{_BUILT[content]}"
+        _BUILT[content] += 1
+        _HANDLES[handle] = tables
     return handle
 
 
 def _tables(handle):
-    for ref in _HANDLES.get(handle, ()):
-        tables = ref()
-        if tables is not None:
-            return tables
-    raise ValueError(f"unknown convolution handle {handle!r}: this process has built no BlocksparseConv with "
-                     "that content (build the convolution a compiled or exported graph was made from first)")
+    tables = _HANDLES.get(handle)
+    if tables is None:  # a graph from another process: any op of that content here serves it
+        content = handle.rpartition("-")[0] + "-"
+        tables = next((t for name, t in list(_HANDLES.items()) if name.startswith(content)), None)
+    if tables is None:
+        raise ValueError(f"unknown convolution handle {handle!r}: this process has built no BlocksparseConv with "
+                         "that content (build the convolution a compiled or exported graph was made from first)")
+    return tables
 
 
 def serves(spec, x):

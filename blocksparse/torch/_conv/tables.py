@@ -62,10 +62,10 @@ class Tables:
                 setattr(self._cpu, f"{name}_tiles", _tensor(plan.tiles, "int32"))
                 # int32 gathers: the index is most of the bytes a gather of the packed filter moves
                 setattr(self._cpu, f"{name}_weight", _tensor(plan.weight, _index_dtype(plan.weight)))
-        if spec.implicit is not None:
-            self._cpu.implicit_handle = _implicit.register(self)
         self._cpu.implicit_runs, self._cpu.implicit_native = {}, {}
         self._devices = {}
+        if spec.implicit is not None:  # last: a registered op is complete
+            self._cpu.implicit_handle = _implicit.register(self)
 
     # Copies and unpickled ops rebuild their tables: the handles are this process's, of this object.
     def __getstate__(self):

@@ -74,11 +74,10 @@ def test_gpu_kernels_round_once(rng, dtype, tokens):
     with torch.no_grad():
         layer.bias.copy_(torch.from_numpy(rng.standard_normal(128) * 4))
     x = torch.from_numpy(rng.standard_normal((tokens, 2048))).to("cuda", dtype)
-    y = layer(x)
-    assert torch.equal(layer(x), y)  # the second call: the C++ node planned by the first
     w = torch.from_numpy(layer.layout.dense(layer.weight.detach().double().cpu().numpy())).cuda()
     want = (x.double() @ w + layer.bias.detach().double()).to(dtype)
-    assert (y != want).float().mean() < 0.01
+    for _ in range(2):  # the second call planned by the first (split products add in any order: not bitwise)
+        assert (layer(x) != want).float().mean() < 0.01
 
 
 @pytest.mark.gpu
