@@ -9,7 +9,10 @@ extra bias, shared by all positions whose set of padded taps is the same (the *e
   ``(t0, t1, t2)`` is padded when it is on any axis.
 * transposed convolution: output (image) position ``x`` has padded tap ``t`` when the input
   position it would come from, ``(x + pad - t * dilate) / stride``, is a whole number outside the
-  input (a tap that lands between strided inputs is a hole, not an edge).
+  input (a tap that lands between strided inputs is a hole, not an edge).  In several dimensions a
+  tap is an edge where it is one on any axis, as in the convolution -- also where another axis
+  makes it a hole: the original package's rule (its ``bprop_lut`` patterns), which fixes
+  ``edge_bias_shape()`` and with it the checkpoints of ported models.
 
 Positions with no padded tap (the interior) get no edge bias.  Patterns are numbered in the order
 their first position appears in the output (row-major).  ``edge_bias`` has shape ``(K, E)`` for
