@@ -388,3 +388,20 @@ def test_second_derivatives(rng, kernels):
         results.append((dx, ddF))
     assert rel_error(results[0][0], conv_products(ref, F, x, dy)[1]) < 1e-5
     assert rel_error(results[0][1], results[1][1].detach().numpy()) < 1e-5
+
+
+@pytest.mark.interpreter
+def test_equal_convolutions_keep_their_own_tables(rng, kernels):
+    """The implicit path's handles are named by content: an equal op built under FakeTensorMode (its
+    tables fake) must not serve a real one's calls and gradients."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    bck = [([0, 1], [0, 1]), ([2, 3], [2])]
+    with FakeTensorMode():
+        fake = BlocksparseConv(bck, (3, 3), (6, 6), path="implicit")
+    real = BlocksparseConv(bck, (3, 3), (6, 6), path="implicit")
+    assert fake._tables._cpu.implicit_handle != real._tables._cpu.implicit_handle
+    assert implicit_glue._tables(real._tables._cpu.implicit_handle) is real._tables
+    ref = case_of(real, bck, "SAME", False)
+    F, x, dy, _ = random_inputs(rng, real, N=2)
+    check_all(real, ref, F, x, dy, None)
