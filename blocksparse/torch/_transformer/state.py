@@ -37,6 +37,8 @@ class _State:
         # made here, not on first use: torch.compile cannot trace a cached_property's first read (its
         # lock), nor numpy becoming tensors inside a torch.func transform
         self._ids = tuple(_long(a, "cpu") for a in layout.flat_ids)
+        self._masks = None if masks is None else (torch.from_numpy(masks.distinct()),
+                                                  _long(masks.head_index(layout.heads), "cpu"))
 
     def _memo(self, key, make):
         if key not in self._cache:
@@ -63,8 +65,9 @@ class _State:
         lay = self.layout
         base = None
         if masked and self.masks is not None:
-            def make():
-                return torch.from_numpy(self.masks.distinct()[self.masks.head_index(lay.heads)]).to(device)
+            def make():  # the distinct masks (few) indexed per block, on the device
+                distinct, index = self._masks
+                return distinct.to(device)[index.to(device)]
             base = self._memo(("keep", str(device)), make)
         if autoregress_at_key is None:
             return base

@@ -387,13 +387,18 @@ def test_bad_constructor_arguments():
         BlocksparseTransformer(np.ones((2, 2)), 16, heads=1, mask_callback=lambda *a: np.ones((16, 15)))
 
 
+def _lower_diagonal_blocks(blk_shape, head, q_blk, k_blk, blk_id):
+    return np.tril(np.ones(blk_shape)) if q_blk == k_blk else np.ones(blk_shape)
+
+
 @pytest.mark.parametrize("autoregress_at_key", [None, 0])
-def test_compiled_transform_of_a_fresh_transformer(rng, autoregress_at_key):
+@pytest.mark.parametrize("mask_callback", [None, _lower_diagonal_blocks], ids=["unmasked", "masked"])
+def test_compiled_transform_of_a_fresh_transformer(rng, autoregress_at_key, mask_callback):
     """``torch.compile(torch.func.grad(f))`` traces a transformer's first call (no eager call
     before it to build its tables): the same gradient as the eager transform."""
     from torch.func import grad
 
-    bst = BlocksparseTransformer(np.tril(np.ones((2, 2))), block_size=16, heads=1)
+    bst = BlocksparseTransformer(np.tril(np.ones((2, 2))), block_size=16, heads=1, mask_callback=mask_callback)
     q = torch.from_numpy(rng.standard_normal((1, 32, 16))).float()
 
     def step(q):
