@@ -4,13 +4,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .._checks import check_bool
+from .._checks import check_bool, check_epsilon
 from .._frontend import LayoutShapes, check_feature_axis
+from .._initializers import identity_blocks, ortho_blocks
 from ..layout import BLOCK_SIZES, Layout
 from . import _checks
 from ._backend import autocast_dtype_of
 from ._matmul import ops as _ops
 from ._matmul import plan as _plan
+from ._matmul import weights as _weights
 from ._portable.dispatch import Dispatched, LinearDispatch, check_input, for_layout, uniform_fan_in_
 from ._state import LayoutState
 
@@ -78,6 +80,43 @@ class BlocksparseMatMul(LayoutShapes):
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._handle = _plan.handle(self.layout)
+
+    # ------------------------------------------------------------------ weights
+    def ortho_init(self):
+        """Initializer ``init(shape=None, dtype=torch.float32, device=None)`` -> a ``w_shape``
+        tensor: random orthonormal columns within each layout column (the whole ``(C, K)`` matrix
+        semi-orthogonal for a dense layout), as the TensorFlow object's; seed with ``np.random.seed``."""
+        return _weights.Initializer(lambda: ortho_blocks(self.layout), self.w_shape, "ortho_init")
+
+    def identity_init(self, gpu=False):
+        """Initializer (as :meth:`ortho_init`'s): identity blocks where ``c % KB == k % CB``, zeros
+        elsewhere.  ``gpu`` is accepted for compatibility; the values are the same wherever made."""
+        check_bool(gpu, "gpu")
+        return _weights.Initializer(lambda: identity_blocks(self.layout), self.w_shape, "identity_init")
+
+    def l2_normalize(self, w, gain=None, epsilon=1e-6, dtype=torch.float32):
+        """Weight normalisation: each output feature scaled to unit L2 norm (times ``gain``).
+
+        ``w``: ``w_shape``; ``gain``: ``K`` values (``(K,)``, ``(1, K)`` or ``(K, 1)``), the scale of
+        each output feature; ``epsilon``: lower bound of the squared norm (guards empty or zero
+        columns); ``dtype``: of the result.  Returns ``w[b, :, j] / max(||column k*bs + j of the dense
+        W||, sqrt(epsilon))``, times ``gain``, for block ``b`` in layout column ``k``; computed in
+        float32 (float64 stays float64), differentiable in ``w`` and ``gain``.
+        """
+        w = _checks.floating_tensor("w", w)
+        if tuple(w.shape) != self.w_shape:
+            raise ValueError(f"w must have shape {self.w_shape}; got {tuple(w.shape)}")
+        epsilon = check_epsilon(epsilon)
+        dtype = _checks.float_dtype("dtype", dtype)
+        if gain is not None:
+            gain = _checks.floating_tensor("gain", gain)
+            if gain.numel() != self.K or (gain.dim() == 2 and 1 not in gain.shape) or gain.dim() > 2:
+                raise ValueError(f"gain must have shape (K,) = ({self.K},) (or (1, K) / (K, 1)); got "
+                                 f"{tuple(gain.shape)}")
+            if gain.device != w.device:
+                raise ValueError(f"gain and w must be on one device; got {gain.device} and {w.device}")
+        coords = torch.tensor(self.layout.coords[:, 1], dtype=torch.int64, device=w.device)
+        return _weights.l2_normalize(w, coords, self.layout.KB, gain, epsilon, dtype)
 
     # ------------------------------------------------------------------ the product
     def __call__(self, x, w):
