@@ -110,7 +110,8 @@ def batch_norm(x, g, b, epsilon=1e-6, name=None):
     mean, var : float32 tensors, shape (C,)
         The statistics over N and the spatial axes; ``var`` is the biased variance (divided by
         ``N * prod(spatial)``), as the original's op returned them (e.g. to update moving
-        averages for :func:`batch_norm_inference`).
+        averages for :func:`batch_norm_inference`).  NaN for an empty batch or spatial size 0
+        (the mean of nothing; ``y`` is then empty).
 
     All three are differentiable in ``x``, ``g`` and ``b``.
     """

@@ -29,7 +29,7 @@ def _features_last(x, axis, segments, xp):
 
 
 def _features_back(t, axis, xp):
-    return xp.moveaxis(t.reshape(*t.shape[:-2], -1), -1, axis)
+    return xp.moveaxis(t.reshape(*t.shape[:-2], t.shape[-2] * t.shape[-1]), -1, axis)  # (not -1: size 0)
 
 
 def _per_feature(t):

@@ -162,6 +162,8 @@ def _nonempty(I, flat, compute, empty_shape, dtype, i_rest):
     n = tf.compat.dimension_value(I.shape[0])  # (TensorFlow 1 shapes: a Dimension, not an int)
     if n is not None:
         return compute() if n else empty(I, flat)
+    if device.in_xla():  # XLA's convolutions take an empty batch, and its gradient of this cond breaks (garbage shapes)
+        return compute()
     return tf.cond(tf.shape(I)[0] > 0, compute, lambda: empty(I, flat))
 
 

@@ -39,7 +39,7 @@ def batch_norm(x, g, b, epsilon):
         def grad(dy, dmean, dvar):
             shape = tf.shape(dy)  # not the forward's (XLA in a loop: see layer_norm's gradient)
             dy3 = _ncp(dy, shape)
-            count = tf.cast(tf.size(dy3) // tf.shape(dy3)[1], tf.float32)   # N * P per channel
+            count = tf.cast(tf.shape(dy3)[0] * tf.shape(dy3)[2], tf.float32)   # N * P per channel
             dg = tf.reduce_sum(dy3 * xhat, axis=[0, 2])
             db = tf.reduce_sum(dy3, axis=[0, 2])
             scale = to_compute(g) * rstd

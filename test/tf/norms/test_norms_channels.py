@@ -40,6 +40,27 @@ def test_batch_norm(rng, dtype, shape, stats_grads):
         assert_close(got, w, tol, what)
 
 
+@pytest.mark.parametrize("mode", ["eager", "graph"])  # (tf_modes' function mode marks missing gradients by (0,))
+def test_batch_norm_without_channels(rng, mode):
+    """C = 0: empty outputs and gradients (the gradient once divided by the channel count)."""
+    shape = (3, 0, 4, 2)
+    res = run(mode, lambda x, g, b: batch_norm(x, g, b), [np.zeros(shape), np.zeros(0), np.zeros(0)],
+              [tf.float32] * 3, [np.zeros(shape), np.zeros(0), np.zeros(0)])
+    assert [np.shape(o) for o in res.outputs] == [shape, (0,), (0,)]
+    assert [np.shape(d) for d in res.grads] == [shape, (0,), (0,)]
+
+
+def test_batch_norm_of_an_empty_batch(rng):
+    """N = 0: an empty ``y``, NaN statistics (the mean of nothing, as documented), zero gradients
+    for ``g`` and ``b``."""
+    g, b = rng.standard_normal(3), rng.standard_normal(3)
+    res = run("eager", lambda x, g, b: batch_norm(x, g, b), [np.zeros((0, 3, 4)), g, b], [tf.float32] * 3,
+              [np.zeros((0, 3, 4)), None, None])
+    y, mean, var = res.outputs
+    assert np.shape(y) == (0, 3, 4) and np.isnan(mean).all() and np.isnan(var).all()
+    assert np.shape(res.grads[0]) == (0, 3, 4) and not np.any(res.grads[1]) and not np.any(res.grads[2])
+
+
 @pytest.mark.parametrize("mode", ["function", "graph"])
 def test_batch_norm_graph_modes(rng, mode):
     shape = (4, 3, 5, 5)

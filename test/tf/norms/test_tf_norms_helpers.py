@@ -26,6 +26,16 @@ def test_layer_norm_helpers(rng, axis):
         np.testing.assert_allclose(a.numpy().reshape(want.shape), want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("shape, axis", [((0, 8), 1), ((8, 0), 0), ((2, 0, 8), -1)])
+def test_layer_norm_helpers_of_an_empty_batch(rng, shape, axis):
+    """No tokens: empty results of the input's shape and zero parameter gradients, as the op gives."""
+    g, b = rng.standard_normal(8), rng.standard_normal(8)
+    x = np.zeros(shape)
+    assert layer_norm_test(x, g, b, axis=axis, segments=2).shape == shape
+    dx, dg, db = layer_norm_grad_test(x, x, g, b, axis=axis, segments=2)
+    assert dx.shape == shape and dg.shape == db.shape == (8,) and not dg.any() and not db.any()
+
+
 def test_batch_norm_helpers(rng):
     x, dy = (rng.standard_normal((3, 4, 5, 5)).astype(np.float32) for _ in range(2))
     g, b = rng.standard_normal(4).astype(np.float32), rng.standard_normal(4).astype(np.float32)
