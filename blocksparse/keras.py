@@ -165,4 +165,13 @@ class BlocksparseDense(KerasBlockState, keras.layers.Layer, LayoutShapes):
         return config
 
 
-from .pixelfly import PixelflyDense  # noqa: E402  (the butterfly layer lives with its layouts)
+if keras.backend.backend() == "tensorflow":
+    from .pixelfly import PixelflyDense  # noqa: E402  (the butterfly layer lives with its layouts)
+else:  # it runs on TensorFlow alone, which need not be installed here: imported when asked for
+    __all__ = ["BlocksparseDense"]
+
+    def __getattr__(name):
+        if name == "PixelflyDense":
+            from .pixelfly import PixelflyDense
+            return PixelflyDense
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

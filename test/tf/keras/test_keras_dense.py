@@ -181,20 +181,31 @@ TORCH_SCRIPT = textwrap.dedent("""
     model.save(path)
     again = keras.saving.load_model(path)
     assert np.array_equal(again.predict(x, verbose=0), model.predict(x, verbose=0))
-    from blocksparse.pixelfly import PixelflyDense   # TensorFlow only: refused by name, pointing to torch's
-    try:
-        PixelflyDense(16, 8)
-        raise AssertionError("PixelflyDense built on the torch backend")
-    except NotImplementedError as exc:
-        assert "tensorflow backend" in str(exc) and "PixelflyLinear" in str(exc), exc
+    import sys
+    if sys.modules.get("tensorflow", 0) is None:  # TensorFlow not installed: the layer above never needed it
+        try:
+            from blocksparse.keras import PixelflyDense
+            raise AssertionError("PixelflyDense imported without TensorFlow")
+        except ImportError as exc:
+            assert "TensorFlow" in str(exc), exc
+    else:
+        from blocksparse.pixelfly import PixelflyDense   # TensorFlow only: refused by name, pointing to torch's
+        try:
+            PixelflyDense(16, 8)
+            raise AssertionError("PixelflyDense built on the torch backend")
+        except NotImplementedError as exc:
+            assert "tensorflow backend" in str(exc) and "PixelflyLinear" in str(exc), exc
     print("torch backend checked")
 """)
+#: Where TensorFlow is not installed (``import tensorflow`` raises ImportError).
+WITHOUT_TF = "import sys; sys.modules['tensorflow'] = None\n"
 
 
-def test_torch_backend(rng, tmp_path):
+@pytest.mark.parametrize("tensorflow", ["installed", "absent"])
+def test_torch_backend(rng, tmp_path, tensorflow):
     pytest.importorskip("torch")
     env = dict(os.environ, KERAS_BACKEND="torch", PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
-    code = TORCH_SCRIPT.format(seed=int(rng.integers(1 << 30)))
+    code = (WITHOUT_TF if tensorflow == "absent" else "") + TORCH_SCRIPT.format(seed=int(rng.integers(1 << 30)))
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,
                          timeout=300)
     assert res.returncode == 0, res.stderr[-4000:]
