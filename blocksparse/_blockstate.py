@@ -65,6 +65,15 @@ def difference(mine, saved):
     return "the blocks connect other channels there than here"
 
 
+def _numpy(t):
+    """A restored record's value (eager: its numpy value; None where there is none, or in a graph,
+    where the check cannot run)."""
+    try:
+        return None if t is None else t.numpy()
+    except (AttributeError, NotImplementedError):
+        return None
+
+
 def mismatch_message(where, problem):
     """The loading error's text for the layer ``where``."""
     return (f"block structure mismatch for {where}: {problem}; "
@@ -73,8 +82,29 @@ def mismatch_message(where, problem):
 
 class KerasBlockState:
     """Mixin of Keras layers with a ``layout``: the store of their variables (``.keras`` and
-    ``.weights.h5`` files) also holds the block structure, and loading checks it (``ValueError`` on a
-    difference; a store without it loads as before)."""
+    ``.weights.h5`` files) and, on the TensorFlow backend, TensorFlow checkpoints
+    (``tf.train.Checkpoint``, ``model.save_weights`` in its format, SavedModels) also hold the block
+    structure, and loading checks it (``ValueError`` on a difference; a store or checkpoint without
+    it loads as before)."""
+
+    # TensorFlow checkpoints: the record is a saved attribute of the layer itself (not a child
+    # object), so that checkpoints written before it existed still match every object.
+    def _serialize_to_tensors(self):
+        import tensorflow as tf
+
+        if getattr(self, "layout", None) is None:
+            return {}
+        return {KEY: tf.constant(linear_signature(self.layout))}
+
+    def _restore_from_tensors(self, restored_tensors):
+        import tensorflow as tf
+
+        saved = _numpy(restored_tensors.get(KEY))
+        if saved is not None and getattr(self, "layout", None) is not None:
+            problem = difference(linear_signature(self.layout), saved)
+            if problem is not None:
+                raise ValueError(mismatch_message(f"layer '{self.name}'", problem))
+        return tf.no_op()
 
     def save_own_variables(self, store):
         super().save_own_variables(store)

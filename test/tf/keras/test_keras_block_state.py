@@ -72,3 +72,55 @@ def test_store_without_record_loads(rng):
     del store["blocksparse_blocks"]
     dst.load_own_variables(store)
     np.testing.assert_array_equal(dst.kernel.numpy(), src.kernel.numpy())
+
+
+def _checkpoint(layer, path):
+    import tensorflow as tf
+
+    return tf.train.Checkpoint(layer=layer).save(str(path))
+
+
+@pytest.mark.parametrize("kind", ["dense", "pixelfly"])
+def test_tensorflow_checkpoint_checks_the_layout(rng, tmp_path, kind):
+    """``tf.train.Checkpoint`` holds the record too: same blocks restore (values equal), another
+    layout with as many blocks is refused."""
+    import tensorflow as tf
+
+    if kind == "dense":
+        a, b = _moved(rng)
+        make, feats = (lambda m: BlocksparseDense(m, 8)), 24
+    else:
+        a, b = 1, 2  # n_factors: 24 and 16 blocks, then one factor of another butterfly size
+        make, feats = (lambda n: PixelflyDense(64, block_size=8, butterfly_size=4, n_factors=n)), 32
+    x = rng.standard_normal((3, feats)).astype("float32")
+    src = make(a)
+    want = np.asarray(src(x))
+    path = _checkpoint(src, tmp_path / "ckpt")
+    twin = make(a)
+    twin.build((None, feats))
+    tf.train.Checkpoint(layer=twin).restore(path).assert_consumed()
+    np.testing.assert_array_equal(np.asarray(twin(x)), want)
+    other = make(b)
+    other.build((None, feats))
+    with pytest.raises(ValueError, match=r"block structure mismatch for layer '.*'"):
+        tf.train.Checkpoint(layer=other).restore(path)
+
+
+def test_tensorflow_checkpoint_without_record_restores(rng, tmp_path, monkeypatch):
+    """A checkpoint written without the record (an earlier version) restores, every object matched."""
+    import tensorflow as tf
+
+    from blocksparse._blockstate import KerasBlockState
+
+    a, _ = _moved(rng)
+    src = BlocksparseDense(a, 8)
+    src.build((None, 24))
+    with monkeypatch.context() as m:
+        m.delattr(KerasBlockState, "_serialize_to_tensors")
+        m.delattr(KerasBlockState, "_restore_from_tensors")
+        path = _checkpoint(src, tmp_path / "old")
+    assert not any("blocksparse_blocks" in name for name, _ in tf.train.list_variables(path))
+    dst = BlocksparseDense(a, 8)
+    dst.build((None, 24))
+    tf.train.Checkpoint(layer=dst).restore(path).assert_existing_objects_matched()
+    np.testing.assert_array_equal(dst.kernel.numpy(), src.kernel.numpy())
