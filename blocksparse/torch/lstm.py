@@ -1,6 +1,10 @@
 """Public PyTorch API of the fused LSTM gates: :func:`fused_lstm_gates`."""
 from __future__ import annotations
 
+import math
+
+import torch
+
 from . import _checks
 from ._lstm import ops as _ops
 from ._lstm import reference as _reference
@@ -20,7 +24,9 @@ def fused_lstm_gates(c, *gates, bias=None, forget_bias=1.0):
     Parameters
     ----------
     c : Tensor, shape (N, K)
-        The cell state; float16, bfloat16, float32 (Triton kernels on CUDA) or float64.
+        The cell state; float16, bfloat16, float32 (Triton kernels on CUDA) or float64.  Higher
+        ranks ``(..., K)`` (as TensorFlow's takes) with gates ``(..., 4K)`` / ``(..., K)`` of the
+        same leading shape: every leading axis a token axis.
     *gates : Tensor
         Either one merged ``(N, 4K)`` tensor holding ``i, j, f, o`` in that order along the
         features, or the four ``(N, K)`` tensors ``i, j, f, o``; ``c``'s dtype and device.
@@ -44,13 +50,15 @@ def fused_lstm_gates(c, *gates, bias=None, forget_bias=1.0):
     >>> c_next, h_next = fused_lstm_gates(c, h, forget_bias=1.0)
     >>> c_next, h_next = fused_lstm_gates(c, *h.split(32, dim=1))     # four gate tensors
     """
+    if len(gates) not in (1, 4):
+        raise TypeError(f"gates must be one merged (N, 4K) tensor or four (N, K) tensors; got {len(gates)}")
+    names = ("h",) if len(gates) == 1 else ("i", "j", "f", "o")
+    if isinstance(c, torch.Tensor) and c.dim() > 2:  # (..., K): every leading axis a token axis
+        return _tokens_flattened(c, gates, names, bias, forget_bias)
     out = _ops.native_gates(c, gates, bias, forget_bias)
     if out is not None:
         return out
-    if len(gates) not in (1, 4):
-        raise TypeError(f"gates must be one merged (N, 4K) tensor or four (N, K) tensors; got {len(gates)}")
     c = _checks.activations("c", c)
-    names = ("h",) if len(gates) == 1 else ("i", "j", "f", "o")
     gates = [_checks.activations(name, t) for name, t in zip(names, gates)]
     n, k = c.shape
     if k == 0:
@@ -71,3 +79,17 @@ def fused_lstm_gates(c, *gates, bias=None, forget_bias=1.0):
         parts = gates[0].split(k, dim=1) if len(gates) == 1 else gates
         return _reference.lstm_gates_fwd(c, parts, bias, forget_bias=forget_bias)
     return _ops.apply_gates(c, gates, bias, forget_bias)
+
+
+def _tokens_flattened(c, gates, names, bias, forget_bias):
+    """:func:`fused_lstm_gates` of ``(..., K)`` tensors, through their ``(tokens, K)`` views."""
+    lead = c.shape[:-1]
+    for name, t in zip(names, gates):
+        _checks.floating_tensor(name, t)
+        if t.shape[:-1] != lead:
+            raise ValueError(f"{name} must have c's leading shape {tuple(lead)} (..., features); got shape "
+                             f"{tuple(t.shape)}")
+    tokens = math.prod(lead)
+    c_next, h_next = fused_lstm_gates(c.reshape(tokens, c.shape[-1]), *(t.reshape(tokens, t.shape[-1]) for t in gates),
+                                      bias=bias, forget_bias=forget_bias)
+    return c_next.view(c.shape), h_next.view(c.shape)

@@ -26,13 +26,14 @@ def layer_norm(x, g, b, axis=1, epsilon=1e-6, relu=False, *, segments=1):
     x : Tensor, shape (N, C) for ``axis=1`` or (C, N) for ``axis=0``
         Activations in either block-sparse matmul layout (``feature_axis``); float16, bfloat16,
         float32 (Triton kernels on CUDA) or float64.  Any strides.  Higher ranks (as TensorFlow's
-        ``blocksparse.norms.layer_norm`` takes): features on the last axis (``axis=-1``) or the
-        first (``axis=0``), every other axis a token axis.
+        ``blocksparse.norms.layer_norm`` takes): features on ``axis``, every other axis a token
+        axis (features first or last cost no copy; on a middle axis they are moved last and back).
     g, b : Tensor of C elements, or None
         Gain and bias per feature (None: no gain / no bias), any float dtype (float32
         parameters with bfloat16 activations is the usual mix); gradients in their dtypes.
-    axis : {1, 0}
-        The feature axis of ``x`` (-1 and -2 are accepted).
+    axis : int
+        The feature axis of ``x``: 1 or 0 for 2-D ``x`` (-1 and -2 are accepted), any axis of a
+        higher rank.
     epsilon : float
         Added to the variance (> 0).
     relu : bool
@@ -69,8 +70,11 @@ def layer_norm(x, g, b, axis=1, epsilon=1e-6, relu=False, *, segments=1):
         if axis in (0, -x.dim()):
             tokens = math.prod(x.shape[1:])
             return layer_norm(x.reshape(x.shape[0], tokens), g, b, 0, epsilon, relu, segments=segments).view(x.shape)
-        raise ValueError(f"x must be 2-D, or of rank {x.dim()} with its features on the first or the last axis: "
-                         f"axis must be 0 or -1 for it; got {axis!r}")
+        if not -x.dim() <= axis < x.dim():
+            raise ValueError(f"axis must be in [{-x.dim()}, {x.dim() - 1}] for x of rank {x.dim()}; got {axis}")
+        # features on a middle axis: normalised features last, then moved back (two copies)
+        y = layer_norm(x.movedim(axis, -1), g, b, -1, epsilon, relu, segments=segments)
+        return y.movedim(-1, axis).contiguous()
     y = _ops.native_layer_norm(x, g, b, axis, epsilon, relu, segments)
     if y is not None:
         return y

@@ -87,6 +87,23 @@ def test_strided_bias(rng, monkeypatch, backend):
     _check(c, h, wide[::2], dcn, dhn, 1e-5)
 
 
+@pytest.mark.parametrize("merged", [True, False], ids=["merged", "four"])
+def test_more_token_axes(rng, merged):
+    """(B, T, K) state and (B, T, 4K) gates, as TensorFlow's takes them: the 2-D call on the tokens
+    flattened, against the float64 formulas."""
+    c, h, bias, dcn, dhn = _inputs(rng, "float32", 12, 8, True)
+    c3, h3 = (t.detach().reshape(3, 4, -1).requires_grad_() for t in (c, h))
+    gates = (h3,) if merged else [t.detach().clone().requires_grad_() for t in h3.split(8, -1)]
+    c_next, h_next = fused_lstm_gates(c3, *gates, bias=bias)
+    assert c_next.shape == h_next.shape == (3, 4, 8)
+    want = ref.lstm_gates(_f64(c), _f64(h), bias=_f64(bias))
+    assert rel_error(c_next.reshape(12, 8), want[0]) < 1e-5 and rel_error(h_next.reshape(12, 8), want[1]) < 1e-5
+    grads = torch.autograd.grad((c_next, h_next), [c3, *gates], (dcn.reshape(3, 4, 8), dhn.reshape(3, 4, 8)))
+    dc_ref, dh_ref, _ = ref.lstm_gates_grad(_f64(dcn), _f64(dhn), _f64(c), _f64(h), bias=_f64(bias))
+    assert rel_error(grads[0].reshape(12, 8), dc_ref) < 1e-5
+    assert rel_error(torch.cat(grads[1:], -1).reshape(12, 32), dh_ref) < 1e-5
+
+
 def test_empty_batch():
     c, h = torch.zeros(0, 8, requires_grad=True), torch.zeros(0, 32, requires_grad=True)
     bias = torch.ones(32, requires_grad=True)
@@ -156,7 +173,8 @@ def _bad_cases():
         "h-width": ((c, torch.randn(4, 30)), {}, ValueError, r"h must have shape \(4, 32\)"),
         "h-tokens": ((c, torch.randn(5, 32)), {}, ValueError, r"h must have shape \(4, 32\)"),
         "f-shape": ((c, c, c, torch.randn(4, 9), c), {}, ValueError, r"f must have shape \(4, 8\)"),
-        "c-3d": ((torch.randn(2, 4, 8), h), {}, ValueError, r"c must be 2-D"),
+        "c-1d": ((torch.randn(8), h), {}, ValueError, r"c must be 2-D"),
+        "c-3d": ((torch.randn(2, 4, 8), h), {}, ValueError, r"h must have c's leading shape \(2, 4\)"),
         "c-int": ((torch.ones(4, 8, dtype=torch.int64), h), {}, TypeError, r"c must be float16"),
         "h-dtype": ((c, h.half()), {}, TypeError, r"h must have c's dtype torch.float32"),
         "o-dtype": ((c, c, c, c, c.double()), {}, TypeError, r"o must have c's dtype"),

@@ -109,6 +109,27 @@ def test_strided_input(rng, axis):
     _check(xt, g, b, dy, tolerance("float32"), axis=axis, segments=2)
 
 
+@pytest.mark.parametrize("axis", [1, -2])
+def test_features_on_a_middle_axis(rng, axis):
+    """(B, C, T), as TensorFlow's takes it: as the features-last call on the moved axes, against float64."""
+    x, g, b, dy = _inputs(rng, "float32", 1, 12, 32)
+    x3 = x.detach().reshape(3, 4, 32).permute(0, 2, 1).contiguous().requires_grad_()  # (3, 32, 4)
+    dy3 = dy.reshape(3, 4, 32).permute(0, 2, 1)
+    y = layer_norm(x3, g, b, axis=axis, segments=2, relu=True)
+    assert y.shape == (3, 32, 4) and y.is_contiguous()
+    x64 = x3.detach().double().requires_grad_()
+    g64, b64 = (t.detach().double().requires_grad_() for t in (g, b))
+    parts = x64.reshape(3, 2, 16, 4)
+    mean, var = parts.mean(2, keepdim=True), parts.var(2, unbiased=False, keepdim=True)
+    want = (((parts - mean) / torch.sqrt(var + 1e-6)).reshape(3, 32, 4) * g64[:, None] + b64[:, None]).relu()
+    tol = tolerance("float32")
+    assert rel_error(y.detach().double().numpy(), want.detach().numpy()) < tol
+    got = torch.autograd.grad(y, (x3, g, b), dy3)
+    ref = torch.autograd.grad(want, (x64, g64, b64), dy3.double())
+    for a, r in zip(got, ref):
+        assert rel_error(a.double().numpy(), r.numpy()) < tol
+
+
 @pytest.mark.parametrize("axis", [-1, 2, 0])
 def test_more_token_axes(rng, axis):
     """(B, T, C) with features last, or (C, B, T) first: as the 2-D call on the tokens flattened."""
@@ -228,9 +249,8 @@ def _bad_cases():
         "segments-divide": (dict(segments=5), ValueError, r"segments must divide the 12 features"),
         "segments-zero": (dict(segments=0), ValueError, r"segments must be a positive int"),
         "segments-float": (dict(segments=2.0), TypeError, r"segments must be a positive int"),
-        "x-3d-axis-1": (dict(x=torch.randn(2, 4, 12)), ValueError,
-                        r"x must be 2-D, or of rank 3 with its features on the first or the last axis: axis "
-                        r"must be 0 or -1 for it; got 1"),
+        "x-3d-axis-1": (dict(x=torch.randn(2, 4, 12)), ValueError, r"g must have 4 elements"),
+        "x-3d-axis-3": (dict(x=torch.randn(2, 12, 4), axis=3), ValueError, r"axis must be in \[-3, 2\]"),
         "x-3d-axis-str": (dict(x=torch.randn(2, 4, 12), axis="-1"), TypeError, r"axis must be an int"),
         "x-3d-axis-bool": (dict(x=torch.randn(2, 4, 12), axis=True), TypeError, r"axis must be an int"),
         "x-1d": (dict(x=torch.randn(12)), ValueError, r"x must be 2-D"),
