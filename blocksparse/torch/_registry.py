@@ -5,12 +5,20 @@ layout has the same handle in every process.  A graph that holds one -- compiled
 ``torch.export``, or replayed from ``torch.compile``'s on-disk cache -- names the same layout
 wherever it runs; a process that has not prepared that layout (built the layer or layout object)
 gets a ``ValueError`` saying so, never another layout's tables.
+
+A state lives while an object that asked for its handle does (the layer, ``BlocksparseMatMul``,
+``AttentionLayout``, ...): each asker is an owner, and a state whose owners are all collected is
+dropped, with its device tables and plans, so that a program building fresh layouts as it trains
+does not grow.  Releases are queued by the owners' finalizers (which may run inside a garbage
+collection, in any thread) and applied at the next :meth:`Registry.handle`.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import threading
+import weakref
 
 try:  # a state built while a FakeTensorMode is on (torch.export, tracing) holds real tensors all the same
     from torch._subclasses.fake_tensor import unset_fake_temporarily as _real_tensors
@@ -33,26 +41,50 @@ def digest(*parts) -> int:
     return int.from_bytes(h.digest()[:8], "little") >> 1
 
 
+class _Entry:
+    __slots__ = ("parts", "state", "owners")
+
+    def __init__(self, parts, state):
+        self.parts, self.state, self.owners = parts, state, 0
+
+
 class Registry:
-    """Prepared layout states by content handle (``what`` names them in errors)."""
+    """Prepared layout states by content handle (``what`` names them in errors), each kept while
+    one of its owners lives."""
 
     def __init__(self, what: str, prepared_by: str):
         self._what, self._prepared_by = what, prepared_by
         self._lock = threading.Lock()
-        self._entries: dict[int, tuple] = {}
+        self._entries: dict[int, _Entry] = {}
+        self._released = collections.deque()  # handles whose owner was collected (append is atomic)
 
-    def handle(self, parts: tuple, make_state) -> int:
+    def __len__(self):
+        return len(self._entries)
+
+    def handle(self, parts: tuple, make_state, owner) -> int:
         """The handle of the layout whose content is ``parts`` (bytes / reprs); ``make_state()``
-        builds its state the first time."""
+        builds its state the first time; the state lives at least as long as ``owner``."""
         h = digest(*parts)
         with self._lock:
             entry = self._entries.get(h)
             if entry is None:
                 with real_tensors():
-                    self._entries[h] = (parts, make_state())
-            elif entry[0] != parts:  # two layouts, one digest: never seen, but never a wrong answer
+                    entry = self._entries[h] = _Entry(parts, make_state())
+            elif entry.parts != parts:  # two layouts, one digest: never seen, but never a wrong answer
                 raise RuntimeError(f"two different {self._what}s share the content digest {h}")
+            entry.owners += 1
+            self._drop_released()
+        weakref.finalize(owner, self._released.append, h)
         return h
+
+    def _drop_released(self):
+        while self._released:
+            h = self._released.popleft()
+            entry = self._entries.get(h)
+            if entry is not None:
+                entry.owners -= 1
+                if entry.owners <= 0:
+                    del self._entries[h]
 
     def state(self, handle: int):
         """The state behind ``handle`` (a symbolic int, which torch.compile makes of a handle that
@@ -61,6 +93,6 @@ class Registry:
         entry = self._entries.get(handle)
         if entry is None:
             raise ValueError(f"unknown {self._what} handle {handle}: this process has prepared no {self._what} "
-                             f"with that content (a compiled or exported graph names its layouts by content; "
-                             f"build {self._prepared_by} it was made from first)")
-        return entry[1]
+                             f"with that content, or no longer holds one (a compiled or exported graph names its "
+                             f"layouts by content; build {self._prepared_by} it was made from first, and keep it)")
+        return entry.state

@@ -70,7 +70,7 @@ class AttentionLayout:
         self._key = digest.hexdigest()
         self._dense = _dense_kind(self.layout) if index is None else None
         self._handle = _state.handle(self._key, lambda: _state.LayoutState(self.layout, self.block_size,
-                                                                             index, masks))
+                                                                             index, masks), self)
 
     heads = property(lambda self: self.layout.shape[0])
     blocks = property(lambda self: self.layout.shape[1])
@@ -342,9 +342,17 @@ def _prepared_fields(layout, block_size, block_masks, seq_len):
     return prepared._handle, prepared.heads, prepared.blocks, prepared.block_size, prepared._dense
 
 
+#: Raw layouts prepared while torch.compile traced a call: their handles are constants of compiled
+#: graphs, which outlive the cache above, so these are kept (one per trace, not per call).
+_traced: dict = {}
+
+
 @torch.compiler.assume_constant_result
 def _prepared(layout, block_size, block_masks, seq_len):
     """:func:`_prepared_fields` as a constant to ``torch.compile`` (for raw arrays)."""
+    if torch.compiler.is_compiling():  # (true here only while Dynamo traces)
+        prepared = _prepare(layout, block_size, block_masks, seq_len)
+        _traced.setdefault(prepared._handle, prepared)
     return _prepared_fields(layout, block_size, block_masks, seq_len)
 
 

@@ -59,7 +59,7 @@ class BlocksparseMatMul(LayoutShapes):
             self.layout = Layout(layout, block_size, z_order=z_order)
         self.axis = check_feature_axis(feature_axis)
         self.allow_tf32 = check_bool(allow_tf32, "allow_tf32")
-        self._handle = _plan.handle(self.layout)
+        self._handle = _plan.handle(self.layout, self)
         self._precision = "tf32" if self.allow_tf32 else "ieee"
         self._w_size = torch.Size(self.layout.w_shape)
 
@@ -79,7 +79,7 @@ class BlocksparseMatMul(LayoutShapes):
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        self._handle = _plan.handle(self.layout)
+        self._handle = _plan.handle(self.layout, self)
 
     # ------------------------------------------------------------------ weights
     def ortho_init(self):

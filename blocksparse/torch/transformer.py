@@ -42,7 +42,7 @@ class BlocksparseTransformer(LiveState, TransformerBase):
     _handle = field("handle")
 
     def _live_rebuild(self):
-        self._handle = _state.handle(self.layout, self.masks)
+        self._handle = _state.handle(self.layout, self.masks, self)
 
     def _nt(self, a, b, name, bench):
         check_bench(bench)

@@ -95,3 +95,71 @@ def test_a_transformer_first_built_under_fake_tensors_serves_real_ones(rng):
     dense = (qh @ kh.transpose(-1, -2)).reshape(1, 2, 3, 16, 3, 16).permute(0, 1, 2, 4, 3, 5)
     want = dense[:, :, torch.from_numpy(np.nonzero(layout)[0]), torch.from_numpy(np.nonzero(layout)[1])]
     torch.testing.assert_close(bst.query_key_op(q, k), want)
+
+
+def _prepared_count(registry):
+    """Live states of a registry once collected owners are released (a handle call drains them)."""
+    import gc
+
+    gc.collect()
+    keeper = BlocksparseMatMul(np.ones((1, 1)), block_size=16)  # any handle call applies the releases
+    AttentionLayout(np.ones((1, 1, 1)), 16)
+    BlocksparseTransformer(np.ones((1, 1)), block_size=16, heads=1)
+    del keeper
+    return len(registry._registry)
+
+
+_MAKERS = {
+    "matmul": (plan, lambda m: BlocksparseMatMul(m, block_size=16)),
+    "linear": (plan, lambda m: __import__("blocksparse.torch", fromlist=["x"]).BlocksparseLinear(m, block_size=16)),
+    "attention": (attention_state, lambda m: AttentionLayout(m[:, :m.shape[0]], 16)),
+    "transformer": (transformer_state, lambda m: BlocksparseTransformer(m[:, :m.shape[0]], block_size=16, heads=1)),
+}
+
+
+@pytest.mark.parametrize("kind", _MAKERS)
+def test_dropped_layouts_are_released(rng, kind):
+    """A program building fresh layouts as it trains (dynamic sparsity) does not grow: a state lives
+    while an object that prepared it does, and goes with the last of them."""
+    registry, make = _MAKERS[kind]
+    base = _prepared_count(registry)
+    masks = [np.tril((rng.random((6, 6)) < 0.5) | np.eye(6, dtype=bool)).astype(int) for _ in range(40)]
+    kept = make(masks[0])
+    twin = make(masks[0])  # equal content: one state, two owners
+    for m in masks[1:]:
+        make(m)  # dropped at once
+    assert _prepared_count(registry) <= base + 1
+    del twin
+    handle = kept.bsmm._handle if kind == "linear" else kept._handle
+    assert registry.state(handle) is not None  # still owned by `kept`
+    x = torch.from_numpy(rng.standard_normal((3, 96)))
+    if kind == "matmul":
+        w = torch.from_numpy(rng.standard_normal(kept.w_shape))
+        torch.testing.assert_close(kept(x, w), x @ torch.from_numpy(kept.layout.dense(w.numpy())))
+    del kept
+    assert _prepared_count(registry) == base
+
+
+def test_raw_attention_layouts_are_released_past_the_cache(rng):
+    from blocksparse.torch import fused_attention
+
+    base = _prepared_count(attention_state)
+    q = torch.from_numpy(rng.standard_normal((1, 1, 128, 16)))
+    for _ in range(fused_attention._CACHE_SIZE + 20):
+        attention(q, q, q, np.tril(rng.random((8, 8)) < 0.6) | np.eye(8, dtype=bool))
+    assert _prepared_count(attention_state) <= base + fused_attention._CACHE_SIZE
+
+
+def test_a_compiled_raw_layout_call_outlives_the_cache(rng):
+    """A raw layout traced by torch.compile keeps its state after the cache has moved on."""
+    from blocksparse.torch import fused_attention
+
+    q = torch.from_numpy(rng.standard_normal((1, 1, 128, 16))).float()  # (float64 traces the plain ops)
+    lay = np.tril(np.ones((8, 8), int))
+    compiled = torch.compile(lambda q, lay: attention(q, q, q, lay), backend="aot_eager", fullgraph=True)
+    want = attention(q, q, q, lay)
+    torch.testing.assert_close(compiled(q, lay), want)
+    for _ in range(fused_attention._CACHE_SIZE + 5):  # push the traced layout out of the cache
+        attention(q, q, q, np.tril(rng.random((8, 8)) < 0.6) | np.eye(8, dtype=bool))
+    _prepared_count(attention_state)
+    torch.testing.assert_close(compiled(q, lay), want)

@@ -3,7 +3,7 @@
 The custom ops take an integer *layout handle*, not tables: ``torch.compile`` then sees only
 tensors and scalars at the op boundary, and the tables are built eagerly inside the op, once per
 ``(causal, device)``.  Handles intern prepared layouts by content: equal layouts share one handle
-and one set of tables for the life of the process (a layout is a few kilobytes to megabytes of
+and one set of tables while an object that prepared it lives (a layout is a few kilobytes to megabytes of
 numpy, built once).
 """
 from __future__ import annotations
@@ -121,10 +121,10 @@ def _device_list(lists, device):
 _registry = Registry("attention layout", "the AttentionLayout")
 
 
-def handle(key: str, make_state) -> int:
+def handle(key: str, make_state, owner) -> int:
     """The handle of the prepared layout with content digest ``key`` (``make_state()`` builds its
-    :class:`LayoutState` the first time): the same in every process."""
-    return _registry.handle((key,), make_state)
+    :class:`LayoutState` the first time): the same in every process; kept while ``owner`` lives."""
+    return _registry.handle((key,), make_state, owner)
 
 
 def state(layout_handle: int) -> LayoutState:

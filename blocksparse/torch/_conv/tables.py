@@ -55,7 +55,7 @@ class Tables:
             inputs=[_tensor(b.inputs) for b in plan.buckets],
             weight=[_tensor(b.weight) for b in plan.buckets], order=_tensor(plan.order),
             pointwise=None if spec.pointwise is None else _tensor(spec.pointwise.weight),
-            matmul_handle=None if spec.pointwise is None else _matmul_plan.handle(spec.pointwise.layout))
+            matmul_handle=None if spec.pointwise is None else _matmul_plan.handle(spec.pointwise.layout, self))
         for name, plan in (("implicit", spec.implicit), ("implicit_grad", spec.implicit_grad)):
             if plan is not None:
                 setattr(self._cpu, f"{name}_steps", _tensor(plan.steps, "int32"))

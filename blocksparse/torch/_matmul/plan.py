@@ -3,7 +3,7 @@
 The custom ops take an integer *layout handle* rather than the layout's tables: ``torch.compile``
 then sees only tensors and ints at the op boundary, and the tables are built eagerly, once per
 device, inside the op.  Handles intern layouts: equal layouts share one handle, one set of tables
-and one plan cache for the life of the process (a layout is a few kilobytes of numpy).
+and one plan cache while an object that prepared it lives (a layout is a few kilobytes of numpy).
 
 A :class:`Plan` is everything about one product that does not change between calls of the same
 shape: its tile, split, tables, output shape, and a prepared launch -- a compiled spec of the
@@ -407,11 +407,12 @@ def _build(state, kind, a, b, axis, precision, dw_dtype, aligned, target=None, b
 _registry = Registry("layout", "the BlocksparseMatMul / layer")
 
 
-def handle(layout: Layout) -> int:
-    """The handle of ``layout``: a digest of its content (equal layouts share one, in any process)."""
+def handle(layout: Layout, owner) -> int:
+    """The handle of ``layout``: a digest of its content (equal layouts share one, in any process);
+    its state lives at least as long as ``owner``."""
     parts = (layout.block_size, layout.z_order, layout.packing, layout.mask.shape,
              np.ascontiguousarray(layout.mask != 0).tobytes(), np.ascontiguousarray(layout.coords, np.int64).tobytes())
-    return _registry.handle(parts, lambda: LayoutState(layout))
+    return _registry.handle(parts, lambda: LayoutState(layout), owner)
 
 
 def state(layout_handle: int) -> LayoutState:

@@ -3,7 +3,7 @@
 The custom ops take an integer *handle* instead of the layout's tables, so that ``torch.compile``
 sees only tensors and scalars at the op boundary; the tables are made once per device inside the
 op.  Handles intern ``(layout, in-block masks)`` pairs: equal pairs share one handle and one set of
-tables for the life of the process.
+tables while an object that prepared them lives.
 """
 from __future__ import annotations
 
@@ -90,9 +90,11 @@ def _long(array, device):
 _registry = Registry("transformer layout", "the BlocksparseTransformer")
 
 
-def handle(layout: AttentionLayout, masks: BlockMasks | None) -> int:
-    """The handle of ``(layout, masks)``: a digest of their content (equal pairs share one, in any process)."""
-    return _registry.handle((*layout.key, None if masks is None else masks.key), lambda: _State(layout, masks))
+def handle(layout: AttentionLayout, masks: BlockMasks | None, owner) -> int:
+    """The handle of ``(layout, masks)``: a digest of their content (equal pairs share one, in any
+    process); kept while ``owner`` lives."""
+    return _registry.handle((*layout.key, None if masks is None else masks.key), lambda: _State(layout, masks),
+                            owner)
 
 
 def state(layout_handle: int) -> _State:

@@ -202,7 +202,7 @@ def test_grouped_kernels_through_the_plan(rng, monkeypatch, dtype):
     y = bsmm(x, w)
     y.backward(dy)
     assert lay.density == 0.5
-    assert products.plan_of("fprop", x.detach(), w.detach(), _plan.handle(lay), 1, "ieee").config.G > 1
+    assert products.plan_of("fprop", x.detach(), w.detach(), _plan.handle(lay, lay), 1, "ieee").config.G > 1
     refs = dense_products(lay, *(a.detach().double().numpy() for a in (x, w, dy)), 1)
     for got, ref in zip((y, x.grad, w.grad), refs):
         assert rel_error(got, ref) < tolerance(dtype)

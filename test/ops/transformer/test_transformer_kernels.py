@@ -28,7 +28,7 @@ def _setup(rng, case, masked=False):
     mask = ref.random_layout(rng, 1 if shared else heads, QB, KB, 0.5, empty_rows=1)
     lay = AttentionLayout(mask[0] if shared else mask, bs, heads=heads)
     masks = lay.block_masks(lambda s, *_: rng.random(s) < 0.6) if masked else None
-    return lay, masks, _state.state(_state.handle(lay, masks)).tables(torch.device("cpu")), d
+    return lay, masks, _state.state(_state.handle(lay, masks, lay)).tables(torch.device("cpu")), d
 
 
 def _t(rng, shape, dtype):
@@ -89,7 +89,7 @@ def test_softmax_rows_that_keep_nothing(rng):
     """Empty layout rows, whole blocks masked out, and rows the autoregressive rule empties: zeros."""
     lay, _, _, _ = _setup(rng, "bs16-per-head-d24")
     masks = lay.block_masks(lambda s, h, q, k, b: np.zeros(s) if b % 2 else np.triu(np.ones(s), 1))
-    tables = _state.state(_state.handle(lay, masks)).tables(torch.device("cpu"))
+    tables = _state.state(_state.handle(lay, masks, lay)).tables(torch.device("cpu"))
     x = _t(rng, (1, lay.heads, lay.blocks, 16, 16), "float32")
     y = launch.softmax(x, tables, scale=1.0, autoregress_at_key=None, masked=True, dtype=x.dtype,
                        lut_heads=lay.lut_heads, q_blocks=lay.QB)

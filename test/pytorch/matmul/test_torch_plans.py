@@ -255,7 +255,7 @@ def test_plans_are_cached_per_call_shape(rng, monkeypatch):
     monkeypatch.setenv("BLOCKSPARSE_BACKEND", "triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     lay = Layout(random_layout(rng, 3, 2, 0.6), 16)
-    handle = plan.handle(lay)
+    handle = plan.handle(lay, lay)
     state = plan.state(handle)
     x, w = (torch.randn(5, lay.C), torch.randn(lay.w_shape))
     first = products.plan_of("fprop", x, w, handle, 1, "ieee")

@@ -54,7 +54,7 @@ def test_refined_butterfly_runs_grouped_kernels(rng, monkeypatch, fin, fout, bs,
     assert dispatch.bsmm.block_size == fine
     x = torch.empty(4096, lay.C, device="cuda", dtype=torch.bfloat16)
     w = torch.empty(lay.w_shape, device="cuda", dtype=torch.bfloat16)
-    plan = products.plan_of("fprop", x, w, _plan.handle(lay), 1, "ieee")
+    plan = products.plan_of("fprop", x, w, _plan.handle(lay, lay), 1, "ieee")
     assert plan.config.G == group
     _check(dispatch, "kernels", rng, 4096, "bfloat16")
 
