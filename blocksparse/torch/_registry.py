@@ -7,10 +7,11 @@ wherever it runs; a process that has not prepared that layout (built the layer o
 gets a ``ValueError`` saying so, never another layout's tables.
 
 A state lives while an object that asked for its handle does (the layer, ``BlocksparseMatMul``,
-``AttentionLayout``, ...): each asker is an owner, and a state whose owners are all collected is
-dropped, with its device tables and plans, so that a program building fresh layouts as it trains
-does not grow.  Releases are queued by the owners' finalizers (which may run inside a garbage
-collection, in any thread) and applied at the next :meth:`Registry.handle`.
+``AttentionLayout``, ...), while an autograd record of a call holds it (:meth:`Registry.keep`), and
+among the last :data:`GRACE` released: each asker is an owner, and a state whose owners are all
+collected is released, so that a program building fresh layouts as it trains does not grow.
+Releases are queued by the owners' finalizers (which may run inside a garbage collection, in any
+thread) and applied at the next :meth:`Registry.handle`.
 """
 from __future__ import annotations
 
@@ -41,8 +42,13 @@ def digest(*parts) -> int:
     return int.from_bytes(h.digest()[:8], "little") >> 1
 
 
+#: Released states kept anyway (the most recent), for graphs that still name them: a compiled
+#: backward, a call on a temporary object's layout, raw layouts past their cache.
+GRACE = 64
+
+
 class _Entry:
-    __slots__ = ("parts", "state", "owners")
+    __slots__ = ("parts", "state", "owners", "__weakref__")
 
     def __init__(self, parts, state):
         self.parts, self.state, self.owners = parts, state, 0
@@ -55,7 +61,9 @@ class Registry:
     def __init__(self, what: str, prepared_by: str):
         self._what, self._prepared_by = what, prepared_by
         self._lock = threading.Lock()
-        self._entries: dict[int, _Entry] = {}
+        self._entries: dict[int, _Entry] = {}  # owned
+        self._grace: collections.OrderedDict[int, _Entry] = collections.OrderedDict()  # released, recent
+        self._held = weakref.WeakValueDictionary()  # released, still held (autograd records)
         self._released = collections.deque()  # handles whose owner was collected (append is atomic)
 
     def __len__(self):
@@ -68,8 +76,11 @@ class Registry:
         with self._lock:
             entry = self._entries.get(h)
             if entry is None:
-                with real_tensors():
-                    entry = self._entries[h] = _Entry(parts, make_state())
+                entry = self._grace.pop(h, None) or self._held.get(h)
+                if entry is None:
+                    with real_tensors():
+                        entry = _Entry(parts, make_state())
+                self._entries[h] = entry
             elif entry.parts != parts:  # two layouts, one digest: never seen, but never a wrong answer
                 raise RuntimeError(f"two different {self._what}s share the content digest {h}")
             entry.owners += 1
@@ -85,12 +96,23 @@ class Registry:
                 entry.owners -= 1
                 if entry.owners <= 0:
                     del self._entries[h]
+                    self._held[h] = self._grace[h] = entry
+                    if len(self._grace) > GRACE:
+                        self._grace.popitem(last=False)
+
+    def _entry(self, handle):
+        return self._entries.get(handle) or self._grace.get(handle) or self._held.get(handle)
+
+    def keep(self, handle):
+        """An object that keeps ``handle``'s state findable while it is held (autograd records hold it
+        from the forward to the backward)."""
+        return self._entry(int(handle))
 
     def state(self, handle: int):
         """The state behind ``handle`` (a symbolic int, which torch.compile makes of a handle that
         changed between calls, is specialised here)."""
         handle = int(handle)
-        entry = self._entries.get(handle)
+        entry = self._entry(handle)
         if entry is None:
             raise ValueError(f"unknown {self._what} handle {handle}: this process has prepared no {self._what} "
                              f"with that content, or no longer holds one (a compiled or exported graph names its "

@@ -163,3 +163,41 @@ def test_a_compiled_raw_layout_call_outlives_the_cache(rng):
         attention(q, q, q, np.tril(rng.random((8, 8)) < 0.6) | np.eye(8, dtype=bool))
     _prepared_count(attention_state)
     torch.testing.assert_close(compiled(q, lay), want)
+
+
+def _other_layouts(rng, n, size=6):
+    return [np.tril((rng.random((size, size)) < 0.5) | np.eye(size, dtype=bool)).astype(int) for _ in range(n)]
+
+
+def test_a_backward_after_its_layouts_object_is_gone(rng):
+    """The autograd record holds the layout's state: an inline ``BlocksparseMatMul(...)(x, w)`` or an
+    ``AttentionLayout`` built in the call still differentiates after many other layouts came and went."""
+    from blocksparse.torch import _registry
+
+    mask = np.tril(np.ones((6, 6), int))
+    x = torch.from_numpy(rng.standard_normal((5, 96))).requires_grad_()
+    w = torch.from_numpy(rng.standard_normal((21, 16, 16))).float().requires_grad_()
+    y = BlocksparseMatMul(mask, block_size=16)(x.float(), w)
+    q = torch.from_numpy(rng.standard_normal((1, 1, 96, 16))).float().requires_grad_()
+    o = attention(q, q, q, AttentionLayout(mask, 16))
+    for m in _other_layouts(rng, _registry.GRACE + 10):  # past the released states kept anyway
+        BlocksparseMatMul(m, block_size=16)
+        AttentionLayout(m, 16)
+    _prepared_count(plan)
+    dense = torch.from_numpy(BlocksparseMatMul(mask, block_size=16).layout.dense(w.detach().double().numpy()))
+    (y.sum() + o.sum()).backward()
+    torch.testing.assert_close(x.grad, torch.ones(5, 96, dtype=torch.float64) @ dense.t().float().double(),
+                               rtol=1e-5, atol=1e-5)
+    assert torch.isfinite(q.grad).all()
+
+
+def test_released_states_kept_are_bounded(rng):
+    from blocksparse.torch import _registry
+
+    for m in _other_layouts(rng, _registry.GRACE + 30):
+        BlocksparseMatMul(m, block_size=16)
+    _prepared_count(plan)
+    import gc
+
+    gc.collect()
+    assert len(plan._registry._grace) <= _registry.GRACE and len(plan._registry._held) <= _registry.GRACE

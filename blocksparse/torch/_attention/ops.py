@@ -108,6 +108,7 @@ def _setup_context(ctx, inputs, output):
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse, seqlens, layout_now)
     ctx.meta = (layout, causal, scale)
+    ctx.keep = _state.keep(layout)  # the layout's state stays findable until the backward
     ctx.mark_non_differentiable(lse)
 
 
@@ -137,6 +138,7 @@ class AttentionFunction(torch.autograd.Function):
         o, lse = forward_pass(q, k, v, seqlens, layout, causal, scale)
         ctx.save_for_backward(q, k, v, o, lse, seqlens)
         ctx.meta = (layout, causal, scale)
+        ctx.keep = _state.keep(layout)
         return o
 
     @staticmethod

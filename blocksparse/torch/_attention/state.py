@@ -127,6 +127,11 @@ def handle(key: str, make_state, owner) -> int:
     return _registry.handle((key,), make_state, owner)
 
 
+def keep(layout_handle: int):
+    """What keeps the state behind ``layout_handle`` findable while held (see :meth:`Registry.keep`)."""
+    return _registry.keep(layout_handle)
+
+
 def state(layout_handle: int) -> LayoutState:
     """The layout state behind a handle from :func:`handle`."""
     return _registry.state(layout_handle)

@@ -72,6 +72,7 @@ def _setup_context(ctx, inputs, output):
     x, w, bias, layout, axis, precision = inputs
     ctx.save_for_backward(x, w)
     ctx.meta = (layout, axis, precision, None if bias is None else bias.dtype)
+    ctx.keep = _plan.keep(layout)  # the layout's state stays findable until the backward
 
 
 def _backward_op(ctx, dy):
@@ -110,6 +111,7 @@ class MatmulFunction(torch.autograd.Function):
     def forward(ctx, x, w, bias, layout, axis, precision):
         ctx.save_for_backward(x, w)
         ctx.meta = (layout, axis, precision, bias)
+        ctx.keep = _plan.keep(layout)
         return _products.fprop(x, w, layout, axis, precision, bias)
 
     @staticmethod
@@ -133,6 +135,7 @@ class BpropFunction(torch.autograd.Function):
     def forward(ctx, dy, w, layout, axis, precision):
         ctx.save_for_backward(dy, w)
         ctx.meta = (layout, axis, precision)
+        ctx.keep = _plan.keep(layout)
         return _products.bprop(dy, w, layout, axis, precision)
 
     @staticmethod
@@ -152,6 +155,7 @@ class UpdatFunction(torch.autograd.Function):
     def forward(ctx, x, dy, layout, axis, precision, dw_dtype):
         ctx.save_for_backward(x, dy)
         ctx.meta = (layout, axis, precision)
+        ctx.keep = _plan.keep(layout)
         return _products.updat(x, dy, layout, axis, precision, dw_dtype)
 
     @staticmethod

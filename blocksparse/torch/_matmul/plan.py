@@ -415,6 +415,11 @@ def handle(layout: Layout, owner) -> int:
     return _registry.handle(parts, lambda: LayoutState(layout), owner)
 
 
+def keep(layout_handle: int):
+    """What keeps the state behind ``layout_handle`` findable while held (see :meth:`Registry.keep`)."""
+    return _registry.keep(layout_handle)
+
+
 def state(layout_handle: int) -> LayoutState:
     """The layout state behind a handle from :func:`handle`."""
     return _registry.state(layout_handle)

@@ -164,12 +164,14 @@ class _Ops(NamedTuple):
 def _save_operands(ctx, inputs, output):
     ctx.save_for_backward(inputs[0], inputs[1])
     ctx.layout = inputs[2]
+    ctx.keep = _state.keep(inputs[2])  # the layout's state stays findable until the backward
 
 
 def _softmax_setup(ctx, inputs, output):
     x, layout, scale = inputs[:3]
     ctx.save_for_backward(output)
     ctx.meta = (layout, scale, x.dtype)
+    ctx.keep = _state.keep(layout)
 
 
 def _softmax_grad_setup(ctx, inputs, output):

@@ -97,6 +97,11 @@ def handle(layout: AttentionLayout, masks: BlockMasks | None, owner) -> int:
                             owner)
 
 
+def keep(layout_handle: int):
+    """What keeps the state behind ``layout_handle`` findable while held (see :meth:`Registry.keep`)."""
+    return _registry.keep(layout_handle)
+
+
 def state(layout_handle: int) -> _State:
     """The state behind a handle from :func:`handle`."""
     return _registry.state(layout_handle)
