@@ -64,6 +64,8 @@ def layer_norm(x, g, b, axis=1, epsilon=1e-6, relu=False, *, segments=1):
         if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
             raise TypeError(f"axis must be an int, -1 (features last) or 0 (features first); got {axis!r}")
         axis = int(axis)
+        if -x.dim() <= axis < x.dim() and x.shape[axis] and _segments_divide(x.shape[axis], segments) is False:
+            raise ValueError(f"segments must divide the {x.shape[axis]} features of x (axis {axis}); got {segments}")
         if axis in (-1, x.dim() - 1):
             tokens = math.prod(x.shape[:-1])  # not -1: a tensor of no features has no such reshape
             return layer_norm(x.reshape(tokens, x.shape[-1]), g, b, 1, epsilon, relu, segments=segments).view(x.shape)
@@ -97,3 +99,10 @@ def layer_norm(x, g, b, axis=1, epsilon=1e-6, relu=False, *, segments=1):
         y, _, _ = _reference.layer_norm_fwd(x, g, b, axis=axis, epsilon=epsilon, relu=relu, segments=segments)
         return y
     return _ops.apply_layer_norm(x, g, b, axis, epsilon, relu, segments)
+
+
+def _segments_divide(features, segments):
+    """Whether ``segments`` (an int, else None: the 2-D call's checks say what is wrong) divides ``features``."""
+    if isinstance(segments, bool) or not isinstance(segments, numbers.Integral) or segments < 1:
+        return None
+    return features % int(segments) == 0

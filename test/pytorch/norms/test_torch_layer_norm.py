@@ -251,6 +251,8 @@ def _bad_cases():
         "segments-float": (dict(segments=2.0), TypeError, r"segments must be a positive int"),
         "x-3d-axis-1": (dict(x=torch.randn(2, 4, 12)), ValueError, r"g must have 4 elements"),
         "x-3d-axis-3": (dict(x=torch.randn(2, 12, 4), axis=3), ValueError, r"axis must be in \[-3, 2\]"),
+        "x-4d-segments": (dict(x=torch.randn(2, 5, 12, 4), axis=2, segments=5), ValueError,
+                          r"segments must divide the 12 features of x \(axis 2\)"),
         "x-3d-axis-str": (dict(x=torch.randn(2, 4, 12), axis="-1"), TypeError, r"axis must be an int"),
         "x-3d-axis-bool": (dict(x=torch.randn(2, 4, 12), axis=True), TypeError, r"axis must be an int"),
         "x-1d": (dict(x=torch.randn(12)), ValueError, r"x must be 2-D"),
