@@ -123,10 +123,10 @@ def bprop(dy, w, layout, axis):
 
 
 def _updat_inputs(x, dy, dw_dtype):
-    """Both in float32 when a float32 weight gradient is asked of 16-bit inputs (the original
-    API's ``dw_dtype``: the reduction over the minibatch is not rounded to 16 bits), else in the
-    dtype of ``x``."""
-    dtype = tf.float32 if dw_dtype == tf.float32 else x.dtype
+    """Both in the dtype of ``x`` when ``dw_dtype`` is it (the matmul sums in float32 and rounds
+    once), else in float32 (the original API's ``dw_dtype``: the reduction over the minibatch is
+    rounded once, to ``dw_dtype``, never first to the other 16-bit type)."""
+    dtype = x.dtype if dw_dtype == x.dtype else tf.float32
     return tf.cast(x, dtype), tf.cast(dy, dtype)
 
 

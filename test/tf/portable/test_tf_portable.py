@@ -101,6 +101,27 @@ def test_low_precision(rng, impl, dtype, dw_dtype):
     check(PRODUCTS[impl], lay, 1, *_case(rng, lay, 1, 33), dtype=dtype, dw_dtype=dw_dtype)
 
 
+@pytest.mark.parametrize("dtype, dw_dtype", [(tf.bfloat16, tf.float16), (tf.float16, tf.bfloat16)],
+                         ids=["bf16-dw16", "fp16-dwbf16"])
+@pytest.mark.parametrize("impl", list(PRODUCTS))
+def test_dw_in_the_other_16_bit_type(rng, impl, dtype, dw_dtype):
+    """dW asked in the other 16-bit type is the float32 sum rounded once to ``dw_dtype``: float16's
+    precision from bf16 inputs, bfloat16's range from float16 inputs (sums past 65504 stay finite)."""
+    lay = Layout(random_layout(rng, 3, 4, 0.5), 16)
+    x, w, dy = _case(rng, lay, 1, 48)
+    if dtype == tf.float16:
+        x, dy = x * 60, dy * 60              # products of ~3600 summed over 48 tokens: past float16's range
+    (_, _, dw), seen = _eager(PRODUCTS[impl], lay, 1, x, w, dy, dtype, dw_dtype)
+    exact = dense_products(lay, *(tf.cast(a, tf.float64).numpy() for a in seen), 1)[2]
+    once = tf.cast(tf.cast(exact, tf.float32), dw_dtype)
+    got = tf.cast(dw, tf.float64).numpy()
+    assert np.isfinite(got).all()
+    assert rel_error(got, exact) < tolerance(dw_dtype.name)
+    # the float32 sums may differ in their last bits: at most one ulp of dw_dtype away from one rounding
+    ulp = np.abs(tf.cast(once, tf.float64).numpy()) * (2.0 ** -10 if dw_dtype == tf.float16 else 2.0 ** -7)
+    assert (np.abs(got - tf.cast(once, tf.float64).numpy()) <= ulp + 1e-30).all()
+
+
 @pytest.mark.parametrize("impl", ["portable", "dense"])
 @pytest.mark.parametrize("jit", [False, True], ids=["graph", "xla"])
 def test_unknown_minibatch_and_xla(rng, impl, jit):
