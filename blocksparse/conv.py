@@ -159,7 +159,8 @@ class BlocksparseConv(ConvShapes):
         with tf.name_scope(type(self).__name__):
             if dtype.base_dtype != I.dtype.base_dtype:  # float32 F, 16-bit I: the product in I's dtype
                 flat = tf.cast(flat, I.dtype.base_dtype)  # (its gradient comes back in float32)
-            I = checks.check_shape(I, tuple(self.i_shape(None)), "I", rank_hint=" = i_shape(N) = [N, C] + DHW")
+            I = checks.check_shape(I, tuple(self.i_shape(None)), "I", rank_hint=" = i_shape(N) = [N, C] + DHW",
+                                   static_rank=True)
             return compute.convolve(I, flat, self._edge_bias(edge_bias, I), self.spec)
 
     def l2_normalize(self, F, gain=None, epsilon=1e-6, dtype=np.float32):

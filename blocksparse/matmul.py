@@ -375,7 +375,9 @@ class SparseProj:
         if tf.executing_eagerly():
             return x
         message = f"{name} must have {rows} rows on axis 0"
-        x = checks.checked(x, [tf.debugging.assert_equal(tf.shape(x)[0], rows, message=message)])
+        # (rank unknown: the shape padded with a zero, which slices whatever the rank, a scalar's to 0)
+        size = tf.shape(x)[0] if x.shape.rank is not None else tf.pad(tf.shape(x), [[0, 1]])[0]
+        x = checks.checked(x, [tf.debugging.assert_equal(size, rows, message=message)])
         if not in_xla():  # (an EnsureShape or a reshape here would let Grappler fold the assertion away)
             return x
         # XLA drops assertions: an EnsureShape, or (rank unknown) a reshape to `rows` rows, which

@@ -166,14 +166,20 @@ def shape_one_of(tensor, shapes, message):
     return tf.debugging.assert_equal(tf.reduce_any(tf.stack(matches)), True, message=message)
 
 
-def check_shape(tensor, expected, name, *, rank_hint=""):
+def check_shape(tensor, expected, name, *, rank_hint="", static_rank=False):
     """``tensor`` checked against ``expected`` (:func:`shape_assertions`: errors now for what is
     known, assertions for the rest) and, inside ``tf.function`` where sizes are left to run time,
     by ``tf.ensure_shape`` too: there Grappler refines unknown sizes from the ops that follow (a
     scatter, a matmul) and folds the assertions away; ``EnsureShape`` reads the real shape.  (In
     ``tf.compat.v1`` graphs the assertions hold, and an ``EnsureShape`` would pre-empt their
-    messages.)"""
+    messages.)  ``static_rank``: a tensor of unknown rank gets its rank (an ``EnsureShape`` of
+    unknown sizes, whose error names ``<name>_must_have_rank_<n>``), for ops that a ``tf.compat.v1``
+    graph may run beside the assertions (a ``tf.cond``'s branches)."""
     assertions = shape_assertions(tensor, expected, name, rank_hint=rank_hint)
+    if static_rank and tensor.shape.rank is None and not tf.inside_function():
+        with tf.control_dependencies(assertions):
+            out = _named(tensor, node_name(f"{name} must have rank {len(expected)}"))
+        return tf.ensure_shape(out, [None] * len(expected))
     if not tf.inside_function() or tensor.shape.rank is not None and all(
             e is None or d is not None for d, e in zip(tensor.shape.as_list(), expected)):
         return checked(tensor, assertions)

@@ -457,6 +457,21 @@ def test_unknown_sizes_checked_when_the_graph_runs(rng):
                 sess.run(y, {xp: x[:, :2]})
 
 
+def test_input_of_unknown_rank_checked_when_the_graph_runs(rng):
+    """A tf.compat.v1 input of unknown rank: the right rank runs, another rank fails naming ``I``
+    (not an op inside the convolution)."""
+    op, ref = build(rng, "conv", "2d-same-stride-dilate", layout="uniform", edge_bias=False)
+    F, x, dy, _ = random_inputs(rng, op)
+    with tf.Graph().as_default():
+        xp = tf.compat.v1.placeholder(tf.float32, None)
+        y = op(F, xp)
+        with tf.compat.v1.Session() as sess:
+            assert rel_error(sess.run(y, {xp: x}), conv_products(ref, F, x, dy)[0]) < 1e-5
+            for wrong in (x[..., None], x[0]):
+                with pytest.raises(tf.errors.InvalidArgumentError, match=r"I must have (rank|shape)|I_must_have_rank_4"):
+                    sess.run(y, {xp: wrong})
+
+
 def test_filter_of_unknown_rank_checked_when_the_graph_runs(rng):
     """A filter of unknown rank is taken in either form (stacked or flat) and nothing else of its
     size: a wrongly shaped filter with the right element count fails, naming ``F``."""

@@ -201,6 +201,25 @@ def test_unknown_rows_are_checked_at_run_time():
                 sess.run(z, {x: np.ones((12, 2))})
 
 
+@pytest.mark.parametrize("mode", ["graph", "function"])
+def test_unknown_rank_scalar_is_refused_naming_x(mode):
+    """A scalar where the rank is unknown until run time fails on the row check, not inside."""
+    proj = SparseProj(16, gather_lut=[0, 5, 9])
+    if mode == "function":
+        gather = tf.function(proj.gather, input_signature=[tf.TensorSpec(None, tf.float32)])
+        assert gather(tf.ones((16, 2))).shape == (3, 2)
+        with pytest.raises(tf.errors.InvalidArgumentError, match="x must have 16 rows"):
+            gather(tf.constant(1.0))
+        return
+    with tf.Graph().as_default():
+        x = tf.compat.v1.placeholder(tf.float32, None)
+        z = proj.gather(x)
+        with tf.compat.v1.Session() as sess:
+            assert sess.run(z, {x: np.ones((16, 2))}).shape == (3, 2)
+            with pytest.raises(tf.errors.InvalidArgumentError, match="x must have 16 rows"):
+                sess.run(z, {x: np.float32(1.0)})
+
+
 @pytest.mark.parametrize("jit", [False, True], ids=["function", "xla"])
 @pytest.mark.parametrize("rank", [2, None], ids=["rank2", "unknown_rank"])
 def test_graph_shapes_are_checked_where_assertions_are_dropped(jit, rank):
