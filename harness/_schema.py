@@ -73,8 +73,9 @@ def did_you_mean(word, choices):
 
 
 def _kind(value):
-    return "a list" if isinstance(value, list) else "a mapping" if isinstance(value, dict) \
-        else f"{type(value).__name__} {value!r}"
+    if isinstance(value, list):
+        return "a list" if value else "an empty list"
+    return "a mapping" if isinstance(value, dict) else f"{type(value).__name__} {value!r}"
 
 
 class Fields:

@@ -21,6 +21,9 @@ def run_git(root, *args):
 
 
 def _required(root, *args):
+    if not Path(root).is_dir():  # else git "is not installed": running it in root fails the same way
+        raise ConfigError(f"the repository root {root} is not a directory (--root names the "
+                          "checkout to release)")
     proc = run_git(root, *args)
     if proc is None:
         raise ConfigError("git is not installed; a release needs it to name the commit")

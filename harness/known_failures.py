@@ -73,9 +73,11 @@ def parse_known_failures(data, source="ci/known_failures.yaml"):
             timeout=_only_for(f, "timeout", "hang", kind,
                               lambda: f.number("timeout", minimum=1)),
         )
-        key = (entry.test, entry.cells)
+        key = (entry.test, entry.cells or None)  # an empty and an omitted cells: every cell
         if key in seen:
-            raise ConfigError(f"{where}: same test and cells as entry {seen[key]}")
+            raise ConfigError(f"{where}: same test and cells as entry {seen[key]} (an empty or "
+                              f"omitted 'cells' means every cell); only the first entry would "
+                              f"apply: merge them into one")
         seen[key] = i
         entries.append(entry)
     return tuple(entries)

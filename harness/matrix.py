@@ -199,14 +199,25 @@ def _read_common(f):
     }
 
 
+def _version(f, key, example, other=None):
+    """``X.Y`` (or ``other``), without leading zeros: pip reads ``2.021`` as ``2.21``, so two
+    spellings would make two cells that build the same wheel."""
+    value = f.string(key, pattern=r"\d+\.\d+" + (f"|{other}" if other else ""), example=example)
+    if re.search(r"(^|\.)0\d", value):
+        canonical = ".".join(str(int(n)) for n in value.split("."))
+        raise f.error(key, f"write versions without leading zeros ({canonical!r}; pip reads both "
+                           f"the same); got {value!r}")
+    return value
+
+
 def _expand_build(f, defaults):
-    tensorflow = f.string("tensorflow", pattern=r"\d+\.\d+|nightly", example="2.21")
+    tensorflow = _version(f, "tensorflow", "2.21", other="nightly")
     if tensorflow != "nightly":
         if tf_minor(tensorflow) < MIN_TF:
             raise f.error("tensorflow", f"blocksparse supports TensorFlow >= "
                                         f"{'.'.join(map(str, MIN_TF))}; got {tensorflow}")
-    cuda = f.string("cuda", pattern=r"\d+\.\d+", example="12.5")
-    cudnn = f.string("cudnn", pattern=r"\d+\.\d+", example="9.3")
+    cuda = _version(f, "cuda", "12.5")
+    cudnn = _version(f, "cudnn", "9.3")
     pythons = f.string_list("python", pattern=r"3\.\d+", example="3.11", scalar_ok=True)
     for py in pythons:
         if py not in PYTHONS:

@@ -34,11 +34,14 @@ id without parameters also matches all its parametrized cases):
 
 Every test ends up in exactly one of: passed, regression (fails, not listed), known (fails,
 listed), fixed (listed, but passed), flaky (passed on a re-run), skipped.  A module that fails
-to import is a regression under its path.
+to import is a regression under its path, or *known* when an entry names the module itself
+(``test: "test/test_x.py"``, kind ``fail``).
 
 An entry that applies to the cell but matches no collected test is *stale* (listed under
 ``"stale"`` in the report) when its test file was collected (the test is gone from it) or does
-not exist at all; an entry for a file this run did not select is not judged.
+not exist at all; an entry for a file this run did not select is not judged.  Only the first
+entry that matches a test applies to it: a later entry whose every test an earlier one takes is
+listed as stale too (*shadowed*), naming the entries that take them.
 """
 import fnmatch
 import glob
@@ -181,11 +184,14 @@ class _KnownFailures:
         has_timeout = self.config.pluginmanager.hasplugin("timeout")
         self.stale = _stale_entries(self.entries, [item.nodeid for item in items],
                                     str(self.config.rootpath))
+        shadowed_by = {}  # entry number -> the earlier entries that took its tests
         for item in items:
-            entry = self._entry_for(item.nodeid)
-            if entry is None:
+            matching = [e for e in self.entries if nodeid_matches(e["test"], item.nodeid)]
+            if not matching:
                 continue
-            self.entry_of[item.nodeid] = entry
+            entry = self.entry_of[item.nodeid] = matching[0]
+            for other in matching[1:]:
+                shadowed_by.setdefault(other["entry"], set()).add(entry["entry"])
             why = f"known failure ({self.source} entry {entry['entry']}): {entry['reason']}"
             # Prepended, so the entry wins over a marker the test carries itself.
             if entry["kind"] in ("fail", "hang"):
@@ -197,6 +203,11 @@ class _KnownFailures:
                 timeout = entry.get("timeout") or DEFAULT_HANG_TIMEOUT
                 # The signal method interrupts the test itself, so the xfail can record it.
                 item.add_marker(pytest.mark.timeout(timeout, method="signal"), append=False)
+        applied = {e["entry"] for e in self.entry_of.values()}
+        self.stale += [{**e, "why": f"shadowed: entry {', '.join(map(str, sorted(shadowed_by[e['entry']])))} "
+                                    "comes first for every test it matches, and only the first "
+                                    "matching entry applies (merge them)"}
+                       for e in self.entries if e["entry"] in shadowed_by and e["entry"] not in applied]
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item, nextitem):
@@ -243,6 +254,8 @@ class _KnownFailures:
     def pytest_collectreport(self, report):
         if report.failed:
             rec = self._record(report.nodeid or "<collection>")
+            # an entry naming the module excuses its import failure
+            rec.entry = rec.entry or self._entry_for(report.nodeid or "<collection>")
             rec.failed = True
             rec.message = _message(report)
 

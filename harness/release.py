@@ -43,8 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import git
-from .errors import (CheckError, ConfigError, DirtyTreeError, FatalError, StaleReportError,
-                     TagError, UploadError)
+from .errors import (ArtifactError, CheckError, ConfigError, DirtyTreeError, FatalError,
+                     StaleReportError, TagError, UploadError)
 from ._schema import parse_flag
 from .matrix import load_matrix
 from .release_dists import PROJECT, collect_wheels, sha256_file, write_manifest
@@ -235,16 +235,18 @@ def release(settings, environ, console):
             console.say(f"    not released: {name} ({why})")
         for note in result.notes:
             console.say(f"    note: {note}")
-    wheels, files = _build_release_dir(settings, console, environ, result.released)
-    manifest = write_manifest(files, root / RELEASE_DIR / MANIFEST)
-    tags = _plan_tags(root, sorted({w.version for w in wheels}), head)
+    # Before the wheels and the sdist are built: a bad .pypirc is a setting, found at once.
     creds = Credentials.resolve(settings.repository_url, environ, settings.pypirc,
                                 DEFAULT_REPOSITORY_URL)
     console.mask = console.mask.adding(creds.secrets)
     if creds.anonymous and is_pypi(settings.repository_url) and not settings.dry_run:
         raise ConfigError(f"no credentials for {settings.repository_url}: set TWINE_USERNAME="
                           "__token__ and TWINE_PASSWORD=<API token>, or a .pypirc [pypi] section")
+    wheels, files = _build_release_dir(settings, console, environ, result.released)
+    manifest = write_manifest(files, root / RELEASE_DIR / MANIFEST)
+    tags = _plan_tags(root, sorted({w.version for w in wheels}), head)
     on_index, index_note = _on_index(settings, creds)
+    _refuse_other_bytes_on_index(files, on_index, index_note)
     todo = [f for f in files if f.name not in on_index]
     upload_cmd = None
     if todo:
@@ -300,15 +302,29 @@ def _build_release_dir(settings, console, environ, cells):
     return wheels, files
 
 
+def _refuse_other_bytes_on_index(files, on_index, index_note):
+    """A wheel name the index serves with another sha256 is another build of that version (from
+    another commit, say): the release must not tag and report it as published.  (The sdist is
+    rebuilt by every run, with new timestamps: its bytes never match an earlier upload's.)"""
+    conflicts = [f"{path.name}: the index has sha256 {on_index[path.name]}, this release "
+                 f"{sha256_file(path)}" for path in files
+                 if path.suffix == ".whl" and on_index.get(path.name) not in (None, sha256_file(path))]
+    if conflicts:
+        raise ArtifactError(f"the index ({index_note}) already serves other files under these names: "
+                            "that version was released before, from other bytes; bump PATCH in "
+                            "blocksparse/_version.py:\n  " + "\n  ".join(conflicts))
+
+
 def _on_index(settings, creds):
-    """Names of our files the index already holds, and a line saying how that was found."""
+    """``{name: sha256 or None}`` of our files the index already holds, and a line saying how
+    that was found."""
     index = simple_index_url(split_userinfo(settings.repository_url)[0], settings.index_url)
     try:
         present = published_files(index, PROJECT, username=creds.username,
                                   password=creds.password)
     except (OSError, ValueError, http.client.HTTPException) as exc:
-        return set(), f"{index} cannot be read ({exc}): every file will be uploaded"
-    return set(present), f"{index} ({len(present)} {PROJECT} files there)"
+        return {}, f"{index} cannot be read ({exc}): every file will be uploaded"
+    return present, f"{index} ({len(present)} {PROJECT} files there)"
 
 
 def _print_plan(console, settings, head, files, on_index, manifest, tags, creds, index_note,

@@ -18,7 +18,7 @@ from pathlib import Path
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 from .errors import ArtifactError
 from .summary import sha256_file
@@ -118,7 +118,11 @@ def check_wheel(path, cell):
         problems.append(f"version {version} does not match the cell's TensorFlow {major}.{minor} "
                         f"(expected {major}.{minor}.PATCH)")
     metadata = _wheel_metadata(path)
-    if Version(metadata.get("Version", "0")) != version:
+    try:
+        meta_version = Version(metadata.get("Version", "0"))
+    except InvalidVersion:
+        meta_version = None  # not a PEP 440 version: it cannot be the filename's
+    if meta_version != version:
         problems.append(f"METADATA says version {metadata.get('Version')!r}, the filename {version}")
     problems += _tf_requirement_problems(metadata, major, minor)
     if problems:
@@ -141,6 +145,11 @@ def _tested_wheel(root, cell):
                             f"builds exactly one")
     (wheel,) = cell.wheels
     path = Path(root) / wheel["path"]
+    home = Path(root) / "dist" / cell.name
+    if path.resolve().parent != home.resolve():  # an absolute path, "../", a link elsewhere
+        raise ArtifactError(f"{cell.name}: the matrix report lists {wheel['path']!r}; a cell's "
+                            f"wheel must be a file in dist/{cell.name}/ (where `make matrix` "
+                            "puts it); re-run `make matrix`")
     if not path.is_file():
         raise ArtifactError(f"{cell.name}: {wheel['path']} is missing: the matrix report lists "
                             "it; re-run `make matrix`")

@@ -21,7 +21,7 @@ from pathlib import PurePath
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from .errors import GateError
-from .summary import CellResult, Summary, coverage_gaps
+from .summary import CellResult, Summary, coverage_gaps, status_conflicts
 
 __all__ = ["RELEASE", "NOT_RELEASED", "BLOCKS", "STATUS_ACTIONS", "CellResult", "Summary",
            "GateResult", "load_summary", "stale_reason", "gate"]
@@ -120,11 +120,13 @@ def gate(summary, cells=()):
     Raises
     ------
     GateError
-        Any cell regressed, failed to build, has a status not in :data:`STATUS_ACTIONS`, or is
-        ``passed`` with no test passed; or no cell has anything to release.  Every such cell is
+        Any cell regressed, failed to build, has a status not in :data:`STATUS_ACTIONS` or one
+        matrix.yaml's cell cannot have (`harness.summary.status_conflicts`), or is ``passed``
+        with no test passed; or no cell has anything to release.  Every such cell is
         named in the message.
     """
-    released, left_out, notes, problems = [], [], [], []
+    # a gating cell reported allowed-failure, a tested one built: matrix.yaml's status wins
+    released, left_out, notes, problems = [], [], [], status_conflicts(summary.cells, cells)
     gating = {c.name: c.gating for c in cells}
     for cell in summary.cells:
         action = STATUS_ACTIONS.get(cell.status)

@@ -15,8 +15,9 @@ from .errors import ConfigError
 __all__ = ["MASK", "Masker", "Credentials", "split_userinfo", "check_url", "pypirc_section"]
 
 MASK = "****"
-# The password runs to the *last* "@" before the path: one with a raw "@" is masked whole.
-_URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^/@\s:]*):[^/\s]*@")
+# The password runs to the *last* "@" of the URL: one with a raw "@", "/", "?" or "#" is masked
+# whole (masking too much is harmless; showing part of a password is not).
+_URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^/@\s:]*):\S*@")
 
 
 class Masker:
@@ -43,7 +44,8 @@ class Masker:
 
 def check_url(name, url):
     """Raise `ConfigError` (never quoting a password) unless ``url`` is an http(s) URL with a
-    host, a numeric port if any, and no raw ``@`` inside its ``user:password``."""
+    host, a numeric port if any, and no raw ``@``, ``/``, ``?`` or ``#`` inside its
+    ``user:password``."""
     shown = Masker()(url)
     if not url.startswith(("https://", "http://")):
         raise ConfigError(f"{name} must be an http(s) URL; got {shown!r}")
@@ -52,6 +54,12 @@ def check_url(name, url):
         raise ConfigError(f"{name}: the user:password part holds a raw '@'; write it as %40 "
                           f"(percent-encoded) in the URL, or pass the password in "
                           f"TWINE_PASSWORD; got {shown!r}")
+    if "@" not in parts.netloc and "@" in url[url.index("//") + 2:]:
+        # urlsplit ended the host at a "/", "?" or "#" of the password: what it calls the port
+        # (or the host) is part of the password, so none of it may be quoted.
+        raise ConfigError(f"{name}: the user:password part holds a raw '/', '?' or '#' (or an "
+                          f"'@' follows the host); percent-encode it (%2F, %3F, %23) in the URL, "
+                          f"or pass the password in TWINE_PASSWORD; got {shown!r}")
     try:
         parts.port
     except ValueError:
@@ -97,6 +105,9 @@ def pypirc_section(path, url, default_url):
     except configparser.Error:
         # configparser's message may quote the file's lines, passwords included.
         raise ConfigError(f"{path} is not a valid .pypirc (ini) file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path} is not a valid .pypirc: expected UTF-8 text, found byte "
+                          f"0x{exc.object[exc.start]:02x} at offset {exc.start}") from None
     for name in parser.sections():
         if name == "distutils":
             continue

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from .errors import CELLS_FAILED, GateError
 from .executors import BUILD_FAILED, INSTALL_FAILED, TESTS_KILLED, TIMED_OUT
-from .summary import FAILING, STATUSES, CellResult, Summary, coverage_gaps, wheel_record
+from .summary import (FAILING, STATUSES, CellResult, Summary, coverage_gaps, status_conflicts,
+                      wheel_record)
 from .templating import template_env
 
 __all__ = ["STATUSES", "FAILING", "cell_result", "summarize", "exit_code", "write_reports",
@@ -109,7 +110,8 @@ def _status(cell, run, outcomes_path, entry, run_timeout):
                                f"entries from {outcomes.get('source') or 'the known failures'}")
     if rc not in (0, 1):
         return "error", f"pytest exit status {rc}: {_PYTEST_EXIT.get(rc, 'unexpected')}"
-    if rc == 1:
+    # pytest exits 1 after any collection error, one that an entry naming the module excuses too
+    if rc == 1 and not any("::" not in t for t in entry["known"]):
         return "error", "pytest failed but recorded no failing test; see the log"
     return "passed", None
 
@@ -136,7 +138,8 @@ def _sort_tests(outcomes, entry):
 
 def summarize(results, *, commit, dirty, matrix, stale_entries=(), **info):
     """The `Summary` of ``results`` (``{name: CellResult}``, in matrix order); ``ok`` unless a cell
-    that matrix.yaml makes gating failed (a result of a cell it does not list: its own ``gating``).
+    that matrix.yaml makes gating failed (a result of a cell it does not list: its own ``gating``)
+    or a result's status contradicts matrix.yaml (`status_conflicts`: also listed as incomplete).
 
     ``commit`` is ``git rev-parse HEAD`` of the tested tree; ``dirty`` says whether the tree
     differed from it.  ``matrix`` are the cells of matrix.yaml: ``incomplete`` says how the
@@ -144,11 +147,14 @@ def summarize(results, *, commit, dirty, matrix, stale_entries=(), **info):
     that match no cell of the matrix; ``info`` adds top-level fields (executor, selection ...).
     """
     gating = {c.name: c.gating for c in matrix}  # matrix.yaml decides, whatever a result says
-    ok = not any(r.status in FAILING and gating.get(name, r.gating) for name, r in results.items())
+    # a gating cell reported allowed-failure, a tested one built: not a result for that cell
+    conflicts = status_conflicts(results.values(), matrix)
+    ok = not conflicts and not any(r.status in FAILING and gating.get(name, r.gating)
+                                   for name, r in results.items())
     info = {k: tuple(v) if isinstance(v, list) else v for k, v in info.items()}
     summary = Summary(commit=commit, dirty=dirty, ok=ok, cells=tuple(results.values()),
                       stale_entries=tuple(stale_entries), **info)
-    return replace(summary, incomplete=coverage_gaps(summary, matrix))
+    return replace(summary, incomplete=coverage_gaps(summary, matrix) + tuple(conflicts))
 
 
 def exit_code(summary):

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, fields
 from .errors import GateError
 
 __all__ = ["STATUSES", "FAILING", "TEST_LISTS", "CellResult", "Summary", "coverage_gaps",
-           "sha256_file", "wheel_record"]
+           "status_conflicts", "sha256_file", "wheel_record"]
 
 #: A cell's status.  The ``FAILING`` ones fail the run unless the cell is allowed to fail, in
 #: which case its status is ``allowed-failure`` and ``outcome`` keeps the underlying one.
@@ -219,6 +219,28 @@ class Summary:
         return cls(**_fields_of(cls, data, "cells"),
                    cells=tuple(CellResult.from_json(name, entry, where)
                                for name, entry in cells.items()))
+
+
+def status_conflicts(results, cells):
+    """Results whose status matrix.yaml's cell cannot have, as sentences; empty when none.
+
+    ``results`` are `CellResult` objects, ``cells`` matrix.yaml's.  A gating cell is never
+    ``allowed-failure`` (its failure counts), and a tested one never ``built`` (compile-only: no
+    test ran); a result that says so cannot vouch for the cell, whatever it built.
+    """
+    wanted = {c.name: c for c in cells}
+    problems = []
+    for result in results:
+        cell = wanted.get(result.name)
+        if cell is None:
+            continue
+        if result.status == "allowed-failure" and cell.gating:
+            problems.append(f"{result.name}: reported 'allowed-failure' (outcome {result.outcome!r}), "
+                            f"but matrix.yaml's status is {cell.status!r}: the cell gates, it failed")
+        elif result.status == "built" and cell.tested:
+            problems.append(f"{result.name}: reported 'built' (compile-only, no test ran), but "
+                            f"matrix.yaml's status is {cell.status!r}: its tests must run")
+    return problems
 
 
 def coverage_gaps(summary, cells):

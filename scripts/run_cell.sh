@@ -81,11 +81,13 @@ known=()
 if [[ -n "${CELL_KNOWN_FAILURES:-}" ]]; then known=("--known-failures=$CELL_KNOWN_FAILURES"); fi
 # Options take their values with "=": pytest picks its rootdir before it knows the plugin's
 # options, and would take a separate value (a path under the source tree) for a test path.
+# A module that fails to import is recorded (a regression, or known when an entry names it)
+# and the cell's other modules still run: --continue-on-collection-errors.
 set +e
 started=$SECONDS
 PYTHONPATH="$work/plugins" timeout --kill-after=30 "${CELL_RUN_TIMEOUT:-7200}" \
     "$CELL_PYTHON" -m pytest --rootdir="$work/tests" -c "$work/tests/pyproject.toml" \
-    -p no:cacheprovider -p pytest_known_failures \
+    -p no:cacheprovider -p pytest_known_failures --continue-on-collection-errors \
     "--cell=$CELL" "${known[@]}" "--known-failures-report=$CELL_REPORTS/outcomes.json" \
     "--junitxml=$CELL_REPORTS/junit.xml" -o "junit_suite_name=$CELL" \
     "--timeout=${CELL_TEST_TIMEOUT:-900}" "$@"

@@ -66,6 +66,21 @@ def test_bad_entry(change, words):
     assert str(info.value).startswith("kf.yaml: entry 1")
 
 
+@pytest.mark.parametrize("first, second", [(None, ""), ("", None), ("", "")], ids=["omitted-empty",
+                                                                                    "empty-omitted", "empty-empty"])
+def test_an_empty_and_an_omitted_cells_are_the_same_cells(first, second):
+    """Both mean every cell: the plugin would apply only the first entry, never the second."""
+    entries = [{"test": "test/test_f.py::test_flaky", "kind": "flaky", "reason": "races"},
+               {"test": "test/test_f.py::test_flaky", "kind": "fail", "reason": "broken"}]
+    for entry, cells in zip(entries, (first, second)):
+        if cells is not None:
+            entry["cells"] = cells
+    with pytest.raises(ConfigError, match=r"kf.yaml: entry 2 \(test/test_f.py::test_flaky\): same test and "
+                                          r"cells as entry 1 \(an empty or omitted 'cells' means every "
+                                          r"cell\); only the first entry would apply: merge them"):
+        parse_known_failures(entries, source="kf.yaml")
+
+
 def test_bad_files(tmp_path):
     with pytest.raises(ConfigError, match="expected a list of entries, got dict"):
         parse_known_failures({"test": "x"})

@@ -56,7 +56,7 @@ def test_bad_flavor_is_an_error(cell):
                         r"quote it"),
     ({"cuda": 12.5}, r"cuda: expected a string such as '12.5', got the number 12.5"),
     ({"python": ["3.9"]}, r"python: expected versions among 3.10, .*; got 3.9"),
-    ({"python": []}, r"python: expected a non-empty list"),
+    ({"python": []}, r"python: expected a non-empty list, got an empty list"),
     ({"python": ["3.11", "3.11"]}, r"python: listed twice: 3.11"),
     ({"tensorflow": "2.15"}, r"tensorflow: blocksparse supports TensorFlow >= 2.16; got 2.15"),
     ({"tensorflow": "latest"}, r"tensorflow: expected a string such as '2.21'"),
@@ -71,9 +71,17 @@ def test_bad_flavor_is_an_error(cell):
     ({"archs": ["sm_90", "compute_90"]}, r"archs\[1\]: expected a string such as 'sm_90' \(matching"),
     ({"archs": ["sm_80", "sm_90", OLD_ARCH]}, rf"archs\[2\]: the kernels need sm_80 or newer; got '{OLD_ARCH}'"),
     ({"cudnn": None}, r"cudnn: missing \(required\)"),
+    ({"tensorflow": "2.021"}, r"tensorflow: write versions without leading zeros \('2.21'; pip reads "
+                              r"both the same\); got '2.021'"),
+    ({"cuda": "012.5", "image": "nvidia/cuda:012.5.1-devel-ubuntu22.04"},
+     r"cuda: write versions without leading zeros \('12.5'.*got '012.5'"),
+    ({"cudnn": "09.3"}, r"cudnn: write versions without leading zeros \('9.3'.*got '09.3'"),
+    ({"archs": []}, r"archs: expected a non-empty list, got an empty list"),
+    ({"runs_on": []}, r"runs_on: expected a non-empty list, got an empty list"),
 ], ids=["unknown-key", "float-python", "float-cuda", "old-python", "no-python", "twice",
         "old-tf", "bad-tf", "bad-status", "latest-image", "untagged", "cuda-mismatch",
-        "unknown-distro", "bad-arch", "ptx-of-sm90", "arch-too-old", "missing-key"])
+        "unknown-distro", "bad-arch", "ptx-of-sm90", "arch-too-old", "missing-key",
+        "tf-leading-zero", "cuda-leading-zero", "cudnn-leading-zero", "no-archs", "no-runners"])
 def test_bad_build(change, words):
     build = {**BUILD, **change}
     build = {k: v for k, v in build.items() if v is not None}

@@ -5,6 +5,7 @@ import pytest
 
 from harness.known_failures import parse_known_failures, plugin_json
 from harness.pytest_known_failures import classify, nodeid_matches, _Record
+from harness.render import ROOT
 
 CELL = "tf2.21-cu12.5-py3.11"
 # The plugin is imported already (by these tests), so the inner runs cannot rewrite its asserts.
@@ -166,6 +167,38 @@ def test_collection_error_is_a_regression(pytester):
     assert outcomes == {"test_mod.py": "regression"}
     assert "not_a_module_anywhere" in report["tests"]["test_mod.py"]["message"]
     assert result.ret == pytest.ExitCode.INTERRUPTED
+
+
+def test_an_entry_naming_a_module_excuses_its_import_failure(pytester):
+    """The other modules still run (``--continue-on-collection-errors``, as scripts/run_cell.sh
+    passes it); an entry naming the module makes its import failure known."""
+    pytester.makepyfile(test_ok="def test_ok():\n    pass\n")
+    entries = [{"test": "test_mod.py", "kind": "fail", "reason": "needs a newer TensorFlow"}]
+    result, outcomes, report = run(pytester, "import not_a_module_anywhere\n", entries,
+                                   "--continue-on-collection-errors")
+    assert outcomes == {"test_mod.py": "known", "test_ok.py::test_ok": "passed"}
+    assert report["tests"]["test_mod.py"]["entry"]["entry"] == 1 and report["stale"] == []
+    # the module imports again: its entry matches nothing collected from it, and is stale
+    _, outcomes, report = run(pytester, "def test_a():\n    pass\n", entries)
+    assert outcomes == {"test_mod.py::test_a": "passed", "test_ok.py::test_ok": "passed"}
+    assert [e["entry"] for e in report["stale"]] == [1]
+
+
+def test_run_cell_keeps_going_past_a_module_that_fails_to_import():
+    script = (ROOT / "scripts" / "run_cell.sh").read_text()
+    assert "--continue-on-collection-errors" in script
+
+
+@pytest.mark.parametrize("first", ["test_mod.py::test_known", "test_mod.py::test_*"], ids=["exact", "glob"])
+def test_an_entry_shadowed_by_an_earlier_one_is_reported(pytester, first):
+    """Only the first entry matching a test applies: a later one that never applies is listed."""
+    entries = [{"test": first, "kind": "flaky", "reason": "races"},
+               {"test": "test_mod.py::test_known", "kind": "fail", "reason": "broken", "cells": "tf2"}]
+    result, outcomes, report = run(pytester, "def test_known():\n    pass\n", entries)
+    assert [(e["entry"], e["why"]) for e in report["stale"]] == [
+        (2, "shadowed: entry 1 comes first for every test it matches, and only the first matching "
+            "entry applies (merge them)")]
+    result.stdout.fnmatch_lines(["STALE entry 2 ('test_mod.py::test_known') of kf.yaml: shadowed: *"])
 
 
 def test_hang_entries_need_pytest_timeout(pytester):

@@ -5,6 +5,7 @@ Every test gets a fresh clone with fake matrix artifacts around it: real wheels 
 ``reports/summary.json`` for the clone's ``HEAD``.  The rehearsal at the end uploads to a real
 package index (pypiserver on 127.0.0.1) and installs the package from it into a fresh venv.
 """
+import hashlib
 import io
 import json
 import os
@@ -269,6 +270,24 @@ def test_pypi_upload_without_credentials_stops_before_tagging(repo):
     code, _, err = release(repo, DRY_RUN="0", REPOSITORY_URL=DEFAULT_REPOSITORY_URL,
                            INDEX_URL=DEAD_INDEX)
     assert code == 2 and "no credentials for https://upload.pypi.org/legacy/" in err
+    assert git_out(repo, "tag", "--list") == ""
+
+
+@pytest.mark.parametrize("same_bytes", [True, False], ids=["same-bytes", "other-bytes"])
+def test_a_file_on_the_index_with_other_bytes_stops_before_tagging(repo, monkeypatch, same_bytes):
+    def published_files(index, project, **_):  # the sdist: always other bytes (rebuilt each run)
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() if same_bytes and p.suffix == ".whl"
+                else "0" * 64 for p in (repo / "dist" / "release").iterdir() if p.name != "SHA256SUMS"}
+
+    monkeypatch.setattr("harness.release.published_files", published_files)
+    code, out, err = release(repo, DRY_RUN="0", REPOSITORY_URL="http://127.0.0.1:9/")
+    if same_bytes:  # a re-run: everything is there already
+        assert code == 0 and "nothing to upload: every file is already on the index" in out, out + err
+        return
+    assert code == 6, out + err
+    assert "already serves other files under these names" in err and "bump PATCH" in err
+    assert f"blocksparse-2.21.0-py3-none-any.whl: the index has sha256 {'0' * 64}" in err
+    assert "blocksparse-2.21.0.tar.gz" not in err
     assert git_out(repo, "tag", "--list") == ""
 
 

@@ -66,6 +66,7 @@ def test_good_wheel_passes(tmp_path):
     (dict(version="2.21.0rc1"), "does not match"),
     (dict(name="blocksparse_other"), "project is 'blocksparse-other'"),
     (dict(meta_version="2.21.1"), "METADATA says version '2.21.1'"),
+    (dict(meta_version="not-a-version"), "METADATA says version 'not-a-version', the filename 2.21.0"),
     (dict(requires=tf_requires("2.20", "2.21")),
      "extra [tensorflow] requires tensorflow<2.21,>=2.20, expected tensorflow<2.22,>=2.21"),
     (dict(requires=tf_requires()[:1]), "extra [tensorflow-cpu] should require"),
@@ -75,6 +76,7 @@ def test_good_wheel_passes(tmp_path):
     (dict(requires=[r.replace("extra", "python_version >= '3' or extra") for r in tf_requires()]),
      "hard dependency"),
 ], ids=["local", "wrong-minor", "two-part", "prerelease", "other-project", "metadata-version",
+        "metadata-version-invalid",
         "wrong-window", "missing-extra", "hard-dep", "doubled", "marker-always-true"])
 def test_bad_wheel_is_refused(tmp_path, kwargs, words):
     path = make_wheel(tmp_path, **kwargs)
@@ -179,6 +181,24 @@ def test_collect_takes_exactly_the_wheels_the_matrix_tested(tmp_path):
     assert kept not in message
     (wheel,) = collect_wheels(tmp_path, results[:1])
     assert wheel.path.name == f"blocksparse-{tfs[0]}.0-py3-none-any.whl"
+
+
+@pytest.mark.parametrize("where", ["absolute", "dotdot", "other-cell", "link"])
+def test_collect_takes_wheels_only_from_the_cells_dist_folder(tmp_path, where):
+    outside = make_wheel(tmp_path / "elsewhere")
+    dist = tmp_path / "dist"
+    if where == "other-cell":
+        outside = make_wheel(dist / "tf2.21-other")
+    record = wheel_record(outside, tmp_path)
+    record["path"] = {"absolute": str(outside), "dotdot": f"dist/{CELL}/../../elsewhere/{outside.name}",
+                      "other-cell": record["path"], "link": f"dist/{CELL}/{outside.name}"}[where]
+    if where == "link":
+        (dist / CELL).mkdir(parents=True)
+        (dist / CELL / outside.name).symlink_to(outside)
+    cells = [CellResult(name=CELL, status="passed", wheels=(record,))]
+    with pytest.raises(ArtifactError, match=f"{CELL}: the matrix report lists .*; a cell's wheel must be "
+                                            f"a file in dist/{CELL}/"):
+        collect_wheels(tmp_path, cells)
 
 
 def test_collect_refuses_mixed_patch_levels(tmp_path):

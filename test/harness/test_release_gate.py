@@ -201,6 +201,23 @@ def test_matrix_yaml_says_which_cells_gate(tmp_path):
         gate(summary_of(tmp_path, cells), MATRIX)
 
 
+@pytest.mark.parametrize("reported, words", [
+    (dict(status="allowed-failure", outcome="regressed", regressions=["t::s"], gating=False),
+     "reported 'allowed-failure' (outcome 'regressed'), but matrix.yaml's status is 'supported'"),
+    (dict(status="built", passed=0), "reported 'built' (compile-only, no test ran), but matrix.yaml's "
+                                     "status is 'supported': its tests must run"),
+], ids=["allowed-failure", "built"])
+def test_a_status_that_matrix_yaml_rules_out_blocks_the_release(tmp_path, reported, words):
+    supported = "tf2.21-cu12.5-py3.11"
+    cells = whole_matrix(edits={supported: reported})["cells"]
+    with pytest.raises(GateError, match="blocks the release") as info:
+        gate(summary_of(tmp_path, cells), MATRIX)
+    assert f"{supported}: {words}" in str(info.value)
+    (compile_only,) = make_cells({"status": "compile-only"})  # where "built" is the cell's status
+    assert [c.name for c in gate(summary_of(tmp_path, {compile_only.name: cell("built", passed=0)}),
+                                 (compile_only,)).released] == [compile_only.name]
+
+
 def test_a_report_of_no_result_is_stale_not_malformed(tmp_path):
     """What ``harness report`` writes over an empty reports/ (no commit, no tree state) reads as a
     report that vouches for nothing: the release re-runs the matrix (or stops with exit code 4)."""

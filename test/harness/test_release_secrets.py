@@ -2,7 +2,8 @@
 import pytest
 
 from harness.errors import ConfigError
-from harness.release_secrets import MASK, Credentials, Masker, pypirc_section, split_userinfo
+from harness.release_secrets import (MASK, Credentials, Masker, check_url, pypirc_section,
+                                     split_userinfo)
 
 PYPI = "https://upload.pypi.org/legacy/"
 
@@ -72,6 +73,24 @@ def test_malformed_pypirc_error_does_not_quote_it(tmp_path):
     with pytest.raises(ConfigError, match="not a valid .pypirc") as info:
         pypirc_section(path, PYPI, PYPI)
     assert "leaked-value" not in str(info.value)
+
+
+def test_pypirc_that_is_not_utf8_is_a_setting_error(tmp_path):
+    path = tmp_path / ".pypirc"
+    path.write_bytes(b"[pypi]\npassword = caf\xe9-leaked\n")
+    with pytest.raises(ConfigError, match=r"not a valid .pypirc: expected UTF-8 text") as info:
+        pypirc_section(path, PYPI, PYPI)
+    assert "leaked" not in str(info.value) and str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("char", ["/", "?", "#"])
+def test_url_password_with_a_reserved_character_is_refused_unshown(char):
+    url = f"https://user:s3cr{char}et-xyz@upload.example/"
+    with pytest.raises(ConfigError, match="holds a raw '/', '[?]' or '#'.*percent-encode") as info:
+        check_url("REPOSITORY_URL", url)
+    assert "s3cr" not in str(info.value) and "xyz" not in str(info.value)
+    assert "https://user:****@upload.example/" in str(info.value)
+    assert Masker()(f"see {url}") == f"see https://user:{MASK}@upload.example/"
 
 
 def test_credentials_from_the_url_go_to_twines_environment(tmp_path):

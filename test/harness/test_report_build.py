@@ -113,6 +113,17 @@ def test_status(tmp_path, run, tests, status, reason):
     assert (entry.status, entry.reason) == (status, reason)
 
 
+def test_a_known_import_failure_is_not_an_error(tmp_path):
+    """pytest exits 1 after a collection error even when an entry names the module (known)."""
+    known_module = {"test/test_b.py": {"outcome": "known", "entry": {**FAIL_ENTRY, "test": "test/test_b.py"},
+                                       "attempts": 1, "message": "ImportError"},
+                    "test/test_a.py::test_ok": RECORDED["test/test_a.py::test_ok"]}
+    entry = result(tmp_path, CellRun(returncode=1), known_module)
+    assert (entry.status, entry.passed, entry.known) == ("passed", 1, ("test/test_b.py",))
+    unexplained = {"test/test_a.py::test_ok": RECORDED["test/test_a.py::test_ok"]}
+    assert result(tmp_path, CellRun(returncode=1), unexplained).status == "error"
+
+
 def test_compile_only_cell(tmp_path):
     (cell,) = make_cells({"status": "compile-only"})
     assert result(tmp_path, CellRun(returncode=0), cell=cell).status == "built"
@@ -199,6 +210,27 @@ def test_matrix_yaml_says_which_failures_fail_the_report(tmp_path):
     assert not summarize(flagged, commit="a", dirty=False, matrix=(), executor="local").ok
     unflagged = {supported.name: replace(regressed, name=supported.name, gating=False)}
     assert not summarize(unflagged, commit="a", dirty=False, matrix=(supported, nightly), executor="local").ok
+
+
+@pytest.mark.parametrize("status, words", [
+    ("allowed-failure", "reported 'allowed-failure' (outcome 'regressed'), but matrix.yaml's status "
+                        "is 'supported': the cell gates, it failed"),
+    ("built", "reported 'built' (compile-only, no test ran), but matrix.yaml's status is 'supported'"),
+], ids=["allowed-failure", "built"])
+def test_a_status_that_matrix_yaml_rules_out_fails_the_report(tmp_path, status, words):
+    """A supported cell's result cannot say allowed-failure (its failure counts) or built (its
+    tests must run), whatever the result file says."""
+    (supported,) = make_cells()
+    passed = result(tmp_path, CellRun(returncode=0), without("regression", "fixed"))
+    claimed = replace(passed, name=supported.name, status=status, gating=False,
+                      outcome="regressed" if status == "allowed-failure" else None)
+    summary = summarize({supported.name: claimed}, commit=None, dirty=None, matrix=(supported,),
+                        executor="local", finished="2025-01-02T03:04:05+00:00")
+    assert not summary.ok and exit_code(summary) == 1
+    assert any(f"{supported.name}: {words}" in gap for gap in summary.incomplete)
+    fine = summarize({supported.name: replace(passed, name=supported.name)}, commit=None, dirty=None,
+                     matrix=(supported,), executor="local")
+    assert fine.ok
 
 
 def test_load_results_of_the_matrix_cells_in_its_order(tmp_path):

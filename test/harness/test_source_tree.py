@@ -1,7 +1,10 @@
 """The staged tree: tracked and untracked-but-not-ignored files, nothing else."""
 import subprocess
 
-from harness.git import state as git_state
+import pytest
+
+from harness.errors import ConfigError
+from harness.git import head_commit, state as git_state
 from harness.source import stage_tree, tree_files
 
 
@@ -37,3 +40,9 @@ def test_in_git_the_ignore_file_decides(tmp_path):
     (tmp_path / "a.py").unlink()  # deleted but still tracked: not copied
     stage_tree(tmp_path, dest)
     assert not (dest / "a.py").exists() and (dest / "pkg" / "b.py").exists()
+
+
+def test_a_missing_root_is_named_not_taken_for_a_missing_git(tmp_path):
+    with pytest.raises(ConfigError, match=f"the repository root {tmp_path / 'gone'} is not a directory") as info:
+        head_commit(tmp_path / "gone")
+    assert "not installed" not in str(info.value)
