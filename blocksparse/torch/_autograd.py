@@ -6,7 +6,7 @@ arguments while no functorch transform is active; :func:`direct_apply` skips it 
 """
 import torch
 
-__all__ = ["direct_apply", "functorch_active", "eager_twin", "call_op"]
+__all__ = ["direct_apply", "functorch_active", "eager_twin", "call_op", "owned"]
 
 #: Whether a functorch transform (``vmap``, ``grad``, ...) is active (a C function: cheap).
 functorch_active = _functorch_active = torch._C._are_functorch_transforms_active
@@ -23,6 +23,17 @@ def direct_apply(function):
     return apply
 
 
+def owned(out):
+    """``out`` (a tensor or a tuple of them) with every view of a tensor made inside a forward
+    replaced by a plain tensor on the same memory (no copy).  An ``autograd.Function`` output that
+    is a view refuses in-place ops (``relu_``, ``+=``) where PyTorch's own ops allow them."""
+    if isinstance(out, tuple):
+        return tuple(map(owned, out))
+    if not isinstance(out, torch.Tensor) or not out._is_view():
+        return out
+    return out.new_empty(0).set_(out.untyped_storage(), out.storage_offset(), out.shape, out.stride())
+
+
 def eager_twin(name, forward, setup_context, backward, *, materialize_grads=True):
     """The eager twin of a custom op with registered autograd: an ``autograd.Function`` (for
     :func:`direct_apply`) whose forward runs the op's implementation ``forward`` directly and hands
@@ -35,7 +46,7 @@ def eager_twin(name, forward, setup_context, backward, *, materialize_grads=True
 
     def forward_(ctx, *args):
         ctx.set_materialize_grads(materialize_grads)
-        out = forward(*args)
+        out = owned(forward(*args))
         setup_context(ctx, args, out)
         return out
 

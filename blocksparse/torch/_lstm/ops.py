@@ -117,10 +117,10 @@ def _setup_context(ctx, inputs, output):
     ctx.forget_bias = forget_bias
 
 
-def _grads(ctx, dgates, dbias):
-    """(dgates..., dbias, None for forget_bias), None where no gradient is needed."""
-    has_bias = ctx.saved_tensors[-1] is not None
-    grads = (*dgates, dbias if has_bias else None, None)
+def _grads(ctx, dgates, dbias, bias):
+    """(dgates..., dbias, None for forget_bias), None where no gradient is needed.  (``bias``: the
+    saved one, unpacked once: a checkpoint refuses a second unpack.)"""
+    grads = (*dgates, dbias if bias is not None else None, None)
     return tuple(gr if need else None for gr, need in zip(grads, ctx.needs_input_grad[1:]))
 
 
@@ -140,7 +140,7 @@ def _backward(bwd):
             dc, dh, dbias = _differentiable_bwd(c, _split(h), bias, dc_next, dh_next, ctx.forget_bias, True)
         else:
             dc, dh, dbias = bwd(c, h, bias, dc_next, dh_next, ctx.forget_bias)
-        return (dc if ctx.needs_input_grad[0] else None, *_grads(ctx, (dh,), dbias))
+        return (dc if ctx.needs_input_grad[0] else None, *_grads(ctx, (dh,), dbias, bias))
 
     return backward
 
@@ -155,7 +155,7 @@ def _backward4(bwd):
                                                               ctx.forget_bias, False)
         else:
             dc, di, dj, df, do, dbias = bwd(c, i, j, f, o, bias, dc_next, dh_next, ctx.forget_bias)
-        return (dc if ctx.needs_input_grad[0] else None, *_grads(ctx, (di, dj, df, do), dbias))
+        return (dc if ctx.needs_input_grad[0] else None, *_grads(ctx, (di, dj, df, do), dbias, bias))
 
     return backward
 

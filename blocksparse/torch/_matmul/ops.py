@@ -23,7 +23,7 @@ from typing import Optional
 from torch import Tensor
 
 from .. import _native
-from .._autograd import direct_apply
+from .._autograd import direct_apply, owned
 from .._checks import plain_ops_needed
 from .._reduce import column_sums
 from . import plan as _plan
@@ -112,7 +112,7 @@ class MatmulFunction(torch.autograd.Function):
         ctx.save_for_backward(x, w)
         ctx.meta = (layout, axis, precision, bias)
         ctx.keep = _plan.keep(layout)
-        return _products.fprop(x, w, layout, axis, precision, bias)
+        return owned(_products.fprop(x, w, layout, axis, precision, bias))
 
     @staticmethod
     def backward(ctx, dy):

@@ -236,3 +236,23 @@ def test_twice_differentiable(rng, merged):
         return fused_lstm_gates(c, *((h,) if merged else h.split(4, dim=1)), bias=bias)
 
     torch.autograd.gradgradcheck(fn, (c, h, bias))
+
+
+@pytest.mark.parametrize("merged", [True, False], ids=["merged", "four"])
+def test_inside_non_reentrant_checkpoint(rng, merged):
+    """Activation checkpointing (``use_reentrant=False``) refuses a second unpack of a saved tensor:
+    the backward unpacks each once, and its gradients are the plain call's."""
+    from torch.utils.checkpoint import checkpoint
+    c, h, bias, dcn, dhn = _inputs(rng, "float32", 6, 8)
+
+    def cell(c, h, bias):
+        return fused_lstm_gates(c, *((h,) if merged else h.split(c.shape[1], 1)), bias=bias)
+
+    want = torch.autograd.grad(cell(c, h, bias), (c, h, bias), (dcn, dhn))
+    got = torch.autograd.grad(checkpoint(cell, c, h, bias, use_reentrant=False), (c, h, bias), (dcn, dhn))
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    unpacked = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: unpacked.append(t) or t):
+        out = cell(c, h, bias)
+    torch.autograd.grad(out, (c, h, bias), (dcn, dhn))
+    assert len(unpacked) == (3 if merged else 6)
