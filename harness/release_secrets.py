@@ -45,7 +45,7 @@ class Masker:
 def check_url(name, url):
     """Raise `ConfigError` (never quoting a password) unless ``url`` is an http(s) URL with a
     host, a numeric port if any, and no raw ``@``, ``/``, ``?`` or ``#`` inside its
-    ``user:password``."""
+    ``user:password`` (nor an ``@`` after the host where a ``user:password`` or a port could hide one)."""
     shown = Masker()(url)
     if not url.startswith(("https://", "http://")):
         raise ConfigError(f"{name} must be an http(s) URL; got {shown!r}")
@@ -54,12 +54,16 @@ def check_url(name, url):
         raise ConfigError(f"{name}: the user:password part holds a raw '@'; write it as %40 "
                           f"(percent-encoded) in the URL, or pass the password in "
                           f"TWINE_PASSWORD; got {shown!r}")
-    if "@" not in parts.netloc and "@" in url[url.index("//") + 2:]:
-        # urlsplit ended the host at a "/", "?" or "#" of the password: what it calls the port
-        # (or the host) is part of the password, so none of it may be quoted.
-        raise ConfigError(f"{name}: the user:password part holds a raw '/', '?' or '#' (or an "
-                          f"'@' follows the host); percent-encode it (%2F, %3F, %23) in the URL, "
-                          f"or pass the password in TWINE_PASSWORD; got {shown!r}")
+    after_host = url[url.index("//") + 2 + len(parts.netloc):]
+    if "@" in after_host and (":" in parts.netloc or "@" in parts.netloc):
+        # Either the password holds a raw "/", "?" or "#" (urlsplit ended the host there: what it
+        # calls the port or the host is part of the password), or the path holds an "@": the two
+        # cannot be told apart, and none of a password may be quoted.  (An "@" in the path of a
+        # URL with neither user:password nor port, an Azure feed's "feed@view", is no password's.)
+        raise ConfigError(f"{name} is ambiguous: an '@' follows the host, and a user:password or a "
+                          f"port comes before it; percent-encode a '/', '?', '#' or '@' of the "
+                          f"password (%2F, %3F, %23, %40) and an '@' of the path (%40), or pass "
+                          f"the password in TWINE_PASSWORD; got {shown!r}")
     try:
         parts.port
     except ValueError:

@@ -31,7 +31,14 @@ def owned(out):
         return tuple(map(owned, out))
     if not isinstance(out, torch.Tensor) or not out._is_view():
         return out
+    if type(out) is not torch.Tensor or _dispatch_modes():  # traced (make_fx), fake, a subclass: a copy
+        return out.clone()
     return out.new_empty(0).set_(out.untyped_storage(), out.storage_offset(), out.shape, out.stride())
+
+
+def _dispatch_modes():
+    """How many ``TorchDispatchMode`` s are active (``make_fx``'s tracer, ``FakeTensorMode``)."""
+    return torch._C._len_torch_dispatch_stack()
 
 
 def eager_twin(name, forward, setup_context, backward, *, materialize_grads=True):

@@ -56,3 +56,34 @@ def test_transformer_products():
     y = bst.masked_softmax(scores).mul_(2)          # its backward reads y: PyTorch's version error
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.sum().backward()
+
+
+def test_create_graph_weight_gradient():
+    """A weight gradient taken with ``create_graph=True`` (the updat's own node) takes ``mul_``."""
+    m = bt.BlocksparseMatMul(LAYOUT, block_size=8)
+    x, w = torch.randn(5, 16, requires_grad=True), torch.randn(m.w_shape, requires_grad=True)
+    (dw,) = torch.autograd.grad(m(x, w).square().sum(), w, create_graph=True)
+    want = dw.detach() * 0.5
+    dw.mul_(0.5).sum().backward()
+    assert torch.equal(dw.detach(), want) and x.grad is not None
+
+
+def test_implicit_convolution(monkeypatch):
+    """The implicit-GEMM convolution (kernels through the interpreter) as ``F.conv2d`` takes ``relu_``."""
+    monkeypatch.setenv("BLOCKSPARSE_BACKEND", "triton")
+    op = bt.BlocksparseConv([([0, 1], [0, 1]), ([2, 3], [1, 2])], TRS=(3, 3), DHW=(4, 4), path="implicit")
+    _same_as_out_of_place(op, torch.randn(op.f_shape()), torch.randn(op.i_shape(2)))
+
+
+@pytest.mark.parametrize("mode", ["real", "fake", "symbolic"])
+def test_make_fx_traces_them(mode):
+    """``make_fx`` (a dispatch mode, not ``torch.compile``) records the ops' outputs as before."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    m = bt.BlocksparseMatMul(LAYOUT, block_size=8)
+    ln = lambda x, g: bt.layer_norm(x, g, None, axis=1)  # noqa: E731
+    cases = [(ln, (torch.randn(5, 24, requires_grad=True), torch.rand(24, requires_grad=True)))]
+    if mode == "real":  # (the matmul's layout tables are real tensors: fake tracing refuses them)
+        cases.append((lambda x, w: m(x, w), (torch.randn(5, 16), torch.randn(m.w_shape, requires_grad=True))))
+    for fn, args in cases:
+        traced = make_fx(fn, tracing_mode=mode)(*args)
+        torch.testing.assert_close(traced(*args), fn(*args))

@@ -95,9 +95,18 @@ def matmul(x, w, layout, axis, dw_dtype, products):
         # it would make w the function's side output again.  Eager, grad makes it when it runs.
         w_bprop = _with_grad_in(w, dw_dtype) if cast_grad and not tf.executing_eagerly() else w
 
+        @tf.custom_gradient
+        def bprop(dy, w_b):
+            # differentiated (second order): W's part is an updat, the float32 sum rounded once
+            # to dw_dtype, not the product's own gradient in W's dtype
+            def bprop_grad(g):
+                return products.fprop(g, w_b, layout, axis), products.updat(g, dy, layout, axis, dw_dtype)
+
+            return products.bprop(dy, w_b, layout, axis), bprop_grad
+
         def grad(dy):
             w_b = _with_grad_in(w, dw_dtype) if cast_grad and w_bprop is w else w_bprop
-            dx = _mark_dx(products.bprop(dy, w_b, layout, axis))
+            dx = _mark_dx(bprop(dy, w_b))
             dw = products.updat(x, dy, layout, axis, dw_dtype)
             return dx, mark_updat(dw, UpdatRecord(x, dy, layout, axis, dw_dtype, products))
 

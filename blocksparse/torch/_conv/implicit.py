@@ -48,7 +48,7 @@ from ...ops.conv import wgrad as _wgrad
 from ...ops.conv.wgrad import conv_wgrad_kernel, wgrad_items, wgrad_splits, worth_sparse_wgrad
 from ...ops.conv.implicit_gemm import conv_implicit_kernel
 from .. import _native
-from .._autograd import direct_apply, functorch_active
+from .._autograd import direct_apply, functorch_active, owned
 from .._backend import kernels_serve, sm_count
 from .._reduce import sum_rows
 from .._registry import digest
@@ -248,7 +248,7 @@ class ImplicitConvFunction(torch.autograd.Function):
         tables = _tables(handle)
         ctx.save_for_backward(x, flat, dense_index)
         ctx.handle, ctx.precision = handle, precision
-        return conv_implicit_fwd(x, flat, tables.spec, tables.on(x.device), precision)
+        return owned(conv_implicit_fwd(x, flat, tables.spec, tables.on(x.device), precision))
 
     @staticmethod
     def backward(ctx, dy):

@@ -136,7 +136,7 @@ class BpropFunction(torch.autograd.Function):
         ctx.save_for_backward(dy, w)
         ctx.meta = (layout, axis, precision)
         ctx.keep = _plan.keep(layout)
-        return _products.bprop(dy, w, layout, axis, precision)
+        return owned(_products.bprop(dy, w, layout, axis, precision))
 
     @staticmethod
     def backward(ctx, g):
@@ -156,7 +156,7 @@ class UpdatFunction(torch.autograd.Function):
         ctx.save_for_backward(x, dy)
         ctx.meta = (layout, axis, precision)
         ctx.keep = _plan.keep(layout)
-        return _products.updat(x, dy, layout, axis, precision, dw_dtype)
+        return owned(_products.updat(x, dy, layout, axis, precision, dw_dtype))
 
     @staticmethod
     def backward(ctx, g):

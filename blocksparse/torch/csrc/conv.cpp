@@ -45,6 +45,13 @@ at::Tensor launch_last(int64_t id, const at::Tensor &a, const at::Tensor &w) {
   return blocksparse_native::launch(id, blocksparse_native::aligned(a.movedim(1, -1)), w).movedim(-1, 1);
 }
 
+// `t` as a tensor of its own on the same memory (no copy): an autograd function's output that is a
+// view refuses in-place ops (relu_, +=), which PyTorch's own convolutions take.
+at::Tensor owned(const at::Tensor &t) {
+  if (!t.is_view()) return t;
+  return at::empty({0}, t.options()).set_(t.storage(), t.storage_offset(), t.sizes(), t.strides());
+}
+
 // The dense gradients (dense_grads of _conv/dense.py): one convolution_backward on the padded input
 // and output gradient for the filter's gradient and, where `need_x` (strided layers, c.bprop < 0),
 // the input's; the dense filter built for the latter, else only allocated (the filter's gradient
@@ -111,7 +118,7 @@ struct ImplicitConvFunction : public torch::autograd::Function<ImplicitConvFunct
                 " filter");
     ctx->save_for_backward({x, flat, grad_index, dense_index});
     ctx->saved_data["conv"] = conv;
-    return launch_last(c.fprop, x, flat.index_select(0, weight_index));
+    return owned(launch_last(c.fprop, x, flat.index_select(0, weight_index)));
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,

@@ -150,6 +150,21 @@ def test_only_the_gradients_asked_for(native, rng):
     torch.testing.assert_close(dx, s.stand_in_dx(s.dy, s.F), rtol=0, atol=0)
 
 
+def test_the_output_takes_in_place_ops(native, rng):
+    """``relu_`` on the node's output (channels-last memory, not a view of it): as on cuDNN's, the
+    gradients are those of the out-of-place ``relu``."""
+    s = Setup.of(native, rng, "2d-explicit-asymmetric")
+    grads = []
+    for inplace in (True, False):
+        x, flat = s.x.clone().requires_grad_(), s.F.clone().requires_grad_()
+        y = s(x, flat)
+        y = y.relu_() if inplace else y.relu()
+        assert _channels_last(y)
+        grads.append(torch.autograd.grad(y, (x, flat), s.dy))
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_the_backward_is_once_differentiable(native, rng):
     """As the Python path's ``@once_differentiable``: gradients with ``create_graph`` hold a node that
     fails when a second backward reaches it (the launches have no derivative); without, no graph."""
