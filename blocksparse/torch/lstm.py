@@ -59,11 +59,14 @@ def fused_lstm_gates(c, *gates, bias=None, forget_bias=1.0):
     if out is not None:
         return out
     c = _checks.activations("c", c)
-    gates = [_checks.activations(name, t) for name, t in zip(names, gates)]
     n, k = c.shape
+    width = 4 * k if len(gates) == 1 else k
+    for name, t in zip(names, gates):  # (a gate of another rank: named by the shape c asks of it)
+        if isinstance(t, torch.Tensor) and t.dim() != 2:
+            raise ValueError(f"{name} must have shape ({n}, {width}) for c of shape {(n, k)}; got {tuple(t.shape)}")
+    gates = [_checks.activations(name, t) for name, t in zip(names, gates)]
     if k == 0:
         raise ValueError(f"c must have at least one feature (K > 0); got shape {tuple(c.shape)}")
-    width = 4 * k if len(gates) == 1 else k
     for name, t in zip(names, gates):
         if tuple(t.shape) != (n, width):
             raise ValueError(f"{name} must have shape ({n}, {width}) for c of shape {(n, k)}; got {tuple(t.shape)}")

@@ -175,6 +175,8 @@ def _bad_cases():
         "f-shape": ((c, c, c, torch.randn(4, 9), c), {}, ValueError, r"f must have shape \(4, 8\)"),
         "c-1d": ((torch.randn(8), h), {}, ValueError, r"c must be 2-D"),
         "c-3d": ((torch.randn(2, 4, 8), h), {}, ValueError, r"h must have c's leading shape \(2, 4\)"),
+        "h-3d": ((c, torch.randn(2, 4, 32)), {}, ValueError, r"h must have shape \(4, 32\) for c of shape \(4, 8\)"),
+        "o-1d": ((c, c, c, c, torch.randn(8)), {}, ValueError, r"o must have shape \(4, 8\)"),
         "c-int": ((torch.ones(4, 8, dtype=torch.int64), h), {}, TypeError, r"c must be float16"),
         "h-dtype": ((c, h.half()), {}, TypeError, r"h must have c's dtype torch.float32"),
         "o-dtype": ((c, c, c, c, c.double()), {}, TypeError, r"o must have c's dtype"),
