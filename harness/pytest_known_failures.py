@@ -254,8 +254,9 @@ class _KnownFailures:
     def pytest_collectreport(self, report):
         if report.failed:
             rec = self._record(report.nodeid or "<collection>")
-            # an entry naming the module excuses its import failure
-            rec.entry = rec.entry or self._entry_for(report.nodeid or "<collection>")
+            # an entry of kind fail naming the module itself (no glob) excuses its import failure
+            rec.entry = rec.entry or next((e for e in self.entries if e["kind"] == "fail"
+                                           and e["test"] == report.nodeid), None)
             rec.failed = True
             rec.message = _message(report)
 

@@ -184,6 +184,14 @@ def test_an_entry_naming_a_module_excuses_its_import_failure(pytester):
     assert [e["entry"] for e in report["stale"]] == [1]
 
 
+@pytest.mark.parametrize("entry", [{"test": "test_m*.py", "kind": "fail"}, {"test": "test_mod.py", "kind": "hang"}],
+                         ids=["glob", "hang"])
+def test_only_an_exact_fail_entry_excuses_an_import_failure(pytester, entry):
+    entries = [{**entry, "reason": "something else"}]
+    _, outcomes, _ = run(pytester, "import not_a_module_anywhere\n", entries, "--continue-on-collection-errors")
+    assert outcomes["test_mod.py"] == "regression"
+
+
 def test_run_cell_keeps_going_past_a_module_that_fails_to_import():
     script = (ROOT / "scripts" / "run_cell.sh").read_text()
     assert "--continue-on-collection-errors" in script
