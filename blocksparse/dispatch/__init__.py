@@ -17,6 +17,8 @@ frontends (``BlocksparseLinear`` / ``PixelflyLinear`` in PyTorch, ``BlocksparseM
 ``PixelflyDense`` in TensorFlow) describe each call as a :class:`~.model.Problem`, ask for a
 :class:`~.model.Plan` and cache it; ``plan()`` on a layer returns it, and ``impl=`` overrides it.
 """
+from functools import lru_cache
+
 from .model import MARGIN, PREFERENCE, CostModel, Plan
 from .problem import PRECISIONS, Problem
 from .table import IMPLS, Table, shipped_table
@@ -27,9 +29,11 @@ __all__ = ["CostModel", "IMPLS", "MARGIN", "PRECISIONS", "PREFERENCE", "Plan", "
 _AUTO = ("auto", *IMPLS)
 
 
+@lru_cache(maxsize=None)
 def model_for(framework, device):
     """The :class:`CostModel` of the table shipped for ``framework`` on ``device`` (``"cpu"`` or
-    ``"cuda"``); a model without a table (the default rule) where none was measured."""
+    ``"cuda"``); a model without a table (the default rule) where none was measured.  One model
+    per process (its plans are cached), shared by the layers that plan with it."""
     return CostModel(shipped_table(framework, device))
 
 

@@ -32,6 +32,8 @@ import numbers
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+import numpy as np
+
 from .table import IMPLS, Table
 
 __all__ = ["CostModel", "K_NEAREST", "MARGIN", "PREFERENCE", "Plan", "WORK_EXPONENT", "EXPONENTS",
@@ -46,6 +48,8 @@ K_NEAREST = 6
 #: How a neighbour's time scales to the problem's work, ``(work / row work) ** exponent``, where a
 #: table names no ``work_exponent`` of its own.
 WORK_EXPONENT = 0.6
+#: Plans a :class:`CostModel` keeps (cleared when full: a layer fed ever new token counts stays bounded).
+PLAN_CACHE_SIZE = 4096
 #: The exponents :func:`fit_work_exponent` tries.
 EXPONENTS = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 _NEAREST_PRECISION = {"float32": ("tf32", "float64"), "tf32": ("float32",), "float64": ("float32", "tf32"),
@@ -95,46 +99,74 @@ class CostModel:
         self.table = table
         self.margin = float(margin)
         self.exponent = WORK_EXPONENT if table is None or table.work_exponent is None else table.work_exponent
+        self._held, self._by_key, self._plans = None, {}, {}
 
-    def _rows(self, problem, impl):
-        """Rows measuring ``impl`` in the problem's precision, else the nearest one; and that precision."""
-        for dtype in (problem.dtype, *_NEAREST_PRECISION.get(problem.dtype, ())):
-            rows = [r for r in self.table.rows if r.problem.dtype == dtype and impl in r.times(problem.backward)]
-            if rows:
-                return rows, dtype
-        return [], None
+    def __reduce__(self):  # pickle / deepcopy: the caches start afresh
+        return CostModel, (self.table, self.margin)
+
+    def _caches(self):
+        """``(row arrays, plans)`` cached for the current table, margin and exponent (attributes a user
+        may set: a change empties them)."""
+        held, state = self._held, (self.table, self.margin, self.exponent)
+        if held is None or held[0] is not state[0] or held[1:] != state[1:]:
+            self._held, self._by_key, self._plans = state, {}, {}
+        return self._by_key, self._plans
+
+    def _columns(self, impl, backward, dtype):
+        """The rows measuring ``impl`` in ``dtype`` as arrays (computed once): features, structure,
+        log time and log work; None where there are none."""
+        by_key = self._caches()[0]
+        key = (impl, backward, dtype)
+        cols = by_key.get(key)
+        if key not in by_key:
+            rows = [r for r in self.table.rows if r.problem.dtype == dtype and impl in r.times(backward)]
+            cols = by_key[key] = None if not rows else (
+                np.array([_features(r.problem) for r in rows]),
+                np.array([r.problem.structured for r in rows]),
+                np.log([r.times(backward)[impl] for r in rows]),
+                np.log([r.problem.work(impl) for r in rows]))
+        return cols
 
     def expected_ms(self, problem, impl):
         """Expected milliseconds of ``impl`` on ``problem`` and the precision of the rows used, or
         ``(None, None)`` when the table has no row for it."""
         if self.table is None:
             return None, None
-        rows, dtype = self._rows(problem, impl)
-        if not rows:
-            return None, None
-        q, log_work = _features(problem), math.log(problem.work(impl))
-        scored = []  # (distance, log of the row's time carried to the problem's work)
-        for r in rows:
-            d = math.dist(q, _features(r.problem)) + (r.problem.structured != problem.structured)
-            carried = (math.log(r.times(problem.backward)[impl])
-                       + self.exponent * (log_work - math.log(r.problem.work(impl))))
-            scored.append((d, carried))
-        scored.sort(key=lambda s: s[0])
-        exact = [t for d, t in scored if d < 1e-9]
-        if exact:
-            log_ms = sum(exact) / len(exact)
+        for dtype in (problem.dtype, *_NEAREST_PRECISION.get(problem.dtype, ())):
+            cols = self._columns(impl, problem.backward, dtype)
+            if cols is not None:
+                break
         else:
-            near = scored[:K_NEAREST]
-            weights = [1.0 / d for d, _ in near]
-            log_ms = sum(w * t for w, (_, t) in zip(weights, near)) / sum(weights)
-        return math.exp(log_ms), dtype
+            return None, None
+        features, structured, log_ms, log_work = cols
+        # distance to each row, and the row's time carried to the problem's work
+        d = np.sqrt(((features - np.array(_features(problem))) ** 2).sum(1)) + (structured != problem.structured)
+        carried = log_ms + self.exponent * (math.log(problem.work(impl)) - log_work)
+        exact = d < 1e-9
+        if exact.any():
+            return math.exp(carried[exact].mean()), dtype
+        near = np.argsort(d, kind="stable")[:K_NEAREST]
+        weights = 1.0 / d[near]
+        return math.exp(float((weights * carried[near]).sum() / weights.sum())), dtype
 
     def choose(self, problem, candidates):
-        """The :class:`Plan` for ``problem`` among the implementations ``candidates`` can run.
+        """The :class:`Plan` for ``problem`` among the implementations ``candidates`` can run
+        (cached: a model plans each problem once).
 
         Without a table, or where it measured none of the candidates, the *default rule* serves:
         the kernels where they can run, else the portable path (or the first candidate).
         """
+        plans = self._caches()[1]
+        key = (problem, tuple(candidates))
+        plan = plans.get(key)
+        if plan is None:
+            plan = self._choose(problem, key[1])
+            if len(plans) >= PLAN_CACHE_SIZE:
+                plans.clear()
+            plans[key] = plan
+        return plan
+
+    def _choose(self, problem, candidates):
         candidates = tuple(c for c in IMPLS if c in candidates)
         if not candidates:
             raise ValueError("candidates must name at least one of " + ", ".join(IMPLS))

@@ -235,3 +235,56 @@ def test_models_pickle_and_copy():
         assert twin.choose(problem(), ALL).impl == model.choose(problem(), ALL).impl == "portable"
         with pytest.raises(TypeError):
             twin.table.rows[0].fwdbwd_ms["dense"] = 1.0   # still read-only
+
+
+def test_plans_are_cached_until_the_model_changes(monkeypatch):
+    """A model plans each (problem, candidates) once; setting its margin or table plans afresh;
+    a full cache is emptied (bounded however many token counts a layer sees)."""
+    import blocksparse.dispatch.model as model_module
+
+    model = CostModel(table(row(1024, 1024, 1024, 32, 0.25, {"dense": 10.0, "portable": 9.7}),
+                            row(4096, 1024, 1024, 32, 0.25, {"dense": 40.0, "portable": 30.0})))
+    calls = []
+    real = CostModel._choose
+    monkeypatch.setattr(CostModel, "_choose", lambda self, p, c: calls.append(p) or real(self, p, c))
+    first = model.choose(problem(), ALL)
+    assert model.choose(problem(), list(ALL)) is first and len(calls) == 1
+    assert first.impl == "dense"  # 3% slower than portable: within the 5% margin
+    model.margin = 0.0
+    assert model.choose(problem(), ALL).impl == "portable" and len(calls) == 2
+    model.table = table(row(1024, 1024, 1024, 32, 0.25, {"dense": 1.0, "portable": 9.7}))
+    assert model.choose(problem(), ALL).times_ms["dense"] == pytest.approx(1.0) and len(calls) == 3
+    monkeypatch.setattr(model_module, "PLAN_CACHE_SIZE", 4)
+    for n in range(100, 120):
+        model.choose(problem(tokens=n), ALL)
+    assert len(model._plans) <= 4
+
+
+def test_cached_interpolation_matches_the_formula_on_a_shipped_table():
+    """The model's vectorised neighbours give the module docstring's formula, row by row."""
+    tab = shipped_table("torch", "cpu")
+    model = CostModel(tab)
+    q = problem(tokens=700, cin=640, cout=1536, bs=48, density=0.3)
+    feats = lambda p: (math.log2(p.tokens), math.log2(p.in_features), math.log2(p.out_features),  # noqa: E731
+                       math.log2(p.block_size), math.log2(p.density))
+    for impl in ("dense", "portable", "reference"):
+        rows = [r for r in tab.rows if r.problem.dtype == "float32" and impl in r.fwdbwd_ms]
+        scored = sorted(((math.dist(feats(q), feats(r.problem)) + (r.problem.structured != q.structured),
+                          math.log(r.fwdbwd_ms[impl]) + model.exponent * math.log(q.work(impl) / r.problem.work(impl)))
+                         for r in rows), key=lambda s: s[0])[:6]
+        want = math.exp(sum(t / d for d, t in scored) / sum(1 / d for d, _ in scored))
+        assert model.expected_ms(q, impl) == (pytest.approx(want, rel=1e-12), "float32")
+
+
+def test_models_pickle_and_copy_without_their_caches():
+    import copy
+    import pickle
+
+    model = CostModel(table(row(1024, 1024, 1024, 32, 0.25, {"dense": 10.0, "portable": 4.0})), margin=0.1)
+    model.choose(problem(), ALL)
+    for twin in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
+        assert twin.margin == 0.1 and twin._plans == {} and twin.choose(problem(), ALL) == model.choose(problem(), ALL)
+
+
+def test_shipped_models_are_shared():
+    assert model_for("torch", "cpu") is model_for("torch", "cpu")

@@ -17,7 +17,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from ... import _env
-from ...dispatch import CostModel, Problem, check_impl, override_plan, shipped_table
+from ...dispatch import Problem, check_impl, model_for, override_plan, shipped_table
 from ...ops.matmul.configs import KERNEL_BLOCK_SIZES
 from ...ops.matmul.grouping import groups_well
 from .. import device, tf
@@ -67,12 +67,10 @@ def _precision(dtype, on_gpu):
     return name
 
 
-@lru_cache(maxsize=256)
-def _shipped_plan(problem, device_type, candidates):
-    """The plan of the shipped tables: TensorFlow's for the device, else PyTorch's (the same kernels
-    and cuBLAS; the plan's source names the file).  Cached: eager calls plan every time."""
-    table = shipped_table("tensorflow", device_type) or shipped_table("torch", device_type)
-    return CostModel(table).choose(problem, candidates)
+def _shipped_model(device_type):
+    """The shipped model: TensorFlow's table for the device, else PyTorch's (the same kernels and
+    cuBLAS; a plan's source names the file).  Models cache their plans: eager calls plan every time."""
+    return model_for("tensorflow" if shipped_table("tensorflow", device_type) else "torch", device_type)
 
 
 def plan(layout, axis, dtype, tokens=None, impl="auto", cost_model=None):
@@ -101,10 +99,7 @@ def plan(layout, axis, dtype, tokens=None, impl="auto", cost_model=None):
     problem = Problem(tokens or DEFAULT_TOKENS, layout.C, layout.K, layout.block_size, layout.density,
                       _precision(dtype, on_gpu), _structured(layout), True)
     candidates = tuple(by_name)
-    if cost_model is None:
-        chosen = _shipped_plan(problem, device_type, candidates)
-    else:
-        chosen = cost_model.choose(problem, candidates)
+    chosen = (cost_model if cost_model is not None else _shipped_model(device_type)).choose(problem, candidates)
     return chosen, by_name[chosen.impl]
 
 

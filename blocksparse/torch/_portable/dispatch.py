@@ -24,6 +24,7 @@ from ..._checks import check_bool, check_int
 from .._checks import float_dtype, floating_tensor, plain_ops_needed
 from ..._initializers import fan_in_bounds
 from ...dispatch import Problem, check_cost_model, check_impl, model_for, override_plan
+from ...dispatch.model import PLAN_CACHE_SIZE
 from ...layout import Layout
 from ...ops.matmul.grouping import groups_well
 from ...ops.matmul.portable import row_tables
@@ -217,7 +218,7 @@ class LinearDispatch(nn.Module):
             lay = self.layout
             problem = Problem(tokens, lay.C, lay.K, lay.block_size, lay.density, precision,
                               self.structured, backward)
-            self._plans[key] = model.choose(problem, candidates)
+            _bounded(self._plans)[key] = model.choose(problem, candidates)
         return self._plans[key]
 
     def choose(self, x, w):
@@ -241,7 +242,7 @@ class LinearDispatch(nn.Module):
         key = (tokens, dtype, device_type, backward, self.impl, _env.getenv("BLOCKSPARSE_BACKEND"), tf32)
         impl = self._choices.get(key)
         if impl is None:
-            impl = self._choices[key] = self.plan(tokens, dtype, device_type, backward).impl
+            impl = _bounded(self._choices)[key] = self.plan(tokens, dtype, device_type, backward).impl
         return impl
 
     # ------------------------------------------------------------------ running
@@ -347,6 +348,13 @@ class LinearDispatch(nn.Module):
 
 _PLAIN = (torch.Tensor, nn.Parameter)
 _PLAIN_OR_NONE = (torch.Tensor, nn.Parameter, type(None))
+
+
+def _bounded(cache):
+    """``cache``, emptied first when full (a layer fed ever new token counts stays bounded)."""
+    if len(cache) >= PLAN_CACHE_SIZE:
+        cache.clear()
+    return cache
 
 
 def _plain(x, w, bias):

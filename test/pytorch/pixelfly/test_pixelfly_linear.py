@@ -312,3 +312,15 @@ def test_vmap_refuses_portable_tables_of_different_layouts(rng):
     x = torch.from_numpy(rng.standard_normal((3, 16)).astype(np.float32))
     with pytest.raises(ValueError, match="index tables differ across the vmap batch"):
         vmap(lambda p, b, x: functional_call(models[0], (p, b), (x,)), in_dims=(0, 0, None))(params, buffers, x)
+
+
+def test_plans_of_many_token_counts_stay_bounded(monkeypatch):
+    """A layer fed ever new token counts (dynamic padding) keeps a bounded number of plans."""
+    from blocksparse.torch._portable import dispatch as dispatch_mod
+
+    monkeypatch.setattr(dispatch_mod, "PLAN_CACHE_SIZE", 8)
+    layer = PixelflyLinear(96, 192, 24, 4, 1, cost_model=_model(dense=2.0, portable=1.0))
+    x = torch.randn(40, 96)
+    for n in range(1, 40):
+        assert torch.allclose(layer(x[:n]), layer(x)[:n], atol=1e-5)
+    assert 0 < len(layer._dispatch._plans) <= 8 and 0 < len(layer._dispatch._choices) <= 8

@@ -79,6 +79,14 @@ def test_layers_take_a_cost_model(rng, monkeypatch):
         layer(tf.zeros((64, 96)))
         assert layer.plan(64).impl == fast and ran[-1] is products
         assert "cost_model" not in layer.get_config()
+    # eager calls plan once per problem, a given model as the shipped one
+    planned = []
+    real_choose = CostModel._choose
+    monkeypatch.setattr(CostModel, "_choose", lambda self, p, c: planned.append(p) or real_choose(self, p, c))
+    bsmm = BlocksparseMatMul(lay, 32, cost_model=_model(portable=1.0, dense=3.0))
+    for _ in range(3):
+        bsmm(tf.constant(x, tf.float32), tf.constant(w, tf.float32))
+    assert len(planned) == 1
     with pytest.raises(TypeError, match="cost_model must be a blocksparse.dispatch.CostModel"):
         BlocksparseMatMul(lay, 32, cost_model={"dense": 1.0})
     with pytest.raises(TypeError, match="cost_model must be a blocksparse.dispatch.CostModel"):
