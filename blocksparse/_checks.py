@@ -53,6 +53,8 @@ def check_epsilon(value, name="epsilon"):
     """
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number; got {value!r} of type {type(value).__name__}")
+    if isinstance(value, np.generic):  # a float16 scalar would overflow comparing with the bounds
+        value = float(value)
     # plain Python (torch.compile traces it): float32 rounds 2**-150 and less to 0, 2**128 - 2**103 and more to inf
     if not 2.0**-150 < value < 2.0**128 - 2.0**103:
         raise ValueError(f"{name} must be a positive float32 number (in [1.4e-45, 3.4e+38]); got {value}")

@@ -77,8 +77,9 @@ def fused_lstm_gates(c, *args, bias=None, forget_bias=1.0, name=None):
         feature_axis=0 model).  Same dtype as ``c``.  (The original's first release took the
         four tensors as ``i, f, o, j``; its final one, and this, as ``i, j, f, o``.)
     bias : tensor, shape (4K,), optional
-        Added to the gates (``i, j, f, o`` biases one after the other) before the nonlinearities;
-        any float dtype.
+        Added to the gates (``i, j, f, o`` biases one after the other) before the nonlinearities,
+        along the last axis (``K = c.shape[-1]``); any float dtype.  Four gates in another layout
+        (``(K, N)``) take their biases added beforehand: here they would run along the tokens.
     forget_bias : float
         Added to the forget gate before its sigmoid.
     name : str, optional

@@ -154,7 +154,7 @@ def _per_axis(value, name, ndim, neutral=None):
     items = _sequence(value, name)
     if len(items) == _MAX_DIMS and ndim < _MAX_DIMS:
         lead = items[:_MAX_DIMS - ndim]
-        if neutral is not None and any(v != neutral and v != (neutral, neutral) for v in lead):
+        if neutral is not None and any(v != neutral and _pair(v) != (neutral, neutral) for v in lead):
             raise ValueError(f"{name} has {_MAX_DIMS} entries for a {ndim}-D convolution; the leading "
                              f"{_MAX_DIMS - ndim} must be {neutral}; got {value!r}")
         items = items[_MAX_DIMS - ndim:]
@@ -162,6 +162,11 @@ def _per_axis(value, name, ndim, neutral=None):
         raise ValueError(f"{name} must have {ndim} entries (one per spatial dimension of TRS), or "
                          f"{_MAX_DIMS}; got {len(items)}: {value!r}")
     return items
+
+
+def _pair(value):
+    """``value`` as a tuple where it is a list or tuple (``[0, 0]`` is the pair ``(0, 0)``), else itself."""
+    return tuple(value) if isinstance(value, (list, tuple)) else value
 
 
 def _positive(value, name, ndim):

@@ -55,6 +55,13 @@ def test_same_padding_amounts():
     assert g.pads == ((1, 0), (0, 1), (2, 2))   # stride 2: the last window stops short of the end
 
 
+@pytest.mark.parametrize("padding", [((0, 0), (1, 2), (2, 1)), [[0, 0], [1, 2], [2, 1]], [0, [1, 2], (2, 1)],
+                                     [[1, 2], [2, 1]]], ids=["tuples", "lists", "mixed", "two-lists"])
+def test_explicit_pairs_as_lists_or_tuples(padding):
+    """A 2-D convolution takes (before, after) pairs as lists too, with a neutral leading entry."""
+    assert make_geometry((3, 3), (5, 5), None, 1, 1, padding).pads == ((1, 2), (2, 1))
+
+
 def test_deconv_mpq_resolves_strided_sizes():
     for mpq in (7, 8):
         assert make_geometry((3,), (4,), (mpq,), 2, 1, "SAME", transposed=True).MPQ == (mpq,)

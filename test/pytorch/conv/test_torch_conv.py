@@ -240,6 +240,21 @@ def test_torch_compile_fullgraph(rng, monkeypatch, kind, forced):
         assert rel_error(got, ref_value) < 1e-5
 
 
+@pytest.mark.parametrize("transposed", [False, True], ids=["conv", "deconv"])
+def test_grouped_layer_compiled_with_a_dynamic_batch(rng, transposed):
+    """A layer's filter is a Parameter: the grouped path traces under ``dynamic=True`` too (asking
+    a symbolic stride whether it is 1 failed in Dynamo), for two batch sizes and channels-last input."""
+    torch.manual_seed(int(rng.integers(2 ** 31)))
+    bck = [([0, 1, 2], [0, 1]), ([3, 4, 5], [2, 3]), ([1, 2, 3], [4, 5])]  # a block whose channels are gathered
+    layer, dense = (BlocksparseConvLayer(bck, (3, 3), (5, 4), path=p, transposed=transposed)
+                    for p in ("grouped", "dense"))
+    dense.load_state_dict(layer.state_dict())
+    fn = torch.compile(layer, fullgraph=True, dynamic=True, backend="aot_eager")
+    for n, fmt in ((2, torch.contiguous_format), (3, torch.channels_last)):
+        x = torch.randn(n, layer.conv.C, *layer.conv.DHW).to(memory_format=fmt)
+        torch.testing.assert_close(fn(x), dense(x), rtol=1e-5, atol=1e-5)
+
+
 def test_compiled_first_call_on_another_device(rng):
     """The first call on a device the tables were not copied to yet may be a compiled one: the
     copies are made while torch.compile traces (the meta device stands in for a GPU here)."""

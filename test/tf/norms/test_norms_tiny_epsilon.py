@@ -43,3 +43,20 @@ def test_constant_rows_whose_sum_rounds_give_the_bias():
     y, mean, var = batch_norm(tf.fill([4, 100, 5], 3.3), g, b, epsilon=1e-12)
     np.testing.assert_array_equal(y.numpy(), np.full((4, 100, 5), 0.25, np.float32))
     assert not var.numpy().any() and (mean.numpy() == np.float32(3.3)).all()
+
+
+@pytest.mark.parametrize("scalar", [np.float16, np.float32, np.float64])
+def test_numpy_scalar_epsilon_gives_no_warning(scalar):
+    """A numpy scalar epsilon is taken as its value: no overflow warning from the range check
+    (its bounds compared in float16 would overflow), the same result as the Python float."""
+    import warnings
+
+    bsmm = BlocksparseMatMul(np.eye(2, dtype=int), 8)
+    w = np.random.default_rng(1).standard_normal(bsmm.w_shape).astype(np.float32)
+    x = tf.constant(np.random.default_rng(2).standard_normal((3, 8)), tf.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = bsmm.l2_normalize(w, epsilon=scalar(1e-3)).numpy()
+        y = layer_norm(x, tf.ones([8]), tf.zeros([8]), epsilon=scalar(1e-3)).numpy()
+    np.testing.assert_array_equal(got, bsmm.l2_normalize(w, epsilon=float(scalar(1e-3))).numpy())
+    np.testing.assert_array_equal(y, layer_norm(x, tf.ones([8]), tf.zeros([8]), epsilon=float(scalar(1e-3))).numpy())
