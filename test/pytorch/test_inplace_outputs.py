@@ -68,6 +68,7 @@ def test_create_graph_weight_gradient():
     assert torch.equal(dw.detach(), want) and x.grad is not None
 
 
+@pytest.mark.interpreter
 def test_implicit_convolution(monkeypatch):
     """The implicit-GEMM convolution (kernels through the interpreter) as ``F.conv2d`` takes ``relu_``."""
     monkeypatch.setenv("BLOCKSPARSE_BACKEND", "triton")
