@@ -289,6 +289,16 @@ def set_threads(framework, threads):
         tf.config.threading.set_inter_op_parallelism_threads(threads)
 
 
+def threads(framework, asked):
+    """The intra-op threads of the run: those asked for, else the framework's default."""
+    if asked is not None:
+        return asked
+    if framework == "torch":
+        import torch
+        return torch.get_num_threads()
+    return os.cpu_count() if not hasattr(os, "sched_getaffinity") else len(os.sched_getaffinity(0))
+
+
 def software(framework):
     info = {"python": platform.python_version(), "numpy": np.__version__}
     if framework == "torch":
@@ -315,7 +325,7 @@ def table_dict(framework, device, rows, args):
         "method": (f"wall ms per call, device synchronised; {'least' if device == 'cpu' else 'median'} of "
                    f"{args.rounds} rounds, implementations interleaved within each round, each round about "
                    f"{args.round_ms} ms of calls; outputs and gradients checked against float64 first"
-                   + (f"; {args.threads} intra-op thread(s) (the machine's default), the least of the rounds "
+                   + (f"; {threads(framework, args.threads)} intra-op thread(s), the least of the rounds "
                       "(other work on the machine only adds time)" if device == "cpu" else "")),
         "rows": rows,
     }
@@ -396,19 +406,20 @@ def main():
                     help="with --cpu: which framework's table")
     ap.add_argument("--quick", action="store_true", help="a few tiny problems (smoke run)")
     ap.add_argument("--install", action="store_true", help="copy the tables into blocksparse/dispatch/tables/")
-    ap.add_argument("--rounds", type=int, default=None, help="timing rounds (default 5 GPU, 3 CPU, 1 quick)")
+    ap.add_argument("--rounds", type=int, default=None, help="timing rounds (default 5, 1 quick)")
     ap.add_argument("--round-ms", type=float, default=None, help="calls per round last about this long")
-    ap.add_argument("--threads", type=int, default=os.cpu_count(),
-                    help="with --cpu: intra-op threads (default: the machine's logical CPUs, what a "
-                         "framework uses by default; time on a quiet machine)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="with --cpu: intra-op threads (default: the frameworks' own default; time on a "
+                         "quiet machine)")
     args = ap.parse_args()
-    args.rounds = args.rounds or (1 if args.quick else 3 if args.cpu else 5)
+    args.rounds = args.rounds or (1 if args.quick else 5)
     args.round_ms = args.round_ms or (1 if args.quick else 100 if args.cpu else 20)
     if args.quick and args.cpu:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # the kernels through Triton's interpreter
     if args.cpu:
         for fw in (("torch", "tensorflow") if args.framework == "both" else (args.framework,)):
-            set_threads(fw, args.threads)
+            if args.threads is not None:
+                set_threads(fw, args.threads)
             run(fw, "cpu", cpu_cases(args.quick, fw), args)
     else:
         run("torch", "cuda", gpu_cases(args.quick), args)

@@ -24,17 +24,23 @@ from .problem import PRECISIONS, Problem
 from .table import IMPLS, Table, shipped_table
 
 __all__ = ["CostModel", "IMPLS", "MARGIN", "PRECISIONS", "PREFERENCE", "Plan", "Problem", "Table",
-           "check_cost_model", "check_impl", "model_for", "override_plan"]
+           "check_cost_model", "check_impl", "model_for", "override_plan", "shared_model"]
 
 _AUTO = ("auto", *IMPLS)
 
 
-@lru_cache(maxsize=None)
 def model_for(framework, device):
     """The :class:`CostModel` of the table shipped for ``framework`` on ``device`` (``"cpu"`` or
-    ``"cuda"``); a model without a table (the default rule) where none was measured.  One model
-    per process (its plans are cached), shared by the layers that plan with it."""
+    ``"cuda"``); a model without a table (the default rule) where none was measured.  A new model
+    of its own (the layers share another: :func:`shared_model`)."""
     return CostModel(shipped_table(framework, device))
+
+
+@lru_cache(maxsize=None)
+def shared_model(framework, device):
+    """The model of :func:`model_for` that the layers without a ``cost_model`` plan with: one per
+    process, its plans cached (not to be changed: pass a layer a model of your own instead)."""
+    return model_for(framework, device)
 
 
 def check_impl(impl, name="impl"):

@@ -48,6 +48,7 @@ K_NEAREST = 6
 #: How a neighbour's time scales to the problem's work, ``(work / row work) ** exponent``, where a
 #: table names no ``work_exponent`` of its own.
 WORK_EXPONENT = 0.6
+_UNSET = object()
 #: Plans a :class:`CostModel` keeps (cleared when full: a layer fed ever new token counts stays bounded).
 PLAN_CACHE_SIZE = 4096
 #: The exponents :func:`fit_work_exponent` tries.
@@ -101,8 +102,12 @@ class CostModel:
         self.exponent = WORK_EXPONENT if table is None or table.work_exponent is None else table.work_exponent
         self._held, self._by_key, self._plans = None, {}, {}
 
-    def __reduce__(self):  # pickle / deepcopy: the caches start afresh
-        return CostModel, (self.table, self.margin)
+    def __getstate__(self):  # pickle / deepcopy: the caches start afresh
+        return {k: v for k, v in self.__dict__.items() if k not in ("_held", "_by_key", "_plans")}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._held, self._by_key, self._plans = None, {}, {}
 
     def _caches(self):
         """``(row arrays, plans)`` cached for the current table, margin and exponent (attributes a user
@@ -117,8 +122,8 @@ class CostModel:
         log time and log work; None where there are none."""
         by_key = self._caches()[0]
         key = (impl, backward, dtype)
-        cols = by_key.get(key)
-        if key not in by_key:
+        cols = by_key.get(key, _UNSET)
+        if cols is _UNSET:
             rows = [r for r in self.table.rows if r.problem.dtype == dtype and impl in r.times(backward)]
             cols = by_key[key] = None if not rows else (
                 np.array([_features(r.problem) for r in rows]),

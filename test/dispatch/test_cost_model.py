@@ -276,6 +276,14 @@ def test_cached_interpolation_matches_the_formula_on_a_shipped_table():
         assert model.expected_ms(q, impl) == (pytest.approx(want, rel=1e-12), "float32")
 
 
+class Slower(CostModel):
+    """A model of a user's: portable ten times slower than its table says."""
+
+    def expected_ms(self, problem, impl):
+        ms, dtype = super().expected_ms(problem, impl)
+        return (ms * 10 if impl == "portable" else ms), dtype
+
+
 def test_models_pickle_and_copy_without_their_caches():
     import copy
     import pickle
@@ -285,6 +293,17 @@ def test_models_pickle_and_copy_without_their_caches():
     for twin in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
         assert twin.margin == 0.1 and twin._plans == {} and twin.choose(problem(), ALL) == model.choose(problem(), ALL)
 
+    sub = Slower(model.table)  # a subclass and a changed exponent survive the copy
+    sub.exponent = 0.3
+    for twin in (pickle.loads(pickle.dumps(sub)), copy.deepcopy(sub)):
+        assert type(twin) is Slower and twin.exponent == 0.3 and twin.choose(problem(), ALL).impl == "dense"
 
-def test_shipped_models_are_shared():
-    assert model_for("torch", "cpu") is model_for("torch", "cpu")
+
+def test_layers_share_one_shipped_model_and_model_for_gives_a_new_one():
+    from blocksparse.dispatch import shared_model
+
+    assert shared_model("torch", "cpu") is shared_model("torch", "cpu")
+    mine = model_for("torch", "cpu")
+    assert mine is not model_for("torch", "cpu") and mine is not shared_model("torch", "cpu")
+    mine.margin = 0.5  # a user's own model: the layers' shared one is untouched
+    assert shared_model("torch", "cpu").margin == 0.05

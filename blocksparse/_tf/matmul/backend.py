@@ -17,7 +17,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from ... import _env
-from ...dispatch import Problem, check_impl, model_for, override_plan, shipped_table
+from ...dispatch import Problem, check_impl, override_plan, shared_model, shipped_table
 from ...ops.matmul.configs import KERNEL_BLOCK_SIZES
 from ...ops.matmul.grouping import groups_well
 from .. import device, tf
@@ -70,7 +70,7 @@ def _precision(dtype, on_gpu):
 def _shipped_model(device_type):
     """The shipped model: TensorFlow's table for the device, else PyTorch's (the same kernels and
     cuBLAS; a plan's source names the file).  Models cache their plans: eager calls plan every time."""
-    return model_for("tensorflow" if shipped_table("tensorflow", device_type) else "torch", device_type)
+    return shared_model("tensorflow" if shipped_table("tensorflow", device_type) else "torch", device_type)
 
 
 def plan(layout, axis, dtype, tokens=None, impl="auto", cost_model=None):

@@ -54,10 +54,14 @@ def filter_of(flat, shape, index):
 
 
 def _channels(x, index):
-    """``x[:, index]`` keeping a channels-last tensor channels-last (asked as a memory format, which
-    ``torch.compile`` traces under a dynamic batch: a stride compared with 1 there fails in Dynamo)."""
-    last_format = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
-    if last_format is not None and not x.is_contiguous() and x.is_contiguous(memory_format=last_format):
+    """``x[:, index]`` keeping a channels-last tensor channels-last (while ``torch.compile`` traces,
+    asked as a memory format: Dynamo fails comparing a symbolic stride with 1 under a dynamic batch)."""
+    if torch.compiler.is_compiling():
+        last_format = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
+        channels_last = last_format is not None and x.is_contiguous(memory_format=last_format)
+    else:
+        channels_last = x.dim() > 3 and x.stride(1) == 1
+    if channels_last and not x.is_contiguous():
         last = [0, *range(2, x.dim()), 1]
         return x.permute(last).index_select(-1, index).permute(0, x.dim() - 1, *range(1, x.dim() - 1))
     return x.index_select(1, index)

@@ -23,7 +23,7 @@ from ... import _env
 from ..._checks import check_bool, check_int
 from .._checks import float_dtype, floating_tensor, plain_ops_needed
 from ..._initializers import fan_in_bounds
-from ...dispatch import Problem, check_cost_model, check_impl, model_for, override_plan
+from ...dispatch import Problem, check_cost_model, check_impl, override_plan, shared_model
 from ...dispatch.model import PLAN_CACHE_SIZE
 from ...layout import Layout
 from ...ops.matmul.grouping import groups_well
@@ -213,13 +213,14 @@ class LinearDispatch(nn.Module):
             precision = "tf32"
         candidates = tuple(self.candidates(device_type, dtype))
         key = (tokens, precision, device_type, backward, candidates)
-        if key not in self._plans:
-            model = self.cost_model or model_for("torch", device_type)  # no table: the default rule
+        plan = self._plans.get(key)
+        if plan is None:
+            model = self.cost_model or shared_model("torch", device_type)  # no table: the default rule
             lay = self.layout
             problem = Problem(tokens, lay.C, lay.K, lay.block_size, lay.density, precision,
                               self.structured, backward)
-            _bounded(self._plans)[key] = model.choose(problem, candidates)
-        return self._plans[key]
+            plan = _bounded(self._plans)[key] = model.choose(problem, candidates)
+        return plan
 
     def choose(self, x, w):
         """The implementation of the call ``x @ W`` (``x`` 2-D, ``w`` the layer's weight).
