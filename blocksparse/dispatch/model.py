@@ -87,6 +87,9 @@ class CostModel:
     table : Table or None
     margin : float
         See the module docstring.
+
+    Setting ``table``, ``margin`` or ``exponent`` later takes effect at the next choice: it advances
+    ``revision`` (a counter), which the model's caches and the layers' memos of its choices check.
     """
 
     def __init__(self, table, margin=MARGIN):
@@ -102,19 +105,27 @@ class CostModel:
         self.exponent = WORK_EXPONENT if table is None or table.work_exponent is None else table.work_exponent
         self._held, self._by_key, self._plans = None, {}, {}
 
+    #: The attributes a plan depends on: setting one empties the caches and advances :attr:`revision`.
+    PLANNING = frozenset({"table", "margin", "exponent"})
+
+    def __setattr__(self, name, value):
+        object.__setattr__(self, name, value)
+        if name in self.PLANNING:  # memos of this model's choices (a layer's) key on the revision
+            object.__setattr__(self, "revision", self.__dict__.get("revision", 0) + 1)
+
     def __getstate__(self):  # pickle / deepcopy: the caches start afresh
         return {k: v for k, v in self.__dict__.items() if k not in ("_held", "_by_key", "_plans")}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
+        self.__dict__.setdefault("revision", 0)  # pickled before models counted their revisions
         self._held, self._by_key, self._plans = None, {}, {}
 
     def _caches(self):
         """``(row arrays, plans)`` cached for the current table, margin and exponent (attributes a user
         may set: a change empties them)."""
-        held, state = self._held, (self.table, self.margin, self.exponent)
-        if held is None or held[0] is not state[0] or held[1:] != state[1:]:
-            self._held, self._by_key, self._plans = state, {}, {}
+        if self._held != self.revision:
+            self._held, self._by_key, self._plans = self.revision, {}, {}
         return self._by_key, self._plans
 
     def _columns(self, impl, backward, dtype):

@@ -56,6 +56,16 @@ def test_margin_order_kernels_before_portable():
     assert CostModel(model.table, margin=0.0).choose(problem(), ALL).impl == "portable"
 
 
+def test_a_margin_or_table_set_later_takes_effect():
+    model = CostModel(table(row(1024, 1024, 1024, 32, 0.25, {"kernels": 5.1, "portable": 5.0, "dense": 20.0})))
+    assert model.choose(problem(), ALL).impl == "kernels"
+    revision = model.revision
+    model.margin = 0.0
+    assert model.revision > revision and model.choose(problem(), ALL).impl == "portable"
+    model.table = table(row(1024, 1024, 1024, 32, 0.25, {"dense": 1.0, "portable": 5.0}))
+    assert model.choose(problem(), ALL).impl == "dense"
+
+
 def test_only_candidates_are_considered():
     model = CostModel(table(row(1024, 1024, 1024, 32, 0.25, {"kernels": 1.0, "dense": 10.0, "portable": 5.0})))
     assert model.choose(problem(), ("portable", "dense")).impl == "portable"
@@ -292,6 +302,14 @@ def test_models_pickle_and_copy_without_their_caches():
     model.choose(problem(), ALL)
     for twin in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
         assert twin.margin == 0.1 and twin._plans == {} and twin.choose(problem(), ALL) == model.choose(problem(), ALL)
+
+    older = model.__getstate__()
+    del older["revision"]  # pickled before models counted their revisions
+    legacy = CostModel.__new__(CostModel)
+    legacy.__setstate__(older)
+    assert legacy.choose(problem(), ALL) == model.choose(problem(), ALL)
+    legacy.margin = 0.0
+    assert legacy.revision == 1 and legacy.choose(problem(), ALL).impl == "portable"
 
     sub = Slower(model.table)  # a subclass and a changed exponent survive the copy
     sub.exponent = 0.3

@@ -126,6 +126,7 @@ class LinearDispatch(nn.Module):
         self._structured = None
         self._native = {}
         self._fast = _native.FastPath(layout.K, self._copy_factor)
+        self._planned_under = self.model_state()
         self.handle = _new_handle(self)
 
     def reset_buffers(self):
@@ -141,10 +142,16 @@ class LinearDispatch(nn.Module):
         # a copy (deepcopy, pickle, torch.load) plans on its own: a traced graph reaches it by a
         # handle of its own, valid after the original is gone
         super().__setstate__(state)
+        self.__dict__.setdefault("_planned_under", self.model_state())  # pickled before models had revisions
         self.handle = _new_handle(self)
 
     def extra_repr(self):
         return f"impl={self.impl!r}, refined={self.refinement is not None}"
+
+    def model_state(self):
+        """``(cost model, its revision)``: what the memos of choices key on (a margin set later is seen)."""
+        model = self.cost_model
+        return (model, model.revision) if model is not None else (None, 0)
 
     def set_impl(self, impl):
         """Override the implementation (``"auto"`` or one of :data:`blocksparse.dispatch.IMPLS`)."""
@@ -212,10 +219,10 @@ class LinearDispatch(nn.Module):
         if precision == "float32" and device_type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
             precision = "tf32"
         candidates = tuple(self.candidates(device_type, dtype))
-        key = (tokens, precision, device_type, backward, candidates)
+        model = self.cost_model or shared_model("torch", device_type)  # no table: the default rule
+        key = (tokens, precision, device_type, backward, candidates, model, model.revision)
         plan = self._plans.get(key)
         if plan is None:
-            model = self.cost_model or shared_model("torch", device_type)  # no table: the default rule
             lay = self.layout
             problem = Problem(tokens, lay.C, lay.K, lay.block_size, lay.density, precision,
                               self.structured, backward)
@@ -240,7 +247,8 @@ class LinearDispatch(nn.Module):
         tokens = x.shape[0] or 1  # an empty batch is planned as one token: every path returns it
         self.__dict__["last_tokens"] = tokens  # a plain int: nn.Module.__setattr__ costs microseconds
         tf32 = device_type == "cuda" and dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
-        key = (tokens, dtype, device_type, backward, self.impl, _env.getenv("BLOCKSPARSE_BACKEND"), tf32)
+        key = (tokens, dtype, device_type, backward, self.impl, _env.getenv("BLOCKSPARSE_BACKEND"), tf32,
+               self.model_state())
         impl = self._choices.get(key)
         if impl is None:
             impl = _bounded(self._choices)[key] = self.plan(tokens, dtype, device_type, backward).impl
@@ -253,6 +261,11 @@ class LinearDispatch(nn.Module):
         looked up in C++), else None.  Plain tensors only (a subclass takes the planned way, where
         its ``__torch_function__`` sees the ops); never while tracing or under a functorch transform."""
         if not _plain(x, w, bias) or _functorch_active() or torch.compiler.is_compiling():
+            return None
+        state = self.model_state()
+        if state != self._planned_under:  # the cost model changed: the stored kinds are planned anew
+            self._fast.clear()
+            self.__dict__["_planned_under"] = state
             return None
         y = self._fast(x, w, bias)
         if y is not None:
@@ -274,7 +287,7 @@ class LinearDispatch(nn.Module):
                                             or (bias is not None and bias.requires_grad))
         key = (x.shape[0], x.dtype, w.dtype, x.get_device(), w.get_device(), cast, grad, bias is None, self.impl,
                _env.getenv("BLOCKSPARSE_BACKEND"), _env.getenv("BLOCKSPARSE_TORCH_NATIVE"),
-               torch._C._get_cublas_allow_tf32())
+               torch._C._get_cublas_allow_tf32(), self.model_state())
         ids = self._native.get(key)
         if ids is None:
             ids = self._native[key] = self._native_ids(x, w, bias is not None) or False

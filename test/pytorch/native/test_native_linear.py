@@ -302,6 +302,14 @@ def test_fast_path_entries_are_per_layer(native, rng):
         torch.ops.blocksparse_native.fast_store(x, w, bias, 10**6, *ids, 1, 5)
 
 
+def _store_stand_ins(native, layer, x):
+    """Enter stand-in records for ``layer``'s calls like ``x`` (4 x 8, one 8 x 8 block) into its fast
+    path, as its first eager call of a kind does on a GPU; the stand-ins' result."""
+    ids = (_record(native, 2, (4, 8), 32, 32), _record(native, 3, (4, 8), 32, 32), _record(native, 4, (1, 8, 8), 64, 32))
+    layer._dispatch._fast.store(x, layer.weight, layer.bias, ids)
+    return _expected(x, layer.weight, 2, (4, 8)) + layer.bias.detach()
+
+
 def test_a_layer_runs_stored_kinds_through_its_fast_path(native, rng):
     """The layer's wiring, with stand-in records entered by hand (on a GPU, its first eager call of
     a kind enters them): the forward returns the fast path's result for a stored kind, a subclass
@@ -311,9 +319,7 @@ def test_a_layer_runs_stored_kinds_through_its_fast_path(native, rng):
     layer = BlocksparseLinear(np.ones((1, 1)), 8, impl="reference")
     x = torch.from_numpy(rng.standard_normal((4, 8))).float()
     reference = layer(x)
-    ids = (_record(native, 2, (4, 8), 32, 32), _record(native, 3, (4, 8), 32, 32), _record(native, 4, (1, 8, 8), 64, 32))
-    layer._dispatch._fast.store(x, layer.weight, layer.bias, ids)
-    stand_in = _expected(x, layer.weight, 2, (4, 8)) + layer.bias.detach()
+    stand_in = _store_stand_ins(native, layer, x)
     torch.testing.assert_close(layer(x), stand_in)
     torch.testing.assert_close(layer(x.reshape(2, 2, 8)), stand_in.reshape(2, 2, 8))
 
@@ -323,6 +329,26 @@ def test_a_layer_runs_stored_kinds_through_its_fast_path(native, rng):
     torch.testing.assert_close(layer(x.as_subclass(Sub)).as_subclass(torch.Tensor), reference)
     layer.impl = "reference"
     torch.testing.assert_close(layer(x), reference)
+
+
+def test_a_cost_model_changed_later_empties_the_fast_path(native, rng):
+    """Stored kinds were planned under the layer's cost model: a margin set on it since makes the
+    next call planned anew (not the stored records)."""
+    from blocksparse.dispatch import CostModel, Table
+    from blocksparse.torch import BlocksparseLinear
+
+    times = {"dense": 1.0, "reference": 5.0}
+    rows = [{"tokens": 4, "in_features": 8, "out_features": 8, "block_size": 8, "density": 1.0,
+             "dtype": "float32", "fwd_ms": times, "fwdbwd_ms": times}]
+    model = CostModel(Table.from_dict({"format": 1, "framework": "torch", "device": "cpu", "rows": rows}))
+    layer = BlocksparseLinear(np.ones((1, 1)), 8, cost_model=model)
+    x = torch.from_numpy(rng.standard_normal((4, 8))).float()
+    planned = layer(x)
+    stand_in = _store_stand_ins(native, layer, x)
+    torch.testing.assert_close(layer(x), stand_in)
+    model.margin = 0.0
+    torch.testing.assert_close(layer(x), planned)
+    torch.testing.assert_close(layer(x), planned)  # and stays so: the stored kinds are gone
 
 
 def test_a_record_whose_kernel_adds_the_bias_gets_it_and_adds_nothing_after(native, rng):

@@ -130,6 +130,26 @@ def test_the_chosen_impl_runs(monkeypatch):
     assert calls == ["portable"]
 
 
+def test_a_margin_set_later_changes_what_runs(monkeypatch):
+    """A model's margin (or table) set after a layer has run takes effect at the next call."""
+    model = _model(dense=1.04, portable=1.0)
+    layer = PixelflyLinear(96, 192, 24, 4, 1, cost_model=model)
+    calls = []
+    from blocksparse.torch._portable import dispatch as dispatch_mod
+
+    monkeypatch.setattr(dispatch_mod, "portable_matmul",
+                        lambda *a: calls.append("portable") or a[0] @ torch.zeros(96, 192))
+    x = torch.randn(64, 96)
+    layer(x)
+    assert calls == [] and layer.plan(64).impl == "dense"
+    model.margin = 0.0
+    layer(x)
+    assert calls == ["portable"] and layer.plan(64).impl == "portable"
+    model.table = _model(dense=0.5, portable=1.0).table
+    layer(x)
+    assert calls == ["portable"] and layer.plan(64).impl == "dense"
+
+
 def test_override(monkeypatch):
     layer = PixelflyLinear(96, 192, 24, 4, 1, cost_model=_model(dense=2.0, portable=1.0), impl="dense")
     assert layer.plan(64).impl == "dense" and layer.plan(64).source == "override"
