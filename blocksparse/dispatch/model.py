@@ -12,9 +12,9 @@ exponent (``work_exponent``), fitted to its rows by :func:`leave_one_out` when i
 (:func:`fit_work_exponent`); :data:`WORK_EXPONENT` serves a table without one.  On the shipped
 tables the fit gives 0.7 to PyTorch's CPU table and keeps 0.6 for TensorFlow's (against
 proportional carrying, exponent 1: mean regret 0.9% / 0.7% against 1.0% / 1.1%; 94% / 96% of the
-rows within the margin, the worst 25% / 23%) and gives 0.9 to the CUDA table (mean regret 0.06%, every row within the margin, against 1.2% and 58 of 60 at 0.6).  A
-measured problem
-(distance 0) gets exactly its measured time.
+rows within the margin, the worst 25% / 23%) and gives 0.9 to the CUDA table (mean regret 0.06%,
+every row within the margin, against 1.2% and 58 of 60 at 0.6).  A measured problem (distance 0)
+gets exactly its measured time.
 
 Choice (the margin rule).  The fastest expected implementation is the *best*; every implementation
 expected within ``margin`` (default 5%) of it is *acceptable*, and the first acceptable one in
@@ -24,6 +24,11 @@ than the dense masked product's several framework ops and nodes (the small pixel
 an H200: 1.10x ``nn.Linear``'s time with the kernels, 1.85x dense masked, where the table had the
 two within 2%); dense next, whose speed varies least across shapes.  On the measured grid the expected times are
 the measurements, so the choice there is never more than ``margin`` slower than the best.
+
+Launches through the JIT.  The CUDA table times the kernels through the kernel library.  Where a
+problem's kernels would launch through Triton's JIT instead (``Problem.jit``: no library), each
+launch costs about :data:`JIT_LAUNCH_MS` of host time, so a call takes at least that per launch:
+the kernels' expected time is raised to it, and small layers, bound by host time, go to ``dense``.
 """
 from __future__ import annotations
 
@@ -36,8 +41,8 @@ import numpy as np
 
 from .table import IMPLS, Table
 
-__all__ = ["CostModel", "K_NEAREST", "MARGIN", "PREFERENCE", "Plan", "WORK_EXPONENT", "EXPONENTS",
-           "fit_work_exponent", "leave_one_out"]
+__all__ = ["CostModel", "JIT_LAUNCH_MS", "K_NEAREST", "MARGIN", "PREFERENCE", "Plan", "WORK_EXPONENT",
+           "EXPONENTS", "fit_work_exponent", "leave_one_out"]
 
 #: How much slower than the expected best an implementation may be and still be chosen.
 MARGIN = 0.05
@@ -51,6 +56,11 @@ WORK_EXPONENT = 0.6
 _UNSET = object()
 #: Plans a :class:`CostModel` keeps (cleared when full: a layer fed ever new token counts stays bounded).
 PLAN_CACHE_SIZE = 4096
+#: Host milliseconds of a kernels' call per launch through Triton's JIT, a floor under the kernels'
+#: time where no kernel library serves them.  Measured on an H100's host (2026-12-07): the small
+#: pixelfly MLP's bf16 step, host-bound, took 1.98 ms for its six launches (0.75 ms with the library);
+#: the large one's 2.08 ms, as its two layers' calls at this floor (1 ms each) predict.
+JIT_LAUNCH_MS = 0.33
 #: The exponents :func:`fit_work_exponent` tries.
 EXPONENTS = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 _NEAREST_PRECISION = {"float32": ("tf32", "float64"), "tf32": ("float32",), "float64": ("float32", "tf32"),
@@ -197,6 +207,10 @@ class CostModel:
             why = ("no measured table for this device" if self.table is None else
                    f"{self.table.source} measured none of {', '.join(candidates)}")
             return Plan(impl, why=f"{why}; the default rule takes {impl}", source="default rule")
+        floor = JIT_LAUNCH_MS * problem.launches() if problem.jit else 0.0
+        host_bound = times.get("kernels", floor) < floor
+        if host_bound:
+            times["kernels"] = floor
         best = min(times, key=times.get)
         limit = times[best] * (1 + self.margin)
         impl = next(i for i in PREFERENCE if i in times and times[i] <= limit)
@@ -205,6 +219,9 @@ class CostModel:
         else:
             why = (f"expected within {self.margin:.0%} of the fastest ({best}, "
                    f"{times[impl] / times[best] - 1:+.1%}) and preferred on a near tie")
+        if host_bound:
+            why += (f"; the kernels launch through Triton's JIT here (no kernel library): "
+                    f"{problem.launches()} launches at ~{JIT_LAUNCH_MS:g} ms of host time each")
         unmeasured = [c for c in candidates if c not in times]
         if unmeasured:
             why += f"; {', '.join(unmeasured)} not measured here"

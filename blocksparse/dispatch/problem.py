@@ -16,7 +16,9 @@ class Problem:
     ``dtype``: the compute precision (one of :data:`PRECISIONS`); ``structured``: the layout
     groups well (``blocksparse.ops.matmul.grouping.groups_well``: output columns share their rows);
     ``backward``: both gradients will be computed
-    too (training) rather than the forward product alone.
+    too (training) rather than the forward product alone; ``jit``: the kernels would launch through
+    Triton's JIT (no kernel library serves them), at a host cost per launch that the tables, timed
+    through the library, do not hold (:data:`~.model.JIT_LAUNCH_MS`).
     """
 
     tokens: int
@@ -27,6 +29,7 @@ class Problem:
     dtype: str
     structured: bool = False
     backward: bool = True
+    jit: bool = False
 
     def __post_init__(self):
         if self.dtype not in PRECISIONS:
@@ -36,6 +39,10 @@ class Problem:
                 raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
         if not 0 < self.density <= 1:
             raise ValueError(f"density must be in (0, 1]; got {self.density}")
+
+    def launches(self):
+        """Kernel launches of the kernels' call: the forward product, and both gradients' if ``backward``."""
+        return 3 if self.backward else 1
 
     def work(self, impl):
         """Multiply-adds of ``impl``: ``N * C * K`` for ``dense``, times the density otherwise."""

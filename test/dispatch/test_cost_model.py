@@ -21,8 +21,8 @@ def table(*rows, framework="torch", device="cpu", **fields):
 
 
 def problem(tokens=1024, cin=1024, cout=1024, bs=32, density=0.25, dtype="float32", structured=False,
-            backward=True):
-    return Problem(tokens, cin, cout, bs, density, dtype, structured, backward)
+            backward=True, jit=False):
+    return Problem(tokens, cin, cout, bs, density, dtype, structured, backward, jit)
 
 
 ALL = ("kernels", "portable", "dense", "reference")
@@ -201,6 +201,27 @@ def test_bad_tables(mutate, words):
 def test_bad_problems(kwargs, words):
     with pytest.raises(ValueError, match=words):
         problem(**kwargs)
+
+
+def test_kernels_through_the_jit_take_at_least_its_host_time_a_launch():
+    """Without the kernel library each launch costs JIT_LAUNCH_MS of host time: a host-bound call goes
+    to dense, a call whose kernels take longer than that keeps them; the plan says why."""
+    from blocksparse.dispatch.model import JIT_LAUNCH_MS
+
+    small = CostModel(table(row(1024, 1024, 1024, 32, 0.25, {"kernels": 0.4, "dense": 0.55},
+                                fwd={"kernels": 0.08, "dense": 0.1})))
+    assert small.choose(problem(), ALL).impl == "kernels"
+    plan = small.choose(problem(jit=True), ALL)
+    assert plan.impl == "dense" and plan.times_ms["kernels"] == pytest.approx(3 * JIT_LAUNCH_MS)
+    assert "Triton's JIT" in plan.why and "3 launches" in plan.why
+    inference = small.choose(problem(jit=True, backward=False), ALL)
+    assert inference.impl == "dense" and inference.times_ms["kernels"] == pytest.approx(JIT_LAUNCH_MS)
+    large = CostModel(table(row(1024, 1024, 1024, 32, 0.25, {"kernels": 3 * JIT_LAUNCH_MS + 0.1, "dense": 2.0})))
+    plan = large.choose(problem(jit=True), ALL)
+    assert plan.impl == "kernels" and "JIT" not in plan.why
+    assert plan.times_ms["kernels"] == pytest.approx(3 * JIT_LAUNCH_MS + 0.1)
+    assert small.choose(problem(jit=True), ("portable", "dense")).times_ms == small.choose(
+        problem(), ("portable", "dense")).times_ms  # no kernels among the candidates: nothing to raise
 
 
 def test_check_impl_and_margin():

@@ -19,7 +19,7 @@ import weakref
 import torch
 from torch import nn
 
-from ... import _env
+from ... import _env, _kernels
 from ..._checks import check_bool, check_int
 from .._checks import float_dtype, floating_tensor, plain_ops_needed
 from ..._initializers import fan_in_bounds
@@ -220,12 +220,13 @@ class LinearDispatch(nn.Module):
             precision = "tf32"
         candidates = tuple(self.candidates(device_type, dtype))
         model = self.cost_model or shared_model("torch", device_type)  # no table: the default rule
-        key = (tokens, precision, device_type, backward, candidates, model, model.revision)
+        jit = "kernels" in candidates and _kernels.load() is None  # launched through Triton's JIT
+        key = (tokens, precision, device_type, backward, candidates, model, model.revision, jit)
         plan = self._plans.get(key)
         if plan is None:
             lay = self.layout
             problem = Problem(tokens, lay.C, lay.K, lay.block_size, lay.density, precision,
-                              self.structured, backward)
+                              self.structured, backward, jit)
             plan = _bounded(self._plans)[key] = model.choose(problem, candidates)
         return plan
 

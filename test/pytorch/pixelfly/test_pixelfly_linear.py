@@ -150,6 +150,25 @@ def test_a_margin_set_later_changes_what_runs(monkeypatch):
     assert calls == ["portable"] and layer.plan(64).impl == "dense"
 
 
+def test_a_gpu_plan_without_the_kernel_library_counts_the_jit_launches(monkeypatch):
+    """On CUDA without a kernel library the kernels launch through Triton's JIT: the plan raises
+    their time to its host cost, so a host-bound layer is planned dense (with the library: kernels)."""
+    from blocksparse import _kernels
+
+    mask = np.ones((2, 3), dtype=int)
+    times = {"kernels": 0.3, "dense": 0.5}
+    rows = [{"tokens": 64, "in_features": 32, "out_features": 48, "block_size": 16, "density": 1.0,
+             "dtype": "float32", "fwd_ms": times, "fwdbwd_ms": times}]
+    model = CostModel(Table.from_dict({"format": 1, "framework": "torch", "device": "cuda", "rows": rows}))
+    layer = BlocksparseLinear(mask, 16, cost_model=model)
+    monkeypatch.setattr(_kernels, "load", lambda: object())
+    assert layer.plan(64, torch.float32, "cuda").impl == "kernels"
+    monkeypatch.setattr(_kernels, "load", lambda: None)
+    plan = layer.plan(64, torch.float32, "cuda")
+    assert plan.impl == "dense" and "Triton's JIT" in plan.why
+    assert layer.plan(64, torch.float32, "cpu").impl != "kernels"  # off CUDA the kernels are no candidate
+
+
 def test_override(monkeypatch):
     layer = PixelflyLinear(96, 192, 24, 4, 1, cost_model=_model(dense=2.0, portable=1.0), impl="dense")
     assert layer.plan(64).impl == "dense" and layer.plan(64).source == "override"
