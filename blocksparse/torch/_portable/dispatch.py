@@ -24,6 +24,7 @@ from ..._checks import check_bool, check_int
 from .._checks import float_dtype, floating_tensor, plain_ops_needed
 from ..._initializers import fan_in_bounds
 from ...dispatch import Problem, check_cost_model, check_impl, override_plan, shared_model
+from ...aot.targets import serving
 from ...dispatch.model import PLAN_CACHE_SIZE
 from ...layout import Layout
 from ...ops.matmul.grouping import groups_well
@@ -81,6 +82,17 @@ def for_layout(layout, *, allow_tf32=False, impl="auto", cost_model=None, device
     fine, refinement = kernel_layout(layout)
     bsmm = BlocksparseMatMul(fine, fine.block_size, allow_tf32=allow_tf32) if fine is not None else None
     return LinearDispatch(layout, bsmm, refinement, impl=impl, cost_model=cost_model, device=device)
+
+
+def _through_jit():
+    """Whether the kernels of a CUDA call launch through Triton's JIT: no kernel library, or none of
+    its images serves the current GPU (planned where no GPU is seen: the library is taken to serve)."""
+    library = _kernels.load()
+    if library is None:
+        return True
+    if not torch.cuda.is_available():
+        return False
+    return serving(library.specs, torch.cuda.get_device_capability(), "jit")["image"] is None
 
 
 @torch._dynamo.assume_constant_result
@@ -220,7 +232,7 @@ class LinearDispatch(nn.Module):
             precision = "tf32"
         candidates = tuple(self.candidates(device_type, dtype))
         model = self.cost_model or shared_model("torch", device_type)  # no table: the default rule
-        jit = "kernels" in candidates and _kernels.load() is None  # launched through Triton's JIT
+        jit = "kernels" in candidates and _through_jit()
         key = (tokens, precision, device_type, backward, candidates, model, model.revision, jit)
         plan = self._plans.get(key)
         if plan is None:

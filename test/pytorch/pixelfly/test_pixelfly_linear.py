@@ -1,6 +1,7 @@
 """PixelflyLinear (shapes, low-rank term, bias, gradients against float64, state, bad input) and
 the dispatch of both PyTorch layers: plan(), the impl override, decisions from a given table."""
 import doctest
+import types
 
 import numpy as np
 import pytest
@@ -166,6 +167,13 @@ def test_a_gpu_plan_without_the_kernel_library_counts_the_jit_launches(monkeypat
     monkeypatch.setattr(_kernels, "load", lambda: None)
     plan = layer.plan(64, torch.float32, "cuda")
     assert plan.impl == "dense" and "Triton's JIT" in plan.why
+    # a library whose images serve other GPUs only (sm_90 cubins on a GPU of 10.0)
+    library = types.SimpleNamespace(specs=[{"arch": 90, "target": "sm_90a", "image": "cubin", "shared": 1024}])
+    monkeypatch.setattr(_kernels, "load", lambda: library)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for capability, impl in (((10, 0), "dense"), ((9, 0), "kernels")):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, c=capability: c)
+        assert layer.plan(64, torch.float32, "cuda").impl == impl, capability
     assert layer.plan(64, torch.float32, "cpu").impl != "kernels"  # off CUDA the kernels are no candidate
 
 
