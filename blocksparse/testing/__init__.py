@@ -2,7 +2,7 @@
 tolerances, NaN poisoning.  Imports no framework at import time (the torch helpers import torch
 when called).
 
-:mod:`.numerics`   ``rel_error``, ``TOLERANCE``, ``tolerance``
+:mod:`.numerics`   ``rel_error``, ``TOLERANCE``, ``tolerance``, ``rounded_once_bound``
 :mod:`.poison`     ``poisoned_empty`` -- NaN-filled ``torch.empty`` so unwritten outputs show
 :mod:`.matmul`     float64 references of the block-sparse matmul, random layouts
 :mod:`.ew`         float64 references of the elementwise ops (values and derivatives)
@@ -13,6 +13,6 @@ when called).
 :mod:`.conv`       float64 references of the block-sparse convolution, test cases
 :mod:`.aot_verify` the GPU checks of compiled kernels through the TensorFlow ops' C: options, runs, reports
 """
-from .numerics import TOLERANCE, rel_error, tolerance
+from .numerics import TOLERANCE, rel_error, rounded_once_bound, tolerance
 
-__all__ = ["TOLERANCE", "rel_error", "tolerance"]
+__all__ = ["TOLERANCE", "rel_error", "rounded_once_bound", "tolerance"]

@@ -1,12 +1,14 @@
 """Relative error against a float64 reference, and the bound each dtype must meet."""
 import numpy as np
 
-__all__ = ["TOLERANCE", "rel_error", "tolerance"]
+__all__ = ["TOLERANCE", "rel_error", "rounded_once_bound", "tolerance"]
 
 #: Bounds of ``||out - ref|| / ||ref||`` per dtype name (float32 products are exact, no TF32).
 TOLERANCE = {"float64": 1e-12, "float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}
 #: float32 products on TF32 tensor cores (``allow_tf32=True``).
 TF32_TOLERANCE = 3e-3
+#: Significand bits (the implicit one included) and least normal exponent of each dtype.
+_FORMATS = {"float16": (11, -14), "bfloat16": (8, -126), "float32": (24, -126), "float64": (53, -1022)}
 
 
 def _name(dtype):
@@ -47,3 +49,15 @@ def rel_error(out, ref):
     assert np.all(np.isfinite(out)), "non-finite values in the output"
     scale = np.linalg.norm(ref)
     return float(np.linalg.norm(out - ref) / (scale if scale > 0 else 1.0))
+
+
+def rounded_once_bound(exact, got, magnitude, terms, dtype):
+    """Per element, how far ``got`` -- a float32 sum of ``terms`` products rounded once to ``dtype``
+    -- may lie from the ``exact`` sum: half an ulp of ``dtype`` at ``max(|exact|, |got|)`` (the one
+    rounding, subnormals included) plus ``terms * 2**-24 * magnitude``, what a float32 sum may lose
+    in any order (``magnitude``: the sum of the products' absolute values).  Cancelling sums lose
+    more than the last bit of their result; a second rounding to ``dtype`` on the way still fails."""
+    digits, least = _FORMATS[_name(dtype)]
+    exact, got, magnitude = _numpy(exact), _numpy(got), _numpy(magnitude)
+    exponent = np.maximum(np.frexp(np.maximum(np.abs(exact), np.abs(got)))[1] - 1, least)
+    return 2.0 ** (exponent - digits) + terms * 2.0 ** -24 * magnitude

@@ -221,7 +221,8 @@ def test_dropout_and_mask_reuse(rng, dtype, keep_prob):
     assert dx.dtype == dtype
     assert rel_error(dx.numpy(), ref.dropout(dy.numpy().astype(np.float64), m, keep_prob)) < tolerance(dtype)
     frac = m.mean()
-    assert abs(frac - keep_prob) < 4 * np.sqrt(keep_prob * (1 - keep_prob) / m.size) + 1e-9
+    # TensorFlow's own generator draws the mask (no test seed replays it): 6 sigma, ~2e-9 a case
+    assert abs(frac - keep_prob) < 6 * np.sqrt(keep_prob * (1 - keep_prob) / m.size) + 1e-9
 
 
 def test_dropout_in_graph_with_unknown_shape_and_tensor_keep_prob(rng):
