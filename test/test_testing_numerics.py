@@ -21,7 +21,8 @@ def test_the_larger_of_exact_and_got_and_the_float32_sum_term():
 
 
 def test_a_second_rounding_fails_it(rng):
-    """float32 -> bfloat16 -> float16 lies up to half a bfloat16 ulp off: past the float16 bound."""
+    """Where the sum has no slack (one term), float32 -> bfloat16 -> float16 lies up to half a
+    bfloat16 ulp off: past the float16 bound."""
     exact = rng.standard_normal(4096)
     twice = exact.astype(np.float32)
     twice = (twice.view(np.uint32) + 0x8000 & 0xFFFF0000).view(np.float32).astype(np.float16).astype(np.float64)

@@ -135,7 +135,8 @@ class CostModel:
         """``(row arrays, plans)`` cached for the current table, margin and exponent (attributes a user
         may set: a change empties them)."""
         if self._held != self.revision:
-            self._held, self._by_key, self._plans = self.revision, {}, {}
+            self._by_key, self._plans = {}, {}  # emptied before they are marked current
+            self._held = self.revision
         return self._by_key, self._plans
 
     def _columns(self, impl, backward, dtype):
@@ -220,7 +221,7 @@ class CostModel:
             why = (f"expected within {self.margin:.0%} of the fastest ({best}, "
                    f"{times[impl] / times[best] - 1:+.1%}) and preferred on a near tie")
         if host_bound:
-            why += (f"; the kernels launch through Triton's JIT here (no kernel library): "
+            why += (f"; the kernels launch through Triton's JIT here (no kernel library serves them): "
                     f"{problem.launches()} launches at ~{JIT_LAUNCH_MS:g} ms of host time each")
         unmeasured = [c for c in candidates if c not in times]
         if unmeasured:

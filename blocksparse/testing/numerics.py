@@ -56,7 +56,9 @@ def rounded_once_bound(exact, got, magnitude, terms, dtype):
     -- may lie from the ``exact`` sum: half an ulp of ``dtype`` at ``max(|exact|, |got|)`` (the one
     rounding, subnormals included) plus ``terms * 2**-24 * magnitude``, what a float32 sum may lose
     in any order (``magnitude``: the sum of the products' absolute values).  Cancelling sums lose
-    more than the last bit of their result; a second rounding to ``dtype`` on the way still fails."""
+    more than the last bit of their result, so on them the second term dominates: the bound catches
+    errors of the products' scale (a product rounded to ``dtype`` before the sum), not every second
+    rounding of the result."""
     digits, least = _FORMATS[_name(dtype)]
     exact, got, magnitude = _numpy(exact), _numpy(got), _numpy(magnitude)
     exponent = np.maximum(np.frexp(np.maximum(np.abs(exact), np.abs(got)))[1] - 1, least)

@@ -224,14 +224,17 @@ class FastPath:
     table.  :meth:`__call__` then runs a call of a stored kind as one op call, its kind computed
     and looked up in C++; anything else (a new kind, bad input) gives None, and Python plans it.
     Used only where the op is loaded; ``clear()`` forgets the layer's kinds (its choices changed).
+    ``planned``: what the stored kinds were planned under (the layer's cost model and its revision),
+    kept here so that replicas sharing the table (``DataParallel``) agree on it.
     """
 
-    __slots__ = ("layer", "out_features", "factor")
+    __slots__ = ("layer", "out_features", "factor", "planned")
 
-    def __init__(self, out_features, factor=1):
+    def __init__(self, out_features, factor=1, planned=None):
         self.layer = None  # the op's layer id, made on the first store
         self.out_features = out_features
         self.factor = factor
+        self.planned = planned
 
     def __call__(self, x, w, bias):
         """``x @ W (+ bias)`` for ``x`` ``(..., in_features)`` where its call kind was stored, else None."""

@@ -14,6 +14,7 @@ constant of the compiled graph.
 from __future__ import annotations
 
 import itertools
+from functools import lru_cache
 import weakref
 
 import torch
@@ -24,7 +25,6 @@ from ..._checks import check_bool, check_int
 from .._checks import float_dtype, floating_tensor, plain_ops_needed
 from ..._initializers import fan_in_bounds
 from ...dispatch import Problem, check_cost_model, check_impl, override_plan, shared_model
-from ...aot.targets import serving
 from ...dispatch.model import PLAN_CACHE_SIZE
 from ...layout import Layout
 from ...ops.matmul.grouping import groups_well
@@ -34,6 +34,7 @@ from ...ops.matmul.configs import AOT_PACKINGS, KERNEL_BLOCK_SIZES
 from .. import _native
 from .._autograd import functorch_active as _functorch_active
 from .._backend import KERNEL_DTYPES, autocast_dtype_of
+from .._launch import TRITON_TYPES
 from .._matmul import ops as _ops
 from .._matmul.products import use_triton
 from .matmul import PortableTables, dense_matmul, portable_matmul
@@ -84,19 +85,28 @@ def for_layout(layout, *, allow_tf32=False, impl="auto", cost_model=None, device
     return LinearDispatch(layout, bsmm, refinement, impl=impl, cost_model=cost_model, device=device)
 
 
-def _through_jit():
-    """Whether the kernels of a CUDA call launch through Triton's JIT: no kernel library, or none of
-    its images serves the current GPU (planned where no GPU is seen: the library is taken to serve)."""
+def _through_jit(dtype, block_size):
+    """Whether the kernels of a CUDA call in ``dtype`` on blocks of ``block_size`` launch through
+    Triton's JIT: no kernel library, or none of its forward products of that kind serves the current
+    GPU (planned where no GPU is seen, the library is taken to serve)."""
     library = _kernels.load()
     if library is None:
         return True
     if not torch.cuda.is_available():
         return False
-    return serving(library.specs, torch.cuda.get_device_capability(), "jit")["image"] is None
+    major, minor = torch.cuda.get_device_capability()
+    return _unserved(library, 10 * major + minor, TRITON_TYPES.get(dtype), block_size)
+
+
+@lru_cache(maxsize=64)
+def _unserved(library, arch, dtype, block_size):
+    return library.find("matmul", arch, product="fprop", dtype=dtype, block_size=block_size) is None
 
 
 @torch._dynamo.assume_constant_result
-def _traced_choice(handle, dtype, device_type, backward):
+def _traced_choice(handle, dtype, device_type, backward, revision):
+    """The plan's choice while tracing (``revision``: the cost model's, so a graph is traced anew
+    when it moves)."""
     d = _dispatchers[handle]
     return d.plan(d.last_tokens or DEFAULT_TOKENS, dtype, device_type, backward).impl
 
@@ -138,7 +148,7 @@ class LinearDispatch(nn.Module):
         self._structured = None
         self._native = {}
         self._fast = _native.FastPath(layout.K, self._copy_factor)
-        self._planned_under = self.model_state()
+        self._fast.planned = self.model_state()
         self.handle = _new_handle(self)
 
     def reset_buffers(self):
@@ -146,15 +156,15 @@ class LinearDispatch(nn.Module):
         self.tables.reset()
 
     def __getstate__(self):
-        # the decisions are a per-process memo (and hold read-only mappings that do not pickle)
-        return {**self.__dict__, "_plans": {}, "_native": {},
+        # the decisions are a per-process memo (they depend on the machine's kernel library, and hold
+        # read-only mappings that do not pickle)
+        return {**self.__dict__, "_plans": {}, "_choices": {}, "_native": {},
                 "_fast": _native.FastPath(self.layout.K, self._fast.factor)}
 
     def __setstate__(self, state):
         # a copy (deepcopy, pickle, torch.load) plans on its own: a traced graph reaches it by a
         # handle of its own, valid after the original is gone
         super().__setstate__(state)
-        self.__dict__.setdefault("_planned_under", self.model_state())  # pickled before models had revisions
         self.handle = _new_handle(self)
 
     def extra_repr(self):
@@ -232,7 +242,7 @@ class LinearDispatch(nn.Module):
             precision = "tf32"
         candidates = tuple(self.candidates(device_type, dtype))
         model = self.cost_model or shared_model("torch", device_type)  # no table: the default rule
-        jit = "kernels" in candidates and _through_jit()
+        jit = "kernels" in candidates and _through_jit(dtype, self.bsmm.block_size)
         key = (tokens, precision, device_type, backward, candidates, model, model.revision, jit)
         plan = self._plans.get(key)
         if plan is None:
@@ -256,12 +266,14 @@ class LinearDispatch(nn.Module):
         backward = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
         if torch.compiler.is_compiling():
             forced = self._forced()
-            return forced[0] if forced else _traced_choice(self.handle, dtype, device_type, backward)
+            if forced:
+                return forced[0]
+            return _traced_choice(self.handle, dtype, device_type, backward, self.model_state()[1])
         tokens = x.shape[0] or 1  # an empty batch is planned as one token: every path returns it
         self.__dict__["last_tokens"] = tokens  # a plain int: nn.Module.__setattr__ costs microseconds
         tf32 = device_type == "cuda" and dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
         key = (tokens, dtype, device_type, backward, self.impl, _env.getenv("BLOCKSPARSE_BACKEND"), tf32,
-               self.model_state())
+               self.model_state(), _env.getenv("BLOCKSPARSE_KERNELS"))
         impl = self._choices.get(key)
         if impl is None:
             impl = _bounded(self._choices)[key] = self.plan(tokens, dtype, device_type, backward).impl
@@ -275,12 +287,12 @@ class LinearDispatch(nn.Module):
         its ``__torch_function__`` sees the ops); never while tracing or under a functorch transform."""
         if not _plain(x, w, bias) or _functorch_active() or torch.compiler.is_compiling():
             return None
-        state = self.model_state()
-        if state != self._planned_under:  # the cost model changed: the stored kinds are planned anew
-            self._fast.clear()
-            self.__dict__["_planned_under"] = state
+        fast, state = self._fast, self.model_state()
+        if state != getattr(fast, "planned", None):  # the cost model changed: the kinds are planned anew
+            fast.clear()
+            fast.planned = state
             return None
-        y = self._fast(x, w, bias)
+        y = fast(x, w, bias)
         if y is not None:
             self.__dict__["last_tokens"] = x.shape[0] if x.dim() == 2 else x.numel() // x.shape[-1]
         return y

@@ -1,7 +1,7 @@
 """PixelflyLinear (shapes, low-rank term, bias, gradients against float64, state, bad input) and
 the dispatch of both PyTorch layers: plan(), the impl override, decisions from a given table."""
+import copy
 import doctest
-import types
 
 import numpy as np
 import pytest
@@ -149,12 +149,40 @@ def test_a_margin_set_later_changes_what_runs(monkeypatch):
     model.table = _model(dense=0.5, portable=1.0).table
     layer(x)
     assert calls == ["portable"] and layer.plan(64).impl == "dense"
+    assert layer._dispatch._choices and not copy.deepcopy(layer)._dispatch._choices  # a copy plans anew
+
+
+def test_a_margin_set_later_reaches_a_compiled_layer(monkeypatch):
+    """The compiled graph's choice is traced anew when the layer's model moves."""
+    model = _model(dense=1.04, portable=1.0)
+    layer = PixelflyLinear(96, 192, 24, 4, 1, cost_model=model)
+    from blocksparse.torch._portable import dispatch as dispatch_mod
+
+    monkeypatch.setattr(dispatch_mod, "portable_matmul", lambda x, *a, **k: torch.zeros(x.shape[0], 192))
+    x = torch.randn(64, 96)
+    compiled = torch.compile(layer, backend="eager")
+    with torch.no_grad():
+        assert layer(x).abs().sum() > 0 and compiled(x).abs().sum() > 0  # dense on the near tie
+        model.margin = 0.0
+        assert layer(x).abs().sum() == 0 and compiled(x).abs().sum() == 0  # portable (the stand-in)
 
 
 def test_a_gpu_plan_without_the_kernel_library_counts_the_jit_launches(monkeypatch):
-    """On CUDA without a kernel library the kernels launch through Triton's JIT: the plan raises
-    their time to its host cost, so a host-bound layer is planned dense (with the library: kernels)."""
+    """On CUDA, where no kernel library serves the call, the kernels launch through Triton's JIT: the
+    plan raises their time to its host cost, so a host-bound layer is planned dense."""
     from blocksparse import _kernels
+    from blocksparse.aot.abi import KernelLibrary
+    from blocksparse.aot.targets import spec_rank
+
+    class Library:  # the library's own spec search over a manifest of our own
+        find = KernelLibrary.find
+
+        def __init__(self, **fields):
+            self.specs = [{"family": "matmul", "product": "fprop", "dtype": "fp32", "block_size": 16, "arch": 90,
+                           "target": "sm_90a", "image": "cubin", "shared": 1024, **fields}]
+
+        def rank(self, index, arch):
+            return spec_rank(self.specs[index], arch)
 
     mask = np.ones((2, 3), dtype=int)
     times = {"kernels": 0.3, "dense": 0.5}
@@ -162,18 +190,19 @@ def test_a_gpu_plan_without_the_kernel_library_counts_the_jit_launches(monkeypat
              "dtype": "float32", "fwd_ms": times, "fwdbwd_ms": times}]
     model = CostModel(Table.from_dict({"format": 1, "framework": "torch", "device": "cuda", "rows": rows}))
     layer = BlocksparseLinear(mask, 16, cost_model=model)
-    monkeypatch.setattr(_kernels, "load", lambda: object())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # planned for a GPU this process does not see
+    monkeypatch.setattr(_kernels, "load", lambda: Library())
     assert layer.plan(64, torch.float32, "cuda").impl == "kernels"
     monkeypatch.setattr(_kernels, "load", lambda: None)
     plan = layer.plan(64, torch.float32, "cuda")
     assert plan.impl == "dense" and "Triton's JIT" in plan.why
-    # a library whose images serve other GPUs only (sm_90 cubins on a GPU of 10.0)
-    library = types.SimpleNamespace(specs=[{"arch": 90, "target": "sm_90a", "image": "cubin", "shared": 1024}])
-    monkeypatch.setattr(_kernels, "load", lambda: library)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    for capability, impl in (((10, 0), "dense"), ((9, 0), "kernels")):
+    cases = ((Library(), (9, 0), "kernels"), (Library(), (10, 0), "dense"),  # sm_90a cubins: not on a 10.0 GPU
+             (Library(block_size=32), (9, 0), "dense"), (Library(dtype="bf16"), (9, 0), "dense"))  # not this call's
+    for library, capability, impl in cases:
+        monkeypatch.setattr(_kernels, "load", lambda lib=library: lib)
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, c=capability: c)
-        assert layer.plan(64, torch.float32, "cuda").impl == impl, capability
+        assert layer.plan(64, torch.float32, "cuda").impl == impl, (library.specs, capability)
     assert layer.plan(64, torch.float32, "cpu").impl != "kernels"  # off CUDA the kernels are no candidate
 
 
