@@ -2,6 +2,7 @@
 
     python bench/pixelfly.py --out bench/results                 # GPU, about 4 minutes on an H200
     python bench/pixelfly.py --quick --cpu --out /tmp/pixelfly   # smoke run: tiny, kernels interpreted
+    python bench/pixelfly.py --mlps small                        # one of the two MLPs
 
 Exactly the discussion's setup (and the anchors' measurement of ``nn.Linear``): layers
 [(384, 1536), (1536, 384)] with block 48, butterfly 64, and [(2048, 8192), (8192, 4096)] with
@@ -115,7 +116,8 @@ def run(args):
     result = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
               "created": datetime.date.today().isoformat(), "iters": iters, "input": [*SHAPE, "D"], "rows": []}
     shape = (2, 8) if args.quick else SHAPE
-    for name, (layers, block, butterfly) in MLPS.items():
+    for name in args.mlps.split(","):
+        layers, block, butterfly = MLPS[name]
         layers = [(i // scale, o // scale) for i, o in layers]
         block, butterfly = block // scale, max(2, butterfly // scale)
         for dtype in (torch.float32, torch.bfloat16):
@@ -213,6 +215,8 @@ def main():
     ap.add_argument("--cpu", action="store_true", help="run on the CPU (with --quick: kernels interpreted)")
     ap.add_argument("--iters", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (median reported)")
+    ap.add_argument("--mlps", default=",".join(MLPS), choices=[",".join(MLPS), *MLPS],
+                    help="which MLPs (default: both)")
     ap.add_argument("--small-rounds", type=int, default=25, help="rounds for the small (host-bound) MLP")
     args = ap.parse_args()
     if args.cpu:

@@ -77,15 +77,33 @@ def _commands(compiler, sources, objects, target):
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     compile_ = [[compiler, "-O2", "-std=c++17", "-fPIC", "-w", *includes, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-c",
                  str(source), "-o", str(obj)] for source, obj in zip(sources, objects)]
-    link = [compiler, "-shared", *map(str, objects), "-o", str(target), f"-L{libdir}", "-lc10", "-ltorch_cpu",
-            "-ltorch", f"-Wl,-rpath,{libdir}"]
+    link = [compiler, "-shared", *map(str, objects), "-o", str(target), *_loaded_cxx_runtime(), f"-L{libdir}",
+            "-lc10", "-ltorch_cpu", "-ltorch", f"-Wl,-rpath,{libdir}"]
     return compile_, link
 
 
+def _loaded_cxx_runtime():
+    """The shared C++ runtime this process has loaded (torch's), named to the linker first, or nothing.
+
+    A toolchain whose ``-lstdc++`` finds only the static archive (seen: g++ 13.3 against torch 2.11)
+    copies libstdc++ into the library; that second copy's locale is never initialised, so formatting
+    a number -- every error message with one, ``TORCH_CHECK(f >= 1, "got ", f)`` -- crashed the process
+    instead of raising.  Linked against the loaded runtime, the ops use the one copy torch uses."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split(None, 5)[-1].strip() for line in maps if "libstdc++.so" in line}
+    except OSError:  # no /proc (not Linux): the toolchain's default
+        return []
+    paths = sorted(p for p in paths if os.path.isfile(p))
+    return paths[:1]
+
+
 def _digest(compiler):
-    """What the library depends on: its sources and headers, torch's version, the compiler."""
+    """What the library depends on: its sources and headers, torch's version, the compiler, the C++
+    runtime it links."""
     text = b"".join(p.name.encode() + p.read_bytes() for p in (*SOURCES, *sorted(CSRC.glob("*.h"))))
-    return hashlib.sha256(text + torch.__version__.encode() + compiler.encode()).hexdigest()[:16]
+    recipe = " ".join(["link-loaded-runtime", *_loaded_cxx_runtime()]).encode()  # a library linked otherwise is rebuilt
+    return hashlib.sha256(text + torch.__version__.encode() + compiler.encode() + recipe).hexdigest()[:16]
 
 
 def build(cache=None):
