@@ -62,3 +62,34 @@ def test_an_error_message_with_numbers_raises(native):
     x, w = torch.ones(4, 6), torch.ones(3, 4, 4)
     with pytest.raises(RuntimeError, match=r"factor must be >= 1; got -7"):
         torch.ops.blocksparse_native.linear(x, w, None, 0, 0, 0, -7)
+
+
+_CALL = """
+import torch
+from blocksparse.torch import _native
+torch.ops.load_library(str(_native.build()))
+try:
+    torch.ops.blocksparse_native.linear(torch.ones(4, 6), torch.ones(3, 4, 4), None, 0, 0, 0, -3)
+except RuntimeError as exc:
+    print(str(exc).splitlines()[0])
+"""
+
+
+@linux
+def test_a_toolchain_that_links_the_static_runtime_still_formats_numbers(tmp_path):
+    """A compiler that links libstdc++'s static archive (``-static-libstdc++`` here; one machine's
+    g++ did so by default) gave the library a second C++ runtime with an uninitialised locale: its
+    error messages lost their numbers (this machine) or crashed the process (that one).  Linked
+    against the loaded runtime first, the library binds every runtime symbol to the one copy."""
+    compiler = _native._compiler()
+    if compiler is None:
+        pytest.skip("needs a C++ compiler")
+    wrapper = tmp_path / "cxx-static"
+    wrapper.write_text(f'#!/bin/sh\nexec "{compiler}" "$@" -static-libstdc++\n')
+    wrapper.chmod(0o755)
+    env = dict(os.environ, CXX=str(wrapper), BLOCKSPARSE_CACHE_DIR=str(tmp_path / "cache"))
+    done = subprocess.run([sys.executable, "-c", _CALL], capture_output=True, text=True, env=env, timeout=600)
+    if "cannot find -lstdc++" in done.stderr:
+        pytest.skip("this toolchain has no static libstdc++ to link")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "factor must be >= 1; got -3"
