@@ -16,6 +16,12 @@ import pytest
 
 BASE_SEED = int(os.environ.get("BLOCKSPARSE_TEST_SEED") or secrets.randbits(32))
 
+# TensorFlow turns its oneDNN kernels on by default only on CPUs with AVX-512 / AMX; without them its
+# CPU has no gradient of a grouped convolution ("Gradients for grouped convolutions are not supported
+# on CPU"), which the tests of the convolution's grouped path (a GPU path, forced onto the CPU there)
+# need. Set before TensorFlow is imported; an explicit setting is kept.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+
 # A PyTorch-only install (``blocksparse[torch]``) runs the suite without TensorFlow: its TF tests
 # are left out (the PyTorch ones skip themselves where torch is missing)
 if importlib.util.find_spec("tensorflow") is None:
