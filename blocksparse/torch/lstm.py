@@ -24,8 +24,8 @@ def fused_lstm_gates(c, *gates, bias=None, forget_bias=1.0):
     Parameters
     ----------
     c : Tensor, shape (N, K)
-        The cell state; float16, bfloat16, float32 (Triton kernels on CUDA) or float64.  Higher
-        ranks ``(..., K)`` (as TensorFlow's takes) with gates ``(..., 4K)`` / ``(..., K)`` of the
+        The cell state; float16, bfloat16, float32 (Triton kernels on CUDA) or float64.  Other
+        ranks ``(..., K)`` (as TensorFlow's takes; 1-D: one token) with gates ``(..., 4K)`` / ``(..., K)`` of the
         same leading shape: every leading axis a token axis.
     *gates : Tensor
         Either one merged ``(N, 4K)`` tensor holding ``i, j, f, o`` in that order along the
@@ -53,7 +53,9 @@ def fused_lstm_gates(c, *gates, bias=None, forget_bias=1.0):
     if len(gates) not in (1, 4):
         raise TypeError(f"gates must be one merged (N, 4K) tensor or four (N, K) tensors; got {len(gates)}")
     names = ("h",) if len(gates) == 1 else ("i", "j", "f", "o")
-    if isinstance(c, torch.Tensor) and c.dim() > 2:  # (..., K): every leading axis a token axis
+    if isinstance(c, torch.Tensor) and c.dim() == 0:
+        raise ValueError("c must have a feature axis (1-D or more); got a 0-D tensor")
+    if isinstance(c, torch.Tensor) and c.dim() != 2:  # (..., K): every leading axis a token axis
         return _tokens_flattened(c, gates, names, bias, forget_bias)
     out = _ops.native_gates(c, gates, bias, forget_bias)
     if out is not None:

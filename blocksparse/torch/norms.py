@@ -25,15 +25,15 @@ def layer_norm(x, g, b, axis=1, epsilon=1e-6, relu=False, *, segments=1):
     ----------
     x : Tensor, shape (N, C) for ``axis=1`` or (C, N) for ``axis=0``
         Activations in either block-sparse matmul layout (``feature_axis``); float16, bfloat16,
-        float32 (Triton kernels on CUDA) or float64.  Any strides.  Higher ranks (as TensorFlow's
+        float32 (Triton kernels on CUDA) or float64.  Any strides.  Other ranks (as TensorFlow's
         ``blocksparse.norms.layer_norm`` takes): features on ``axis``, every other axis a token
-        axis (features first or last cost no copy; on a middle axis they are moved last and back).
+        axis (1-D: one token) (features first or last cost no copy; on a middle axis they are moved last and back).
     g, b : Tensor of C elements, or None
         Gain and bias per feature (None: no gain / no bias), any float dtype (float32
         parameters with bfloat16 activations is the usual mix); gradients in their dtypes.
     axis : int
-        The feature axis of ``x``: 1 or 0 for 2-D ``x`` (-1 and -2 are accepted), any axis of a
-        higher rank.
+        The feature axis of ``x``: 1 or 0 for 2-D ``x`` (-1 and -2 are accepted), any axis of
+        another rank.
     epsilon : float
         Added to the variance (> 0).
     relu : bool
@@ -60,7 +60,9 @@ def layer_norm(x, g, b, axis=1, epsilon=1e-6, relu=False, *, segments=1):
     >>> layer_norm(x.t(), g, b, axis=0).shape      # (C, N) activations
     torch.Size([96, 8])
     """
-    if isinstance(x, torch.Tensor) and x.dim() > 2:  # tokens on every other axis: one token axis
+    if isinstance(x, torch.Tensor) and x.dim() == 0:
+        raise ValueError("x must have a feature axis (1-D or more); got a 0-D tensor")
+    if isinstance(x, torch.Tensor) and x.dim() != 2:  # tokens on every other axis: one token axis
         if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
             raise TypeError(f"axis must be an int, -1 (features last) or 0 (features first); got {axis!r}")
         axis = int(axis)

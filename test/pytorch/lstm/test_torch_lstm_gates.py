@@ -88,6 +88,24 @@ def test_strided_bias(rng, monkeypatch, backend):
 
 
 @pytest.mark.parametrize("merged", [True, False], ids=["merged", "four"])
+def test_one_token_as_1d(rng, merged):
+    """A 1-D state (K,) with (4K,) / (K,) gates, as TensorFlow's takes them: one token."""
+    c, h, bias, dcn, dhn = _inputs(rng, "float32", 1, 8, True)
+    c1, h1 = (t.detach()[0].requires_grad_() for t in (c, h))
+    gates = (h1,) if merged else [t.detach().clone().requires_grad_() for t in h1.split(8)]
+    c_next, h_next = fused_lstm_gates(c1, *gates, bias=bias)
+    assert c_next.shape == h_next.shape == (8,)
+    want = ref.lstm_gates(_f64(c), _f64(h), bias=_f64(bias))
+    assert rel_error(c_next[None], want[0]) < 1e-5 and rel_error(h_next[None], want[1]) < 1e-5
+    grads = torch.autograd.grad((c_next, h_next), [c1, *gates], (dcn[0], dhn[0]))
+    dc_ref, dh_ref, _ = ref.lstm_gates_grad(_f64(dcn), _f64(dhn), _f64(c), _f64(h), bias=_f64(bias))
+    assert grads[0].shape == (8,) and rel_error(grads[0][None], dc_ref) < 1e-5
+    assert rel_error(torch.cat(grads[1:])[None], dh_ref) < 1e-5
+    with pytest.raises(ValueError, match="h must have shape"):
+        fused_lstm_gates(c1, torch.randn(31))
+
+
+@pytest.mark.parametrize("merged", [True, False], ids=["merged", "four"])
 def test_more_token_axes(rng, merged):
     """(B, T, K) state and (B, T, 4K) gates, as TensorFlow's takes them: the 2-D call on the tokens
     flattened, against the float64 formulas."""
@@ -173,7 +191,7 @@ def _bad_cases():
         "h-width": ((c, torch.randn(4, 30)), {}, ValueError, r"h must have shape \(4, 32\)"),
         "h-tokens": ((c, torch.randn(5, 32)), {}, ValueError, r"h must have shape \(4, 32\)"),
         "f-shape": ((c, c, c, torch.randn(4, 9), c), {}, ValueError, r"f must have shape \(4, 8\)"),
-        "c-1d": ((torch.randn(8), h), {}, ValueError, r"c must be 2-D"),
+        "c-0d": ((torch.tensor(1.5), h), {}, ValueError, r"c must have a feature axis"),
         "c-3d": ((torch.randn(2, 4, 8), h), {}, ValueError, r"h must have c's leading shape \(2, 4\)"),
         "h-3d": ((c, torch.randn(2, 4, 32)), {}, ValueError, r"h must have shape \(4, 32\) for c of shape \(4, 8\)"),
         "o-1d": ((c, c, c, c, torch.randn(8)), {}, ValueError, r"o must have shape \(4, 8\)"),

@@ -231,6 +231,22 @@ def test_numpy_int_axis_at_rank_3(rng, axis):
     assert rel_error(y.reshape(x2.shape), want) < tolerance("float32")
 
 
+@pytest.mark.parametrize("axis", [0, -1])
+def test_one_token_as_1d(rng, axis):
+    """1-D activations (as TensorFlow's layer norm takes them): one token, either axis naming its features."""
+    x, g, b, dy = _inputs(rng, "float32", 1, 1, 24)
+    x1 = x.detach()[0].requires_grad_()
+    y = layer_norm(x1, g, b, axis=axis, relu=True)
+    y_ref = ref.layer_norm(_f64(x), _f64(g), _f64(b), relu=True)
+    assert y.shape == (24,) and rel_error(y[None], y_ref) < tolerance("float32")
+    dy = torch.from_numpy(ref.relu_safe(_f64(dy), y_ref)).float()
+    dx, dg = torch.autograd.grad(y, (x1, g), dy[0])
+    dx_ref, dg_ref, _ = ref.layer_norm_grad(_f64(dy), _f64(x), _f64(g), _f64(b), relu=True)
+    assert rel_error(dx[None], dx_ref) < tolerance("float32") and rel_error(dg, dg_ref) < tolerance("float32")
+    with pytest.raises(ValueError, match="axis must be in"):
+        layer_norm(x1, g, b, axis=1)
+
+
 @pytest.mark.parametrize("backend", ["reference", pytest.param("triton", marks=pytest.mark.interpreter)])
 def test_constant_rows_whose_sum_rounds_give_the_bias(backend, monkeypatch):
     """3.3 x 100: the plain float32 mean is an ulp off; corrected, ``y = b`` exactly (as
@@ -256,7 +272,7 @@ def _bad_cases():
                           r"segments must divide the 12 features of x \(axis 2\)"),
         "x-3d-axis-str": (dict(x=torch.randn(2, 4, 12), axis="-1"), TypeError, r"axis must be an int"),
         "x-3d-axis-bool": (dict(x=torch.randn(2, 4, 12), axis=True), TypeError, r"axis must be an int"),
-        "x-1d": (dict(x=torch.randn(12)), ValueError, r"x must be 2-D"),
+        "x-0d": (dict(x=torch.tensor(1.5)), ValueError, r"x must have a feature axis"),
         "x-int": (dict(x=torch.ones(4, 12, dtype=torch.int32)), TypeError, r"x must be float16"),
         "x-numpy": (dict(x=np.ones((4, 12))), TypeError, r"x must be a torch.Tensor"),
         "g-dtype": (dict(g=torch.ones(12, dtype=torch.int32)), TypeError, r"g must be float16, bfloat16"),
