@@ -282,6 +282,25 @@ def few16_cases():
     return out
 
 
+# Sweep 18 (``--few16g``): blocks of 16 at few tokens are the one block size slower than dense
+# cuBLAS (1.45-1.76x its time at d = 0.5 on an H100): each 512-byte weight block costs a [64, 16]
+# activation tile (2 KB) from the L2, four times its own bytes.  The pointer kernel's output groups
+# (``G`` columns a program, one activation tile for all the blocks of a layout row in the group,
+# absent blocks masked without a memory access) cut those re-reads by up to ``G`` times; split over
+# ~4 or 8 programs a SM (float32 atomics), against the table's tile.
+FEW16G_VARIANTS = [X(64, g, 4, 3, WAVES=w, TMA=False) for g in (4, 8) for w in (4, 8)]
+
+
+def few16g_cases():
+    """(problem key, op, impl, cfg, waves) of sweep 18: the table's tile first."""
+    from blocksparse.ops.matmul.configs import xprop_config
+
+    current = xprop_config(16, 64)
+    key = ("random", 64, C, K, 16, 0.5, "bf16")
+    return [(key, op, f"ptr{finish}", c, c.WAVES) for op in ("fprop", "bprop") for finish in ("-ticket", "")
+            for c in [current] + FEW16G_VARIANTS]
+
+
 # Sweep 15 (``--short``): short columns (issue 16, item 3: at d = 0.1 every block size should reach
 # 0.9 of its own d = 0.5 figure).  A column of d = 0.1 at C = 4096 holds 3.2 / 6.4 / 12.8 blocks of
 # 128 / 64 / 32: a program's pipeline fill and output store weigh against few steps, and the tables'
@@ -616,6 +635,8 @@ def main():
     ap.add_argument("--short", action="store_true", help="sweep 15 only: short columns (d = 0.1 against 0.5), "
                     "bf16 fprop / bprop tiles with fewer stages or tokens, several programs a SM")
     ap.add_argument("--updat", action="store_true", help="sweep 12 only: bf16 updat tiles at blocks of 32 and 64")
+    ap.add_argument("--few16g", action="store_true", help="sweep 18 only: blocks of 16 at 64 tokens, output "
+                    "groups of the pointer kernel against the table's tile")
     ap.add_argument("--bias-grad", action="store_true", help="sweep 14 only: the pixelfly layers' updat with the "
                     "bias gradient against the updat and cuBLAS's column sums (JSON lines appended to --out)")
     ap.add_argument("--profile", action="store_true", help="isolated sweeps: also each variant's GPU time per "
@@ -629,11 +650,11 @@ def main():
     if args.bias_grad:
         return bias_grad_rows(args)
     if (args.narrow or args.pixelfly or args.native256 or args.few or args.tickets or args.prefetch or args.prefetch_more
-            or args.updat or args.pixelfly2 or args.short or args.bm256 or args.persist):
+            or args.updat or args.pixelfly2 or args.short or args.bm256 or args.persist or args.few16g):
         todo = (narrow_cases() if args.narrow else pixelfly_cases() if args.pixelfly
                 else pixelfly2_cases() if args.pixelfly2 else updat_cases() if args.updat
                 else short_cases() if args.short else bm256_cases() if args.bm256
-                else persist_cases() if args.persist
+                else persist_cases() if args.persist else few16g_cases() if args.few16g
                 else native256_cases() if args.native256
                 else ticket_cases() if args.tickets else prefetch_cases() if args.prefetch
                 else prefetch_cases(PREFETCH_MORE) + prefetch_waves_cases() + few16_cases() if args.prefetch_more
