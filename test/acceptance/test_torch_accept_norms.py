@@ -101,7 +101,7 @@ def test_layer_norm_compile_and_autocast(rng):
 @pytest.mark.parametrize("call, err, words", [
     (lambda x, g, b: layer_norm(x.numpy(), g, b), TypeError, "x must be"),
     (lambda x, g, b: layer_norm(x.long(), g, b), TypeError, "x must be float"),
-    (lambda x, g, b: layer_norm(x[0], g, b), ValueError, "x must be 2-D"),
+    (lambda x, g, b: layer_norm(x[0, 0], g, b), ValueError, "x must have a feature axis"),
     (lambda x, g, b: layer_norm(x[None], g, b), ValueError, "g must have 4 elements"),  # features on axis 1
     (lambda x, g, b: layer_norm(x, g[:-1], b), ValueError, "g must have 16 elements"),
     (lambda x, g, b: layer_norm(x, g, b, axis=0), ValueError,
@@ -115,7 +115,7 @@ def test_layer_norm_compile_and_autocast(rng):
     (lambda x, g, b: layer_norm(x, g, b, segments=0), ValueError, "segments"),
     (lambda x, g, b: layer_norm(x, g.to("meta"), b), ValueError, "g must be on"),
     (lambda x, g, b: layer_norm(x, [1.0] * 16, b), TypeError, "g must be"),
-], ids=["numpy", "int", "1d", "3d", "g-size", "g-size-axis0", "axis-2", "axis-float", "epsilon-0", "epsilon-str",
+], ids=["numpy", "int", "0d", "3d", "g-size", "g-size-axis0", "axis-2", "axis-float", "epsilon-0", "epsilon-str",
         "relu-int", "segments-3", "segments-0", "g-device", "g-list"])
 def test_layer_norm_bad_arguments(rng, call, err, words):
     x, g, b = _ln_inputs(rng, (4, 16), torch.float32, 1)
@@ -200,15 +200,15 @@ def test_lstm_gates_compile_and_autocast(rng):
     (lambda c, h: fused_lstm_gates(c, *h.split(4, 1)[:3], h[:, :3]), ValueError, r"o must have shape \(3, 4\)"),
     (lambda c, h: fused_lstm_gates(c, h.double()), TypeError, "h must have c's dtype"),
     (lambda c, h: fused_lstm_gates(c.numpy(), h), TypeError, "c must be"),
-    (lambda c, h: fused_lstm_gates(c[0], h), ValueError, "c must be 2-D"),
+    (lambda c, h: fused_lstm_gates(c[0], h), ValueError, r"h must have c's leading shape \(\)"),
     (lambda c, h: fused_lstm_gates(c[None], h), ValueError, r"h must have c's leading shape \(1, 3\)"),
     (lambda c, h: fused_lstm_gates(c, h.int()), TypeError, "h must be float"),
     (lambda c, h: fused_lstm_gates(c, h, bias=torch.zeros(8)), ValueError, "bias must have 16 elements"),
     (lambda c, h: fused_lstm_gates(c, h, forget_bias="1"), TypeError, "forget_bias"),
     (lambda c, h: fused_lstm_gates(c, h, forget_bias=float("nan")), ValueError, "forget_bias must be finite"),
     (lambda c, h: fused_lstm_gates(c, h.to("meta")), ValueError, "h must be on"),
-], ids=["no-gates", "two-gates", "h-width", "o-width", "dtype-mismatch", "numpy", "1d", "3d", "int", "bias-size",
-        "forget-bias-str", "forget-bias-nan", "device"])
+], ids=["no-gates", "two-gates", "h-width", "o-width", "dtype-mismatch", "numpy", "1d-state-2d-gates", "3d", "int",
+        "bias-size", "forget-bias-str", "forget-bias-nan", "device"])
 def test_lstm_gates_bad_arguments(rng, call, err, words):
     c, h = draw(rng, (3, 4), torch.float32), draw(rng, (3, 16), torch.float32)
     with pytest.raises(err, match=words):
