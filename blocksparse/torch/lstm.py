@@ -25,8 +25,8 @@ def fused_lstm_gates(c, *gates, bias=None, forget_bias=1.0):
     ----------
     c : Tensor, shape (N, K)
         The cell state; float16, bfloat16, float32 (Triton kernels on CUDA) or float64.  Other
-        ranks ``(..., K)`` (as TensorFlow's takes; 1-D: one token) with gates ``(..., 4K)`` / ``(..., K)`` of the
-        same leading shape: every leading axis a token axis.
+        ranks ``(..., K)`` (as TensorFlow's takes) with gates ``(..., 4K)`` / ``(..., K)`` of the
+        same leading shape: every leading axis a token axis (1-D: one token).
     *gates : Tensor
         Either one merged ``(N, 4K)`` tensor holding ``i, j, f, o`` in that order along the
         features, or the four ``(N, K)`` tensors ``i, j, f, o``; ``c``'s dtype and device.

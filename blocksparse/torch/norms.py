@@ -27,7 +27,8 @@ def layer_norm(x, g, b, axis=1, epsilon=1e-6, relu=False, *, segments=1):
         Activations in either block-sparse matmul layout (``feature_axis``); float16, bfloat16,
         float32 (Triton kernels on CUDA) or float64.  Any strides.  Other ranks (as TensorFlow's
         ``blocksparse.norms.layer_norm`` takes): features on ``axis``, every other axis a token
-        axis (1-D: one token) (features first or last cost no copy; on a middle axis they are moved last and back).
+        axis, and 1-D ``x`` one token (features first or last cost no copy; on a middle axis they
+        are moved last and back).
     g, b : Tensor of C elements, or None
         Gain and bias per feature (None: no gain / no bias), any float dtype (float32
         parameters with bfloat16 activations is the usual mix); gradients in their dtypes.
