@@ -351,8 +351,8 @@ def native_path(device_tables):
     """``"native"`` where the op's eager call shapes so far were registered with the native op (their
     calls on 16-byte aligned inputs run as its C++ node), ``"python"`` where some were not (their
     calls take :class:`ImplicitConvFunction`), None before any CUDA call with the native op on."""
-    ids = set(device_tables.implicit_native.values())
-    return None if not ids else "python" if False in ids else "native"
+    ids = list(device_tables.implicit_native.values())
+    return None if not ids else "python" if any(i is False for i in ids) else "native"  # id 0 is no False
 
 
 def _native_conv(x, spec, t, precision):

@@ -77,10 +77,15 @@ class Setup:
 
     def stand_in_y(self, x, flat):
         """What the stand-in writes for the output: ``x`` read channels-last, the forward's packed filter."""
-        return self._last(x, flat.detach()[self.t.implicit_weight.long()], 2, self.out, self.op.spec.blocks.K)
+        return self._last(x, self._packed(flat, self.t.implicit_weight), 2, self.out, self.op.spec.blocks.K)
 
     def stand_in_dx(self, dy, flat):
-        return self._last(dy, flat.detach()[self.t.implicit_grad_weight.long()], 3, self.image, self.op.spec.blocks.C)
+        return self._last(dy, self._packed(flat, self.t.implicit_grad_weight), 3, self.image, self.op.spec.blocks.C)
+
+    @staticmethod
+    def _packed(F, index):
+        """The packed filter of ``F`` (flat, or a layout of equal blocks' ``(blocks, K, C, *TRS)``)."""
+        return F.detach().reshape(-1)[index.long()]
 
     @staticmethod
     def _last(a, w, spec, size, written):
@@ -235,13 +240,14 @@ def interpreter(monkeypatch):
 
 
 @pytest.mark.interpreter
+@pytest.mark.parametrize("layout", ["random", "uniform"])
 def test_a_registered_call_shape_takes_the_cpp_node_and_others_the_python_path(native, rng, interpreter,
-                                                                               monkeypatch):
+                                                                               monkeypatch, layout):
     """The public call, its conv record entered by hand (on a GPU, the first call of a shape makes
     it): the C++ node serves (the stand-in's output, the edge bias added in Python, all three
     gradients); an unaligned input and ``BLOCKSPARSE_TORCH_NATIVE=off`` take the Python path (the
-    interpreted kernel's values, against float64)."""
-    op, ref = make_op(BlocksparseConv, rng, "2d-same-even-filter", layout="random", path="implicit")
+    interpreted kernel's values, against float64).  Equal blocks take a ``(blocks, K, C, *TRS)`` filter."""
+    op, ref = make_op(BlocksparseConv, rng, "2d-same-even-filter", layout=layout, path="implicit")
     inputs = random_inputs(rng, op)
     s = Setup(native, op, ref, inputs)
     F, x, dy, eb = (torch.from_numpy(a) for a in inputs)
@@ -270,6 +276,17 @@ def test_a_registered_call_shape_takes_the_cpp_node_and_others_the_python_path(n
         assert _launched(native, since) == [], name
         for g, w in zip(got, conv_products(ref, F.numpy(), xi.detach().numpy(), dy.numpy(), eb.numpy())):
             assert rel_error(g, w) < 1e-5, name
+
+
+def test_the_native_path_reads_record_ids_not_truth(rng):
+    """Record ids count from 0: an op whose one call shape holds id 0 is on the native path; a shape
+    the op could not register (False) puts it on the Python path."""
+    op, _ = make_op(BlocksparseConv, rng, "1d-same-s2", layout="random", edge_bias=False)
+    t = op._tables.on(torch.device("cpu"))
+    t.implicit_native[("ieee", torch.float32, (2, 7, 8))] = 0
+    assert glue.native_path(t) == "native"
+    t.implicit_native[("ieee", torch.float32, (4, 7, 8))] = False
+    assert glue.native_path(t) == "python"
 
 
 def test_cpu_calls_register_nothing_and_build_nothing(rng, monkeypatch):
