@@ -105,9 +105,10 @@ def test_scale_and_autoregress_as_tensors(rng):
         loss = tf.reduce_sum(y * gy)
     want = R.softmax(x, 0.8, 3)
     assert rel_error(y.numpy(), want) < _tol("float32")
-    # d loss / d scale = sum(dx * x) / scale, with dx the gradient of the scaled scores times scale
-    dscale = (R.softmax_grad(gy, want, 0.8) * x).sum() / 0.8
-    assert rel_error(tape.gradient(loss, scale).numpy(), dscale) < 1e-4
+    # d loss / d scale = sum(dx * x) / scale, with dx the gradient of the scaled scores times scale;
+    # the terms' signs are random, so the sum may cancel: its error is bounded by the terms' size
+    terms = R.softmax_grad(gy, want, 0.8) * x / 0.8
+    assert abs(tape.gradient(loss, scale).numpy() - terms.sum()) < 1e-4 * np.abs(terms).sum()
 
 
 def test_shape_helpers_and_attributes():
