@@ -39,10 +39,11 @@ def _f64(t):
     return np.asarray(t, dtype=np.float64)
 
 
-def attention_grads(q, k, v, keep, scale, do=None):
+def attention_grads(q, k, v, keep, scale, do=None, o_seen=None):
     """``o`` (and ``dq, dk, dv`` given ``do``) in float64 for ``q (B, HQ, S, D)``, ``k, v (B, HK, S, D)``
     (numpy or torch) and a keep mask broadcastable to ``(B, HQ, S, S)``; rows that keep nothing
-    give zeros."""
+    give zeros.  ``o_seen``: the output the backward's ``rowsum(do * o)`` reads (a kernel's, rounded
+    to its dtype), where that rounding is not to count as the kernel's error."""
     q, k, v = (_f64(t) for t in (q, k, v))
     B, HQ, S, D = q.shape
     group = HQ // k.shape[1]
@@ -60,7 +61,7 @@ def attention_grads(q, k, v, keep, scale, do=None):
     do = _f64(do)
     dv = np.einsum("bhqk,bhqd->bhkd", p, do)
     dp = np.einsum("bhqd,bhkd->bhqk", do, vx)
-    ds = p * (dp - (do * o).sum(-1, keepdims=True))
+    ds = p * (dp - (do * (o if o_seen is None else _f64(o_seen))).sum(-1, keepdims=True))
     dq = np.einsum("bhqk,bhkd->bhqd", ds, kx) * scale
     dk = np.einsum("bhqk,bhqd->bhkd", ds, q) * scale
 

@@ -318,7 +318,7 @@ def test_layer_module(rng):
     for b, (cs, ks) in enumerate(zip(spec.blocks.cs, spec.blocks.ks)):
         fan_in = [sum(c.size for c, k in zip(spec.blocks.cs, spec.blocks.ks) if kk in k) * spec.blocks.trs
                   for kk in ks]
-        block = layer.weight.detach()[spec.blocks.offsets[b]:spec.blocks.offsets[b + 1]].view(len(ks), -1)
+        block = layer.weight.detach().reshape(-1)[spec.blocks.offsets[b]:spec.blocks.offsets[b + 1]].view(len(ks), -1)
         assert (block.abs().amax(1) <= torch.tensor(fan_in, dtype=torch.float32).rsqrt()).all()
     x = torch.randn(2, layer.conv.C, *layer.conv.DHW)
     layer(x).square().sum().backward()
