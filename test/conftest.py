@@ -32,10 +32,26 @@ def pytest_report_header(config):
     return f"blocksparse test seed: BLOCKSPARSE_TEST_SEED={BASE_SEED}"
 
 
+def _test_seed(request):
+    return [BASE_SEED, zlib.crc32(request.node.nodeid.encode())]
+
+
 @pytest.fixture
 def rng(request):
     """A numpy Generator for this test: the run's base seed mixed with the test id."""
-    return np.random.default_rng([BASE_SEED, zlib.crc32(request.node.nodeid.encode())])
+    return np.random.default_rng(_test_seed(request))
+
+
+@pytest.fixture(autouse=True)
+def _framework_seeds(request):
+    """The frameworks' global generators (``torch.randn``, a layer's init, TensorFlow ops without a
+    seed) start each test from the run's base seed mixed with the test id too: a draw of theirs
+    replays with ``BLOCKSPARSE_TEST_SEED`` and does not depend on which tests ran before."""
+    seed = int(np.random.SeedSequence(_test_seed(request)).generate_state(1)[0])
+    if "torch" in sys.modules:
+        sys.modules["torch"].manual_seed(seed)
+    if "tensorflow" in sys.modules and hasattr(sys.modules["tensorflow"], "random"):
+        sys.modules["tensorflow"].random.set_seed(seed)
 
 
 @pytest.fixture(scope="session")
