@@ -368,6 +368,36 @@ def persist_cases():
             for c in [xprop_config(128, key[1])] + PERSIST_VARIANTS]
 
 
+# Sweep 19 (``--gluon``): persistent programs pipelined across their output tiles, written in Gluon
+# (:mod:`blocksparse.ops.matmul.xprop_gluon`): the next tile's loads run while this one's last products
+# do, and its store leaves through the copy engine while the next tile's products run -- what
+# Triton's pipeliner (sweep 17: ``flatten``) could not give.  Against the tables' tiles on the large
+# pixelfly MLP's layers (refined, and on their own 256-blocks) and random layouts of 64- and
+# 128-blocks at d = 0.1 and 0.5 (short and long columns).
+def gluon_cases():
+    """(problem key, op, impl, cfg, waves) of sweep 19: per problem the table's tile first."""
+    from blocksparse.ops.matmul.configs import xprop_config
+    from blocksparse.ops.matmul.xprop_gluon import GluonTile as T
+
+    out = []
+    for layer in PIXELFLY_LAYERS:
+        for op in ("fprop", "bprop"):
+            refined, native = ("pixelfly", 8192, *layer), ("pixelfly256", 8192, *layer)
+            out.append((refined, op, "tma", xprop_config(128, 8192), 2))
+            out.append((native, op, "tma", X(128, 1, 8, 4, BK=64, PREFETCH=True), 2))
+            out += [(native, op, "gluon", t, None) for t in (T(128, 256, 64, 3, 8), T(128, 128, 64, 4, 4),
+                                                                  T(128, 128, 64, 5, 8))]
+            out += [(refined, op, "gluon", t, None) for t in (T(128, 128, 64, 4, 4), T(128, 128, 64, 5, 8))]
+    for bs, tiles in ((128, (T(128, 128, 64, 4, 4), T(128, 128, 64, 5, 8), T(256, 128, 64, 3, 8))),
+                      (64, (T(128, 64, 64, 6, 4), T(256, 64, 64, 4, 8), T(128, 64, 64, 8, 4)))):
+        for d in (0.1, 0.5):
+            key = ("random", 8192, C, K, bs, d, "bf16")
+            for op in ("fprop", "bprop"):
+                out.append((key, op, "tma", xprop_config(bs, 8192), 2))
+                out += [(key, op, "gluon", t, None) for t in tiles]
+    return out
+
+
 def _kb(bs, kb, w, st, bn=0):
     return X(64, 1, w, st, BN=bn, WAVES=0, KB=kb, TMA=False)
 
@@ -536,6 +566,15 @@ def make_call(p, op, impl, cfg, waves, tensors=None, bias_first=None):
         extra = {} if bias_first is None else dict(bias_first=bias_first)
         return lambda: fn(x, dy, groups, w_shape=lay.w_shape, bs=bs, axis=1, cfg=cfg, split=split,
                           precision="ieee", dw_dtype=dw_dtype, ticket=ticket, **extra)
+    if impl == "gluon":
+        from blocksparse.ops.matmul.xprop_gluon import xprop_gluon
+
+        lut = getattr(lay, op)(None, group=1)
+        headers = torch.from_numpy(lut.headers.copy()).to(dev)
+        entries = torch.from_numpy(lut.entries.copy()).to(dev)
+        inp, out_features = (x, p.K) if op == "fprop" else (dy, p.C)
+        return lambda: xprop_gluon(inp, w, headers, entries, out_features=out_features, bs=bs, trans=op == "bprop",
+                                   tile=cfg)
     lut = getattr(lay, op)(None, group=cfg.G)
     max_segment = None
     if waves is not None:  # split long reductions until ~waves programs per SM
@@ -635,6 +674,8 @@ def main():
     ap.add_argument("--short", action="store_true", help="sweep 15 only: short columns (d = 0.1 against 0.5), "
                     "bf16 fprop / bprop tiles with fewer stages or tokens, several programs a SM")
     ap.add_argument("--updat", action="store_true", help="sweep 12 only: bf16 updat tiles at blocks of 32 and 64")
+    ap.add_argument("--gluon", action="store_true", help="sweep 19 only: persistent Gluon programs pipelined "
+                    "across output tiles against the tables' tiles (pixelfly layers, random layouts)")
     ap.add_argument("--few16g", action="store_true", help="sweep 18 only: blocks of 16 at 64 tokens, output "
                     "groups of the pointer kernel against the table's tile")
     ap.add_argument("--bias-grad", action="store_true", help="sweep 14 only: the pixelfly layers' updat with the "
@@ -650,11 +691,12 @@ def main():
     if args.bias_grad:
         return bias_grad_rows(args)
     if (args.narrow or args.pixelfly or args.native256 or args.few or args.tickets or args.prefetch or args.prefetch_more
-            or args.updat or args.pixelfly2 or args.short or args.bm256 or args.persist or args.few16g):
+            or args.updat or args.pixelfly2 or args.short or args.bm256 or args.persist or args.few16g or args.gluon):
         todo = (narrow_cases() if args.narrow else pixelfly_cases() if args.pixelfly
                 else pixelfly2_cases() if args.pixelfly2 else updat_cases() if args.updat
                 else short_cases() if args.short else bm256_cases() if args.bm256
                 else persist_cases() if args.persist else few16g_cases() if args.few16g
+                else gluon_cases() if args.gluon
                 else native256_cases() if args.native256
                 else ticket_cases() if args.tickets else prefetch_cases() if args.prefetch
                 else prefetch_cases(PREFETCH_MORE) + prefetch_waves_cases() + few16_cases() if args.prefetch_more

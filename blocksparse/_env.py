@@ -143,6 +143,14 @@ def persistent_xprop():
     return getenv("BLOCKSPARSE_PERSISTENT", "auto").strip().lower() not in ("off", "0", "false")
 
 
+def gluon_xprop():
+    """``BLOCKSPARSE_GLUON``: True for ``on`` (or ``1`` / ``true``): whether 16-bit fprop / bprop of
+    ``(N, F)`` activations on Hopper take the persistent Gluon kernel
+    (:mod:`blocksparse.ops.matmul.xprop_gluon`) through Triton's JIT instead of the tables' tiles
+    (read when a call's launch is planned; off by default)."""
+    return getenv("BLOCKSPARSE_GLUON", "off").strip().lower() in ("on", "1", "true")
+
+
 def cache_dir():
     """``BLOCKSPARSE_CACHE_DIR``, else ``~/.cache/blocksparse`` (``$XDG_CACHE_HOME`` honoured)."""
     given = os.environ.get("BLOCKSPARSE_CACHE_DIR", "").strip()

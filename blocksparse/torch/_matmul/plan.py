@@ -401,7 +401,37 @@ def _build(state, kind, a, b, axis, precision, dw_dtype, aligned, target=None, b
                    out_dtype=torch.float32 if atomic else a.dtype, zero=atomic, cast_to=a.dtype if atomic else None,
                    pretranspose=pretranspose, bias=fused, scratch=scratch, pack=layout.packing)
     runner = _launch.prepare(launch, a.get_device(), kernels, spec_index) if n else None
+    if n and kind != "updat" and _gluon_serves(layout, a, axis, tma, arch):
+        runner = GluonRunner(*state.xprop_tables(kind, None, 1, device), out_features=out_features, bs=bs,
+                             trans=trans, pack=layout.packing)
+        out.update(out_dtype=a.dtype, zero=False, cast_to=None, pretranspose=False, bias=bias and kind == "fprop",
+                   scratch=None)
+        max_segment = None
     return Plan(kind, cfg, runner, device, max_segment=max_segment, split=split, **out)
+
+
+def _gluon_serves(layout, a, axis, tma, arch):
+    """Whether ``BLOCKSPARSE_GLUON`` asks for the persistent Gluon fprop / bprop and it can serve the call."""
+    from ...ops.matmul.xprop_gluon import TILES
+
+    return (_env.gluon_xprop() and a.is_cuda and arch >= 90 and tma and axis == 1
+            and a.dtype in (torch.bfloat16, torch.float16) and layout.block_size in TILES)
+
+
+class GluonRunner:
+    """A plan's launch through :func:`blocksparse.ops.matmul.xprop_gluon.xprop_gluon` (Triton's JIT)."""
+
+    path = "jit"
+
+    def __init__(self, headers, entries, **kwargs):
+        self.headers, self.entries, self.kwargs = headers, entries, kwargs
+
+    def __call__(self, operands):
+        from ...ops.matmul.xprop_gluon import xprop_gluon
+
+        a, b, out = operands[:3]
+        bias = operands[3] if len(operands) > 3 else None
+        xprop_gluon(a, b, self.headers, self.entries, bias=bias, out=out, **self.kwargs)
 
 
 _registry = Registry("layout", "the BlocksparseMatMul / layer")
