@@ -35,3 +35,21 @@ def test_tiles_fit_a_hopper_sm_without_spills():
         assert got["stack"] == 0 and got["local"] == 0, (case, got)
         assert 0 < got["shared"] <= HOPPER_SMEM, (case, got)
         assert got["wgmma"] > 0 and 0 < got["regs"] <= 255, (case, got)
+
+
+@pytest.mark.parametrize("value, on", [("on", True), ("1", True), ("TRUE", True), ("off", False), ("", False)])
+def test_the_switch_is_off_unless_asked(monkeypatch, value, on):
+    from blocksparse import _env
+
+    monkeypatch.setenv("BLOCKSPARSE_GLUON", value)
+    assert _env.gluon_xprop() is on
+
+
+def test_cpu_calls_never_take_it(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from blocksparse.layout import Layout
+    from blocksparse.torch._matmul.plan import _gluon_serves
+
+    monkeypatch.setenv("BLOCKSPARSE_GLUON", "on")
+    x = torch.zeros(16, 64, dtype=torch.bfloat16)
+    assert not _gluon_serves(Layout([[1, 0], [1, 1]], 32), x, 1, True, 90)
