@@ -567,14 +567,14 @@ def make_call(p, op, impl, cfg, waves, tensors=None, bias_first=None):
         return lambda: fn(x, dy, groups, w_shape=lay.w_shape, bs=bs, axis=1, cfg=cfg, split=split,
                           precision="ieee", dw_dtype=dw_dtype, ticket=ticket, **extra)
     if impl == "gluon":
-        from blocksparse.ops.matmul.xprop_gluon import xprop_gluon
+        from blocksparse.ops.matmul.xprop_gluon import split_empty, xprop_gluon
 
         lut = getattr(lay, op)(None, group=1)
-        headers = torch.from_numpy(lut.headers.copy()).to(dev)
+        headers, empty = split_empty(torch.from_numpy(lut.headers.copy()).to(dev), bs)
         entries = torch.from_numpy(lut.entries.copy()).to(dev)
         inp, out_features = (x, p.K) if op == "fprop" else (dy, p.C)
         return lambda: xprop_gluon(inp, w, headers, entries, out_features=out_features, bs=bs, trans=op == "bprop",
-                                   tile=cfg)
+                                   tile=cfg, empty=empty)
     lut = getattr(lay, op)(None, group=cfg.G)
     max_segment = None
     if waves is not None:  # split long reductions until ~waves programs per SM

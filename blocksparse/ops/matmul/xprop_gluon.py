@@ -52,9 +52,9 @@ def mma_layout(BM, BN, num_warps):
 
 
 @gluon.jit
-def _tile(tile, HEADERS, num_segments, NS: gl.constexpr, BS: gl.constexpr, BN: gl.constexpr, KS: gl.constexpr,
-          num_tiles):
-    """(steps, first entry, token tile, first output feature) of ``tile`` (0 steps past the last)."""
+def _tile(tile, HEADERS, num_segments, num_tiles, NS: gl.constexpr, BS: gl.constexpr, BN: gl.constexpr,
+          KS: gl.constexpr):
+    """(steps, first entry, token tile, first output feature) of ``tile`` (nothing read past the last)."""
     i_s = tile % num_segments
     i_n = (tile // num_segments) % NS
     i_m = tile // (num_segments * NS)
@@ -67,14 +67,17 @@ def _tile(tile, HEADERS, num_segments, NS: gl.constexpr, BS: gl.constexpr, BN: g
 
 
 @gluon.jit
-def _issue(x_desc, w_desc, ENTRIES, bars, a_bufs, b_bufs, slot, start, t, i_m, f0, pred, BS: gl.constexpr,
-           BK: gl.constexpr, BN: gl.constexpr, KS: gl.constexpr, TRANS_W: gl.constexpr, NB: gl.constexpr,
-           PACK: gl.constexpr):
-    """Start step ``t`` of a tile (entry ``start + t // KS``) into stage ``slot % NB``."""
-    BM: gl.constexpr = x_desc.block_type.shape[0]
+def _entry(ENTRIES, start, t, valid, KS: gl.constexpr):
+    """(input block row, weight block) of step ``t`` of a tile whose entries begin at ``start``."""
     e = ENTRIES + (start + t // KS) * 2
-    row = gl.load(e, mask=pred, other=0)
-    blk = gl.load(e + 1, mask=pred, other=0)
+    return gl.load(e, mask=valid, other=0), gl.load(e + 1, mask=valid, other=0)
+
+
+@gluon.jit
+def _issue(x_desc, w_desc, bars, a_bufs, b_bufs, slot, row, blk, t, i_m, f0, pred, BS: gl.constexpr,
+           BK: gl.constexpr, KS: gl.constexpr, TRANS_W: gl.constexpr, NB: gl.constexpr, PACK: gl.constexpr):
+    """Start step ``t`` of a tile (entry ``(row, blk)``) into stage ``slot % NB``."""
+    BM: gl.constexpr = x_desc.block_type.shape[0]
     h = t % KS
     i = slot % NB
     bar = bars.index(i)
@@ -90,19 +93,18 @@ def _issue(x_desc, w_desc, ENTRIES, bars, a_bufs, b_bufs, slot, start, t, i_m, f
 
 
 @gluon.jit
-def _advance(tile, t, steps, start, i_m, f0, HEADERS, num_segments, num_tiles, P, NS: gl.constexpr,
-             BS: gl.constexpr, BN: gl.constexpr, KS: gl.constexpr):
-    """The producer's cursor one step on: the next step of this tile, else the first of the next
-    tile with any (empty output tiles are only stored)."""
+def _advance(tile, t, steps, start, i_m, f0, q_steps, q_start, q_m, q_f, HEADERS, ENTRIES, num_segments, num_tiles,
+             P, NS: gl.constexpr, BS: gl.constexpr, BN: gl.constexpr, KS: gl.constexpr):
+    """The producer's cursor one step on (the next tile's header ``q_*`` was read a tile ahead, and
+    the new step's entry is read here, a step before its loads start: no load waits on another)."""
     t += 1
     if t >= steps:
         t = 0
         tile += P
-        steps, start, i_m, f0 = _tile(tile, HEADERS, num_segments, NS, BS, BN, KS, num_tiles)
-        while (steps == 0) & (tile < num_tiles):
-            tile += P
-            steps, start, i_m, f0 = _tile(tile, HEADERS, num_segments, NS, BS, BN, KS, num_tiles)
-    return tile, t, steps, start, i_m, f0
+        steps, start, i_m, f0 = q_steps, q_start, q_m, q_f
+        q_steps, q_start, q_m, q_f = _tile(tile + P, HEADERS, num_segments, num_tiles, NS, BS, BN, KS)
+    row, blk = _entry(ENTRIES, start, t, tile < num_tiles, KS)
+    return tile, t, steps, start, i_m, f0, q_steps, q_start, q_m, q_f, row, blk
 
 
 @gluon.jit
@@ -126,35 +128,40 @@ def xprop_gluon_kernel(x_desc, w_desc, y_desc, HEADERS, ENTRIES, BIAS, num_segme
 
     pid = gl.program_id(0)
     P = gl.num_programs(0)
-    # the producer's cursor: tile, step, and the tile's steps / first entry / token tile / feature
+    # the producer's cursor (every tile has steps: the launcher leaves out empty segments): tile, step,
+    # the tile's steps / first entry / token tile / first feature, the next tile's, the step's entry
     p_tile = pid
     p_t = pid * 0
-    p_steps, p_start, p_m, p_f = _tile(p_tile, HEADERS, num_segments, NS, BS, BN, KS, num_tiles)
-    while (p_steps == 0) & (p_tile < num_tiles):
-        p_tile += P
-        p_steps, p_start, p_m, p_f = _tile(p_tile, HEADERS, num_segments, NS, BS, BN, KS, num_tiles)
+    p_steps, p_start, p_m, p_f = _tile(p_tile, HEADERS, num_segments, num_tiles, NS, BS, BN, KS)
+    q_steps, q_start, q_m, q_f = _tile(p_tile + P, HEADERS, num_segments, num_tiles, NS, BS, BN, KS)
+    p_row, p_blk = _entry(ENTRIES, p_start, p_t, p_tile < num_tiles, KS)
     produced = 0
     for _ in gl.static_range(NB - 1):  # the ring's lead
-        _issue(x_desc, w_desc, ENTRIES, bars, a_bufs, b_bufs, produced, p_start, p_t, p_m, p_f, p_tile < num_tiles,
-               BS, BK, BN, KS, TRANS_W, NB, PACK)
+        _issue(x_desc, w_desc, bars, a_bufs, b_bufs, produced, p_row, p_blk, p_t, p_m, p_f, p_tile < num_tiles,
+               BS, BK, KS, TRANS_W, NB, PACK)
         produced += 1
-        p_tile, p_t, p_steps, p_start, p_m, p_f = _advance(p_tile, p_t, p_steps, p_start, p_m, p_f, HEADERS,
-                                                           num_segments, num_tiles, P, NS, BS, BN, KS)
+        p_tile, p_t, p_steps, p_start, p_m, p_f, q_steps, q_start, q_m, q_f, p_row, p_blk = _advance(
+            p_tile, p_t, p_steps, p_start, p_m, p_f, q_steps, q_start, q_m, q_f, HEADERS, ENTRIES, num_segments,
+            num_tiles, P, NS, BS, BN, KS)
 
     consumed = 0
     acc = gl.zeros((BM, BN), dtype=gl.float32, layout=acc_layout)
+    # the consumer's next tile, read a tile ahead
+    n_steps, n_start, n_m, n_f = _tile(pid, HEADERS, num_segments, num_tiles, NS, BS, BN, KS)
     for tile in range(pid, num_tiles, P):
-        steps, start, i_m, f0 = _tile(tile, HEADERS, num_segments, NS, BS, BN, KS, num_tiles)
+        steps, i_m, f0 = n_steps, n_m, n_f
+        n_steps, n_start, n_m, n_f = _tile(tile + P, HEADERS, num_segments, num_tiles, NS, BS, BN, KS)
         for t in range(steps):
             slot = consumed % NB
             mbarrier.wait(bars.index(slot), (consumed // NB) & 1)
             # the product before this one is done, so its stage (the ring's next) can be refilled
             acc = warpgroup_mma_wait(0, deps=(acc, ))
-            _issue(x_desc, w_desc, ENTRIES, bars, a_bufs, b_bufs, produced, p_start, p_t, p_m, p_f,
-                   p_tile < num_tiles, BS, BK, BN, KS, TRANS_W, NB, PACK)
+            _issue(x_desc, w_desc, bars, a_bufs, b_bufs, produced, p_row, p_blk, p_t, p_m, p_f, p_tile < num_tiles,
+                   BS, BK, KS, TRANS_W, NB, PACK)
             produced += 1
-            p_tile, p_t, p_steps, p_start, p_m, p_f = _advance(p_tile, p_t, p_steps, p_start, p_m, p_f, HEADERS,
-                                                               num_segments, num_tiles, P, NS, BS, BN, KS)
+            p_tile, p_t, p_steps, p_start, p_m, p_f, q_steps, q_start, q_m, q_f, p_row, p_blk = _advance(
+                p_tile, p_t, p_steps, p_start, p_m, p_f, q_steps, q_start, q_m, q_f, HEADERS, ENTRIES, num_segments,
+                num_tiles, P, NS, BS, BN, KS)
             if TRANS_W:
                 b = b_bufs.index(slot).permute((1, 0))
             else:
@@ -163,7 +170,7 @@ def xprop_gluon_kernel(x_desc, w_desc, y_desc, HEADERS, ENTRIES, BIAS, num_segme
             acc = warpgroup_mma_wait(1, deps=(acc, ))  # (no wait: the last product may run on)
             consumed += 1
         acc = warpgroup_mma_wait(0, deps=(acc, ))
-        out = gl.where(steps > 0, acc, 0.0)  # an empty column: zeros (and the bias)
+        out = acc
         if HAS_BIAS:
             offs = f0 + gl.arange(0, BN, layout=gl.SliceLayout(0, acc_layout))
             out += gl.load(BIAS + offs, mask=offs < OUT_FEATURES, other=0.0).to(gl.float32)[None, :]
@@ -176,14 +183,29 @@ def xprop_gluon_kernel(x_desc, w_desc, y_desc, HEADERS, ENTRIES, BIAS, num_segme
         mbarrier.invalidate(bars.index(s))
 
 
+def split_empty(headers, bs):
+    """``(headers of the segments with entries, output features of the empty ones or None)``: the
+    kernel's programs walk only the first; the launcher fills the second (zeros or the bias)."""
+    import torch
+
+    full = headers[:, 2] > 0
+    if bool(full.all()):
+        return headers, None
+    groups = headers[~full, 0].long()
+    features = (groups[:, None] * bs + torch.arange(bs, device=headers.device)).reshape(-1)
+    return headers[full].contiguous(), features
+
+
 #: The tile by block size (to be measured: ``bench/tune_bsmm.py --gluon``).
 TILES = {64: GluonTile(128, 64, 64, 6, 4), 128: GluonTile(128, 128, 64, 4, 4), 256: GluonTile(128, 256, 64, 3, 8)}
 
 
-def xprop_gluon(x, w, headers, entries, *, out_features, bs, trans, tile=None, bias=None, pack=1, out=None):
+def xprop_gluon(x, w, headers, entries, *, out_features, bs, trans, tile=None, bias=None, pack=1, out=None,
+                empty=None):
     """``y = x @ W`` (``trans``: ``x @ W.T``) over a ``group=1`` table, ``x`` 16-bit ``(N, F)`` on a
     Hopper GPU; ``w``: the blocks in their storage (``pack``: :attr:`~blocksparse.layout.Layout.packing`);
-    ``tile``: default :data:`TILES`; ``out``: the ``(N, out_features)`` output to write, else a new one."""
+    ``tile``: default :data:`TILES`; ``out``: the ``(N, out_features)`` output to write, else a new one.
+    ``headers`` / ``empty``: as :func:`split_empty` gives them (segments with entries only)."""
     import torch
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -201,9 +223,12 @@ def xprop_gluon(x, w, headers, entries, *, out_features, bs, trans, tile=None, b
     num_tiles = num_segments * (bs // BN) * triton.cdiv(n, BM)
     programs = tile.PER_SM * torch.cuda.get_device_properties(x.device).multi_processor_count
     grid = (max(1, min(programs, num_tiles)),)
-    xprop_gluon_kernel[grid](x_desc, w_desc, y_desc, headers, entries, bias if bias is not None else x,
-                             num_segments, num_tiles, out_features, BS=bs, TRANS_W=trans,
-                             HAS_BIAS=bias is not None, NB=NB, num_warps=num_warps, PACK=pack)
+    if num_tiles:
+        xprop_gluon_kernel[grid](x_desc, w_desc, y_desc, headers, entries, bias if bias is not None else x,
+                                 num_segments, num_tiles, out_features, BS=bs, TRANS_W=trans,
+                                 HAS_BIAS=bias is not None, NB=NB, num_warps=num_warps, PACK=pack)
+    if empty is not None:
+        y[:, empty] = bias[empty].to(y.dtype) if bias is not None else 0
     return y
 
 

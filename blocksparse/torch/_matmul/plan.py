@@ -424,14 +424,17 @@ class GluonRunner:
     path = "jit"
 
     def __init__(self, headers, entries, **kwargs):
-        self.headers, self.entries, self.kwargs = headers, entries, kwargs
+        from ...ops.matmul.xprop_gluon import split_empty
+
+        self.headers, self.empty = split_empty(headers, kwargs["bs"])
+        self.entries, self.kwargs = entries, kwargs
 
     def __call__(self, operands):
         from ...ops.matmul.xprop_gluon import xprop_gluon
 
         a, b, out = operands[:3]
         bias = operands[3] if len(operands) > 3 else None
-        xprop_gluon(a, b, self.headers, self.entries, bias=bias, out=out, **self.kwargs)
+        xprop_gluon(a, b, self.headers, self.entries, bias=bias, out=out, empty=self.empty, **self.kwargs)
 
 
 _registry = Registry("layout", "the BlocksparseMatMul / layer")

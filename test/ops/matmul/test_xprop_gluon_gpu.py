@@ -32,7 +32,7 @@ def _hopper():
     (128, (128, 128, 64, 4, 4, 2), 300),      # two programs a SM
 ], ids=["bs64", "bs128", "bs128-BM256", "bs256", "bs256-slices", "bs128-2-a-SM"])
 def test_gluon_xprop_against_float64(rng, dtype, op, bs, tile, n):
-    from blocksparse.ops.matmul.xprop_gluon import GluonTile, xprop_gluon
+    from blocksparse.ops.matmul.xprop_gluon import GluonTile, split_empty, xprop_gluon
 
     cb, kb = 5, 7
     mask = random_layout(rng, cb, kb, 0.45, empty_cols=1, empty_rows=1)
@@ -45,11 +45,13 @@ def test_gluon_xprop_against_float64(rng, dtype, op, bs, tile, n):
     y_ref, dx_ref, _ = dense_products(lay, x.double().cpu().numpy(), w.double().cpu().numpy(),
                                       dy.double().cpu().numpy(), 1)
     lut = getattr(lay, op)(None, group=1)
-    headers = torch.from_numpy(lut.headers.copy()).cuda()
+    headers, empty = split_empty(torch.from_numpy(lut.headers.copy()).cuda(), bs)
+    assert empty is not None  # the layout has an empty output column
     entries = torch.from_numpy(lut.entries.copy()).cuda()
     with poisoned_empty():
         got = xprop_gluon(x if op == "fprop" else dy, w, headers, entries, bs=bs, trans=op == "bprop",
-                          out_features=lay.K if op == "fprop" else lay.C, tile=GluonTile(*tile), bias=bias)
+                          out_features=lay.K if op == "fprop" else lay.C, tile=GluonTile(*tile), bias=bias,
+                          empty=empty)
     ref = y_ref + bias.double().cpu().numpy() if op == "fprop" else dx_ref
     assert got.dtype == dtype and got.shape == ref.shape
     assert rel_error(got, torch.from_numpy(ref)) < tolerance(dtype)
@@ -64,7 +66,7 @@ def test_gluon_xprop_on_a_packed_refinement(rng, op):
     """A layout of 256-blocks refined to 128 in its own storage (``packing`` 2, the pixelfly layers'
     form): the kernel reads the fine blocks where the coarse weight holds them."""
     from blocksparse.ops.matmul.refine import refine
-    from blocksparse.ops.matmul.xprop_gluon import GluonTile, xprop_gluon
+    from blocksparse.ops.matmul.xprop_gluon import GluonTile, split_empty, xprop_gluon
 
     coarse = Layout(random_layout(rng, 3, 4, 0.5, empty_cols=1), 256)
     fine = refine(coarse, 128, packed=True).layout
@@ -76,9 +78,9 @@ def test_gluon_xprop_on_a_packed_refinement(rng, op):
     y_ref, dx_ref, _ = dense_products(coarse, x.double().cpu().numpy(), w.double().cpu().numpy(),
                                       dy.double().cpu().numpy(), 1)
     lut = getattr(fine, op)(None, group=1)
+    headers, empty = split_empty(torch.from_numpy(lut.headers.copy()).cuda(), 128)
     with poisoned_empty():
-        got = xprop_gluon(x if op == "fprop" else dy, w, torch.from_numpy(lut.headers.copy()).cuda(),
-                          torch.from_numpy(lut.entries.copy()).cuda(), bs=128, trans=op == "bprop",
-                          out_features=coarse.K if op == "fprop" else coarse.C, tile=GluonTile(128, 128, 64, 4, 4),
-                          pack=2)
+        got = xprop_gluon(x if op == "fprop" else dy, w, headers, torch.from_numpy(lut.entries.copy()).cuda(),
+                          bs=128, trans=op == "bprop", out_features=coarse.K if op == "fprop" else coarse.C,
+                          tile=GluonTile(128, 128, 64, 4, 4), pack=2, empty=empty)
     assert rel_error(got, torch.from_numpy(y_ref if op == "fprop" else dx_ref)) < tolerance(torch.bfloat16)
