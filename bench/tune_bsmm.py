@@ -683,6 +683,7 @@ def main():
     ap.add_argument("--profile", action="store_true", help="isolated sweeps: also each variant's GPU time per "
                     "kernel (torch.profiler over the rotating calls, launched eagerly)")
     ap.add_argument("--start", type=int, default=0, help="--narrow / --pixelfly / --few: the first variant to run")
+    ap.add_argument("--stop", type=int, default=None, help="isolated sweeps: run the variants before this one only")
     ap.add_argument("--smoke", action="store_true",
                     help="check the script itself on the CPU (TRITON_INTERPRET=1, tiny shapes, no timing)")
     args = ap.parse_args()
@@ -701,7 +702,7 @@ def main():
                 else ticket_cases() if args.tickets else prefetch_cases() if args.prefetch
                 else prefetch_cases(PREFETCH_MORE) + prefetch_waves_cases() + few16_cases() if args.prefetch_more
                 else few_cases(args.first))
-        return isolated(args, todo)
+        return isolated(args, todo[:args.stop])
     todo = cases(args.quick)
     t0 = time.time()
     chunks = [todo[i::args.workers] for i in range(args.workers)]
