@@ -19,6 +19,7 @@ with ``TRANS_W``, read through a transposed view); ``y_desc`` over the output, b
 """
 from dataclasses import dataclass
 
+import numpy as np
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -201,32 +202,45 @@ TILES = {64: GluonTile(128, 64, 64, 6, 4), 128: GluonTile(128, 128, 64, 4, 4), 2
 
 
 def xprop_gluon(x, w, headers, entries, *, out_features, bs, trans, tile=None, bias=None, pack=1, out=None,
-                empty=None):
+                empty=None, programs=None, emulate=False):
     """``y = x @ W`` (``trans``: ``x @ W.T``) over a ``group=1`` table, ``x`` 16-bit ``(N, F)`` on a
     Hopper GPU; ``w``: the blocks in their storage (``pack``: :attr:`~blocksparse.layout.Layout.packing`);
     ``tile``: default :data:`TILES`; ``out``: the ``(N, out_features)`` output to write, else a new one.
-    ``headers`` / ``empty``: as :func:`split_empty` gives them (segments with entries only)."""
+    ``headers`` / ``empty``: as :func:`split_empty` gives them (segments with entries only).
+    ``programs``: persistent programs (default ``tile.PER_SM`` a SM); ``emulate``: run the kernel's
+    source on CPU tensors through :mod:`blocksparse.testing.gluon` (tests)."""
     import torch
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     tile = tile or TILES[bs]
     BM, BN, BK, NB, num_warps = tile.BM, min(tile.BN, bs), min(tile.BK, bs), tile.NB, tile.num_warps
     n = x.shape[0]
-    gdt = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
     y = x.new_empty((n, out_features)) if out is None else out
     w2 = w.reshape(-1, pack * bs)
-    w_block = [BN, BK] if trans else [BK, BN]
-    x_desc = TensorDescriptor.from_tensor(x, [BM, BK], gl.NVMMASharedLayout.get_default_for([BM, BK], gdt))
-    w_desc = TensorDescriptor.from_tensor(w2, w_block, gl.NVMMASharedLayout.get_default_for(w_block, gdt))
-    y_desc = TensorDescriptor.from_tensor(y, [BM, BN], gl.NVMMASharedLayout.get_default_for([BM, BN], gdt))
+    blocks = dict(x=[BM, BK], w=[BN, BK] if trans else [BK, BN], y=[BM, BN])
     num_segments = headers.shape[0]
     num_tiles = num_segments * (bs // BN) * triton.cdiv(n, BM)
-    programs = tile.PER_SM * torch.cuda.get_device_properties(x.device).multi_processor_count
-    grid = (max(1, min(programs, num_tiles)),)
-    if num_tiles:
-        xprop_gluon_kernel[grid](x_desc, w_desc, y_desc, headers, entries, bias if bias is not None else x,
-                                 num_segments, num_tiles, out_features, BS=bs, TRANS_W=trans,
-                                 HAS_BIAS=bias is not None, NB=NB, num_warps=num_warps, PACK=pack)
+    if programs is None:
+        programs = tile.PER_SM * torch.cuda.get_device_properties(x.device).multi_processor_count
+    programs = max(1, min(programs, num_tiles))
+    consts = dict(BS=bs, TRANS_W=trans, HAS_BIAS=bias is not None, NB=NB, num_warps=num_warps, PACK=pack)
+    if num_tiles and emulate:
+        from ...testing.gluon import Desc, Ptr, run_kernel
+
+        descs = [Desc(t.float().numpy(), blocks[k]) for t, k in ((x, "x"), (w2, "w"), (y, "y"))]
+        y_np = descs[2].array
+        descs[2].rounding = lambda v: torch.from_numpy(np.ascontiguousarray(v)).to(y.dtype).float().numpy()
+        run_kernel(xprop_gluon_kernel, programs, *descs, Ptr(headers.numpy()), Ptr(entries.numpy()),
+                   Ptr((bias if bias is not None else x.new_zeros(1)).float().numpy()), num_segments, num_tiles,
+                   out_features, **consts)
+        y.copy_(torch.from_numpy(y_np))
+    elif num_tiles:
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        gdt = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
+        x_desc, w_desc, y_desc = (TensorDescriptor.from_tensor(t, blocks[k], gl.NVMMASharedLayout.get_default_for(
+            blocks[k], gdt)) for t, k in ((x, "x"), (w2, "w"), (y, "y")))
+        xprop_gluon_kernel[(programs,)](x_desc, w_desc, y_desc, headers, entries, bias if bias is not None else x,
+                                        num_segments, num_tiles, out_features, **consts)
     if empty is not None:
         y[:, empty] = bias[empty].to(y.dtype) if bias is not None else 0
     return y
