@@ -94,10 +94,16 @@ def _issue(x_desc, w_desc, bars, a_bufs, b_bufs, slot, row, blk, t, i_m, f0, pre
 
 
 @gluon.jit
-def _advance(tile, t, steps, start, i_m, f0, q_steps, q_start, q_m, q_f, HEADERS, ENTRIES, num_segments, num_tiles,
-             P, NS: gl.constexpr, BS: gl.constexpr, BN: gl.constexpr, KS: gl.constexpr):
-    """The producer's cursor one step on (the next tile's header ``q_*`` was read a tile ahead, and
-    the new step's entry is read here, a step before its loads start: no load waits on another)."""
+def _produce(x_desc, w_desc, bars, a_bufs, b_bufs, produced, cursor, HEADERS, ENTRIES, num_segments, num_tiles, P,
+             BS: gl.constexpr, BK: gl.constexpr, BN: gl.constexpr, KS: gl.constexpr, NS: gl.constexpr,
+             TRANS_W: gl.constexpr, NB: gl.constexpr, PACK: gl.constexpr):
+    """Start the producer's step into stage ``produced % NB`` and move its cursor one step on:
+    ``(produced + 1, cursor)``.  The cursor: tile, step, the tile's (steps, first entry, token tile,
+    first feature), the next tile's (read a tile ahead), the step's entry (read a step ahead) -- so
+    no TMA load waits on a table load."""
+    tile, t, steps, start, i_m, f0, q_steps, q_start, q_m, q_f, row, blk = cursor
+    _issue(x_desc, w_desc, bars, a_bufs, b_bufs, produced, row, blk, t, i_m, f0, tile < num_tiles, BS, BK, KS,
+           TRANS_W, NB, PACK)
     t += 1
     if t >= steps:
         t = 0
@@ -105,7 +111,7 @@ def _advance(tile, t, steps, start, i_m, f0, q_steps, q_start, q_m, q_f, HEADERS
         steps, start, i_m, f0 = q_steps, q_start, q_m, q_f
         q_steps, q_start, q_m, q_f = _tile(tile + P, HEADERS, num_segments, num_tiles, NS, BS, BN, KS)
     row, blk = _entry(ENTRIES, start, t, tile < num_tiles, KS)
-    return tile, t, steps, start, i_m, f0, q_steps, q_start, q_m, q_f, row, blk
+    return produced + 1, (tile, t, steps, start, i_m, f0, q_steps, q_start, q_m, q_f, row, blk)
 
 
 @gluon.jit
@@ -129,21 +135,15 @@ def xprop_gluon_kernel(x_desc, w_desc, y_desc, HEADERS, ENTRIES, BIAS, num_segme
 
     pid = gl.program_id(0)
     P = gl.num_programs(0)
-    # the producer's cursor (every tile has steps: the launcher leaves out empty segments): tile, step,
-    # the tile's steps / first entry / token tile / first feature, the next tile's, the step's entry
-    p_tile = pid
-    p_t = pid * 0
-    p_steps, p_start, p_m, p_f = _tile(p_tile, HEADERS, num_segments, num_tiles, NS, BS, BN, KS)
-    q_steps, q_start, q_m, q_f = _tile(p_tile + P, HEADERS, num_segments, num_tiles, NS, BS, BN, KS)
-    p_row, p_blk = _entry(ENTRIES, p_start, p_t, p_tile < num_tiles, KS)
+    # the producer's cursor (every tile has steps: the launcher leaves out empty segments)
+    steps, start, i_m, f0 = _tile(pid, HEADERS, num_segments, num_tiles, NS, BS, BN, KS)
+    q_steps, q_start, q_m, q_f = _tile(pid + P, HEADERS, num_segments, num_tiles, NS, BS, BN, KS)
+    row, blk = _entry(ENTRIES, start, 0, pid < num_tiles, KS)
+    cursor = (pid, pid * 0, steps, start, i_m, f0, q_steps, q_start, q_m, q_f, row, blk)
     produced = 0
     for _ in gl.static_range(NB - 1):  # the ring's lead
-        _issue(x_desc, w_desc, bars, a_bufs, b_bufs, produced, p_row, p_blk, p_t, p_m, p_f, p_tile < num_tiles,
-               BS, BK, KS, TRANS_W, NB, PACK)
-        produced += 1
-        p_tile, p_t, p_steps, p_start, p_m, p_f, q_steps, q_start, q_m, q_f, p_row, p_blk = _advance(
-            p_tile, p_t, p_steps, p_start, p_m, p_f, q_steps, q_start, q_m, q_f, HEADERS, ENTRIES, num_segments,
-            num_tiles, P, NS, BS, BN, KS)
+        produced, cursor = _produce(x_desc, w_desc, bars, a_bufs, b_bufs, produced, cursor, HEADERS, ENTRIES,
+                                    num_segments, num_tiles, P, BS, BK, BN, KS, NS, TRANS_W, NB, PACK)
 
     consumed = 0
     acc = gl.zeros((BM, BN), dtype=gl.float32, layout=acc_layout)
@@ -157,12 +157,8 @@ def xprop_gluon_kernel(x_desc, w_desc, y_desc, HEADERS, ENTRIES, BIAS, num_segme
             mbarrier.wait(bars.index(slot), (consumed // NB) & 1)
             # the product before this one is done, so its stage (the ring's next) can be refilled
             acc = warpgroup_mma_wait(0, deps=(acc, ))
-            _issue(x_desc, w_desc, bars, a_bufs, b_bufs, produced, p_row, p_blk, p_t, p_m, p_f, p_tile < num_tiles,
-                   BS, BK, KS, TRANS_W, NB, PACK)
-            produced += 1
-            p_tile, p_t, p_steps, p_start, p_m, p_f, q_steps, q_start, q_m, q_f, p_row, p_blk = _advance(
-                p_tile, p_t, p_steps, p_start, p_m, p_f, q_steps, q_start, q_m, q_f, HEADERS, ENTRIES, num_segments,
-                num_tiles, P, NS, BS, BN, KS)
+            produced, cursor = _produce(x_desc, w_desc, bars, a_bufs, b_bufs, produced, cursor, HEADERS, ENTRIES,
+                                        num_segments, num_tiles, P, BS, BK, BN, KS, NS, TRANS_W, NB, PACK)
             if TRANS_W:
                 b = b_bufs.index(slot).permute((1, 0))
             else:

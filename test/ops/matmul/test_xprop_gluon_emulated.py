@@ -67,8 +67,8 @@ def test_split_empty_leaves_out_the_empty_segments():
 
 #: Kernels with one ordering rule broken: (text of the kernel, replacement, what must be caught).
 BROKEN = {
-    "product-not-retired": ("acc = warpgroup_mma_wait(0, deps=(acc, ))\n            _issue",
-                            "acc = warpgroup_mma_wait(1, deps=(acc, ))\n            _issue", "while a wgmma"),
+    "product-not-retired": ("acc = warpgroup_mma_wait(0, deps=(acc, ))\n            produced",
+                            "acc = warpgroup_mma_wait(1, deps=(acc, ))\n            produced", "while a wgmma"),
     "wrong-phase": ("(consumed // NB) & 1)", "(consumed // NB + 1) & 1)", "never complete"),
     "store-not-awaited": ("tma.store_wait(pendings=0)  # the last", "pass  # the last", "TMA store"),
     "ring-overrun": ("gl.static_range(NB - 1)", "gl.static_range(NB)", None),  # wrong values
