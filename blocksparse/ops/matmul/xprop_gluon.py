@@ -13,9 +13,12 @@ next tile's products run (the store is awaited only before the output buffer is 
 Tables: :meth:`blocksparse.layout.Layout.fprop` / ``bprop`` with ``group=1`` (headers ``(group,
 start, count, -)``, entries ``(input block row, weight block)``).  Tiles are ``(segment, output
 slice, token tile)``, segments fastest, so that programs running together share a token tile.
+Only segments with entries are walked (:func:`split_empty`; the launcher fills the others).
 Descriptors (built by :func:`xprop_gluon`): ``x_desc`` over the input ``(N, F)``, block ``[BM,
-BK]``; ``w_desc`` over the weight viewed as ``(blocks * BS, BS)``, block ``[BK, BN]`` (``[BN, BK]``
-with ``TRANS_W``, read through a transposed view); ``y_desc`` over the output, block ``[BM, BN]``.
+BK]``; ``w_desc`` over the weight viewed as ``(blocks * BS // PACK, PACK * BS)`` (:mod:`.packing`),
+block ``[BK, BN]`` (``[BN, BK]`` with ``TRANS_W``, read through a transposed view); ``y_desc`` over
+the output, block ``[BM, BN]``.  Triton's interpreter does not run Gluon: the tests run this source
+on the CPU through :mod:`blocksparse.testing.gluon`.
 """
 from dataclasses import dataclass
 
