@@ -78,9 +78,9 @@ def same_device(name, t, x):
 def axis(value):
     """The feature axis of 2-D activations as 0 or 1 (-1 and -2 count from the end)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"axis must be an int, 1 (activations (N, C)) or 0 ((C, N)); got {value!r}")
+        raise TypeError(f"axis must be an int in [-2, 1]: 1 or -1 (activations (N, C)), 0 or -2 ((C, N)); got {value!r}")
     if value not in (-2, -1, 0, 1):
-        raise ValueError(f"axis must be 1 (activations (N, C)) or 0 ((C, N)); got {value}")
+        raise ValueError(f"axis must be in [-2, 1] for 2-D x: 1 or -1 (activations (N, C)), 0 or -2 ((C, N)); got {value}")
     return int(value) % 2
 
 

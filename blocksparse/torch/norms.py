@@ -65,7 +65,7 @@ def layer_norm(x, g, b, axis=1, epsilon=1e-6, relu=False, *, segments=1):
         raise ValueError("x must have a feature axis (1-D or more); got a 0-D tensor")
     if isinstance(x, torch.Tensor) and x.dim() != 2:  # tokens on every other axis: one token axis
         if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
-            raise TypeError(f"axis must be an int, -1 (features last) or 0 (features first); got {axis!r}")
+            raise TypeError(f"axis must be an int in [{-x.dim()}, {x.dim() - 1}] for x of rank {x.dim()}; got {axis!r}")
         axis = int(axis)
         if -x.dim() <= axis < x.dim() and x.shape[axis] and _segments_divide(x.shape[axis], segments) is False:
             raise ValueError(f"segments must divide the {x.shape[axis]} features of x (axis {axis}); got {segments}")

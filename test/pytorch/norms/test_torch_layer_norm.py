@@ -278,7 +278,7 @@ def _bad_cases():
         "g-dtype": (dict(g=torch.ones(12, dtype=torch.int32)), TypeError, r"g must be float16, bfloat16"),
         "b-dtype": (dict(x=x.bfloat16(), b=torch.ones(12, dtype=torch.bool)), TypeError, r"b must be float16"),
         "g-list": (dict(g=[1.0] * 12), TypeError, r"g must be a torch.Tensor or None"),
-        "axis-2": (dict(axis=2), ValueError, r"axis must be 1"),
+        "axis-2": (dict(axis=2), ValueError, r"axis must be in \[-2, 1\] for 2-D x"),
         "axis-str": (dict(axis="1"), TypeError, r"axis must be an int"),
         "epsilon-negative": (dict(epsilon=-1.0), ValueError, r"epsilon must be > 0"),
         "epsilon-zero": (dict(epsilon=0), ValueError, r"epsilon must be > 0"),
