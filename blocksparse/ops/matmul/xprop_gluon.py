@@ -135,6 +135,7 @@ def xprop_gluon_kernel(x_desc, w_desc, y_desc, HEADERS, ENTRIES, BIAS, num_segme
     bars = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(NB):
         mbarrier.init(bars.index(s), count=1)
+    fence_async_shared()  # the barriers' initialisation is seen by the TMA unit before its first arrival
 
     pid = gl.program_id(0)
     P = gl.num_programs(0)
